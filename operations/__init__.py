@@ -1,0 +1,1 @@
+"""sparkfold's pyinfra operations: one module per concern, facts in operations.facts."""

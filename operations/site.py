@@ -1,0 +1,92 @@
+"""The site file (sparks.yaml): which two Sparks, how to reach them, their CX7 netdevs and addresses."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+EXAMPLE = "sparks.example.yaml"
+ROLES = ("head", "worker")
+_HOST_KEYS = {"ssh", "ssh_user", "ssh_key", "ssh_port", "link", "data", "reach_from_head", "name"}
+
+
+class SiteError(Exception):
+    """The site file is missing or malformed; the message says what to write."""
+
+
+def site_path(project_root: Path, environ=os.environ) -> Path:
+    return Path(environ.get("SPARKFOLD_SITE") or project_root / "sparks.yaml")
+
+
+def _need(cond: bool, path: Path, message: str) -> None:
+    if not cond:
+        raise SiteError(f"{path}: {message} (see {EXAMPLE} for the shape)")
+
+
+def read_site(path: Path) -> dict[str, Any]:
+    """Parse and check the site file; returns {"head": {...}, "worker": {...}, "data": {...}}."""
+    if not path.exists():
+        raise SiteError(
+            f"no site file at {path}: copy {EXAMPLE} to sparks.yaml and fill in your Sparks' ssh targets and CX7 "
+            "netdevs/addresses (or set SPARKFOLD_SITE to your file)")
+    try:
+        site = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise SiteError(f"{path} is not valid YAML ({exc}); see {EXAMPLE} for the shape") from None
+    _need(isinstance(site, dict), path, "the top level must be a mapping with keys head, worker and data")
+    unknown = set(site) - {"head", "worker", "data"}
+    _need(not unknown, path, f"unknown top-level key(s) {sorted(unknown)}; expected head, worker, data")
+    for role in ROLES:
+        spark = site.get(role)
+        _need(isinstance(spark, dict), path, f"`{role}:` is missing; it needs at least `ssh:` and `link:`")
+        bad = set(spark) - _HOST_KEYS
+        _need(not bad, path, f"{role}: unknown key(s) {sorted(bad)}; allowed: {sorted(_HOST_KEYS)}")
+        _need(isinstance(spark.get("ssh"), str) and spark["ssh"].strip() != "", path,
+              f"{role}.ssh must name the Spark (host name or address this machine reaches it by)")
+        link = spark.get("link")
+        _need(isinstance(link, list) and len(link) > 0, path,
+              f"{role}.link must list the CX7 netdevs, e.g. - {{netdev: enp1s0f0np0, address: 192.168.100.1/24}}")
+        for i, rail in enumerate(link):
+            _need(isinstance(rail, dict) and {"netdev", "address"} <= set(rail), path,
+                  f"{role}.link[{i}] needs netdev and address")
+        if "ssh_port" in spark:
+            _need(isinstance(spark["ssh_port"], int), path, f"{role}.ssh_port must be a number")
+        _need(isinstance(spark.get("data", {}) or {}, dict), path, f"{role}.data must be a mapping of settings")
+    _need(isinstance(site.get("data", {}) or {}, dict), path, "data must be a mapping of settings")
+    return site
+
+
+def _rails(spark: dict) -> list[dict]:
+    return [{"netdev": str(r["netdev"]), "address": str(r["address"]), **({"ibdev": r["ibdev"]} if r.get("ibdev") else {})}
+            for r in spark["link"]]
+
+
+def host_entries(site: dict[str, Any]) -> dict[str, tuple[str, dict]]:
+    """role -> (pyinfra host name, host data) for inventory.py."""
+    head, worker = site["head"], site["worker"]
+    names = {}
+    for role in ROLES:
+        spark = site[role]
+        names[role] = spark.get("name") or spark["ssh"]
+    if names["head"] == names["worker"]:
+        names = {role: f"{site[role]['ssh']}:{site[role].get('ssh_port', 22)}" for role in ROLES}
+    entries = {}
+    for role, peer in (("head", "worker"), ("worker", "head")):
+        spark, other = site[role], site[peer]
+        data: dict[str, Any] = {**(site.get("data") or {}), **(spark.get("data") or {})}
+        data.update(
+            ssh_hostname=spark["ssh"],
+            link_rails=_rails(spark),
+            peer_link_rails=_rails(other),
+            peer_ssh_hostname=other["ssh"],
+            worker_reach_from_head=worker.get("reach_from_head") or worker["ssh"],
+            worker_ssh_user=worker.get("ssh_user", ""),
+        )
+        for key in ("ssh_user", "ssh_key", "ssh_port"):
+            if spark.get(key) not in (None, ""):
+                data[key] = os.path.expanduser(spark[key]) if key == "ssh_key" else spark[key]
+        entries[role] = (names[role], data)
+    return entries

@@ -1,0 +1,19 @@
+"""Small helpers shared by the operations."""
+
+from __future__ import annotations
+
+import shlex
+
+from pyinfra.api import StringCommand
+
+MANAGED_HEADER = "# Managed by sparkfold: edits are replaced on the next deploy."
+
+
+def fail_command(message: str) -> StringCommand:
+    """A command that prints `message` on stderr and fails this host (and so, with FAIL_PERCENT 0, the run)."""
+    return StringCommand(f"echo {shlex.quote('sparkfold: ' + message)} >&2; exit 1")
+
+
+def sh(*words: object) -> str:
+    """Join words into one shell command line, each quoted."""
+    return " ".join(shlex.quote(str(w)) for w in words)

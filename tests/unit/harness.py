@@ -1,0 +1,82 @@
+"""Run a sparkfold operation or fact outside pyinfra's CLI, with scripted facts.
+
+run_op(op, facts, executing=False, **kwargs) -> (commands as strings, host)
+  facts: {FactClass or "module.Class": value} for facts called without arguments, or
+         {FactClass: {"k=v, k2=v2": value}} keyed like pyinfra-testing (sorted kwargs) for facts with arguments.
+parse_fact(FactClass, output_lines, **kwargs) -> what process() returns (default() for empty output).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pyinfra.context import ctx_host, ctx_state
+
+
+class _State:
+    def __init__(self, executing: bool):
+        self.is_executing = executing
+        self.config = type("C", (), {"DIFF": False})()
+
+
+def _kwargs_key(kwargs: dict) -> str:
+    return ", ".join(f"{k}={kwargs[k]}" for k in sorted(kwargs))
+
+
+class FakeHost:
+    def __init__(self, facts: dict, data: dict | None = None, name: str = "spark"):
+        self._facts = {}
+        for key, value in facts.items():
+            name_ = key if isinstance(key, str) else f"{key.__module__}.{key.__name__}"
+            self._facts[name_] = value
+        self.name = name
+        self.data = data or {}
+        self.noops: list[str] = []
+        self.fact_calls: list[tuple[str, dict]] = []
+        self.current_op_global_arguments = {}
+
+    def get_fact(self, cls, *args, **kwargs):
+        kwargs = {k: v for k, v in kwargs.items() if not k.startswith("_")}
+        name = f"{cls.__module__}.{cls.__name__}"
+        self.fact_calls.append((name, kwargs))
+        if name not in self._facts:
+            raise KeyError(f"missing test fact {name} {kwargs}")
+        value = self._facts[name]
+        if kwargs and isinstance(value, dict) and "__args__" in value:
+            table = value["__args__"]
+            key = _kwargs_key(kwargs)
+            if key not in table:
+                raise KeyError(f"missing test fact {name} for {key}")
+            return table[key]
+        return value
+
+    def noop(self, description: str) -> None:
+        self.noops.append(description)
+
+
+def run_op(op, facts: dict, executing: bool = False, data: dict | None = None, **kwargs) -> tuple[list[str], FakeHost]:
+    state = _State(executing)
+    host = FakeHost(facts, data)
+    with ctx_state.use(state), ctx_host.use(host):
+        commands = [_render(c) for c in op._inner(**kwargs)]
+    return commands, host
+
+
+def _render(command: Any) -> str:
+    get = getattr(command, "get_raw_value", None)
+    if get is not None:
+        return get()
+    return str(command)
+
+
+def with_args(table: dict) -> dict:
+    """Fact value that depends on the fact's arguments: {"k=v": value}."""
+    return {"__args__": table}
+
+
+def parse_fact(cls, output, **kwargs):
+    fact = cls()
+    lines = output.splitlines() if isinstance(output, str) else list(output)
+    if not lines:
+        return fact.default() if hasattr(fact, "default") else None
+    return fact.process(lines)
