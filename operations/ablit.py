@@ -1,0 +1,74 @@
+"""ABLIT: the Keys overlay applied on top of the stock pack, into a separate folder.
+
+<data_dir>/ablit/<commit>/ holds hard links to the stock snapshot's files plus the shards the overlay's apply script
+rewrote. The script runs in the engine image with the stock pack mounted read-only and writes into an empty folder;
+its output then replaces links by rename, so no stock blob is ever written. ABLIT=0 simply serves the stock snapshot
+again (nothing to download). <data_dir>/ablit/current -> <commit> is what the launch step serves.
+"""
+
+from __future__ import annotations
+
+import shlex
+
+from pyinfra import host
+from pyinfra.api import operation
+
+from operations.data_copy import space_problem
+from operations.facts.model_data import AblitShards, FileText, FreeBytes
+from operations.hf_cache import MANIFEST_NAME, repo_folder_name
+from operations.model_paths import checkpoint_plan_args, paths
+from operations.util import fail_command
+from operations.weights import SOURCE, need_commit, commit_link, tool_run
+
+APPLY_SCRIPT = "apply_mia_exl3_wob.py"
+CONTAINER_DIR = "/model-ablit"  # where the launch step mounts <data_dir>/ablit
+CURRENT = "current"
+
+
+def overlay_dir(s) -> str:
+    return paths(s)["overlay"]
+
+
+@operation()
+def ablit_applied(image_ref: str, plan_args: dict, hf_cache: str, overlay: str, ablit_file: str, ablit_root: str,
+                  overlay_revision: str, has_token: bool):
+    """<ablit_root>/<commit> is the stock pack with the overlay applied, for this overlay revision and file."""
+    if not has_token:
+        yield fail_command("ablit needs HF_TOKEN with access to the gated overlay: accept its terms on its Hugging "
+                           "Face page, create a read token, export HF_TOKEN=<token> (or set ablit to false)")
+        return
+    commit, problem = need_commit(plan_args, "the ABLIT pack")
+    if problem:
+        yield problem
+        return
+    dst = f"{ablit_root}/{commit}"
+    want = f"{commit} {overlay_revision} {ablit_file}"
+    if host.get_fact(FileText, path=f"{dst}/{SOURCE}") == want:
+        host.noop(f"ABLIT pack {dst} is current")
+        return
+    snapshot = f"{hf_cache}/hub/{repo_folder_name(plan_args['repo'])}/snapshots/{commit}"
+    need = sum(host.get_fact(AblitShards, snapshot=snapshot).values())
+    problem = space_problem(host.get_fact(FreeBytes, path=ablit_root), need, ablit_root, "the ABLIT pack")
+    if problem:
+        yield problem
+        return
+    q = shlex.quote
+    out, tmp = f"{dst}.out", f"{dst}.tmp"
+    src_inside = f"/hf/hub/{repo_folder_name(plan_args['repo'])}/snapshots/{commit}"
+    yield f"rm -rf {q(out)} {q(tmp)} && mkdir -p {q(out)}"
+    yield tool_run(image_ref, [(hf_cache, "/hf", True), (overlay, "/overlay", True), (out, "/dst", False)],
+                   "python3", f"/overlay/{APPLY_SCRIPT}", "--src", src_inside, "--wo-b", f"/overlay/{ablit_file}",
+                   "--dst", "/dst")
+    # hard links to the stock files, then the rewritten shards replace their links (rename: blobs stay untouched)
+    yield (f"cp -rLl {q(snapshot)}/. {q(tmp)}/ && rm -f {q(tmp)}/{MANIFEST_NAME} && "
+           f"cp -rl --remove-destination {q(out)}/. {q(tmp)}/ && rm -rf {q(out)} {q(dst)} && mv {q(tmp)} {q(dst)} && "
+           f"printf '%s\\n' {q(want)} > {q(dst)}/{SOURCE}")
+
+
+def deploy_ablit(s, image_ref: str) -> None:
+    p = paths(s)
+    ablit_applied(name="ABLIT pack (overlay applied)", image_ref=image_ref, plan_args=checkpoint_plan_args(s),
+                  hf_cache=s.hf_cache, overlay=p["overlay"], ablit_file=s.ablit_file, ablit_root=p["ablit"],
+                  overlay_revision=s.ablit_revision, has_token=bool(s.hf_token))
+    commit_link(name="ABLIT served pack link", link=f"{p['ablit']}/{CURRENT}", plan_args=checkpoint_plan_args(s),
+                template="{commit}")

@@ -1,0 +1,73 @@
+"""The API key (s.api_key): a random key made once on the head in <state_dir>/api-key (0600, the ssh user's).
+
+It is generated on the head (`secrets.token_hex(32)` in the head's python3, written under umask 077), so it never
+passes through this machine's command lines or logs; facts only stat the file. Rotation (`--data
+rotate_api_key=true`) rewrites the file in place, keeping its inode so a bind mount into rank 0 sees the new key;
+docs/api-key.md has the details."""
+
+from __future__ import annotations
+
+import posixpath
+
+from pyinfra import host
+from pyinfra.api import StringCommand, operation
+
+from operations.facts.api_key import ApiKeyFile
+from operations.util import sh
+
+KEY_FILE = "api-key"
+# prints a new key; run on the head only
+_NEW_KEY = "python3 -c 'import secrets; print(secrets.token_hex(32))'"
+
+
+def api_key_path(s) -> str:
+    return posixpath.join(s.state_dir, KEY_FILE)
+
+
+def live_hint(s) -> str:
+    """What the LIVE line says about the key: where it is, never the key."""
+    if not s.api_key:
+        return "API open (no key)"
+    return f"API key in {api_key_path(s)} on the head (mode 0600; send it as Authorization: Bearer)"
+
+
+def _generate(path: str, rotate: bool) -> StringCommand:
+    p, tmp = sh(path), sh(path + ".new")
+    directory = sh(posixpath.dirname(path))
+    # new key into a temp file first; `cat >` (not mv) keeps the inode a bind mount may hold
+    write = f"{_NEW_KEY} > {tmp} && [ -s {tmp} ] && cat {tmp} > {p} && rm -f {tmp}"
+    guard = "" if rotate else f"[ -s {p} ] || "
+    return StringCommand(f"umask 077 && mkdir -p {directory} && {{ {guard}{{ {write}; }}; }}")
+
+
+@operation()
+def api_key_present(path: str, owner: str, rotate: bool = False):
+    """A non-empty key file at `path`, mode 600, owned by `owner`; a new key only when missing, empty, or rotating.
+
+    + path: absolute path of the key file on the head
+    + owner: the user that owns it (the ssh user)
+    + rotate: replace the key with a new one
+    """
+    have = host.get_fact(ApiKeyFile, path=path)
+    if have["present"] and not rotate and have["mode"] == "600" and have["owner"] == owner:
+        host.noop(f"API key file {path} is present (600, {owner})")
+        return
+    if have["owner"] is not None and have["owner"] != owner:
+        # someone else's file (made by root?): only root can give it back
+        yield StringCommand("chown", sh(owner), sh(path), _sudo=True)
+    if have["mode"] is not None and have["mode"] != "600":
+        yield StringCommand("chmod", "600", sh(path))
+    if rotate or not have["present"]:
+        yield _generate(path, rotate)  # by the ssh user under umask 077: its own file, mode 600
+
+
+def deploy_api_key(s) -> None:
+    if not (s.api_key and s.is_head):
+        return
+    rotate = bool(getattr(s, "rotate_api_key", False))
+    api_key_present(
+        name=("API key rotated" if rotate else "API key present") + f" in {api_key_path(s)} (head only)",
+        path=api_key_path(s),
+        owner=s.ssh_user,
+        rotate=rotate,
+    )

@@ -1,0 +1,154 @@
+"""Big folders kept whole and checked once: checksum lists, verification markers, head-to-worker copies, links.
+
+Hashing hundreds of GB happens in operations, once: a small state file or marker records the sizes and mtimes (and
+the list's own sha256) it was computed for, and the facts compare only those cheap values.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import shlex
+
+from pyinfra import host, state
+from pyinfra.api import operation
+
+from operations.facts.model_data import DirFiles, FolderCheck, FreeBytes, PeerFolder
+from operations.util import fail_command
+
+MARKER = ".sparkfold-verified"
+SUMS_STATE = ".sparkfold-sums.state"
+SSH = "ssh -o BatchMode=yes"
+_KIT_GENERATED = re.compile(r"^(rope-[^/]*\.f32|vision/gate_bias_vl\.safetensors)$")
+
+
+def gib(n) -> str:
+    return "?" if n is None else f"{n / 2**30:.1f} GiB"
+
+
+def is_bookkeeping(path: str) -> bool:
+    """huggingface_hub's local_dir metadata and our own markers: never compared, never copied as data."""
+    return path.startswith(".cache/") or path.rsplit("/", 1)[-1].startswith(".sparkfold-")
+
+
+def listing_digest(files: dict, names, extra: str = "") -> str:
+    """sha256 over `extra` and the (size, mtime) of the named files: what a marker or state file records."""
+    lines = [extra] + [f"{n}\t{files.get(n)}" for n in sorted(names)]
+    return hashlib.sha256("\n".join(lines).encode()).hexdigest()
+
+
+def space_problem(free, need: int, where: str, what: str) -> str | None:
+    if free is None or need <= 0 or free >= need:
+        return None
+    return (f"{what} needs {gib(need)} free under {where}, which has {gib(free)}: free {gib(need - free)} "
+            "there or point data_dir/hf_cache at a larger disk")
+
+
+def kit_generated(name: str) -> bool:
+    return bool(_KIT_GENERATED.match(name))
+
+
+@operation()
+def checksums_written(folder: str, files: list, sums: str = "SHA256SUMS"):
+    """Write <folder>/<sums> (sha256sum format) for `files` once; redo only when their sizes/mtimes changed."""
+    check = host.get_fact(FolderCheck, path=folder, sums=sums, marker=SUMS_STATE)
+    have = (check or {}).get("files", {})
+    digest = listing_digest(have, files)
+    if check and check["sums_sha"] and check["marker"] == digest and sorted(check["names"]) == sorted(files):
+        host.noop(f"{folder}/{sums} is current")
+        return
+    absent = [f for f in files if f not in have]
+    if absent and state.is_executing:
+        yield fail_command(f"cannot write {folder}/{sums}: {', '.join(absent[:3])} missing (the download failed?)")
+        return
+    q = shlex.quote
+    yield (f"cd {q(folder)} && sha256sum -- {' '.join(q(f) for f in sorted(files))} > {q(sums)}.tmp && "
+           f"mv {q(sums)}.tmp {q(sums)} && printf '%s\\n' {digest} > {SUMS_STATE}")
+
+
+@operation()
+def folder_verified(folder: str, sums: str, what: str, generated_fix: str = ""):
+    """`sha256sum -c --quiet <sums>` in the folder, once per content: the marker records the list's sha256 and the
+    files' sizes/mtimes, so the next run re-hashes only after a copy or download changed something.
+    generated_fix: when set, files matching the kit's generated names (rope-*.f32, vision/gate_bias_vl) that are
+    missing get this explanation instead of a plain "missing"."""
+    check = host.get_fact(FolderCheck, path=folder, sums=sums, marker=MARKER)
+    q = shlex.quote
+    if not check or not check["sums_sha"]:
+        if state.is_executing:
+            yield fail_command(f"{what}: no {sums} in {folder}")
+        else:
+            yield f"# will verify {what} in {folder} against {sums}"
+        return
+    expected = listing_digest(check["files"], check["names"], check["sums_sha"])
+    if check["marker"] == expected:
+        host.noop(f"{what} verified against {sums}")
+        return
+    missing = [n for n in check["names"] if n not in check["files"]]
+    if missing and state.is_executing:
+        if generated_fix and all(kit_generated(n) for n in missing):
+            yield fail_command(f"{what}: only the generated files are missing ({', '.join(missing)}). {generated_fix}")
+        else:
+            yield fail_command(f"{what}: {len(missing)} files of {sums} are missing in {folder}, e.g. "
+                               f"{', '.join(missing[:3])}")
+        return
+    complaint = (f"sparkfold: {what} in {folder} does not match {sums} (the lines above name the files): "
+                 "re-run the deploy to copy or download them again")
+    yield (f"cd {q(folder)} && sha256sum -c --quiet {q(sums)} && printf '%s\\n' {expected} > {MARKER} || "
+           f"{{ echo {q(complaint)} >&2; exit 1; }}")
+
+
+@operation()
+def folder_to_peer(src: str, target: str, dest: str, what: str, link: str = "", link_to: str = "",
+                   extra_rsync: tuple = ()):
+    """rsync a folder from this host (the head) to the worker over the link, resumable; only when the worker's
+    files differ in size or mtime. link/link_to: a symlink on the worker (ln -sfn link_to link) kept in step."""
+    head = {p: v for p, v in host.get_fact(DirFiles, path=src).items() if not is_bookkeeping(p)}
+    peer = host.get_fact(PeerFolder, target=target, path=dest, link=link)
+    differing = {p: v for p, v in head.items() if peer["files"].get(p) != v}
+    link_ok = not link or peer["link"] == link_to
+    if head and not differing and link_ok:
+        host.noop(f"{what} on the worker matches the head ({len(head)} files)")
+        return
+    if state.is_executing:
+        if not head:
+            yield fail_command(f"{what}: nothing to copy, {src} is empty on the head")
+            return
+        if not peer["reachable"]:
+            yield fail_command(f"{what}: cannot reach {target} with `{SSH}`: the CX7 link and the head's ssh key "
+                               "for the worker must be in place (they are set up earlier in the deploy)")
+            return
+        need = sum(v[0] for v in differing.values())
+        problem = space_problem(peer["free"], need, f"{target}:{dest}", what)
+        if problem:
+            yield fail_command(problem)
+            return
+    q = shlex.quote
+    if differing or not head:
+        yield f"{SSH} {q(target)} {q('mkdir -p ' + q(dest))}"
+        words = ["rsync", "-a", "--partial", "--info=progress2", *extra_rsync]
+        words += [f"--exclude={e}" for e in ("/.cache/", MARKER, "*.incomplete")]
+        words += ["-e", SSH, src.rstrip("/") + "/", f"{target}:{dest.rstrip('/')}/"]
+        yield " ".join(q(w) for w in words)
+    if link and not link_ok:
+        yield f"{SSH} {q(target)} {q(f'ln -sfn {q(link_to)} {q(link)}')}"
+
+
+@operation()
+def folder_placed(src: str, dest: str, what: str):
+    """dest is a hard-linked copy of src (real files, no extra space): replaced whole when src changed."""
+    have = host.get_fact(DirFiles, path=src)
+    placed = {p: v for p, v in host.get_fact(DirFiles, path=dest).items() if p != MARKER}
+    if have and have == placed:
+        host.noop(f"{what} in place at {dest}")
+        return
+    if not have and state.is_executing:
+        yield fail_command(f"{what}: {src} is empty (the download failed?)")
+        return
+    q = shlex.quote
+    yield (f"rm -rf {q(dest)}.tmp && cp -rl {q(src)} {q(dest)}.tmp && rm -rf {q(dest)} && "
+           f"mv {q(dest)}.tmp {q(dest)}")
+
+
+def free_bytes(path: str):
+    return host.get_fact(FreeBytes, path=path)

@@ -1,0 +1,108 @@
+"""The GPU clock lock as it stands right now (a LIVE fact: it runs nvidia-smi every time).
+
+What real nvidia-smi offers, and what this relies on (researched in public sources, see docs in the report):
+- `nvidia-smi -lgc MIN,MAX` confirms with one line per GPU, verbatim from a DGX Spark journal (driver 580.173.02):
+  `GPU clocks set to "(gpuClkMin 0, gpuClkMax 2200)" for GPU 0000000F:01:00.0` then `All done.`. The numbers are
+  what the driver applied, so a clamped request shows a different gpuClkMax. This is the only place nvidia-smi states
+  the locked values. `-rgc` answers `All done.`.
+- No query reports the locked range afterwards: `-q -d CLOCK` has Clocks / Applications Clocks / Default
+  Applications Clocks / Max Clocks / Max Customer Boost Clocks / Clock Policy, and none moves with -lgc (Max Clocks
+  are hardware maxima; on GB10 "Applications Clocks" stays at its default). A third party states driver 595.79 has
+  no "locked clocks" field at all. So the applied value is recorded from the -lgc confirmation by the operation
+  (record file, with the boot id: a reboot loses the lock), and this fact reads that record back.
+- Live, it reads `--query-gpu=index,pci.bus_id,name,clocks.sm,clocks.max.sm,
+  clocks_event_reasons.applications_clocks_setting --format=csv,noheader,nounits`: one CSV row per GPU, ", "
+  separated, "[N/A]" for what the GPU does not report (GB10 reports memory as [N/A]). clocks.sm above the ceiling
+  proves the lock is gone (a lock caps it: ~2171 MHz under load with 0,2200). UNVERIFIED: that an unlocked idle
+  GB10 reads above 2200 (a published GB10 row shows clocks.sm 2405, clocks.max.sm 3003, load unknown), so a
+  `-rgc` on an idle Spark may go unseen until load; and when `applications_clocks_setting` reads "Active" under a
+  lock with a 0 floor. It is reported for the log, not decided on.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+
+from pyinfra.api import FactBase
+
+RECORD_PATH = "/var/lib/sparkfold/gpu-clock.record"
+QUERY_FIELDS = ("index", "pci.bus_id", "name", "clocks.sm", "clocks.max.sm",
+                "clocks_event_reasons.applications_clocks_setting")
+CONFIRM_RE = re.compile(r'GPU clocks set to "\(gpuClkMin (\d+), gpuClkMax (\d+)\)" for GPU (\S+)')
+
+
+def _mhz(text: str) -> int | None:
+    text = text.strip()
+    return int(text) if text.isdigit() else None
+
+
+def parse_confirmation(lines) -> dict[str, tuple[int, int]]:
+    """{bus id: (min, max)} from nvidia-smi -lgc output lines."""
+    found = {}
+    for line in lines:
+        m = CONFIRM_RE.search(line)
+        if m:
+            found[m.group(3).rstrip(".").lower()] = (int(m.group(1)), int(m.group(2)))
+    return found
+
+
+def query_command(nvidia_smi: str = "nvidia-smi") -> str:
+    return f"{nvidia_smi} --query-gpu={','.join(QUERY_FIELDS)} --format=csv,noheader,nounits"
+
+
+class GpuClockState(FactBase):
+    """{"smi": bool (nvidia-smi runs), "error": str, "boot_id": str,
+        "gpus": [{"index", "bus_id", "name", "clocks_sm", "clocks_max_sm", "apps_clocks_reason"}],
+        "record_boot_id": str, "recorded": {bus id: (min, max)}}."""
+
+    def command(self, nvidia_smi="nvidia-smi", record_path=RECORD_PATH):
+        rec = shlex.quote(record_path)
+        return (
+            f"if command -v {shlex.quote(nvidia_smi.split()[-1])} >/dev/null 2>&1; then "
+            f"echo '##QUERY##'; {query_command(nvidia_smi)} 2>&1 || echo '##QUERY_FAILED##'; "
+            "else echo '##NO_NVIDIA_SMI##'; fi; "
+            "echo \"boot_id=$(cat /proc/sys/kernel/random/boot_id 2>/dev/null)\"; "
+            f"if [ -f {rec} ]; then sed 's/^/record: /' {rec}; fi"
+        )
+
+    @staticmethod
+    def default():
+        return {"smi": False, "error": "no output", "boot_id": "", "gpus": [], "record_boot_id": "", "recorded": {}}
+
+    def process(self, output):
+        st = {"smi": False, "error": "", "boot_id": "", "gpus": [], "record_boot_id": "", "recorded": {}}
+        errors = []
+        in_query = False
+        record = []
+        for line in output:
+            if line.startswith("##QUERY##"):
+                st["smi"], in_query = True, True
+            elif line.startswith("##NO_NVIDIA_SMI##"):
+                errors.append("nvidia-smi is not installed")
+            elif line.startswith("##QUERY_FAILED##"):
+                st["smi"], in_query = False, False
+            elif line.startswith("boot_id="):
+                st["boot_id"], in_query = line[len("boot_id="):].strip(), False
+            elif line.startswith("record: "):
+                record.append(line[len("record: "):])
+            elif in_query:
+                fields = [f.strip() for f in line.split(",")]
+                if len(fields) == len(QUERY_FIELDS) and fields[0].isdigit():
+                    st["gpus"].append({
+                        "index": int(fields[0]), "bus_id": fields[1].lower(), "name": fields[2],
+                        "clocks_sm": _mhz(fields[3]), "clocks_max_sm": _mhz(fields[4]),
+                        "apps_clocks_reason": fields[5],
+                    })
+                elif line.strip():
+                    errors.append(line.strip())
+        for line in record:
+            if line.startswith("boot="):
+                st["record_boot_id"] = line[len("boot="):].strip()
+        st["recorded"] = parse_confirmation(record)
+        if not st["gpus"] and not errors:
+            errors.append("nvidia-smi listed no GPU")
+        if not st["gpus"]:
+            st["smi"] = False
+        st["error"] = "; ".join(errors)
+        return st

@@ -1,0 +1,187 @@
+"""Facts about the CX7 link: netdevs and addresses, the default route, netplan files, RoCE GIDs, DF pings,
+and the link record the deploy writes. Every command exits 0."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+
+from pyinfra.api import FactBase, QuoteString, StringCommand
+
+SYSFS_IB = "/sys/class/infiniband"
+ZERO_GID = "0000:0000:0000:0000:0000:0000:0000:0000"
+
+
+class IpAddresses(FactBase):
+    """{netdev: {"mtu": int, "operstate": str, "ipv4": ["a.b.c.d/prefix", ...]}} from `ip -j addr show`."""
+
+    default = dict
+
+    def command(self):
+        return "ip -j addr show 2>/dev/null || echo '[]'"
+
+    def process(self, output):
+        try:
+            links = json.loads("".join(output))
+        except ValueError:
+            return {}
+        netdevs = {}
+        for link in links if isinstance(links, list) else []:
+            name = link.get("ifname")
+            if not name:
+                continue
+            # iproute2 sometimes emits empty {} entries in addr_info; skip anything without a local address
+            ipv4 = [
+                f"{a['local']}/{a.get('prefixlen', 32)}"
+                for a in link.get("addr_info") or []
+                if a.get("family") == "inet" and a.get("local")
+            ]
+            netdevs[name] = {"mtu": link.get("mtu"), "operstate": link.get("operstate", ""), "ipv4": ipv4}
+        return netdevs
+
+
+class DefaultRouteDevice(FactBase):
+    """The netdev of the IPv4 default route (the management network), or None."""
+
+    default = lambda self: None  # noqa: E731
+
+    def command(self):
+        return "ip -j -4 route show default 2>/dev/null || echo '[]'"
+
+    def process(self, output):
+        try:
+            routes = json.loads("".join(output))
+        except ValueError:
+            return None
+        for route in routes if isinstance(routes, list) else []:
+            if route.get("dev"):
+                return route["dev"]
+        return None
+
+
+class NetplanFiles(FactBase):
+    """{path: {"mode": "600", "text": str}} for every *.yaml in a netplan directory (root-only: call with sudo)."""
+
+    default = dict
+
+    def command(self, directory="/etc/netplan"):
+        # base64 keeps any file content on one line; a file that cannot be read prints an empty text
+        glob = StringCommand(QuoteString(directory.rstrip("/")), "/*.yaml", _separator="")
+        return StringCommand(
+            "for f in", glob, "; do [ -f \"$f\" ] || continue;",
+            "printf '%s %s ' \"$f\" \"$(stat -c %a \"$f\")\";",
+            "base64 -w0 \"$f\" 2>/dev/null; echo; done; true",
+        )
+
+    def process(self, output):
+        files = {}
+        for line in output:
+            parts = line.split(" ")
+            if len(parts) < 2 or not parts[0].startswith("/"):
+                continue
+            try:
+                text = base64.b64decode(parts[2] if len(parts) > 2 else "").decode("utf-8", "replace")
+            except (binascii.Error, ValueError):
+                text = ""
+            files[parts[0]] = {"mode": parts[1], "text": text}
+        return files
+
+
+class RoceDevices(FactBase):
+    """RoCE devices and their GID tables, from /sys/class/infiniband.
+
+    {ibdev: {"netdevs": [netdev, ...], "gids": {port: {index: {"gid": str, "type": str, "ndev": str}}}}}
+    Only populated (non-zero) GID entries are listed. The netdev mapping comes from the real mlx5 layout:
+    /sys/class/net/<netdev>/device/infiniband/<ibdev> and /sys/class/infiniband/<ibdev>/device/net/<netdev>.
+    """
+
+    default = dict
+
+    def command(self, sysfs_ib=SYSFS_IB):
+        base = QuoteString(sysfs_ib.rstrip("/"))
+
+        def glob(tail):
+            return StringCommand(base, tail, _separator="")
+
+        # Reading types/ndevs of an empty slot fails (EINVAL) on real sysfs: grep -s skips those.
+        return StringCommand(
+            "{ grep -s -H .", glob("/*/ports/*/gids/*"), "| grep -v", QuoteString(":" + ZERO_GID + "$"), ";",
+            "grep -s -H .", glob("/*/ports/*/gid_attrs/types/*"), glob("/*/ports/*/gid_attrs/ndevs/*"), ";",
+            "ls -1d", glob("/*/device/net/*"), "/sys/class/net/*/device/infiniband/*", "2>/dev/null; } || true",
+        )
+
+    def process(self, output):
+        devices: dict = {}
+
+        def device(name):
+            return devices.setdefault(name, {"netdevs": [], "gids": {}})
+
+        def add_netdev(ibdev, netdev):
+            netdevs = device(ibdev)["netdevs"]
+            if netdev not in netdevs:
+                netdevs.append(netdev)
+
+        for line in output:
+            path, sep, value = line.strip().partition(":")
+            parts = path.split("/")
+            if len(parts) < 6:
+                continue
+            if sep and parts[-2] == "gids" and parts[-4] == "ports":
+                ibdev, port, kind = parts[-5], parts[-3], "gid"
+            elif sep and parts[-3] == "gid_attrs" and parts[-5] == "ports" and parts[-2] in ("types", "ndevs"):
+                ibdev, port, kind = parts[-6], parts[-4], parts[-2][:-1]
+            elif not sep and parts[-3:-1] == ["device", "net"]:
+                add_netdev(parts[-4], parts[-1])
+                continue
+            elif not sep and parts[-3:-1] == ["device", "infiniband"]:
+                add_netdev(parts[-1], parts[-4])
+                continue
+            else:
+                continue
+            if port.isdigit() and parts[-1].isdigit():
+                table = device(ibdev)["gids"].setdefault(int(port), {})
+                table.setdefault(int(parts[-1]), {})[kind] = value.strip()
+        for dev in devices.values():
+            for port, table in dev["gids"].items():
+                # keep entries that have a GID (a types line alone belongs to a zero GID filtered above)
+                dev["gids"][port] = {
+                    i: {"gid": e["gid"], "type": e.get("type", ""), "ndev": e.get("ndev", "")}
+                    for i, e in table.items()
+                    if e.get("gid")
+                }
+        return devices
+
+
+class PingOk(FactBase):
+    """True when the peer answers a full-size do-not-fragment ping bound to one netdev."""
+
+    default = lambda self: False  # noqa: E731
+
+    def command(self, netdev, address, size):
+        return StringCommand(
+            "ping -c 2 -W 2 -I", QuoteString(netdev), "-M do -s", int(size), QuoteString(address),
+            ">/dev/null 2>&1 && echo ok || echo fail",
+        )
+
+    def process(self, output):
+        return any(line.strip() == "ok" for line in output)
+
+
+class LinkRecord(FactBase):
+    """The rails the deploy recorded in <state_dir>/link.json (a dict), or None when absent or unreadable.
+
+    {"rails": [{"netdev", "ibdev", "address" ("ip/prefix"), "gid_index", "mtu"}], "socket_ifname": netdev}
+    """
+
+    default = lambda self: None  # noqa: E731
+
+    def command(self, path):
+        return StringCommand("cat", QuoteString(path), "2>/dev/null || true")
+
+    def process(self, output):
+        try:
+            record = json.loads("\n".join(output))
+        except ValueError:
+            return None
+        return record if isinstance(record, dict) else None

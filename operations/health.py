@@ -1,0 +1,234 @@
+"""Is the pair serving? A bounded wait for rank 0's API, a smoke test through both ranks, the LIVE line.
+
+The controller makes the requests (api_base_url is its view of rank 0). The wait and smoke test run only when the
+pair was (re)started in this run; a converged run does one quick check and logs the LIVE line, with no change.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Callable
+
+import requests
+from pyinfra import host, logger, state
+from pyinfra.api import FunctionCommand, QuoteString, StringCommand, operation
+
+from .facts.containers import RankContainer
+
+POLL_S = 3
+PROGRESS_S = 15
+LOG_LINES = 25
+
+SMOKE_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Current weather for a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}
+
+
+def _headers(api_key: str) -> dict:
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+
+def models_listed(base_url: str, served_name: str, api_key: str = "", timeout: float = 5) -> str | None:
+    """None when GET /v1/models lists served_name; else what went wrong."""
+    try:
+        r = requests.get(f"{base_url}/v1/models", headers=_headers(api_key), timeout=timeout)
+    except requests.RequestException as e:
+        return f"no answer from {base_url}/v1/models ({type(e).__name__})"
+    if r.status_code == 401:
+        return f"{base_url}/v1/models refused the API key (401): check the key file rank 0 was given"
+    if r.status_code != 200:
+        return f"{base_url}/v1/models answered {r.status_code}"
+    try:
+        ids = [m.get("id") for m in r.json().get("data", [])]
+    except (ValueError, AttributeError):
+        return f"{base_url}/v1/models did not answer JSON"
+    if served_name not in ids:
+        return f"{base_url}/v1/models lists {ids}, not {served_name}: is another server on that port?"
+    return None
+
+
+def wait_for_api(base_url: str, served_name: str, api_key: str, timeout: float,
+                 ranks_down: Callable[[], str | None], sleep=time.sleep, clock=time.monotonic,
+                 progress: Callable[[str], None] = logger.info) -> str | None:
+    """Poll until the API lists the model (None), a rank exits or the time runs out (the reason)."""
+    start = clock()
+    last_note = start
+    while True:
+        down = ranks_down()
+        if down:
+            return down
+        problem = models_listed(base_url, served_name, api_key)
+        if problem is None:
+            return None
+        now = clock()
+        if now - start >= timeout:
+            return f"rank 0's API did not come up within wait_timeout = {timeout:g} s ({problem})"
+        if now - last_note >= PROGRESS_S:
+            progress(f"waiting for rank 0's API at {base_url}: {int(now - start)} s of {timeout:g} s")
+            last_note = now
+        sleep(POLL_S)
+
+
+def _chat(base_url: str, api_key: str, body: dict, stream: bool = False, timeout: float = 300):
+    r = requests.post(f"{base_url}/v1/chat/completions", headers=_headers(api_key), json=body, stream=stream,
+                      timeout=timeout)
+    if r.status_code != 200:
+        raise ValueError(f"answered {r.status_code}: {r.text[:200]}")
+    return r
+
+
+def smoke_test(base_url: str, served_name: str, api_key: str = "") -> tuple[bool, list[str]]:
+    """A short reply (plain and streamed) and one tool call, all through both ranks. (passed, report lines)"""
+    lines: list[str] = []
+    base = {"model": served_name, "max_tokens": 32, "temperature": 0,
+            "chat_template_kwargs": {"enable_thinking": False},
+            "messages": [{"role": "user", "content": "Reply with OK."}]}
+    try:
+        reply = _chat(base_url, api_key, base).json()
+        text = (reply["choices"][0]["message"].get("content") or "").strip()
+        if not text:
+            return False, ["the smoke test's reply is empty"]
+        if len(text) > 3 and len(set(text)) == 1:
+            return False, [f"the smoke test's reply is one character repeated ({text[:40]!r}): the model collapsed"]
+        used = (reply.get("usage") or {}).get("completion_tokens")
+        lines.append(f"reply: {text[:40]!r} ({used} tokens)")
+    except (requests.RequestException, ValueError, KeyError, IndexError, TypeError) as e:
+        return False, [f"the smoke test's chat completion failed: {e}"]
+    try:
+        r = _chat(base_url, api_key, {**base, "stream": True}, stream=True)
+        pieces, done = [], False
+        for raw in r.iter_lines(decode_unicode=True):
+            if not raw or not raw.startswith("data:"):
+                continue
+            data = raw[5:].strip()
+            if data == "[DONE]":
+                done = True
+                break
+            for choice in json.loads(data).get("choices", []):
+                pieces.append((choice.get("delta") or {}).get("content") or "")
+        streamed = "".join(pieces).strip()
+        if not done or not streamed:
+            return False, [f"the streamed smoke test ended without {'[DONE]' if not done else 'any text'}"]
+        lines.append(f"streamed: {streamed[:40]!r}")
+    except (requests.RequestException, ValueError, KeyError, TypeError) as e:
+        return False, [f"the streamed smoke test failed: {e}"]
+    try:
+        body = {"model": served_name, "max_tokens": 128, "temperature": 0, "tools": [SMOKE_TOOL],
+                "chat_template_kwargs": {"enable_thinking": False},
+                "messages": [{"role": "user", "content": "What is the weather in Paris? Use the tool."}]}
+        calls = _chat(base_url, api_key, body).json()["choices"][0]["message"].get("tool_calls") or []
+        if not calls or calls[0]["function"]["name"] != "get_weather":
+            return False, [f"the smoke test asked for a tool call and got {calls or 'none'}"]
+        json.loads(calls[0]["function"]["arguments"])
+        lines.append(f"tool call: {calls[0]['function']['name']}({calls[0]['function']['arguments']})")
+    except (requests.RequestException, ValueError, KeyError, IndexError, TypeError) as e:
+        return False, [f"the smoke test's tool call failed: {e}"]
+    return True, lines
+
+
+def live_lines(served_name: str, port: int, base_url: str, api_key_file: str = "") -> list[str]:
+    lines = [f"✔ {served_name} is now LIVE! on port {port}",
+             f"  OpenAI API: {base_url}/v1 (model: {served_name})"]
+    if api_key_file:
+        lines.append(f"  API key: in {api_key_file} on the head (send it as Authorization: Bearer <key>)")
+    return lines
+
+
+# --- host helpers (the controller reaches the Sparks through pyinfra's connections) -----------------------------
+
+def _shell(h, command: StringCommand) -> list[str]:
+    ok, out = h.run_shell_command(command, print_output=False, print_input=False)
+    return list(out.stdout_lines) + list(out.stderr_lines)
+
+
+def read_api_key(h, path: str) -> str:
+    if not path:
+        return ""
+    lines = [ln.strip() for ln in _shell(h, StringCommand("cat", QuoteString(path), "2>/dev/null", "||", "true"))]
+    for line in lines:
+        if line and not line.startswith("#"):
+            return line.split(": ", 1)[-1].strip()
+    return ""
+
+
+def log_tails(head, worker, container_name: str, lines: int = LOG_LINES) -> str:
+    parts = []
+    for rank, h in ((0, head), (1, worker)):
+        out = _shell(h, StringCommand("docker", "logs", "--tail", str(lines), QuoteString(container_name), "2>&1",
+                                      "||", "true"))
+        parts.append(f"--- rank {rank} ({h.name}), last {lines} log lines ---\n" + "\n".join(out))
+    return "\n".join(parts)
+
+
+def ranks_down(head, worker, container_name: str) -> str | None:
+    for rank, h in ((0, head), (1, worker)):
+        c = h.get_fact(RankContainer, container=container_name)
+        if not c:
+            return f"rank {rank}'s container is gone"
+        if not c.get("running"):
+            oom = " (killed by the OOM killer: free memory, or lower context)" if c.get("oom_killed") else ""
+            return f"rank {rank} exited with code {c.get('exit_code')}{oom}"
+    return None
+
+
+def _wait_and_smoke(state, host, worker, base_url, served_name, port, container_name, api_key_file, timeout):
+    api_key = read_api_key(host, api_key_file)
+    problem = wait_for_api(base_url, served_name, api_key, timeout,
+                           lambda: ranks_down(host, worker, container_name),
+                           progress=lambda m: host.log(m))
+    if problem is None:
+        ok, report = smoke_test(base_url, served_name, api_key)
+        problem = None if ok else "; ".join(report)
+    if problem is not None:
+        host.log(f"sparkfold: {problem}\n{log_tails(host, worker, container_name)}", log_func=logger.error)
+        return False
+    for line in report:
+        host.log(f"smoke test {line}")
+    for line in live_lines(served_name, port, base_url, api_key_file):
+        host.log(line)
+    return True
+
+
+def _fail_with_logs(state, host, worker, container_name, message):
+    host.log(f"sparkfold: {message}\n{log_tails(host, worker, container_name)}", log_func=logger.error)
+    return False
+
+
+@operation()
+def api_serving(base_url: str, served_name: str, port: int, container_name: str, worker, api_key_file: str,
+                wait_timeout: float, started: Callable[[], bool], planned: Callable[[], bool] = lambda: False):
+    """Head: after a (re)start, wait for the API and smoke-test the pair; otherwise check it once and log LIVE.
+
+    started: true when the pair was (re)started in this run (evaluated at execute time).
+    planned: the plan's prediction of that (evaluated while planning).
+    """
+    wait = FunctionCommand(_wait_and_smoke, (worker, base_url, served_name, port, container_name, api_key_file,
+                                             wait_timeout), {})
+    if not state.is_executing:
+        if planned():
+            yield wait
+        else:
+            host.noop("the pair is not restarted: one quick API check at execute time")
+        return
+    if started():
+        yield wait
+        return
+    down = ranks_down(host, worker, container_name)
+    problem = down or models_listed(base_url, served_name, read_api_key(host, api_key_file))
+    if problem is None:
+        for line in live_lines(served_name, port, base_url, api_key_file):
+            logger.info(line)
+        host.noop(f"{served_name} serves at {base_url}/v1")
+        return
+    if down:
+        yield FunctionCommand(_fail_with_logs, (worker, container_name,
+                                                f"{down}: run deploy.py again to restart the pair"), {})
+        return
+    logger.info(f"{host.name}: {problem}; waiting for rank 0 (it may still be loading)")
+    yield wait

@@ -1,0 +1,226 @@
+"""The engine image on both Sparks.
+
+Built on the head from the build context (zig/ by default), tagged `<engine_image>:<content hash>`, then streamed to
+the worker (`docker save | ssh | docker load`) when the worker's copy differs. With `prebuilt_image` set, both Sparks
+pull that `name@sha256:<digest>` instead. Last, `tensorfold-native capabilities --json` is read from the image: the
+launch step checks rank 0's flags against that document (`read_capabilities`).
+"""
+
+from __future__ import annotations
+
+import posixpath
+import re
+from pathlib import Path
+
+from pyinfra import host, state
+from pyinfra.api import FileUploadCommand, operation
+
+from operations.facts.image import SSH_OPTIONS, DockerImageInfo, EngineCapabilities, PeerDockerImageInfo
+from operations import image_hash as content
+from operations.util import fail_command, sh
+
+HASH_LABEL = "sparkfold.image-hash"
+ENGINE_FAMILY = ("deepseek_v41", "exl3-mul1")  # model_type and format the served checkpoint needs
+_PREBUILT = re.compile(r"(?P<name>[^@\s]+)@(?P<digest>sha256:[0-9a-f]{64})")
+# Id, then layers and labels: the Id alone differs between Docker's overlay2 and containerd image stores.
+_IDENTITY_FORMAT = "{{.Id}} {{json .RootFS.Layers}}{{json .Config.Labels}}"
+
+
+# --- pure helpers ---
+
+
+def parse_prebuilt(reference: str) -> tuple[str, str]:
+    """'name@sha256:<64 hex>' → (name, 'sha256:<hex>'); ValueError naming the setting otherwise."""
+    match = _PREBUILT.fullmatch(reference.strip())
+    if not match:
+        raise ValueError(
+            f"prebuilt_image {reference!r} is not name@sha256:<64 hex>; pin the published image by its digest"
+            " (docker buildx imagetools inspect NAME:TAG shows it) or set prebuilt_image = \"\" to build"
+        )
+    return match["name"], match["digest"]
+
+
+def prebuilt_problem(reference: str) -> str | None:
+    """For settings validation: None when prebuilt_image is empty or well formed, else the problem."""
+    if not reference:
+        return None
+    try:
+        parse_prebuilt(reference)
+    except ValueError as error:
+        return str(error)
+    return None
+
+
+def computed_hash(s) -> str:
+    return content.image_hash(s.engine_context_path, content.build_args(s))
+
+
+def image_ref(s) -> str:
+    """The image both ranks run: the prebuilt reference, or `<engine_image>:<content hash>`."""
+    if s.prebuilt_image:
+        return s.prebuilt_image
+    return f"{s.engine_image}:{computed_hash(s)}"
+
+
+def same_image(a: dict, b: dict) -> bool:
+    """Two DockerImageInfo summaries name the same image: equal ids, or (across image stores) equal layers+labels."""
+    if not a or not b:
+        return False
+    if a["id"] and a["id"] == b["id"]:
+        return True
+    return bool(a["layers"]) and a["layers"] == b["layers"] and a["labels"] == b["labels"]
+
+
+def has_digest(info: dict, digest: str) -> bool:
+    return any(entry.endswith("@" + digest) for entry in info.get("repo_digests", []))
+
+
+def capabilities_problem(caps: dict, image: str) -> str | None:
+    """None when the capabilities document can drive the launch's flag check, else what is wrong."""
+    if not caps:
+        return (
+            f"could not read `tensorfold-native capabilities --json` from {image}: the image is missing or its"
+            f" engine does not run; remove it (docker image rm {image}) and rerun the deploy to rebuild it,"
+            " or check prebuilt_image"
+        )
+    if caps.get("schema") != 1:
+        return f"{image}: capabilities schema {caps.get('schema')!r} is not 1; this deploy knows schema 1 only"
+    flags = (caps.get("serve") or {}).get("flags")
+    if not isinstance(flags, dict) or not flags:
+        return f"{image}: capabilities lists no serve flags; the engine cannot serve"
+    family, fmt = ENGINE_FAMILY
+    if fmt not in ((caps.get("families") or {}).get(family) or []):
+        return f"{image}: the engine does not load {family} checkpoints in {fmt}; check tf_ref and the patches"
+    return None
+
+
+def read_capabilities(image: str) -> dict:
+    """Inside an operation (e.g. the launch step): the parsed capabilities document of `image` ({} if absent).
+    Flags: `caps["serve"]["flags"]` maps "--flag" to {} or {"values": [...]}."""
+    return host.get_fact(EngineCapabilities, image=image)
+
+
+def _ssh(target: str, remote_command: str) -> str:
+    return sh("ssh", *SSH_OPTIONS, target, remote_command)
+
+
+# --- operations ---
+
+
+@operation()
+def engine_image_built(image: str, image_hash: str, context_dir: str, files: list[str], build_args: dict,
+                       build_dir: str):
+    """Build `image` (tag = content hash) on this host from `files` of `context_dir`, uploaded to `build_dir`.
+    Skipped when the tag exists carrying the same hash label."""
+    have = host.get_fact(DockerImageInfo, image=image)
+    if have and have["labels"].get(HASH_LABEL) == image_hash:
+        host.noop(f"engine image {image} is already built")
+        return
+    # A fresh directory per hash: the context holds exactly the files hashed.
+    dirs = sorted({build_dir} | {posixpath.join(build_dir, posixpath.dirname(f)) for f in files if "/" in f})
+    yield f"rm -rf {sh(build_dir)} && mkdir -p {sh(*dirs)}"
+    for rel in files:
+        yield FileUploadCommand(str(Path(context_dir) / rel), posixpath.join(build_dir, rel))
+    words = ["docker", "build"]
+    for name, value in sorted({**build_args, "IMAGE_HASH": image_hash}.items()):
+        words += ["--build-arg", f"{name}={value}"]
+    words += ["--label", f"{HASH_LABEL}={image_hash}", "-t", image, build_dir]
+    yield sh(*words)
+
+
+@operation()
+def engine_image_shipped(image: str, worker_ssh: str):
+    """Stream `image` from this host (the head) to the worker when the worker's copy is missing or differs, then
+    check both hold the same image."""
+    here = host.get_fact(DockerImageInfo, image=image)
+    there = host.get_fact(PeerDockerImageInfo, target=worker_ssh, image=image)
+    if same_image(here, there):
+        host.noop(f"the worker already has {image} ({here['id'][:19]})")
+        return
+    if not here and state.is_executing:
+        yield fail_command(f"{image} is not on the head, so it cannot be shipped; the build step above should have"
+                           " made it: rerun the deploy and read the build's output")
+        return
+    img = sh(image)
+    load = _ssh(worker_ssh, "docker load")
+    # Progress: pv prints a percentage per line (pyinfra shows whole lines); without pv, dd reports the byte count.
+    yield (
+        f"size=$(docker image inspect -f '{{{{.Size}}}}' {img}) && "
+        f"echo \"sparkfold: sending {image} ($size bytes) to {worker_ssh}\" && "
+        f"if command -v pv >/dev/null 2>&1; then docker save {img} | pv -f -n -i 10 -s \"$size\" | {load}; "
+        f"else docker save {img} | dd bs=1M | {load}; fi"
+    )
+    fmt = sh(_IDENTITY_FORMAT)
+    remote = _ssh(worker_ssh, sh("docker", "image", "inspect", "-f", _IDENTITY_FORMAT, image))
+    mismatch = fail_command(f"after shipping, the worker's {image} still differs from the head's; check the worker's"
+                            " free space under Docker's root and rerun the deploy")
+    yield (
+        f"h=$(docker image inspect -f {fmt} {img} 2>/dev/null); w=$({remote} 2>/dev/null); "
+        f"if [ -n \"$w\" ] && {{ [ \"${{h%% *}}\" = \"${{w%% *}}\" ] || [ \"${{h#* }}\" = \"${{w#* }}\" ]; }}; "
+        f"then echo \"sparkfold: the worker has {image}\"; else {mismatch.get_raw_value()}; fi"
+    )
+
+
+@operation()
+def prebuilt_image_pulled(reference: str):
+    """Pull `reference` (name@sha256:digest) when missing, and check the pulled image carries that digest."""
+    try:
+        _, digest = parse_prebuilt(reference)
+    except ValueError as error:
+        yield fail_command(str(error))
+        return
+    have = host.get_fact(DockerImageInfo, image=reference)
+    if have and has_digest(have, digest):
+        host.noop(f"prebuilt image {reference} is present")
+        return
+    ref = sh(reference)
+    yield f"docker pull {ref}"
+    wrong = fail_command(f"the image pulled as {reference} does not carry {digest} in its RepoDigests;"
+                         " check prebuilt_image (name and digest) and the registry")
+    yield (
+        f"docker image inspect -f '{{{{json .RepoDigests}}}}' {ref} | grep -F -q {sh('@' + digest)} "
+        f"|| {{ {wrong.get_raw_value()}; }}"
+    )
+
+
+@operation()
+def engine_capabilities_checked(image: str):
+    """Read `tensorfold-native capabilities --json` from `image` and fail this host when the launch could not trust
+    it. While planning, an absent image is expected (an earlier step makes it)."""
+    caps = read_capabilities(image)
+    problem = capabilities_problem(caps, image)
+    if problem is None:
+        flags = len(caps["serve"]["flags"])
+        host.noop(f"{image}: engine {caps.get('version', '?')}, {flags} serve flags")
+        return
+    if not state.is_executing:
+        return
+    yield fail_command(problem)
+
+
+# --- deploy entry ---
+
+
+def deploy_image(s) -> None:
+    """Step 6: the engine image on this Spark (build + ship on the head, or pull the prebuilt one), then its
+    capabilities. Docker commands run as the ssh user (group docker): no sudo."""
+    ref = image_ref(s)
+    if s.prebuilt_image:
+        prebuilt_image_pulled(name=f"Engine image: pull {ref}", reference=s.prebuilt_image)
+    elif s.is_head:
+        digest = computed_hash(s)
+        engine_image_built(
+            name=f"Engine image: build {ref} on the head",
+            image=ref,
+            image_hash=digest,
+            context_dir=str(s.engine_context_path),
+            files=content.context_files(s.engine_context_path),
+            build_args=content.build_args(s),
+            build_dir=posixpath.join(s.data_dir, "build", digest),
+        )
+        engine_image_shipped(
+            name=f"Engine image: ship {ref} to the worker ({s.worker_link_ssh})",
+            image=ref,
+            worker_ssh=s.worker_link_ssh,
+        )
+    engine_capabilities_checked(name=f"Engine image: read the capabilities of {ref}", image=ref)

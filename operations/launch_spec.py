@@ -1,0 +1,222 @@
+"""Each rank's container, built from the settings: one pure function, `rank_spec`.
+
+The argv, environment and mounts follow docs/architecture.md ("The container contract"); the docker run options
+follow the recipe (GPU, host network and IPC, RDMA devices, IPC_LOCK, ulimits, OOM score).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+
+# Where things sit inside the containers (fixed by the contract).
+HF_MOUNT = "/root/.cache/huggingface"
+KIT = "/kit"
+ENGRAM = "/engram"
+RANK_CACHE = "/rank-cache"
+TOKEN_MAP_DIR = "/token-map"
+TOKEN_MAP_FILE = "dsv41_token_map.json"
+CACHE = "/cache"
+API_KEY_FILE = "/etc/sparkfold/api-key"
+CHAT_TEMPLATE = "/etc/sparkfold/chat_template.jinja"
+
+PASSTHROUGH_PREFIXES = ("TENSORFOLD_", "TF_DS_", "TF_FILL_", "TF_SPILL_")
+# Rank 0 reads these switches from its environment, rank 1 takes them as flags: keep the pair in step.
+RANK1_SWITCHES = (("TF_DS_GRAPHS", "--graphs"), ("TF_DS_HC_SIDE", "--side"),
+                  ("TF_DS_L2_PREFETCH", "--prefetch"), ("TF_DS_ENGRAM_AIO", "--aio"))
+
+LABEL_MANAGED = "sparkfold.managed"
+LABEL_HASH = "sparkfold.spec-hash"
+LABEL_RANK = "sparkfold.rank"
+
+
+@dataclass(frozen=True)
+class ContainerSpec:
+    name: str
+    image: str
+    argv: list[str]
+    env: dict[str, str]
+    mounts: list[tuple[str, str, bool]]  # (host dir or volume name, path in the container, read-only)
+    options: list[str]  # docker run option tokens, one token each
+    labels: dict[str, str] = field(default_factory=dict)
+    inputs: dict[str, str] = field(default_factory=dict)  # digests of mounted files whose content matters
+
+    @property
+    def rank(self) -> int:
+        return int(self.labels.get(LABEL_RANK, "0"))
+
+    def spec_hash(self) -> str:
+        """Digest of everything that makes the container what it is (not the labels that carry the digest)."""
+        body = {"image": self.image, "argv": self.argv, "env": dict(sorted(self.env.items())),
+                "mounts": [list(m) for m in self.mounts], "options": self.options, "inputs": self.inputs}
+        return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:32]
+
+    def all_labels(self) -> dict[str, str]:
+        return {**self.labels, LABEL_HASH: self.spec_hash()}
+
+    def run_argv(self) -> list[str]:
+        """`docker run` as a word list (each word one token)."""
+        words = ["docker", "run", *self.options]
+        for key, value in sorted(self.all_labels().items()):
+            words += ["--label", f"{key}={value}"]
+        for key, value in sorted(self.env.items()):
+            words += ["-e", f"{key}={value}"]
+        for src, dst, ro in self.mounts:
+            kind = "bind" if src.startswith("/") else "volume"
+            words += ["--mount", f"type={kind},src={src},dst={dst}" + (",readonly" if ro else "")]
+        return words + [self.image, *self.argv]
+
+
+def host_paths(s) -> dict[str, str]:
+    """This Spark's files the ranks mount (under data_dir / state_dir). `rank_spec` takes overrides."""
+    d = s.data_dir
+    return {
+        "kit": f"{d}/kit",
+        "engram": f"{d}/engram",
+        "rank_cache": f"{d}/rank-cache/rank{s.rank}",
+        "token_map_dir": f"{d}/token-map",
+        "cache_root": f"{d}/cache",
+        "logs": f"{d}/logs",
+        "chat_template": f"{d}/chat_template.jinja",
+        "api_key_file": f"{s.state_dir}/api-key",
+        "spec_record": f"{s.state_dir}/rank.spec",
+    }
+
+
+def image_key(image_ref: str) -> str:
+    """A short name for the image (its tag or digest) for the per-image writable cache."""
+    if "@sha256:" in image_ref:
+        return "sha256-" + image_ref.split("@sha256:", 1)[1][:16]
+    tail = image_ref.rsplit("/", 1)[-1]
+    return tail.split(":", 1)[1] if ":" in tail else "latest"
+
+
+def cache_dir(s, image_ref: str, paths: dict | None = None) -> str:
+    return f"{(paths or host_paths(s))['cache_root']}/{image_key(image_ref)}"
+
+
+def rail_problems(rails: list[dict], nccl_rails: int) -> list[str]:
+    """What keeps these recorded rails from feeding NCCL and the RDMA ring."""
+    if len(rails) < nccl_rails:
+        return [f"the link record lists {len(rails)} rail(s) but nccl_rails = {nccl_rails}: re-run the link step "
+                "or set nccl_rails 1"]
+    p = []
+    for i, r in enumerate(rails[:nccl_rails]):
+        for key in ("netdev", "ibdev", "gid_index"):
+            if r.get(key) in (None, ""):
+                p.append(f"link rail {i} has no {key} recorded: re-run the link step (it finds the RoCE device and "
+                         "its RoCE v2 GID)")
+    gids = {str(r.get("gid_index")) for r in rails[:nccl_rails]}
+    if len(gids) > 1:
+        p.append(f"the rails used have different RoCE v2 GID indexes ({', '.join(sorted(gids))}); NCCL takes one "
+                 "NCCL_IB_GID_INDEX: set nccl_rails 1 or fix the GIDs")
+    return p
+
+
+def _link_env(s, rails: list[dict]) -> dict[str, str]:
+    used = rails[: s.nccl_rails]
+    gid = str(used[0]["gid_index"])
+    env = {
+        "NCCL_IB_HCA": ",".join(r["ibdev"] for r in used),
+        "NCCL_IB_GID_INDEX": gid,
+        "NCCL_SOCKET_IFNAME": rails[0]["netdev"],
+        "NCCL_MIN_NCHANNELS": str(s.nccl_channels),
+        "NCCL_MAX_NCHANNELS": str(s.nccl_channels),
+        "TF_RDMA_GID_INDEX": gid,
+    }
+    if s.nccl_debug:
+        env["NCCL_DEBUG"] = s.nccl_debug
+    return env
+
+
+def _engine_env(s) -> dict[str, str]:
+    env = {k: str(v) for k, v in sorted(s.engine_env.items()) if k.startswith(PASSTHROUGH_PREFIXES)}
+    if s.spill_gib > 0:
+        env["TF_SPILL_GIB"] = str(s.spill_gib)
+    if s.kv_shard > 0:
+        env["TF_DS_KV_SHARD"] = str(s.kv_shard)
+    return env
+
+
+def _chat_template_served(capabilities: dict | None) -> bool:
+    flags = ((capabilities or {}).get("serve") or {}).get("flags") or {}
+    return "--chat-template" in flags
+
+
+def rank0_argv(s, snapshot: str, capabilities: dict | None) -> list[str]:
+    argv = ["tensorfold-native", "serve", snapshot, "--name", s.served_name, "--host", s.host,
+            "--port", str(s.port), "--context", str(s.context), "--parallel", str(s.parallel),
+            "--max-tokens", str(s.max_tokens), "--thinking" if s.thinking else "--no-thinking"]
+    if s.reasoning_effort:
+        argv += ["--reasoning-effort", s.reasoning_effort]
+    if not s.drafts:
+        argv.append("--no-drafts")
+    if s.api_key:
+        argv += ["--api-key-file", API_KEY_FILE]
+    if _chat_template_served(capabilities):
+        argv += ["--chat-template", CHAT_TEMPLATE]
+    return argv + ["--backend", "cuda", *[str(a) for a in s.extra_serve_args]]
+
+
+def rank1_argv(s, snapshot: str, rails: list[dict], engine_env: dict[str, str]) -> list[str]:
+    argv = ["tf-dsv41-lanes", snapshot, RANK_CACHE, "1", "2", s.head_link_ip, str(s.master_port), KIT,
+            "--engram", ENGRAM, "--token-map", f"{TOKEN_MAP_DIR}/{TOKEN_MAP_FILE}",
+            "--pool", str(s.pool_positions), "--parallel", str(s.parallel)]
+    if rails:
+        argv += ["--rdma", ",".join(r["ibdev"] for r in rails[: s.nccl_rails])]
+    for var, flag in RANK1_SWITCHES:
+        argv += [flag, "0" if engine_env.get(var, "1") == "0" else "1"]
+    if not s.drafts:
+        argv += ["--drafts", "0"]
+    return argv
+
+
+def rank_spec(s, image_ref: str, rails: list[dict], model_mount: tuple[str, str], capabilities: dict | None,
+              *, has_infiniband: bool = True, paths: dict | None = None, template_digest: str = "") -> ContainerSpec:
+    """This Spark's rank container.
+
+    rails: the link step's record for this Spark, rail 0 first: [{"netdev", "ibdev", "address", "gid_index", "mtu"}].
+    model_mount: (host dir or docker volume holding the Hugging Face cache, snapshot path inside the container).
+    capabilities: the image's `capabilities --json` document (decides how the chat template is given).
+    has_infiniband: /dev/infiniband exists on this Spark. paths: overrides of host_paths(s).
+    template_digest: sha256 of the chat template file, so a new template recreates rank 0.
+    """
+    p = {**host_paths(s), **(paths or {})}
+    source, snapshot = model_mount
+    engine_env = _engine_env(s)
+    env = {"HF_HUB_OFFLINE": "1", "TENSORFOLD_NO_UPDATE_CHECK": "1", "TF_DS_REPLAY_FLOOR": "1",
+           **_link_env(s, rails)}
+    mounts = [(source, HF_MOUNT, True), (p["kit"], KIT, True), (p["engram"], ENGRAM, True),
+              (p["rank_cache"], RANK_CACHE, True), (p["token_map_dir"], TOKEN_MAP_DIR, True),
+              (cache_dir(s, image_ref, p), CACHE, False)]
+    inputs = {}
+    if s.rank == 0:
+        env.update({
+            "TF_TP_WORLD": "2", "TF_TP_MASTER": s.head_link_ip, "TF_TP_PORT": str(s.master_port),
+            "TF_DS_RANK_CACHE": RANK_CACHE, "TF_DS_KIT": KIT, "TENSORFOLD_CUDA_KERNELS": f"{KIT}/aot",
+            "TF_DS_ENGRAM": ENGRAM, "TF_DS_TOKEN_MAP": f"{TOKEN_MAP_DIR}/{TOKEN_MAP_FILE}",
+            "TF_RDMA_DEVICES": ",".join(r["ibdev"] for r in rails[: s.nccl_rails]),
+            "TF_DS_GRAPHS": "1", "TF_DS_HC_SIDE": "1", "TF_DS_L2_PREFETCH": "1", "TF_DS_ENGRAM_AIO": "1",
+        })
+        argv = rank0_argv(s, snapshot, capabilities)
+        if s.api_key:
+            mounts.append((p["api_key_file"], API_KEY_FILE, True))
+        # An engine without --chat-template reads <snapshot>/chat_template.jinja: put ours there.
+        target = CHAT_TEMPLATE if _chat_template_served(capabilities) else f"{snapshot}/chat_template.jinja"
+        mounts.append((p["chat_template"], target, True))
+        if template_digest:
+            inputs["chat_template"] = template_digest
+    else:
+        argv = rank1_argv(s, snapshot, rails, engine_env)
+    env.update(engine_env)  # the user's variables win over our defaults
+
+    options = ["-d", "--name", s.container_name, "--gpus", "all", "--network", "host", "--ipc", "host"]
+    if has_infiniband:
+        options += ["--device", "/dev/infiniband"]
+    options += ["--cap-add", "IPC_LOCK"]
+    for u in s.docker_ulimits:
+        options += ["--ulimit", str(u)]
+    options += ["--oom-score-adj", str(s.oom_score_adj)]
+    labels = {LABEL_MANAGED: "1", LABEL_RANK: str(s.rank)}
+    return ContainerSpec(s.container_name, image_ref, argv, env, mounts, options, labels, inputs)

@@ -1,0 +1,326 @@
+"""The CX7 link: this project's netplan file (with migration of other files' stanzas for the same netdevs),
+apply with a management-address guard, checks (addresses and MTU, DF ping per rail, RoCE v2 GID), and the
+per-host link record the launch step reads."""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+import shlex
+from pathlib import Path
+
+import jinja2
+import yaml
+from pyinfra import host, state
+from pyinfra.api import StringCommand, operation
+
+from operations.facts.link import DefaultRouteDevice, IpAddresses, LinkRecord, NetplanFiles, PingOk, RoceDevices
+from operations.util import MANAGED_HEADER, fail_command, sh
+
+TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
+ROCE_PORT = 1
+APPLY_POLL_TRIES = 20  # x 0.5 s: netplan apply briefly drops addresses; one immediate check is not enough
+
+
+# --- pure helpers -------------------------------------------------------------------------------------------
+
+def render_template(name: str, **data) -> str:
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(TEMPLATES)), trim_blocks=True, lstrip_blocks=True,
+        keep_trailing_newline=True, undefined=jinja2.StrictUndefined,
+    )
+    return env.get_template(name).render(header=MANAGED_HEADER, **data)
+
+
+def render_netplan(rails: list[dict], mtu: int) -> str:
+    return render_template("sparkfold-cx7.netplan.yaml.j2", rails=rails, mtu=int(mtu))
+
+
+def ip_of(address: str) -> str:
+    """"192.168.100.1/24" -> "192.168.100.1"."""
+    return address.split("/", 1)[0]
+
+
+def ipv4_mapped_gid(ip: str) -> str:
+    """The GID sysfs shows for an IPv4 address: ::ffff:a.b.c.d in 8 groups of 4 hex digits."""
+    packed = ipaddress.IPv4Address(ip).packed
+    return "0000:0000:0000:0000:0000:ffff:{:02x}{:02x}:{:02x}{:02x}".format(*packed)
+
+
+def find_ibdev(netdev: str, roce: dict) -> str | None:
+    """The RoCE device whose netdev is `netdev`: the sysfs device links first, else the GID ndevs."""
+    for ibdev in sorted(roce):
+        if netdev in roce[ibdev]["netdevs"]:
+            return ibdev
+    for ibdev in sorted(roce):
+        for table in roce[ibdev]["gids"].values():
+            if any(e.get("ndev") == netdev for e in table.values()):
+                return ibdev
+    return None
+
+
+def v2_gid_index(roce: dict, ibdev: str | None, ip: str, netdev: str | None = None) -> int | None:
+    """Lowest index on port 1 whose GID holds `ip` with type RoCE v2 (never a pinned index)."""
+    if not ibdev or ibdev not in roce:
+        return None
+    want = ipv4_mapped_gid(ip)
+    table = roce[ibdev]["gids"].get(ROCE_PORT, {})
+    for index in sorted(table):
+        entry = table[index]
+        if entry["gid"].lower() != want or "v2" not in entry["type"].lower():
+            continue
+        if netdev and entry.get("ndev") and entry["ndev"] != netdev:
+            continue
+        return index
+    return None
+
+
+def rails_from_facts(rails: list[dict], addrs: dict, roce: dict) -> list[dict]:
+    """The link record's rails from the facts: [{"netdev", "ibdev", "address", "gid_index", "mtu"}].
+
+    rails: s.link_rails; addrs: IpAddresses; roce: RoceDevices. "address" is the configured "ip/prefix";
+    ibdev / gid_index / mtu are None where the facts do not show them (yet).
+    """
+    out = []
+    for rail in rails:
+        netdev = rail["netdev"]
+        ibdev = rail.get("ibdev") or find_ibdev(netdev, roce)
+        out.append({
+            "netdev": netdev,
+            "ibdev": ibdev,
+            "address": rail["address"],
+            "gid_index": v2_gid_index(roce, ibdev, ip_of(rail["address"]), netdev),
+            "mtu": (addrs.get(netdev) or {}).get("mtu"),
+        })
+    return out
+
+
+def link_record(rails: list[dict], addrs: dict, roce: dict) -> dict:
+    records = rails_from_facts(rails, addrs, roce)
+    return {"rails": records, "socket_ifname": records[0]["netdev"] if records else None}
+
+
+def address_problems(rails: list[dict], addrs: dict, mtu: int, netplan_file: str) -> list[str]:
+    problems = []
+    for rail in rails:
+        netdev, address = rail["netdev"], rail["address"]
+        live = addrs.get(netdev)
+        if live is None:
+            problems.append(f"netdev {netdev} does not exist on this Spark: check link_rails in the site file "
+                            f"(`ip -br link` lists the netdevs; the CX7 twins look like enp1s0f0np0/enP2p1s0f0np0)")
+            continue
+        if address not in live["ipv4"]:
+            have = ", ".join(live["ipv4"]) or "none"
+            problems.append(f"{netdev} lacks {address} (has: {have}): run `sudo netplan apply` "
+                            f"(the address comes from {netplan_file}) and check the cable")
+        if live["mtu"] != mtu:
+            problems.append(f"{netdev} has MTU {live['mtu']}, not {mtu}: run `sudo netplan apply` "
+                            f"(or set link_mtu to the same value on both Sparks)")
+    return problems
+
+
+def _stanza_netdev_names(key: str, stanza) -> set[str]:
+    names = {key}
+    if isinstance(stanza, dict):
+        if isinstance(stanza.get("set-name"), str):
+            names.add(stanza["set-name"])
+        match = stanza.get("match")
+        if isinstance(match, dict) and isinstance(match.get("name"), str):
+            names.add(match["name"])
+    return names
+
+
+def plan_migration(files: dict, own_file: str, netdevs: list[str]) -> tuple[list[dict], list[str]]:
+    """Other netplan files that configure our netdevs: ([{"path", "netdevs", "new_text" | None}], errors).
+
+    new_text None means the file configured only those netdevs and is moved to its backup as a whole.
+    """
+    moves, errors = [], []
+    wanted = set(netdevs)
+    for path in sorted(files):
+        if path == own_file:
+            continue
+        try:
+            doc = yaml.safe_load(files[path]["text"]) or {}
+        except yaml.YAMLError as exc:
+            errors.append(f"cannot parse {path} ({str(exc).splitlines()[0]}): fix it or move it out of "
+                          f"{os.path.dirname(path)} (netplan reads every *.yaml there), then re-run")
+            continue
+        network = doc.get("network") if isinstance(doc, dict) else None
+        ethernets = network.get("ethernets") if isinstance(network, dict) else None
+        if not isinstance(ethernets, dict):
+            continue
+        ours = sorted(k for k, v in ethernets.items() if _stanza_netdev_names(str(k), v) & wanted)
+        if not ours:
+            continue
+        rest = {k: v for k, v in ethernets.items() if k not in ours}
+        new_network = {k: v for k, v in network.items() if k != "ethernets"}
+        if rest:
+            new_network["ethernets"] = rest
+        only_ours = set(new_network) <= {"version", "renderer"} and set(doc) == {"network"}
+        if only_ours:
+            moves.append({"path": path, "netdevs": ours, "new_text": None})
+            continue
+        new_doc = dict(doc)
+        new_doc["network"] = new_network
+        text = (f"# sparkfold moved {', '.join(ours)} to {own_file}; the original is kept beside this file as "
+                f"{os.path.basename(path)}.sparkfold-backup-<timestamp>\n")
+        moves.append({"path": path, "netdevs": ours,
+                      "new_text": text + yaml.safe_dump(new_doc, default_flow_style=False, sort_keys=False)})
+    return moves, errors
+
+
+def write_file_command(path: str, text: str, mode: str | None = None) -> StringCommand:
+    """Replace `path` atomically with `text` (a temporary beside it, then mv), creating its directory."""
+    tmp = path + ".sparkfold-tmp"
+    parts = [f"mkdir -p {shlex.quote(os.path.dirname(path) or '.')}",
+             f"(umask 077; printf '%s' {shlex.quote(text)} > {shlex.quote(tmp)})"]
+    if mode:
+        parts.append(sh("chmod", mode, tmp))
+    parts.append(sh("mv", "-f", tmp, path))
+    return StringCommand(" && ".join(parts))
+
+
+def migration_commands(move: dict) -> list[StringCommand]:
+    path = move["path"]
+    backup = f"{shlex.quote(path)}.sparkfold-backup-$(date +%Y%m%d-%H%M%S)"
+    if move["new_text"] is None:
+        return [StringCommand(f"mv -n {shlex.quote(path)} {backup}")]
+    tmp = path + ".sparkfold-tmp"
+    return [StringCommand(
+        f"cp -p {shlex.quote(path)} {backup}"
+        f" && printf '%s' {shlex.quote(move['new_text'])} > {shlex.quote(tmp)}"
+        f" && chmod --reference={shlex.quote(path)} {shlex.quote(tmp)}"
+        f" && mv -f {shlex.quote(tmp)} {shlex.quote(path)}"
+    )]
+
+
+def management_guard_command(dev: str, ip: str, netplan_file: str) -> StringCommand:
+    message = (f"sparkfold: after netplan apply, {dev} (the default route's interface) no longer has {ip}. "
+               f"From a console: `sudo mv {netplan_file} /root/ && sudo netplan apply` restores the previous "
+               f"network; then fix link_rails (the CX7 netdevs must not carry the management network).")
+    return StringCommand(
+        f"for i in $(seq {APPLY_POLL_TRIES}); do"
+        f" ip -4 -o addr show dev {shlex.quote(dev)} | grep -qF {shlex.quote(f' inet {ip}/')} && exit 0;"
+        f" sleep 0.5; done; echo {shlex.quote(message)} >&2; exit 1"
+    )
+
+
+# --- operations ---------------------------------------------------------------------------------------------
+
+@operation()
+def netplan_link(rails: list[dict], mtu: int, netplan_file: str):
+    """Write this project's netplan file for the link rails (mode 600), migrate other files' stanzas for the
+    same netdevs (backup kept), and run `netplan generate && netplan apply` only when something changed."""
+    if not netplan_file.endswith(".yaml"):
+        yield fail_command(f"link_netplan_file {netplan_file} must end in .yaml (netplan reads only *.yaml)")
+        return
+    files = host.get_fact(NetplanFiles, directory=os.path.dirname(netplan_file))
+    moves, errors = plan_migration(files, netplan_file, [r["netdev"] for r in rails])
+    if errors:
+        yield fail_command("; ".join(errors))
+        return
+    want = render_netplan(rails, mtu)
+    current = files.get(netplan_file)
+    changed = bool(moves) or current is None or current["text"] != want
+    for move in moves:
+        yield from migration_commands(move)
+    if current is None or current["text"] != want:
+        yield write_file_command(netplan_file, want, mode="600")
+    elif current["mode"] != "600":
+        yield StringCommand(sh("chmod", "600", netplan_file))
+    if not changed:
+        host.noop(f"{netplan_file} is up to date")
+        return
+    # the management address to keep: the default route's interface, unless it is one of the rails
+    mgmt_dev = host.get_fact(DefaultRouteDevice)
+    addrs = host.get_fact(IpAddresses)
+    mgmt_ips = [] if mgmt_dev in {r["netdev"] for r in rails} else (addrs.get(mgmt_dev) or {}).get("ipv4", [])
+    yield StringCommand("netplan generate && netplan apply")
+    if mgmt_ips:
+        yield management_guard_command(mgmt_dev, ip_of(mgmt_ips[0]), netplan_file)
+
+
+@operation()
+def link_addresses(rails: list[dict], mtu: int, netplan_file: str):
+    """Check: every rail netdev has its address and the link MTU."""
+    problems = address_problems(rails, host.get_fact(IpAddresses), int(mtu), netplan_file)
+    if not problems:
+        host.noop("link addresses and MTU are in place")
+        return
+    if state.is_executing:  # while planning, the netplan step above may still fix it
+        yield fail_command("; ".join(problems))
+
+
+@operation()
+def link_ping(rails: list[dict], peer_rails: list[dict], mtu: int):
+    """Check: the peer answers a full-size do-not-fragment ping on each rail."""
+    problems = []
+    for rail, peer in zip(rails, peer_rails):
+        peer_ip = ip_of(peer["address"])
+        if not host.get_fact(PingOk, netdev=rail["netdev"], address=peer_ip, size=int(mtu) - 28):
+            problems.append(
+                f"no reply from {peer_ip} over {rail['netdev']} with a {mtu}-byte do-not-fragment ping "
+                f"(`ping -I {rail['netdev']} -M do -s {int(mtu) - 28} {peer_ip}`): check the cable, that the "
+                f"other Spark has {peer['address']} on {peer['netdev']}, that each rail is in its own subnet "
+                f"or both share one, and that link_mtu is the same on both Sparks"
+            )
+    if not problems:
+        host.noop("the peer answers on every rail")
+        return
+    if state.is_executing:
+        yield fail_command("; ".join(problems))
+
+
+@operation()
+def roce_gids(rails: list[dict]):
+    """Check: each rail's RoCE device has a RoCE v2 GID holding this rail's IPv4 address."""
+    records = rails_from_facts(rails, {}, host.get_fact(RoceDevices))
+    problems = []
+    for record in records:
+        ip = ip_of(record["address"])
+        if record["ibdev"] is None:
+            problems.append(f"no RoCE device found for {record['netdev']} (nothing under "
+                            f"/sys/class/net/{record['netdev']}/device/infiniband/): set \"ibdev\" for this rail "
+                            f"in link_rails (`ibdev2netdev` shows the pairs) or check the mlx5 driver")
+        elif record["gid_index"] is None:
+            problems.append(f"{record['ibdev']} has no RoCE v2 GID for {ip} (/sys/class/infiniband/"
+                            f"{record['ibdev']}/ports/{ROCE_PORT}/gids; an all-zero or v1 entry is not enough): "
+                            f"check that {record['netdev']} has {record['address']} (`ip -4 addr show "
+                            f"{record['netdev']}`) and that {record['ibdev']} belongs to it")
+    if not problems:
+        host.noop("every rail has a RoCE v2 GID")
+        return
+    if state.is_executing:
+        yield fail_command("; ".join(problems))
+
+
+@operation()
+def link_recorded(rails: list[dict], path: str):
+    """Write <state_dir>/link.json with the rails (GID index included) when its content differs."""
+    want = link_record(rails, host.get_fact(IpAddresses), host.get_fact(RoceDevices))
+    if host.get_fact(LinkRecord, path=path) == want:
+        host.noop(f"{path} is up to date")
+        return
+    if any(r["gid_index"] is None or r["ibdev"] is None for r in want["rails"]):
+        if state.is_executing:  # the GID check above reports the cause
+            yield fail_command(f"cannot record the link in {path}: a rail has no RoCE device or v2 GID")
+        return
+    yield write_file_command(path, json.dumps(want, indent=2, sort_keys=True) + "\n")
+
+
+def deploy_link(s) -> None:
+    """Step 4 of deploy.py, on both Sparks at the same call sites (lock-step: both ends are addressed before
+    the ping runs)."""
+    rails = [dict(r) for r in s.link_rails]
+    peer_rails = [dict(r) for r in s.peer_link_rails]
+    mtu = int(s.link_mtu)
+    netplan_link(name="CX7 link: netplan file and apply", rails=rails, mtu=mtu,
+                 netplan_file=s.link_netplan_file, _sudo=True)
+    link_addresses(name="CX7 link: addresses and MTU", rails=rails, mtu=mtu, netplan_file=s.link_netplan_file)
+    # sudo: binding ping to a netdev (-I) needs CAP_NET_RAW where ping has no file capability
+    link_ping(name="CX7 link: full-size DF ping per rail", rails=rails, peer_rails=peer_rails, mtu=mtu,
+              _sudo=True)
+    roce_gids(name="CX7 link: RoCE v2 GID per rail", rails=rails)
+    link_recorded(name="CX7 link: record rails", rails=rails, path=os.path.join(s.state_dir, "link.json"))

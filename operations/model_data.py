@@ -1,0 +1,237 @@
+"""Everything the ranks load, on the head first and then on the worker.
+
+Head: huggingface_hub, the checkpoint (HF cache), the Engram tables and the kit (real files under data_dir), the
+ABLIT overlay (operations/ablit.py), the token map and both ranks' weight files (operations/weights.py).
+Worker: Engram, kit, token map and rank 1's weight file copied from the head over the link (rsync run on the head),
+then verified on the worker against checksum lists; with worker_weights = "copy" the checkpoint too.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shlex
+from io import StringIO
+
+from pyinfra import host, state
+from pyinfra.api import FileUploadCommand, operation
+from pyinfra.facts.files import Sha256File
+
+from operations import ablit, weights
+from operations.data_copy import (checksums_written, folder_placed, folder_to_peer, folder_verified, free_bytes,
+                                  gib, space_problem)
+from operations.facts.model_data import FolderCheck, HfHubPython, HfPlan
+from operations.hf_cache import repo_folder_name
+from operations.model_paths import (CONTAINER_HF, SERVED_LINK, active_rank_link, checkpoint_plan_args, hub_python,
+                                    paths, worker_paths)
+from operations.remote import heredoc_command
+from operations.util import fail_command
+
+MODEL_TYPE = "deepseek_v41"
+KIT_GENERATED_FIX = ("The kit_repo Hugging Face mirror ships them: check kit_repo/kit_revision. Generating them "
+                     "instead needs torch and DeepSeek's original checkpoint (kit/tools/make_rope.py, "
+                     "kit/tools/make_bias_vl.py), which sparkfold does not do.")
+
+
+def served_model_path(s) -> tuple[str, str]:
+    """(host folder or docker volume to mount, model path inside the container) for this Spark's rank.
+
+    Stock: the Hugging Face cache (the NFS volume on a worker with worker_weights = "nfs") mounted at
+    /root/.cache/huggingface; the path is the repo folder's sparkfold-current link, which the deploy points at the
+    snapshot of the active revision. ABLIT on the head: <data_dir>/ablit mounted at /model-ablit, its `current`
+    link points at the applied pack. Rank 1 keeps the stock snapshot (config and tokenizer): its weights, with the
+    overlay applied, come from its own weight file.
+    """
+    if s.ablit and s.is_head:
+        return paths(s)["ablit"], f"{ablit.CONTAINER_DIR}/{ablit.CURRENT}"
+    source = s.nfs_volume if (not s.is_head and s.worker_weights == "nfs") else s.hf_cache
+    return source, f"{CONTAINER_HF}/hub/{repo_folder_name(s.active_model_repo)}/{SERVED_LINK}"
+
+
+# ---- operations ----
+
+@operation()
+def hf_python_ready(python: str, venv: str = ""):
+    """A python on the head that imports huggingface_hub: the one given, or a venv this op makes and fills."""
+    have = host.get_fact(HfHubPython, python=python)
+    if have:
+        host.noop(f"{python} has huggingface_hub {have}")
+        return
+    if not venv:
+        yield fail_command(f"hf_python {python} cannot import huggingface_hub: run `{python} -m pip install "
+                           "huggingface_hub`, or set hf_python to \"\" so the deploy makes its own venv")
+        return
+    q = shlex.quote
+    yield (f"[ -x {q(python)} ] || python3 -m venv {q(venv)} || {{ echo 'sparkfold: python3 -m venv failed: "
+           "install python3-venv (sudo apt-get install -y python3-venv) or set hf_python' >&2; exit 1; }")
+    yield f"{q(python)} -m pip install --quiet --disable-pip-version-check 'huggingface_hub>=0.23'"
+
+
+@operation()
+def hf_token_file(path: str, token: str):
+    """The token in a 0600 file on the head (uploaded over SFTP, never on a command line); scripts read it through
+    HF_TOKEN_PATH. No token: the file is removed so an old one is not used."""
+    have = host.get_fact(Sha256File, path=path)
+    q = shlex.quote
+    if not token:
+        if have:
+            yield f"rm -f {q(path)}"
+        else:
+            host.noop("no HF_TOKEN: anonymous Hugging Face access")
+        return
+    if have == hashlib.sha256(token.encode()).hexdigest():
+        host.noop("HF token file is current")
+        return
+    parent = path.rsplit("/", 1)[0]
+    yield f"mkdir -p {q(parent)} && install -m 600 /dev/null {q(path)}"  # 0600 before the token lands in it
+    yield FileUploadCommand(StringIO(token), path)
+
+
+def fetch_summary(label: str, plan: dict, repo: str, revision: str, dest: str) -> str:
+    """One line for the plan: what is missing and how much it will transfer."""
+    if plan.get("complete"):
+        return f"{label}: {repo}@{(plan.get('commit') or revision)[:12]} complete, nothing to fetch"
+    if plan.get("error"):
+        return f"{label}: fetch {repo}@{revision} into {dest} (size unknown: {plan['error'][:120]})"
+    missing = plan.get("missing") or []
+    return (f"{label}: fetch {len(missing)} files, {gib(plan.get('missing_bytes') or 0)} of {repo}@"
+            f"{(plan.get('commit') or revision)[:12]} into {dest}")
+
+
+@operation()
+def hf_snapshot(python: str, repo: str, revision: str, label: str, cache_dir: str = "", local_dir: str = "",
+                include: tuple = (), token_path: str = "", endpoint: str = "", has_token: bool = False,
+                require_token: bool = False, expect_model_type: str = ""):
+    """A repo revision downloaded completely (cache_dir: the HF cache's hub folder; local_dir: real files).
+
+    The HfPlan fact answers offline for a complete download, so a converged run neither fetches nor asks the Hub.
+    """
+    if require_token and not has_token:
+        yield fail_command(f"{label} is gated: set HF_TOKEN before the deploy. 1) open https://huggingface.co/{repo} "
+                           "and accept its terms, 2) create a read token at https://huggingface.co/settings/tokens, "
+                           "3) export HF_TOKEN=<token>")
+        return
+    args = {"python": python, "repo": repo, "revision": revision, "cache_dir": cache_dir, "local_dir": local_dir,
+            "include": tuple(include), "token_path": token_path, "endpoint": endpoint}
+    plan = host.get_fact(HfPlan, **args)
+    dest = local_dir or cache_dir
+    if plan.get("complete") and plan.get("manifest"):
+        if expect_model_type and plan.get("model_type") != expect_model_type:
+            yield fail_command(f"{label}: {repo}@{plan['commit'][:12]} has config.json model_type "
+                               f"{plan.get('model_type')!r}, not {expect_model_type!r}: check the repo/revision")
+            return
+        host.noop(fetch_summary(label, plan, repo, revision, dest))
+        return
+    problem = space_problem(free_bytes(dest), plan.get("missing_bytes") or 0, dest, label)
+    if problem:
+        yield fail_command(problem)
+        return
+    q = shlex.quote
+    words = ["--repo", repo, "--revision", revision]
+    words += ["--cache-dir", cache_dir] if cache_dir else ["--local-dir", local_dir]
+    for pattern in include:
+        words += ["--include", pattern]
+    if expect_model_type:
+        words += ["--expect-model-type", expect_model_type]
+    env = [f"HF_TOKEN_PATH={q(token_path)}"] if has_token else []
+    env += [f"HF_ENDPOINT={q(endpoint)}"] if endpoint else []
+    yield heredoc_command(f"mkdir -p {q(dest)} && {' '.join(env)} {q(python)} - {' '.join(q(w) for w in words)}",
+                          "hf_fetch")
+
+
+def _plan(args: dict) -> dict:
+    return host.get_fact(HfPlan, **args)
+
+
+# ---- the deploy ----
+
+def deploy_model_data(s, image_ref: str) -> None:
+    """Checkpoint, Engram, kit, token map and weight files: head part on the head, worker part on the worker."""
+    if s.is_head:
+        _head(s, image_ref)
+    else:
+        _worker(s)
+
+
+def _fetch(s, label, repo, revision, **where):
+    """Plan-time summary for the op's name (the --dry table shows it), and the op's arguments."""
+    p = paths(s)
+    args = {"python": hub_python(s), "repo": repo, "revision": revision, "cache_dir": where.get("cache_dir", ""),
+            "local_dir": where.get("local_dir", ""), "include": tuple(where.get("include", ())),
+            "token_path": p["token_file"], "endpoint": s.hf_endpoint}
+    name = fetch_summary(label, _plan(args), repo, revision, args["local_dir"] or args["cache_dir"])
+    return name, dict(args, label=label, has_token=bool(s.hf_token))
+
+
+def _head(s, image_ref: str) -> None:
+    p = paths(s)
+    hf_python_ready(name="huggingface_hub on the head", python=hub_python(s), venv="" if s.hf_python else p["venv"])
+    hf_token_file(name="Hugging Face token file (0600)", path=p["token_file"], token=s.hf_token)
+
+    name, args = _fetch(s, "Checkpoint", s.active_model_repo, s.active_model_revision, cache_dir=p["hub"])
+    hf_snapshot(name=name, expect_model_type=MODEL_TYPE, **args)
+    weights.served_link(s)
+
+    name, args = _fetch(s, "Engram tables", s.engram_repo, s.engram_revision, local_dir=p["engram"],
+                        include=s.engram_files)
+    hf_snapshot(name=name, **args)
+    checksums_written(name="Engram SHA256SUMS (once)", folder=p["engram"], files=list(s.engram_files))
+
+    name, args = _fetch(s, "Kernel kit", s.kit_repo, s.kit_revision, local_dir=p["kit_src"], include=["kit/*"])
+    hf_snapshot(name=name, **args)
+    folder_placed(name="Kit at data_dir/kit", src=f"{p['kit_src']}/kit", dest=p["kit"], what="the kit")
+    folder_verified(name="Kit matches its MANIFEST (head)", folder=p["kit"], sums="MANIFEST", what="the kit",
+                    generated_fix=KIT_GENERATED_FIX)
+
+    if s.ablit:
+        name, args = _fetch(s, "ABLIT overlay", s.ablit_repo, s.ablit_revision, local_dir=ablit.overlay_dir(s),
+                            include=[s.ablit_file, ablit.APPLY_SCRIPT])
+        hf_snapshot(name=name, require_token=True, **args)
+        ablit.deploy_ablit(s, image_ref)
+
+    weights.deploy_weights(s, image_ref)
+
+    target, w = s.worker_link_ssh, worker_paths(s)
+    folder_to_peer(name="Engram tables to the worker", src=p["engram"], target=target, dest=w["engram"],
+                   what="the Engram tables")
+    folder_to_peer(name="Kit to the worker", src=p["kit"], target=target, dest=w["kit"], what="the kit")
+    folder_to_peer(name="Token map to the worker", src=p["token_map"], target=target, dest=w["token_map"],
+                   what="the token map")
+    weights.rank1_to_worker(s, w)
+    if s.worker_weights == "copy":
+        blob_sums_written(name="Checkpoint blob list (for the worker copy)", repo_dir=p["repo"])
+        folder_to_peer(name="Checkpoint to the worker (copy)", src=p["repo"], target=target, dest=w["repo"],
+                       what="the checkpoint", extra_rsync=("--copy-unsafe-links",))
+
+
+def _worker(s) -> None:
+    p = paths(s)
+    folder_verified(name="Engram tables verified (worker)", folder=p["engram"], sums="SHA256SUMS",
+                    what="the Engram tables")
+    folder_verified(name="Kit matches its MANIFEST (worker)", folder=p["kit"], sums="MANIFEST", what="the kit",
+                    generated_fix=KIT_GENERATED_FIX)
+    folder_verified(name="Rank 1's weight file verified (worker)", folder=active_rank_link(s, 1),
+                    sums="SHA256SUMS", what="rank 1's weight file")
+    if s.worker_weights == "copy":
+        folder_verified(name="Checkpoint copy verified (worker)", folder=p["repo"], sums=BLOB_SUMS,
+                        what="the checkpoint copy")
+
+
+BLOB_SUMS = ".sparkfold-SHA256SUMS"
+
+
+@operation()
+def blob_sums_written(repo_dir: str):
+    """<repo>/.sparkfold-SHA256SUMS lists the cache's LFS blobs, whose names are their sha256: no hashing here,
+    and the worker's `sha256sum -c` proves its copy."""
+    check = host.get_fact(FolderCheck, path=repo_dir, sums=BLOB_SUMS, marker=BLOB_SUMS)
+    blobs = sorted(p for p in (check or {}).get("files", {})
+                   if p.startswith("blobs/") and len(p) == 70 and all(c in "0123456789abcdef" for c in p[6:]))
+    if check and blobs and sorted(check["names"]) == blobs:
+        host.noop(f"{repo_dir}/{BLOB_SUMS} lists all {len(blobs)} blobs")
+        return
+    if not blobs and state.is_executing:
+        yield fail_command(f"no blobs in {repo_dir}: the checkpoint download must come first")
+        return
+    q = shlex.quote
+    yield (f"cd {q(repo_dir)} && ls blobs | grep -E '^[0-9a-f]{{64}}$' | sed 's|.*|&  blobs/&|' > {BLOB_SUMS}.tmp "
+           f"&& mv {BLOB_SUMS}.tmp {BLOB_SUMS}")

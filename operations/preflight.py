@@ -1,0 +1,214 @@
+"""Preflight on both Sparks, before anything changes: platform, memory, disk, tools, and (on the head) ssh to the
+worker. Each check yields nothing when it passes (a converged run stays change-free) and one failing command that
+names the problem and the fix when it does not."""
+
+from __future__ import annotations
+
+from pyinfra import host
+from pyinfra.api import operation
+
+from operations.facts.host import (
+    KNOWN_TOOLS, DiskFree, DockerMemoryUse, DockerRootDir, HostTools, MemInfo, OsRelease, PathUsage, SshReachable,
+)
+from operations.util import fail_command
+
+GIB = 1024**3
+GB = 1000**3
+DEFAULT_DOCKER_ROOT = "/var/lib/docker"  # measured when docker is not installed or not reachable yet
+
+TOOL_FIX = {
+    "docker": "install Docker (apt-get install docker.io) or set docker_install = True",
+    "git": "apt-get install git",
+    "python3": "apt-get install python3",
+    "rsync": "apt-get install rsync",
+    "ssh": "apt-get install openssh-client",
+}
+
+
+# --- pure helpers (unit-tested directly) -------------------------------------------------------------------------
+
+def platform_problem(info: dict, allowed_arch, allowed_os_ids) -> str | None:
+    arch = info.get("arch", "")
+    if arch not in allowed_arch:
+        return (f"this machine is {arch or 'of unknown architecture'}, not {'/'.join(allowed_arch)}: sparkfold "
+                f"targets DGX Spark (aarch64, DGX OS); run it against the Sparks (allowed_arch lists what is accepted)")
+    ids = [info.get("id", "")] + list(info.get("id_like", []))
+    if not any(i in allowed_os_ids for i in ids if i):
+        name = info.get("pretty_name") or info.get("id") or "an unknown OS"
+        return (f"the OS is {name}, not one of {', '.join(allowed_os_ids)} (ID/ID_LIKE in /etc/os-release): "
+                f"sparkfold targets DGX OS (Ubuntu based); reinstall DGX OS or extend allowed_os_ids")
+    return None
+
+
+def memory_problem(meminfo: dict, min_avail_gib: float, docker_use: dict) -> str | None:
+    avail = meminfo.get("MemAvailable")
+    if avail is None:
+        return "cannot read MemAvailable from /proc/meminfo; check that /proc is mounted"
+    if avail >= min_avail_gib * GIB:
+        return None
+    total = meminfo.get("MemTotal", 0)
+    used = max(total - avail, 0)
+    message = (f"only {avail / GIB:.1f} GiB MemAvailable, need {min_avail_gib:g} GiB (min_avail_gib); "
+               f"{used / GIB:.1f} GiB of {total / GIB:.1f} GiB is in use")
+    if docker_use.get("ok"):
+        ranked = sorted(docker_use["containers"], key=lambda c: c["used_bytes"] or 0, reverse=True)
+        if ranked:
+            listed = ", ".join(f"{c['name']} {(c['used_bytes'] or 0) / GIB:.1f} GiB" for c in ranked[:10])
+            message += f"; running containers: {listed}"
+        else:
+            message += "; no container is running, so other processes hold it"
+    else:
+        message += "; containers could not be listed (docker missing or unreachable)"
+    return message + ". Fix: stop what holds the memory (docker stop NAME, close large programs) or lower min_avail_gib"
+
+
+def disk_problems(need_gb: float, data: list[dict], held_bytes: int, image_gb: float, docker: dict) -> list[str]:
+    """data: DiskFree results for the data paths (hf_cache, data_dir); docker: DiskFree for the Docker root dir.
+    The data need (less what is already held there) may spread over the data filesystems; the image need is added
+    to it when the Docker root dir shares one of them, else the Docker filesystem must hold it alone."""
+    problems = []
+    data_fs = {}
+    for d in data:
+        data_fs.setdefault(d["mount"], d)
+    data_free = sum(d["free_bytes"] for d in data_fs.values())
+    data_need = max(need_gb * GB - held_bytes, 0)
+    image_need = image_gb * GB
+    where = ", ".join(f"{d['path']} ({d['mount']}, {d['free_bytes'] / GB:.0f} GB free)" for d in data)
+    held = f", {held_bytes / GB:.0f} GB of it already held" if held_bytes else ""
+    if docker["mount"] in data_fs:
+        if data_free < data_need + image_need:
+            problems.append(
+                f"not enough disk: {where} share a filesystem with the Docker root dir {docker['path']}; need "
+                f"{(data_need + image_need) / GB:.0f} GB (disk_need_gb {need_gb:g}{held} + image_free_gb {image_gb:g}), "
+                f"have {data_free / GB:.0f} GB. Fix: free space there, or point hf_cache/data_dir at a larger disk")
+        return problems
+    if data_free < data_need:
+        problems.append(
+            f"not enough disk for the data: {where}; need {data_need / GB:.0f} GB (disk_need_gb {need_gb:g}{held}), "
+            f"have {data_free / GB:.0f} GB. Fix: free space there, or point hf_cache/data_dir at a larger disk")
+    if docker["free_bytes"] < image_need:
+        problems.append(
+            f"not enough disk under the Docker root dir {docker['path']} ({docker['mount']}): need {image_gb:g} GB "
+            f"(image_free_gb), have {docker['free_bytes'] / GB:.0f} GB. Fix: docker system prune, or move "
+            f"the Docker data-root to a larger disk")
+    return problems
+
+
+# --- operations --------------------------------------------------------------------------------------------------
+
+@operation()
+def platform_supported(allowed_arch=("aarch64",), allowed_os_ids=("ubuntu", "dgx")):
+    """Fail unless the architecture and the OS (ID or ID_LIKE of /etc/os-release) are allowed."""
+    problem = platform_problem(host.get_fact(OsRelease), tuple(allowed_arch), tuple(allowed_os_ids))
+    if problem:
+        yield fail_command(problem)
+    else:
+        host.noop("platform is supported")
+
+
+@operation()
+def memory_available(min_avail_gib: float, own_containers=()):
+    """Fail unless MemAvailable >= min_avail_gib. When one of `own_containers` (this project's rank) is running,
+    the memory is ours: the launch step decides whether to recreate it, so this check stands aside."""
+    docker_use = host.get_fact(DockerMemoryUse)
+    running = {c["name"] for c in docker_use.get("containers", [])}
+    ours = sorted(running & set(own_containers))
+    if ours:
+        host.noop(f"{', '.join(ours)} is running; its memory is checked again before any relaunch")
+        return
+    problem = memory_problem(host.get_fact(MemInfo), float(min_avail_gib), docker_use)
+    if problem:
+        yield fail_command(problem)
+    else:
+        host.noop("enough memory available")
+
+
+@operation()
+def disk_free(need_gb: float, data_paths, image_gb: float, held_paths=(), docker_root: str = ""):
+    """Fail unless the data paths have need_gb free (less what `held_paths` already hold) and the Docker root dir has
+    image_gb free; the two are summed when they share a filesystem. Missing paths are measured at their nearest
+    existing parent. docker_root "" = ask docker (DEFAULT_DOCKER_ROOT when it cannot be asked yet)."""
+    data = []
+    for path in data_paths:
+        d = host.get_fact(DiskFree, path=path)
+        if d is None:
+            yield fail_command(f"cannot measure free disk at {path} (df failed); check the path and the mount")
+            return
+        data.append({**d, "path": path})
+    root = docker_root or host.get_fact(DockerRootDir) or DEFAULT_DOCKER_ROOT
+    d = host.get_fact(DiskFree, path=root)
+    if d is None:
+        yield fail_command(f"cannot measure free disk under the Docker root dir {root} (df failed)")
+        return
+    docker = {**d, "path": root}
+    held = sum(host.get_fact(PathUsage, path=p) or 0 for p in held_paths)
+    problems = disk_problems(float(need_gb), data, held, float(image_gb), docker)
+    if problems:
+        yield fail_command("; ".join(problems))
+    else:
+        host.noop("enough free disk")
+
+
+@operation()
+def tools_present(required=("docker", "git", "python3", "rsync"), installed_later=()):
+    """Fail unless every tool in `required` is on the PATH; tools in `installed_later` may be missing (a later step
+    installs them, e.g. docker with docker_install)."""
+    unknown = [t for t in required if t not in KNOWN_TOOLS]
+    if unknown:
+        raise ValueError(f"tools_present cannot check {unknown}; known: {KNOWN_TOOLS}")
+    tools = host.get_fact(HostTools)
+    missing = [t for t in required if not tools.get(t) and t not in installed_later]
+    if missing:
+        fixes = "; ".join(f"{t}: {TOOL_FIX.get(t, 'install it')}" for t in missing)
+        yield fail_command(f"missing on this Spark: {', '.join(missing)}. Fix: {fixes}")
+    else:
+        host.noop("tools present")
+
+
+@operation()
+def peer_reachable(target: str):
+    """Run on the head: fail unless `ssh -o BatchMode=yes -o ConnectTimeout=10 <target> true` succeeds."""
+    result = host.get_fact(SshReachable, target=target)
+    if result["ok"]:
+        host.noop(f"{target} answers over ssh")
+        return
+    yield fail_command(
+        f"the head cannot ssh to the worker {target} without a prompt (rc {result['rc']}: {result['detail']}). "
+        f"Fix: on the head run ssh-keygen (if there is no key), ssh-copy-id {target}, then ssh {target} true once "
+        f"to accept its host key")
+
+
+# --- deploy entry ------------------------------------------------------------------------------------------------
+
+def _held_paths(s) -> list[str]:
+    """What this project already keeps on this Spark: the data folder and its repos' Hugging Face cache folders."""
+    repos = [s.active_model_repo, s.engram_repo, s.kit_repo]
+    cache = [f"{s.hf_cache.rstrip('/')}/hub/models--{r.replace('/', '--')}" for r in repos if r]
+    return [s.data_dir] + cache
+
+
+def deploy_preflight(s) -> None:
+    platform_supported(
+        name="Preflight: aarch64 and DGX OS",
+        allowed_arch=list(getattr(s, "allowed_arch", ["aarch64"])),
+        allowed_os_ids=list(getattr(s, "allowed_os_ids", ["ubuntu", "dgx"])),
+    )
+    memory_available(
+        name=f"Preflight: {s.min_avail_gib:g} GiB memory available",
+        min_avail_gib=s.min_avail_gib,
+        own_containers=[s.container_name],
+    )
+    disk_free(
+        name="Preflight: free disk for data and the image",
+        need_gb=s.disk_need_gb,
+        data_paths=[s.hf_cache, s.data_dir],
+        image_gb=s.image_free_gb,
+        held_paths=_held_paths(s),
+    )
+    tools_present(
+        name="Preflight: docker, git, python3, rsync present",
+        required=["docker", "git", "python3", "rsync", "ssh"] if s.is_head else ["docker", "git", "python3", "rsync"],
+        installed_later=["docker"] if s.docker_install else [],
+    )
+    if s.is_head:
+        peer_reachable(name="Preflight: the head reaches the worker over ssh", target=s.worker_ssh_from_head)

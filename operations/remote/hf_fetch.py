@@ -1,0 +1,110 @@
+"""Download a Hugging Face revision (resumable), verify sizes, then write .sparkfold-complete.json.
+
+    hf_fetch.py --repo ORG/NAME --revision REV (--cache-dir HUB | --local-dir DIR) [--include PATTERN ...]
+                [--expect-model-type TYPE]
+
+snapshot_download resumes interrupted files by itself. The token comes from HF_TOKEN or HF_TOKEN_PATH (never an
+argument) and HF_ENDPOINT selects a mirror. tqdm's carriage-return bars are turned off; instead one newline-
+terminated progress line goes to stderr every --every seconds, so pyinfra's -v shows it live.
+Exit 1 with a one-line reason on any failure. Sent to the head after hf_cache.py and hf_plan.py.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+
+os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # before huggingface_hub is imported
+
+if not globals().get("_BUNDLED"):  # run from a checkout
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    from hf_cache import *  # noqa: F401,F403
+    from hf_plan import _token, hub_files, model_type, parse_args as _plan_args, still_to_fetch
+
+
+def fetch_args(argv):
+    rest, expect, every = [], None, 30.0
+    it = iter(argv)
+    for a in it:
+        if a == "--expect-model-type":
+            expect = next(it)
+        elif a == "--every":
+            every = float(next(it))
+        else:
+            rest.append(a)
+    return _plan_args(rest), expect, every
+
+
+def _gib(n):
+    return f"{(n or 0) / 2**30:.1f} GiB"
+
+
+def report_progress(args, commit, files, need0, stop, every):
+    while not stop.wait(every):
+        _missing, need = still_to_fetch(args, commit, files)
+        done = max(need0 - need, 0)
+        pct = 100.0 * done / need0 if need0 else 100.0
+        print(f"sparkfold: {args.repo}: {_gib(done)} of {_gib(need0)} fetched ({pct:.0f}%)", file=sys.stderr,
+              flush=True)
+
+
+def main(argv=None):
+    args, expect, every = fetch_args(sys.argv[1:] if argv is None else argv)
+    try:
+        from huggingface_hub import snapshot_download
+    except ImportError:
+        print("sparkfold: this python has no huggingface_hub (pip install huggingface_hub)", file=sys.stderr)
+        return 1
+    try:
+        commit, files = hub_files(args.repo, args.revision, args.include)
+    except Exception as e:
+        print(f"sparkfold: cannot list {args.repo}@{args.revision}: {type(e).__name__}: {e}", file=sys.stderr)
+        return 1
+    if not files:
+        print(f"sparkfold: no file of {args.repo}@{args.revision} matches {args.include}", file=sys.stderr)
+        return 1
+    _missing, need0 = still_to_fetch(args, commit, files)
+    print(f"sparkfold: fetching {args.repo}@{commit[:12]}: {_gib(need0)} to transfer", file=sys.stderr, flush=True)
+    stop = threading.Event()
+    watcher = threading.Thread(target=report_progress, args=(args, commit, files, need0, stop, every), daemon=True)
+    watcher.start()
+    try:
+        where = {"local_dir": args.local_dir} if args.local_dir else {"cache_dir": args.cache_dir}
+        folder = snapshot_download(args.repo, revision=commit, allow_patterns=args.include or None,
+                                   token=_token(), endpoint=os.environ.get("HF_ENDPOINT") or None, **where)
+    except Exception as e:
+        print(f"sparkfold: download of {args.repo} stopped ({type(e).__name__}: {e}); re-run to resume",
+              file=sys.stderr)
+        return 1
+    finally:
+        stop.set()
+    if not args.local_dir:
+        # a download by commit writes no ref; keep the asked-for name resolvable offline
+        refs = os.path.join(repo_dir(args.cache_dir, args.repo), "refs", args.revision)
+        if not is_commit(args.revision):
+            os.makedirs(os.path.dirname(refs), exist_ok=True)
+            with open(refs, "w") as f:
+                f.write(commit)
+    missing, _need = still_to_fetch(args, commit, files)
+    if missing:
+        print(f"sparkfold: after the download {len(missing)} files are missing or short, e.g. {missing[0][0]}",
+              file=sys.stderr)
+        return 1
+    if expect:
+        found = model_type(folder)
+        if found != expect:
+            print(f"sparkfold: {args.repo}@{commit[:12]} config.json model_type is {found!r}, expected {expect!r}: "
+                  "check the repo and revision settings", file=sys.stderr)
+            return 1
+    write_manifest(folder, manifest_record(args.repo, args.revision, commit, args.include,
+                                           {p: s for p, s, _e in files}))
+    print(f"sparkfold: {args.repo}@{commit[:12]} complete: {len(files)} files, "
+          f"{_gib(sum(s or 0 for _p, s, _e in files))}", file=sys.stderr, flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

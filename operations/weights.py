@@ -1,0 +1,191 @@
+"""The token map and each rank's weight file, written on the head with the engine image's own tools.
+
+Both depend on the checkpoint commit, which only the HfPlan fact knows (offline once the snapshot is complete).
+The tools run in throwaway containers without network, as the ssh user, with the Hugging Face cache mounted
+read-only (snapshots are symlinks into blobs/, so the whole cache is mounted and the snapshot path passed).
+Layout: <data_dir>/token-map/dsv41_token_map.json (+ .commit sidecar);
+<data_dir>/rank-cache/<commit>[-ablit]/rank<R>/rank<R>of2-<hash>.bin (+ .sparkfold-source sidecar);
+<data_dir>/rank-cache/active-rank<R> -> <commit>[-ablit]/rank<R> (what the launch step mounts).
+"""
+
+from __future__ import annotations
+
+import shlex
+
+from pyinfra import host, state
+from pyinfra.api import operation
+
+from operations.data_copy import checksums_written, folder_to_peer, space_problem
+from operations.facts.model_data import DirFiles, FileText, FreeBytes, HfPlan, LinkTarget, RankFolder
+from operations.hf_cache import repo_folder_name
+from operations.model_paths import SERVED_LINK, active_rank_link, checkpoint_plan_args, paths
+from operations.util import fail_command
+
+TOKEN_MAP = "dsv41_token_map.json"
+TOKEN_MAP_TOOL = "/opt/tensorfold/tools/dsv41-zig/inputs/make_token_map.py"
+RANK_TOOL = "tf-dsv41-rank-cache"
+SOURCE = ".sparkfold-source"
+PENDING = "<checkpoint commit>"  # stands in for the commit in --dry before the checkpoint exists
+_TOOL_HF = "/hf"  # the Hugging Face cache inside the tool containers
+_TOOL_ABLIT = "/model"
+
+
+def need_commit(plan_args: dict, what: str):
+    """(commit, None) or (None, failing command). Planning tolerates a checkpoint not fetched yet: it shows the
+    commit the Hub named, or a placeholder; executing requires the complete snapshot."""
+    plan = host.get_fact(HfPlan, **plan_args)
+    if plan.get("complete") and plan.get("commit"):
+        return plan["commit"], None
+    if state.is_executing:
+        return None, fail_command(f"{what}: the checkpoint {plan_args['repo']}@{plan_args['revision']} is not "
+                                  "complete (its download must succeed first)")
+    return plan.get("commit") or PENDING, None
+
+
+def tool_run(image_ref: str, mounts: list, entrypoint: str, *args: str) -> str:
+    """docker run of one of the image's tools: no network, our uid (files stay ours), given mounts."""
+    q = shlex.quote
+    words = ["docker run --rm --network none --user \"$(id -u):$(id -g)\" -e HOME=/tmp"]
+    words += [f"-v {q(src + ':' + dst + (':ro' if ro else ''))}" for src, dst, ro in mounts]
+    words += [f"--entrypoint {q(entrypoint)}", q(image_ref), *(q(a) for a in args)]
+    return " ".join(words)
+
+
+def model_source(hf_cache: str, repo: str, commit: str, ablit_dir: str = ""):
+    """(mount, path inside the tool container) of the pack the weight files are made from."""
+    if ablit_dir:
+        return (f"{ablit_dir}/{commit}", _TOOL_ABLIT, True), _TOOL_ABLIT
+    return (hf_cache, _TOOL_HF, True), f"{_TOOL_HF}/hub/{repo_folder_name(repo)}/snapshots/{commit}"
+
+
+def source_key(commit: str, ablit: bool) -> str:
+    return f"{commit}-ablit" if ablit else commit
+
+
+@operation()
+def token_map_written(image_ref: str, plan_args: dict, hf_cache: str, out_dir: str):
+    """dsv41_token_map.json from the checkpoint's tokenizer; rewritten only when the checkpoint commit changed."""
+    commit, problem = need_commit(plan_args, "token map")
+    if problem:
+        yield problem
+        return
+    sidecar = f"{out_dir}/{TOKEN_MAP}.commit"
+    if host.get_fact(FileText, path=sidecar) == commit and TOKEN_MAP in host.get_fact(DirFiles, path=out_dir):
+        host.noop(f"token map is current for {commit[:12]}")
+        return
+    mount, model = model_source(hf_cache, plan_args["repo"], commit)
+    q = shlex.quote
+    yield (f"mkdir -p {q(out_dir)} && rm -f {q(sidecar)} && "
+           + tool_run(image_ref, [mount, (out_dir, "/out", False)], "python3", TOKEN_MAP_TOOL, model,
+                      f"/out/{TOKEN_MAP}")
+           + f" && printf '%s\\n' {q(commit)} > {q(sidecar)}")
+
+
+def rank_folder(rank_cache: str, commit: str, rank: int, ablit: bool) -> str:
+    return f"{rank_cache}/{source_key(commit, ablit)}/rank{rank}"
+
+
+@operation()
+def rank_file_written(image_ref: str, rank: int, plan_args: dict, hf_cache: str, rank_cache: str,
+                      ablit_dir: str = "", ablit_revision: str = ""):
+    """rank<R>of2-<hash>.bin in its own folder, made from the stock pack or (ablit_dir) the applied overlay pack.
+
+    Complete and current = exactly one rank<R>of2-*.bin, no .rank<R>of2.partial, and the sidecar names the source.
+    Anything else (an interrupted run's .partial, a stray second file) is cleared and the tool runs again: it
+    refuses a folder that already holds a file for its rank.
+    """
+    commit, problem = need_commit(plan_args, f"rank {rank}'s weight file")
+    if problem:
+        yield problem
+        return
+    ablit = bool(ablit_dir)
+    folder = rank_folder(rank_cache, commit, rank, ablit)
+    want = source_key(commit, ablit) + (f" {ablit_revision}" if ablit else "")
+    have = host.get_fact(RankFolder, path=folder)
+    bins = have["bins"].get(rank, [])
+    if len(bins) == 1 and rank not in have["partial"] and have["source"] == want:
+        host.noop(f"rank {rank}'s weight file {bins[0]} is current")
+        return
+    total = host.get_fact(HfPlan, **plan_args).get("total_bytes") or 0
+    need = int(total / 2 * 1.05)  # each rank holds about half the pack
+    problem = space_problem(host.get_fact(FreeBytes, path=folder), need, folder, f"rank {rank}'s weight file")
+    if problem:
+        yield problem
+        return
+    mount, model = model_source(hf_cache, plan_args["repo"], commit, ablit_dir)
+    q = shlex.quote
+    # a partial or stray file from an interrupted run: clear the folder of this rank's files, then write again
+    yield (f"mkdir -p {q(folder)} && rm -f {q(folder)}/rank{rank}of2-*.bin {q(folder)}/.rank{rank}of2.partial "
+           f"{q(folder)}/{SOURCE} {q(folder)}/SHA256SUMS {q(folder)}/.sparkfold-sums.state")
+    yield (tool_run(image_ref, [mount, (folder, "/out", False)], RANK_TOOL, model, "/out", str(rank), "2")
+           + f" && printf '%s\\n' {q(want)} > {q(folder)}/{SOURCE}")
+
+
+@operation()
+def commit_link(link: str, plan_args: dict, template: str):
+    """A symlink we own pointing at a commit-named folder: template.format(commit=...), relative to the link."""
+    commit, problem = need_commit(plan_args, link)
+    if problem:
+        yield problem
+        return
+    target = template.format(commit=commit)
+    if host.get_fact(LinkTarget, path=link) == target:
+        host.noop(f"{link} -> {target}")
+        return
+    q = shlex.quote
+    yield f"mkdir -p {q(link.rsplit('/', 1)[0])} && ln -sfn {q(target)} {q(link)}"
+
+
+@operation()
+def rank_sums_written(plan_args: dict, rank_cache: str, rank: int, ablit: bool):
+    """SHA256SUMS of a rank's weight file, once (the worker checks its copy against it)."""
+    commit, problem = need_commit(plan_args, f"rank {rank}'s checksum")
+    if problem:
+        yield problem
+        return
+    folder = rank_folder(rank_cache, commit, rank, ablit)
+    bins = host.get_fact(RankFolder, path=folder)["bins"].get(rank, [])
+    yield from checksums_written._inner(folder=folder, files=bins[:1] or [f"rank{rank}of2-<hash>.bin"])
+
+
+@operation()
+def rank_file_to_peer(plan_args: dict, rank_cache: str, rank: int, ablit: bool, target: str, peer_rank_cache: str):
+    """The rank's folder (weight file + SHA256SUMS) rsynced to the same layout on the worker, and the worker's
+    active-rank link pointed at it."""
+    commit, problem = need_commit(plan_args, f"rank {rank}'s weight file on the worker")
+    if problem:
+        yield problem
+        return
+    key = source_key(commit, ablit)
+    yield from folder_to_peer._inner(src=rank_folder(rank_cache, commit, rank, ablit), target=target,
+                                     dest=rank_folder(peer_rank_cache, commit, rank, ablit),
+                                     what=f"rank {rank}'s weight file", link=f"{peer_rank_cache}/active-rank{rank}",
+                                     link_to=f"{key}/rank{rank}")
+
+
+def deploy_weights(s, image_ref: str) -> None:
+    p, plan_args = paths(s), checkpoint_plan_args(s)
+    ablit_dir = p["ablit"] if s.ablit else ""
+    ablit_rev = s.ablit_revision if s.ablit else ""
+    token_map_written(name="Token map (image's make_token_map.py)", image_ref=image_ref, plan_args=plan_args,
+                      hf_cache=s.hf_cache, out_dir=p["token_map"])
+    rank_file_written(name="Rank 0's weight file", image_ref=image_ref, rank=0, plan_args=plan_args,
+                      hf_cache=s.hf_cache, rank_cache=p["rank_cache"], ablit_dir=ablit_dir, ablit_revision=ablit_rev)
+    rank_file_written(name="Rank 1's weight file", image_ref=image_ref, rank=1, plan_args=plan_args,
+                      hf_cache=s.hf_cache, rank_cache=p["rank_cache"], ablit_dir=ablit_dir, ablit_revision=ablit_rev)
+    suffix = "-ablit" if s.ablit else ""
+    commit_link(name="Rank 0's active weight folder", link=active_rank_link(s, 0), plan_args=plan_args,
+                template="{commit}" + suffix + "/rank0")
+    rank_sums_written(name="Rank 1's SHA256SUMS (once)", plan_args=plan_args, rank_cache=p["rank_cache"], rank=1,
+                      ablit=s.ablit)
+
+
+def served_link(s) -> None:
+    commit_link(name="Served snapshot link", link=f"{paths(s)['repo']}/{SERVED_LINK}",
+                plan_args=checkpoint_plan_args(s), template="snapshots/{commit}")
+
+
+def rank1_to_worker(s, worker: dict) -> None:
+    rank_file_to_peer(name="Rank 1's weight file to the worker", plan_args=checkpoint_plan_args(s),
+                      rank_cache=paths(s)["rank_cache"], rank=1, ablit=s.ablit, target=s.worker_link_ssh,
+                      peer_rank_cache=worker["rank_cache"])

@@ -1,0 +1,127 @@
+"""End-to-end fixtures: the simulated pair of Sparks (tests/sim) and the real pyinfra CLI against it over SSH.
+
+Fixtures (session-wide; the pair comes up once per session):
+  sim_pair      -> Path of the site file for the simulated pair (the pair is up and ssh answers)
+  site_file     -> the same Path
+  run_pyinfra   -> run_pyinfra(*args, env=None, timeout=1800) -> PyinfraRun(data, stderr, returncode, stdout):
+                   `python -m pyinfra *args --json` in the project root with SPARKFOLD_SITE set; data is the parsed
+                   JSON (None when stdout held none). e.g. run_pyinfra("inventory.py", "deploy.py", "--dry")
+  sim_exec      -> sim_exec(role, cmd, user=None) -> CompletedProcess (text stdout/stderr, returncode); root unless
+                   user is given; cmd is a shell string or an argv list
+  sim           -> the tests.sim.sim module (set_memavail, ssh_argv, RAILS, ...)
+
+Environment: SPARKFOLD_SIM_REUSE=1 reuses a running pair (default: recreate it at session start, so every session
+starts from fresh Sparks); SPARKFOLD_SIM_DOWN=1 removes the pair at the end (default: it stays up for inspection;
+`python -m tests.sim.sim down` removes it).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from tests.sim import sim as _sim  # noqa: E402
+
+HOW_TO_GET = ("The end-to-end tests run the simulated pair of Sparks in containers: they need root, a Docker engine "
+              "(apt-get install docker.io; setsid dockerd >/tmp/dockerd.log 2>&1 &), openssh-client and debootstrap. "
+              ".ci/run installs and starts all of it on a fresh Debian machine.")
+
+
+class PyinfraRun(NamedTuple):
+    data: Any  # parsed --json output, or None
+    stderr: str
+    returncode: int
+    stdout: str
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0
+
+
+def pytest_collection_modifyitems(config, items):
+    here = Path(__file__).parent
+    e2e = [i for i in items if here in Path(str(i.fspath)).parents]
+    for item in e2e:
+        item.add_marker(pytest.mark.e2e)
+    # the smoke test checks the pair as it starts: run it before any other e2e test changes the Sparks
+    smoke = [i for i in e2e if Path(str(i.fspath)).name == "test_sim_smoke.py"]
+    if smoke:
+        first = items.index(e2e[0])
+        rest = [i for i in items if i not in smoke]
+        items[:] = rest[:first] + smoke + rest[first:]
+
+
+@pytest.fixture(scope="session")
+def sim():
+    return _sim
+
+
+@pytest.fixture(scope="session")
+def sim_pair() -> Path:
+    problems = _sim.missing_prerequisites()
+    if problems:
+        pytest.fail(HOW_TO_GET + "\nMissing here:\n  - " + "\n  - ".join(problems), pytrace=False)
+    try:
+        path = _sim.up(fresh=os.environ.get("SPARKFOLD_SIM_REUSE") != "1")
+    except _sim.SimError as exc:
+        pytest.fail(f"the simulated pair did not come up: {exc}", pytrace=False)
+    yield path
+    if os.environ.get("SPARKFOLD_SIM_DOWN") == "1":
+        _sim.down()
+
+
+@pytest.fixture(scope="session")
+def site_file(sim_pair) -> Path:
+    return sim_pair
+
+
+def _parse_json(stdout: str) -> Any:
+    text = stdout.strip()
+    if not text:
+        return None
+    try:
+        return json.loads(text)
+    except ValueError:
+        pass
+    # a stray print before the payload: take the last line that parses
+    for line in reversed(text.splitlines()):
+        line = line.strip()
+        if line.startswith(("{", "[")):
+            try:
+                return json.loads(line)
+            except ValueError:
+                continue
+    return None
+
+
+@pytest.fixture(scope="session")
+def run_pyinfra(sim_pair):
+    def run(*args: str, env: dict[str, str] | None = None, timeout: float = 1800) -> PyinfraRun:
+        full_env = dict(os.environ, SPARKFOLD_SITE=str(sim_pair), PYINFRA_PROGRESS="off")
+        full_env.update(env or {})
+        argv = [sys.executable, "-m", "pyinfra", *args]
+        if "--json" not in args:
+            argv.append("--json")
+        proc = subprocess.run(argv, cwd=ROOT, env=full_env, text=True, capture_output=True, timeout=timeout,
+                              stdin=subprocess.DEVNULL)
+        return PyinfraRun(_parse_json(proc.stdout), proc.stderr, proc.returncode, proc.stdout)
+
+    return run
+
+
+@pytest.fixture(scope="session")
+def sim_exec(sim_pair):
+    def run(role: str, cmd, user: str | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
+        return _sim.exec_in(role, cmd, user=user, timeout=timeout)
+
+    return run

@@ -1,0 +1,498 @@
+"""The simulated pair of DGX Sparks: two containers (`head`, `worker`) on this machine's Docker engine.
+
+    python -m tests.sim.sim up [--fresh]     build (cached) and start the pair, or reuse a running one
+    python -m tests.sim.sim down             remove the containers, their docker volumes, the link and the network
+    python -m tests.sim.sim status           what runs, ready or not, ports, link netdevs
+    python -m tests.sim.sim env              print the site file path (SPARKFOLD_SITE=$(... env))
+    python -m tests.sim.sim exec ROLE CMD..  run CMD as root in ROLE (--user nvidia for the Spark's user)
+    python -m tests.sim.sim ssh ROLE [CMD]   ssh in as nvidia with the test key, like pyinfra does
+    python -m tests.sim.sim set-memavail ROLE GIB   lower (or raise) the MemAvailable ROLE's /proc/meminfo shows
+
+See tests/sim/README.md. Needs root (veth links between the containers' namespaces) and a Docker engine.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+SIM_DIR = Path(__file__).resolve().parent
+ROOT = SIM_DIR.parent.parent
+WORK = SIM_DIR / ".work"
+KEYS = WORK / "keys"
+SITE_FILE = WORK / "site.yaml"
+KNOWN_HOSTS = WORK / "known_hosts"
+
+ROLES = ("head", "worker")
+IMAGE = "sparkfold-sim/host:bookworm"
+ENGINE_BASE = "sparkfold-sim/engine-base:bookworm"
+NETWORK = "sparkfold-sim-mgmt"
+CONTAINER = {r: f"sparkfold-sim-{r}" for r in ROLES}
+VOLUME = {r: f"sparkfold-sim-{r}-docker" for r in ROLES}
+SSH_PORT = {"head": int(os.environ.get("SPARKFOLD_SIM_HEAD_SSH_PORT", "2221")),
+            "worker": int(os.environ.get("SPARKFOLD_SIM_WORKER_SSH_PORT", "2222"))}
+API_PORT = int(os.environ.get("SPARKFOLD_SIM_API_PORT", "18888"))  # -> the head's 8888
+HEAD_API_PORT = 8888
+SSH_USER = "nvidia"
+
+# The CX7 port's two PCIe twins, rail 0 first: (netdev, RoCE ibdev, /24 subnet); the head is .1, the worker .2.
+RAILS = (("enp1s0f0np0", "rocep1s0f0", "192.168.100"), ("enP2p1s0f0np0", "roceP2p1s0f0", "192.168.101"))
+SIM_ROCE = ",".join(f"{ib}:{nd}" for nd, ib, _ in RAILS)
+HOST_OCTET = {"head": 1, "worker": 2}
+LINK_MTU = 1500  # what a fresh Spark has; the deploy sets link_mtu
+
+MEM_TOTAL_GIB = 121.0
+MEM_AVAIL_GIB = 118.0
+
+# Bump when the container layout changes, so a running pair from an older layout is recreated.
+LAYOUT_VERSION = "1"
+
+
+class SimError(Exception):
+    """The pair cannot be brought up; the message says why and what to do."""
+
+
+def _log(msg: str) -> None:
+    print(f"[sim] {msg}", file=sys.stderr, flush=True)
+
+
+def _run(cmd: list[str], check: bool = True, capture: bool = True, input: str | None = None,
+         timeout: float | None = 300) -> subprocess.CompletedProcess:
+    proc = subprocess.run(cmd, text=True, input=input, timeout=timeout,
+                          stdout=subprocess.PIPE if capture else None,
+                          stderr=subprocess.PIPE if capture else None)
+    if check and proc.returncode != 0:
+        detail = (proc.stderr or proc.stdout or "").strip() if capture else ""
+        raise SimError(f"command failed ({proc.returncode}): {' '.join(cmd)}\n{detail}")
+    return proc
+
+
+def _docker(*args: str, check: bool = True, timeout: float | None = 300) -> subprocess.CompletedProcess:
+    return _run(["docker", *args], check=check, timeout=timeout)
+
+
+# --- prerequisites ------------------------------------------------------------------------------------------------
+
+def missing_prerequisites() -> list[str]:
+    """What this machine lacks for the simulation, each with how to get it (empty when all is there)."""
+    problems = []
+    if os.geteuid() != 0:
+        problems.append("run as root: the simulation creates veth links between the containers' network namespaces")
+    for tool, pkg in (("docker", "docker.io"), ("ssh", "openssh-client"), ("ssh-keygen", "openssh-client"),
+                      ("nsenter", "util-linux"), ("ip", "iproute2")):
+        if shutil.which(tool) is None:
+            problems.append(f"no `{tool}` on PATH: apt-get install {pkg}")
+    if shutil.which("docker") and _run(["docker", "info"], check=False, timeout=60).returncode != 0:
+        if shutil.which("dockerd") is None:
+            problems.append("no Docker engine: apt-get install docker.io")
+        # else build.sh starts dockerd itself
+    if shutil.which("docker") and _run(["docker", "image", "inspect", "sparkfold-sim/rootfs:bookworm"],
+                                       check=False).returncode != 0 and shutil.which("debootstrap") is None:
+        problems.append("no debootstrap to build the base image: apt-get install debootstrap")
+    return problems
+
+
+# --- build, keys, files -------------------------------------------------------------------------------------------
+
+def build() -> None:
+    env = dict(os.environ, SIM_PYTHON=os.environ.get("SIM_PYTHON", sys.executable))
+    proc = subprocess.run(["bash", str(SIM_DIR / "build.sh")], env=env, stdout=sys.stderr)
+    if proc.returncode != 0:
+        raise SimError("tests/sim/build.sh failed (see its output above)")
+
+
+def _keygen(path: Path, comment: str) -> None:
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        _run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", str(path)])
+
+
+def ensure_keys() -> None:
+    """The controller's key (both Sparks), the head's key (authorized on the worker), stable host keys."""
+    _keygen(KEYS / "controller", "sparkfold-sim controller")
+    _keygen(KEYS / "head", "nvidia@head (sparkfold-sim)")
+    for role in ROLES:
+        _keygen(WORK / "hostkeys" / role / "ssh_host_ed25519_key", f"root@{role} (sparkfold-sim)")
+    lines = []
+    for role in ROLES:
+        key = (WORK / "hostkeys" / role / "ssh_host_ed25519_key.pub").read_text().split()[:2]
+        lines.append(f"[127.0.0.1]:{SSH_PORT[role]} {' '.join(key)}")
+    KNOWN_HOSTS.write_text("\n".join(lines) + "\n")
+
+
+def _meminfo_path(role: str) -> Path:
+    return WORK / "meminfo" / role
+
+
+def _meminfo_text(total_gib: float, avail_gib: float) -> str:
+    # The real file's layout (kB fields); the figures a Spark with nothing loaded shows.
+    kb = lambda gib: int(gib * 1024 * 1024)  # noqa: E731
+    total, avail = kb(total_gib), kb(avail_gib)
+    free = max(avail - kb(1.0), 0)
+    fields = [
+        ("MemTotal", total), ("MemFree", free), ("MemAvailable", avail), ("Buffers", kb(0.1)),
+        ("Cached", kb(0.9)), ("SwapCached", 0), ("Active", kb(1.2)), ("Inactive", kb(0.8)),
+        ("Active(anon)", kb(0.6)), ("Inactive(anon)", 0), ("Active(file)", kb(0.6)), ("Inactive(file)", kb(0.8)),
+        ("Unevictable", 0), ("Mlocked", 0), ("SwapTotal", 0), ("SwapFree", 0), ("Dirty", 0), ("Writeback", 0),
+        ("AnonPages", kb(0.6)), ("Mapped", kb(0.2)), ("Shmem", kb(0.05)), ("KReclaimable", kb(0.2)),
+        ("Slab", kb(0.4)), ("SReclaimable", kb(0.2)), ("SUnreclaim", kb(0.2)), ("KernelStack", 16384),
+        ("PageTables", 32768), ("CommitLimit", total // 2), ("Committed_AS", kb(2.0)),
+        ("VmallocTotal", 133143592960), ("VmallocUsed", 65536), ("VmallocChunk", 0),
+        ("HugePages_Total", None), ("HugePages_Free", None), ("Hugepagesize", 2048),
+    ]
+    out = []
+    for name, value in fields:
+        if value is None:
+            out.append(f"{name + ':':<16}{0:>8}")
+        else:
+            out.append(f"{name + ':':<16}{value:>8} kB")
+    return "\n".join(out) + "\n"
+
+
+def _write_meminfo(role: str, total_gib: float, avail_gib: float) -> None:
+    path = _meminfo_path(role)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = _meminfo_text(total_gib, avail_gib)
+    # in place: the container's /proc/meminfo is a bind mount of this inode, a rename would detach it
+    with open(path, "a+") as fh:
+        fh.seek(0)
+        fh.truncate()
+        fh.write(text)
+
+
+def set_memavail(role: str, gib: float) -> None:
+    """Make ROLE's /proc/meminfo show MemAvailable = gib GiB (MemTotal unchanged)."""
+    _check_role(role)
+    if gib < 0 or gib > MEM_TOTAL_GIB:
+        raise SimError(f"MemAvailable must be between 0 and {MEM_TOTAL_GIB} GiB, not {gib}")
+    _write_meminfo(role, MEM_TOTAL_GIB, gib)
+
+
+def site_data() -> dict:
+    """The site file for the simulated pair, in the format operations/site.py reads."""
+    key = str(KEYS / "controller")
+
+    def spark(role: str) -> dict:
+        entry = {
+            "name": f"sim-{role}",
+            "ssh": "127.0.0.1",
+            "ssh_port": SSH_PORT[role],
+            "ssh_user": SSH_USER,
+            "ssh_key": key,
+            "link": [{"netdev": nd, "address": f"{net}.{HOST_OCTET[role]}/24", "ibdev": ib} for nd, ib, net in RAILS],
+            # pyinfra's SSH connector reads these from host data: keep the sim's host keys out of ~/.ssh
+            "data": {"ssh_known_hosts_file": str(KNOWN_HOSTS), "ssh_strict_host_key_checking": "yes"},
+        }
+        if role == "worker":
+            entry["reach_from_head"] = "worker"  # the management network's name for the worker
+        return entry
+
+    return {
+        "head": spark("head"),
+        "worker": spark("worker"),
+        "data": {
+            "base_image": ENGINE_BASE,
+            "engine_context": "tests/sim/engine",
+            "hf_endpoint": "http://127.0.0.1:5555",
+            "hf_python": "python3",
+            "worker_weights": "copy",
+            # no CAP_SYS_RESOURCE in the simulation: limits cannot be raised above the hard limit
+            "docker_ulimits": ["memlock=8388608:8388608"],
+            "api_url": f"http://127.0.0.1:{API_PORT}",
+            "allowed_arch": ["x86_64", "aarch64"],
+            "allowed_os": ["debian", "ubuntu"],
+            # this machine's disk is far smaller than a Spark's; the fake hub's files are tiny
+            "disk_need_gb": 5,
+            "image_free_gb": 2,
+        },
+    }
+
+
+def write_site() -> Path:
+    SITE_FILE.parent.mkdir(parents=True, exist_ok=True)
+    header = "# Generated by tests/sim/sim.py for the simulated pair; regenerated on every `up`.\n"
+    SITE_FILE.write_text(header + yaml.safe_dump(site_data(), sort_keys=False, default_flow_style=None))
+    return SITE_FILE
+
+
+def site_path() -> Path:
+    return SITE_FILE
+
+
+# --- containers ---------------------------------------------------------------------------------------------------
+
+def _check_role(role: str) -> None:
+    if role not in ROLES:
+        raise SimError(f"role must be one of {ROLES}, not {role!r}")
+
+
+def _image_id(image: str) -> str:
+    return _docker("image", "inspect", "-f", "{{.Id}}", image).stdout.strip()
+
+
+def _startup_files_hash() -> str:
+    """What a container only reads at start (entrypoint, init.d, the fake hub): a change recreates the pair.
+    The stand-ins in /usr/local/bin are symlinks into the mount, so their edits apply at once."""
+    digest = hashlib.sha256()
+    paths = [SIM_DIR / "entrypoint.sh", *sorted((SIM_DIR / "bin").glob("*")),
+             *sorted((SIM_DIR / "standins" / "init.d").glob("*")),
+             *sorted(p for p in (SIM_DIR / "fakehub").rglob("*") if "__pycache__" not in p.parts)]
+    for path in paths:
+        if path.is_file():
+            digest.update(str(path.relative_to(SIM_DIR)).encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
+def _layout_key() -> str:
+    parts = [LAYOUT_VERSION, _image_id(IMAGE), (WORK / "engine-base.id").read_text().strip(),
+             json.dumps(SSH_PORT, sort_keys=True), str(API_PORT), SIM_ROCE, str(SIM_DIR), _startup_files_hash()]
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
+
+
+def _inspect(role: str) -> dict | None:
+    proc = _docker("inspect", CONTAINER[role], check=False)
+    if proc.returncode != 0:
+        return None
+    return json.loads(proc.stdout)[0]
+
+
+def _pid(role: str) -> int:
+    info = _inspect(role)
+    if not info or not info["State"]["Running"]:
+        raise SimError(f"{CONTAINER[role]} is not running")
+    return int(info["State"]["Pid"])
+
+
+def _nsenter(role: str, *cmd: str, check: bool = True) -> subprocess.CompletedProcess:
+    return _run(["nsenter", "-t", str(_pid(role)), "-n", *cmd], check=check)
+
+
+def _run_container(role: str, layout: str) -> None:
+    peer = "worker" if role == "head" else "head"
+    ports = ["-p", f"127.0.0.1:{SSH_PORT[role]}:22"]
+    if role == "head":
+        ports += ["-p", f"127.0.0.1:{API_PORT}:{HEAD_API_PORT}"]
+    worker_ips = ",".join(f"{net}.{HOST_OCTET['worker']}" for _, _, net in RAILS)
+    _docker(
+        "run", "-d", "--name", CONTAINER[role], "--hostname", role,
+        "--network", NETWORK, "--network-alias", role,
+        # --privileged fails on this VM (no CAP_SYS_RESOURCE); everything else a nested dockerd needs
+        "--cap-add", "ALL", "--cap-drop", "SYS_RESOURCE",
+        "--security-opt", "seccomp=unconfined", "--security-opt", "apparmor=unconfined",
+        "-v", "/sys/fs/cgroup:/sys/fs/cgroup:rw",
+        "--tmpfs", "/run:rw,exec,nosuid,size=512m,mode=755",
+        "--tmpfs", "/tmp:rw,exec,nosuid,nodev,size=4g,mode=1777",
+        "-v", f"{VOLUME[role]}:/var/lib/docker",
+        "-v", f"{SIM_DIR}:/opt/sim:ro",
+        "-v", f"{_meminfo_path(role)}:/proc/meminfo:ro",
+        "-e", f"ROLE={role}", "-e", f"SIM_PEER={peer}", "-e", f"SIM_ROCE={SIM_ROCE}",
+        "-e", f"SIM_WORKER_LINK_IPS={worker_ips}",
+        "--label", f"sparkfold.sim.layout={layout}", "--label", f"sparkfold.sim.role={role}",
+        *ports, IMAGE,
+    )
+
+
+def _make_link() -> None:
+    """Two veth pairs, one per PCIe twin, renamed in each namespace to the Spark's netdev names; up, no address."""
+    hpid, wpid = _pid("head"), _pid("worker")
+    for i, (netdev, _, _) in enumerate(RAILS):
+        h, w = f"sfsim-h{i}", f"sfsim-w{i}"
+        for leftover in (h, w):
+            _run(["ip", "link", "del", leftover], check=False)
+        _run(["ip", "link", "add", h, "type", "veth", "peer", "name", w])
+        _run(["ip", "link", "set", h, "netns", str(hpid)])
+        _run(["ip", "link", "set", w, "netns", str(wpid)])
+        for role, tmp in (("head", h), ("worker", w)):
+            _nsenter(role, "ip", "link", "set", tmp, "name", netdev)
+            _nsenter(role, "ip", "link", "set", netdev, "mtu", str(LINK_MTU))
+            _nsenter(role, "ip", "link", "set", netdev, "up")
+    for role in ROLES:
+        _docker("exec", CONTAINER[role], "touch", "/run/sim/link-ready")
+
+
+def _link_present(role: str) -> bool:
+    proc = _nsenter(role, "ip", "-o", "link", "show", check=False)
+    return proc.returncode == 0 and all(f" {nd}:" in proc.stdout or f" {nd}@" in proc.stdout for nd, _, _ in RAILS)
+
+
+def _ready(role: str) -> bool:
+    return _docker("exec", CONTAINER[role], "test", "-e", "/run/sim/ready", check=False).returncode == 0
+
+
+def _wait_ready(timeout: float = 180) -> None:
+    deadline = time.monotonic() + timeout
+    pending = set(ROLES)
+    while pending:
+        for role in sorted(pending):
+            info = _inspect(role)
+            if not info or not info["State"]["Running"]:
+                logs = _docker("logs", "--tail", "40", CONTAINER[role], check=False)
+                raise SimError(f"{CONTAINER[role]} exited while starting:\n{logs.stdout}{logs.stderr}")
+            if _ready(role):
+                pending.discard(role)
+        if pending and time.monotonic() > deadline:
+            logs = "".join(_docker("logs", "--tail", "20", CONTAINER[r], check=False).stdout for r in pending)
+            raise SimError(f"not ready after {timeout:.0f} s: {sorted(pending)}\n{logs}")
+        if pending:
+            time.sleep(0.5)
+
+
+def ssh_argv(role: str) -> list[str]:
+    """ssh as the Spark's user with the test key and the sim's known_hosts (as pyinfra connects)."""
+    _check_role(role)
+    return ["ssh", "-i", str(KEYS / "controller"), "-p", str(SSH_PORT[role]),
+            "-o", f"UserKnownHostsFile={KNOWN_HOSTS}", "-o", "StrictHostKeyChecking=yes",
+            "-o", "IdentitiesOnly=yes", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10",
+            f"{SSH_USER}@127.0.0.1"]
+
+
+def _wait_ssh(timeout: float = 60) -> None:
+    for role in ROLES:
+        deadline = time.monotonic() + timeout
+        while True:
+            proc = _run([*ssh_argv(role), "true"], check=False, timeout=30)
+            if proc.returncode == 0:
+                break
+            if time.monotonic() > deadline:
+                raise SimError(f"ssh to {role} (127.0.0.1:{SSH_PORT[role]}) fails: {proc.stderr.strip()}")
+            time.sleep(0.5)
+
+
+def _running_layout(role: str) -> str | None:
+    info = _inspect(role)
+    if not info or not info["State"]["Running"]:
+        return None
+    return info["Config"]["Labels"].get("sparkfold.sim.layout")
+
+
+def up(fresh: bool = False) -> Path:
+    """Build (cached) and start the pair, reusing a running pair of the same layout unless fresh; the site path."""
+    problems = missing_prerequisites()
+    if problems:
+        raise SimError("the simulated pair cannot run here:\n  - " + "\n  - ".join(problems))
+    build()
+    ensure_keys()
+    layout = _layout_key()
+    reusable = (not fresh and all(_running_layout(r) == layout for r in ROLES)
+                and all(_link_present(r) and _ready(r) for r in ROLES))
+    if reusable:
+        _log("reusing the running pair")
+        for role in ROLES:  # pick up stand-ins added since the start
+            _docker("exec", CONTAINER[role], "/opt/sim/entrypoint.sh", "link-standins")
+    else:
+        down(quiet=True)
+        for role in ROLES:
+            _write_meminfo(role, MEM_TOTAL_GIB, MEM_AVAIL_GIB)
+        _docker("network", "create", NETWORK)
+        for role in ROLES:
+            _docker("volume", "create", VOLUME[role])
+            _run_container(role, layout)
+        _make_link()
+        _wait_ready()
+        _log("pair ready")
+    _wait_ssh()
+    return write_site()
+
+
+def down(quiet: bool = False) -> None:
+    """Remove the containers, their docker volumes, the network and any leftover link ends."""
+    for role in ROLES:
+        _docker("rm", "-f", "-v", CONTAINER[role], check=False)
+        _docker("volume", "rm", "-f", VOLUME[role], check=False)
+    _docker("network", "rm", NETWORK, check=False)
+    for i in range(len(RAILS)):
+        for end in (f"sfsim-h{i}", f"sfsim-w{i}"):
+            _run(["ip", "link", "del", end], check=False)
+    if not quiet:
+        _log("pair removed")
+
+
+def status() -> dict:
+    out = {}
+    for role in ROLES:
+        info = _inspect(role)
+        running = bool(info and info["State"]["Running"])
+        entry = {"container": CONTAINER[role], "running": running, "ssh": f"127.0.0.1:{SSH_PORT[role]}"}
+        if running:
+            entry["ready"] = _ready(role)
+            entry["link"] = _link_present(role)
+            failed = _docker("exec", CONTAINER[role], "cat", "/run/sim/failed", check=False)
+            if failed.returncode == 0:
+                entry["failed"] = failed.stdout.strip()
+        out[role] = entry
+    out["site_file"] = str(SITE_FILE) if SITE_FILE.exists() else None
+    return out
+
+
+def exec_in(role: str, cmd: str | list[str], user: str | None = None, check: bool = False,
+            timeout: float | None = 300) -> subprocess.CompletedProcess:
+    """Run cmd (a shell string, or an argv list) in ROLE's container; root unless user is given."""
+    _check_role(role)
+    argv = ["bash", "-c", cmd] if isinstance(cmd, str) else list(cmd)
+    return _docker("exec", *(["-u", user] if user else []), CONTAINER[role], *argv, check=check, timeout=timeout)
+
+
+# --- CLI ----------------------------------------------------------------------------------------------------------
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m tests.sim.sim", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    p_up = sub.add_parser("up", help="build and start the pair (reuses a running pair)")
+    p_up.add_argument("--fresh", action="store_true", help="recreate the pair even if one is running")
+    sub.add_parser("down", help="remove the pair")
+    sub.add_parser("status", help="print the pair's state as JSON")
+    sub.add_parser("env", help="print the site file path")
+    p_exec = sub.add_parser("exec", help="run a command in a container (root)")
+    p_exec.add_argument("--user", "-u", default=None)
+    p_exec.add_argument("role", choices=ROLES)
+    p_exec.add_argument("command", nargs=argparse.REMAINDER)
+    p_ssh = sub.add_parser("ssh", help="ssh in as nvidia with the test key")
+    p_ssh.add_argument("role", choices=ROLES)
+    p_ssh.add_argument("command", nargs=argparse.REMAINDER)
+    p_mem = sub.add_parser("set-memavail", help="set MemAvailable in ROLE's /proc/meminfo")
+    p_mem.add_argument("role", choices=ROLES)
+    p_mem.add_argument("gib", type=float)
+    args = parser.parse_args(argv)
+
+    try:
+        if args.cmd == "up":
+            start = time.monotonic()
+            path = up(fresh=args.fresh)
+            _log(f"up in {time.monotonic() - start:.1f} s; site file: {path}")
+            print(path)
+        elif args.cmd == "down":
+            down()
+        elif args.cmd == "status":
+            print(json.dumps(status(), indent=2))
+        elif args.cmd == "env":
+            if not SITE_FILE.exists():
+                raise SimError("no site file yet: run `python -m tests.sim.sim up` first")
+            print(SITE_FILE)
+        elif args.cmd == "exec":
+            if not args.command:
+                parser.error("exec needs a command")
+            cmd = ["docker", "exec", "-i", *(["-u", args.user] if args.user else []), CONTAINER[args.role],
+                   *args.command]
+            return subprocess.call(cmd)
+        elif args.cmd == "ssh":
+            return subprocess.call([*ssh_argv(args.role), *args.command])
+        elif args.cmd == "set-memavail":
+            set_memavail(args.role, args.gib)
+    except SimError as exc:
+        print(f"sim: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

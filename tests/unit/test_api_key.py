@@ -1,0 +1,125 @@
+"""API key: the fact (stat only), the operation both ways, the generation command run for real in a temp dir,
+rotation, and the deploy function."""
+
+from __future__ import annotations
+
+import os
+import re
+import stat
+import subprocess
+from types import SimpleNamespace
+
+from harness import parse_fact, run_op, with_args
+
+import operations.api_key as ak
+from operations.facts.api_key import ApiKeyFile
+
+PATH = "/home/nvidia/.local/state/sparkfold/api-key"
+
+
+def facts(value):
+    return {ApiKeyFile: with_args({f"path={PATH}": value})}
+
+
+def present(mode="600", owner="nvidia"):
+    return {"present": True, "empty": False, "mode": mode, "owner": owner}
+
+
+MISSING = ApiKeyFile.default()
+
+
+def test_fact_parses_stat_output_and_never_reads_the_key():
+    assert parse_fact(ApiKeyFile, "key 600 nvidia") == present()
+    assert parse_fact(ApiKeyFile, "empty 644 root") == {"present": False, "empty": True, "mode": "644", "owner": "root"}
+    assert parse_fact(ApiKeyFile, "missing") == MISSING
+    assert parse_fact(ApiKeyFile, "") == MISSING
+    command = ApiKeyFile().command(PATH)
+    assert "stat -c" in command and "cat" not in command and "<" not in command.replace("-s", "")
+
+
+def test_fact_command_on_real_files(tmp_path):
+    key = tmp_path / "api-key"
+    run = lambda: parse_fact(ApiKeyFile, subprocess.run(["sh", "-c", ApiKeyFile().command(str(key))],  # noqa: E731
+                                                        capture_output=True, text=True, check=True).stdout)
+    assert run() == MISSING
+    key.write_text("")
+    assert run()["empty"] is True
+    key.write_text("abc\n")
+    key.chmod(0o640)
+    got = run()
+    assert got["present"] and got["mode"] == "640" and got["owner"]
+
+
+def test_converged_key_file_yields_nothing():
+    commands, host = run_op(ak.api_key_present, facts(present()), path=PATH, owner="nvidia")
+    assert commands == [] and host.noops
+
+
+def test_missing_key_is_generated_on_the_head_under_umask_077():
+    commands, _ = run_op(ak.api_key_present, facts(MISSING), path=PATH, owner="nvidia")
+    assert len(commands) == 1
+    cmd = commands[0]
+    assert cmd.startswith("umask 077 && mkdir -p /home/nvidia/.local/state/sparkfold")
+    assert "secrets.token_hex(32)" in cmd
+    assert f"[ -s {PATH} ] || " in cmd  # never overwrites a key that appeared meanwhile
+    assert not re.search(r"[0-9a-f]{64}", cmd)  # no key on the controller's command line
+
+
+def test_wrong_mode_or_owner_is_fixed_without_a_new_key():
+    commands, _ = run_op(ak.api_key_present, facts(present(mode="644")), path=PATH, owner="nvidia")
+    assert commands == [f"chmod 600 {PATH}"]
+    commands, _ = run_op(ak.api_key_present, facts(present(owner="root")), path=PATH, owner="nvidia")
+    assert commands == [f"chown nvidia {PATH}"]
+
+
+def test_rotation_replaces_the_key_even_when_present():
+    commands, _ = run_op(ak.api_key_present, facts(present()), path=PATH, owner="nvidia", rotate=True)
+    assert len(commands) == 1 and "token_hex" in commands[0] and f"[ -s {PATH} ] ||" not in commands[0]
+
+
+def _sh(command):
+    subprocess.run(["sh", "-c", command], check=True)
+
+
+def test_generation_command_for_real(tmp_path):
+    path = str(tmp_path / "state" / "api-key")
+    commands, _ = run_op(ak.api_key_present, {ApiKeyFile: with_args({f"path={path}": MISSING})}, path=path,
+                         owner="x")
+    _sh(commands[0])
+    key = open(path).read().strip()
+    assert re.fullmatch(r"[0-9a-f]{64}", key)
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    assert not os.path.exists(path + ".new")
+    _sh(commands[0])  # run again (stale plan): the key stays
+    assert open(path).read().strip() == key
+
+    inode = os.stat(path).st_ino
+    rotate, _ = run_op(ak.api_key_present, {ApiKeyFile: with_args({f"path={path}": present(owner="x")})}, path=path,
+                       owner="x", rotate=True)
+    _sh(rotate[0])
+    new = open(path).read().strip()
+    assert re.fullmatch(r"[0-9a-f]{64}", new) and new != key
+    assert os.stat(path).st_ino == inode  # rewritten in place: a bind mount of the file sees the new key
+
+
+def test_path_and_live_hint_never_show_the_key():
+    s = SimpleNamespace(state_dir="/home/nvidia/.local/state/sparkfold", api_key=True)
+    assert ak.api_key_path(s) == PATH
+    assert PATH in ak.live_hint(s)
+    assert "open" in ak.live_hint(SimpleNamespace(state_dir="/x", api_key=False))
+
+
+def test_deploy_only_on_the_head_with_api_key(monkeypatch):
+    calls = []
+    monkeypatch.setattr(ak, "api_key_present", lambda **kw: calls.append(kw))
+    base = dict(state_dir="/home/nvidia/.local/state/sparkfold", ssh_user="nvidia", is_head=True, api_key=True)
+    ak.deploy_api_key(SimpleNamespace(**base))
+    assert calls == [{"name": f"API key present in {PATH} (head only)", "path": PATH, "owner": "nvidia",
+                      "rotate": False}]
+    calls.clear()
+    ak.deploy_api_key(SimpleNamespace(**base, rotate_api_key=True))
+    assert calls[0]["rotate"] is True
+    calls.clear()
+    ak.deploy_api_key(SimpleNamespace(**{**base, "api_key": False}))
+    ak.deploy_api_key(SimpleNamespace(**{**base, "is_head": False}))
+    assert calls == []

@@ -1,0 +1,271 @@
+"""The pair's container lifecycle: facts, the shared stale verdict, and each operation both ways."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import subprocess
+
+import pytest
+from harness import FakeHost, parse_fact, run_op
+from settings_factory import make_settings
+
+from operations import containers as c
+from operations.facts.containers import InfinibandDevices, MemAvailableGib, RankContainer, SpecRecord
+from operations.launch_spec import LABEL_HASH, rank_spec
+
+NAME = "dsv41-1017-exl3-tf"
+RAILS = [{"netdev": "enp1s0f0np0", "ibdev": "rocep1s0f0", "address": "192.168.100.1/24", "gid_index": 3,
+          "mtu": 9000}]
+SNAP = "/root/.cache/huggingface/hub/models--x--y/snapshots/r"
+
+
+def spec(role="head", **kw):
+    s = make_settings(role, nccl_rails=1, **kw)
+    return rank_spec(s, "sparkfold/dsv41-tf:abc", RAILS, ("/hf", SNAP), {"serve": {"flags": {}}})
+
+
+HEAD, WORKER = spec("head"), spec("worker")
+
+
+def container(sp=None, running=True, managed=True, hash_=None, status=None, exit_code=0):
+    labels = {"sparkfold.managed": "1"} if managed else {}
+    if sp is not None or hash_:
+        labels[LABEL_HASH] = hash_ or sp.spec_hash()
+    return {"exists": True, "running": running, "status": status or ("running" if running else "exited"),
+            "exit_code": exit_code, "oom_killed": False, "labels": labels, "image": "x", "created": ""}
+
+
+def facts(mine, record=None, mem=200.0):
+    return {RankContainer: mine, SpecRecord: record, MemAvailableGib: mem}
+
+
+def peer(theirs, record=None):
+    return FakeHost(facts(theirs, record), name="worker")
+
+
+COMMON = dict(container_name=NAME, rank=0, peer_rank=1, peer_record="/w/rank.spec", force=False, stop_timeout=30,
+              log_dir="/logs", log_keep=10)
+
+
+# --- facts -------------------------------------------------------------------------------------------------------
+
+def test_rank_container_fact():
+    line = json.dumps({"state": {"Running": False, "Status": "exited", "ExitCode": 137, "OOMKilled": True},
+                       "labels": {"sparkfold.managed": "1"}, "image": "img:1", "created": "2026"})
+    got = parse_fact(RankContainer, [line], container=NAME)
+    assert got == {"exists": True, "running": False, "status": "exited", "exit_code": 137, "oom_killed": True,
+                   "labels": {"sparkfold.managed": "1"}, "image": "img:1", "created": "2026"}
+    assert parse_fact(RankContainer, [], container=NAME) == {}
+    assert parse_fact(RankContainer, ["null"], container=NAME) == {}
+    assert "|| true" in RankContainer().command(container=NAME).get_raw_value()
+
+
+def test_small_facts():
+    assert parse_fact(SpecRecord, ["# Managed by sparkfold", "spec-hash=abc"], path="/x") == "abc"
+    assert parse_fact(SpecRecord, [], path="/x") is None
+    assert parse_fact(MemAvailableGib, ["125829120"]) == pytest.approx(120.0)
+    assert parse_fact(MemAvailableGib, []) is None
+    assert parse_fact(InfinibandDevices, ["yes"]) is True and parse_fact(InfinibandDevices, ["no"]) is False
+
+
+# --- the verdict -------------------------------------------------------------------------------------------------
+
+def test_pair_verdict():
+    h, w = HEAD.spec_hash(), WORKER.spec_hash()
+    good = [(0, container(HEAD), h), (1, container(WORKER), w)]
+    assert c.pair_verdict(good, False) == []
+    assert c.pair_verdict(list(reversed(good)), True) == ["a restart was asked for (restart = true)"]
+    assert c.pair_verdict([(0, container(HEAD), h), (1, {}, w)], False) == ["rank 1 has no container"]
+    stopped = c.pair_verdict([(1, container(WORKER, running=False, exit_code=1), w), (0, container(HEAD), h)], False)
+    assert stopped == ["rank 1 is not running (exited, exit code 1)"]
+    assert c.pair_verdict([(0, container(HEAD), "other"), (1, container(WORKER), w)], False) == [
+        "rank 0's settings or image changed"]
+    assert c.pair_verdict([(0, container(HEAD), h), (1, container(WORKER), None)], False) == []
+
+
+def test_both_sparks_reach_the_same_verdict():
+    h, w = HEAD.spec_hash(), "new-worker-hash"
+    head_view = c.pair_verdict([(0, container(HEAD), h), (1, container(WORKER), w)], False)
+    worker_view = c.pair_verdict([(1, container(WORKER), w), (0, container(HEAD), h)], False)
+    assert head_view == worker_view == ["rank 1's settings or image changed"]
+
+
+# --- launch_checked ----------------------------------------------------------------------------------------------
+
+def check(mine, theirs, problems=(), sp=HEAD, mem=200.0, executing=True):
+    return run_op(c.launch_checked, facts(mine, mem=mem), executing=executing, container_name=NAME,
+                  peer=peer(theirs), spec=sp, problems=list(problems), min_avail_gib=112.0, here="head",
+                  there="worker")
+
+
+def test_launch_checked_passes_quietly():
+    cmds, host = check(container(HEAD), container(WORKER))
+    assert cmds == [] and host.noops
+
+
+def test_launch_checked_refuses_foreign_containers_here_and_there():
+    cmds, _ = check(container(managed=False), {})
+    assert len(cmds) == 1 and "exit 1" in cmds[0] and "on the head was not started by sparkfold" in cmds[0]
+    cmds, _ = check({}, container(managed=False))
+    assert "on the worker was not started by sparkfold" in cmds[0] and "docker rm -f" in cmds[0]
+
+
+def test_launch_checked_fails_on_flag_problems():
+    cmds, _ = check(container(HEAD), container(WORKER), ["--foo is not served: remove --foo from extra_serve_args"])
+    assert "remove --foo from extra_serve_args" in cmds[0] and "exit 1" in cmds[0]
+
+
+def test_launch_checked_tolerates_missing_inputs_while_planning_only():
+    missing = ["rank 0 cannot be launched yet: the link record (rails) missing"]
+    assert check({}, {}, missing, sp=lambda: None, executing=False)[0] == []
+    assert "cannot be launched yet" in check({}, {}, missing, sp=lambda: None, executing=True)[0][0]
+
+
+def test_launch_checked_memory_only_when_the_rank_is_not_running():
+    cmds, _ = check({}, {}, mem=40.0)
+    assert "only 40.0 GiB" in cmds[0] and "min_avail_gib = 112" in cmds[0]
+    assert check(container(HEAD), {}, mem=40.0)[0] == []
+    assert check({}, {}, mem=150.0)[0] == []
+
+
+# --- spec_recorded -----------------------------------------------------------------------------------------------
+
+def test_spec_recorded_both_ways():
+    cmds, _ = run_op(c.spec_recorded, {SpecRecord: "old"}, path="/state/rank.spec", spec=HEAD)
+    assert len(cmds) == 1 and f"spec-hash={HEAD.spec_hash()}" in cmds[0] and "/state/rank.spec" in cmds[0]
+    assert run_op(c.spec_recorded, {SpecRecord: HEAD.spec_hash()}, path="/state/rank.spec", spec=HEAD)[0] == []
+    assert run_op(c.spec_recorded, {SpecRecord: None}, path="/p", spec=lambda: None)[0] == []
+    assert "exit 1" in run_op(c.spec_recorded, {SpecRecord: None}, executing=True, path="/p", spec=lambda: None)[0][0]
+
+
+# --- stale_pair_removed ------------------------------------------------------------------------------------------
+
+def remove(mine, theirs, their_record, record=None, force=False, sp=HEAD):
+    return run_op(c.stale_pair_removed, facts(mine, record), executing=True, spec=sp,
+                  peer=peer(theirs, their_record), here="head", there="worker", **{**COMMON, "force": force})
+
+
+def test_converged_pair_is_left_alone():
+    cmds, host = remove(container(HEAD), container(WORKER), WORKER.spec_hash())
+    assert cmds == [] and host.noops == ["both ranks run the wanted spec"]
+
+
+def test_a_stale_peer_recreates_this_rank_too():
+    cmds, _ = remove(container(HEAD), container(WORKER, hash_="older"), WORKER.spec_hash())
+    assert cmds[0] == f"docker stop -t 30 {NAME} >/dev/null"
+    assert "docker logs --timestamps" in cmds[1] and "-rank0.log.gz" in cmds[1]
+    assert cmds[2] == f"docker rm -f {NAME} >/dev/null" and len(cmds) == 3
+
+
+def test_own_change_peer_missing_and_restart():
+    assert len(remove(container(HEAD, hash_="older"), container(WORKER), WORKER.spec_hash())[0]) == 3
+    assert len(remove(container(HEAD), {}, WORKER.spec_hash())[0]) == 3
+    assert len(remove(container(HEAD), container(WORKER), WORKER.spec_hash(), force=True)[0]) == 3
+
+
+def test_a_stopped_rank_is_not_docker_stopped_but_its_log_is_saved():
+    cmds, _ = remove(container(HEAD, running=False), container(WORKER), WORKER.spec_hash())
+    assert len(cmds) == 2 and "docker logs" in cmds[0] and "docker rm -f" in cmds[1]
+
+
+def test_nothing_to_remove_here():
+    cmds, host = remove({}, container(WORKER), WORKER.spec_hash())
+    assert cmds == [] and "no rank container here" in host.noops[0]
+
+
+def test_never_removes_a_foreign_container():
+    cmds, _ = remove(container(managed=False), container(WORKER, hash_="x"), WORKER.spec_hash())
+    assert len(cmds) == 1 and "not started by sparkfold" in cmds[0] and "docker rm" not in cmds[0].split("(")[0]
+
+
+# --- rank_started ------------------------------------------------------------------------------------------------
+
+def start(mine, theirs=None, their_record=None, executing=True, sp=WORKER, force=False):
+    theirs = container(HEAD) if theirs is None else theirs
+    return run_op(c.rank_started, facts(mine), executing=executing, spec=sp, min_avail_gib=112.0,
+                  peer=peer(theirs, their_record or HEAD.spec_hash()),
+                  **{**COMMON, "rank": 1, "peer_rank": 0, "force": force})
+
+
+def test_rank_started_converged_both_phases():
+    assert start(container(WORKER), executing=False)[0] == []
+    assert start(container(WORKER), executing=True)[0] == []
+
+
+def test_rank_started_plans_a_start_when_the_pair_is_stale():
+    cmds, _ = start(container(WORKER), theirs=container(HEAD, hash_="old"), executing=False)
+    assert cmds[-1].startswith("docker run -d --name dsv41-1017-exl3-tf")
+    assert any("MemAvailable" in x for x in cmds)
+    assert start(container(WORKER), executing=False, force=True)[0][-1].startswith("docker run")
+
+
+def test_rank_started_after_the_removal():
+    cmds, _ = start({})
+    assert cmds[0].startswith("mkdir -p /home/nvidia/.cache/sparkfold/cache/abc")
+    assert any(x.startswith("test -e /home/nvidia/.cache/sparkfold/kit ||") for x in cmds)
+    assert "tf-dsv41-lanes" in cmds[-1] and f"sparkfold.spec-hash={WORKER.spec_hash()}" in cmds[-1]
+
+
+def test_rank_started_replaces_a_leftover():
+    cmds, _ = start(container(WORKER, running=False))
+    assert "docker logs" in cmds[0] and "docker rm -f" in cmds[1] and cmds[-1].startswith("docker run")
+    cmds, _ = start(container(managed=False, running=False))
+    assert len(cmds) == 1 and "not started by sparkfold" in cmds[0]
+
+
+def test_rank_started_needs_a_spec_at_execute():
+    assert "exit 1" in start({}, sp=lambda: None)[0][0]
+    assert start({}, sp=lambda: None, executing=False)[0][0].startswith("docker run ...")
+
+
+# --- rank_stopped ------------------------------------------------------------------------------------------------
+
+def stop(mine):
+    return run_op(c.rank_stopped, {RankContainer: mine}, executing=True, container_name=NAME, rank=1,
+                  stop_timeout=12, log_dir="/logs", log_keep=3)
+
+
+def test_rank_stopped_both_ways():
+    assert stop({})[0] == []
+    cmds, _ = stop(container(WORKER))
+    assert cmds[0] == f"docker stop -t 12 {NAME} >/dev/null" and "-rank1.log.gz" in cmds[1]
+    assert cmds[2] == f"docker rm -f {NAME} >/dev/null" and "nvidia-smi" in cmds[3]
+    assert "not started by sparkfold" in stop(container(managed=False))[0][0]
+
+
+# --- the shell the commands run ----------------------------------------------------------------------------------
+
+def test_save_log_command_saves_and_keeps_the_newest(tmp_path):
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "docker").write_text("#!/bin/sh\necho \"log of $3\"\necho oops >&2\n")
+    (bindir / "docker").chmod(0o755)
+    logs = tmp_path / "logs dir"
+    logs.mkdir()
+    for i in range(4):
+        old = logs / f"2020010{i}-000000-rank1.log.gz"
+        old.write_bytes(b"")
+        os.utime(old, (1_600_000_000 + i, 1_600_000_000 + i))
+    (logs / "20200101-000000-rank0.log.gz").write_bytes(b"")  # the other rank's logs are not counted
+    cmd = c.save_log_command(NAME, 1, str(logs), 3).get_raw_value()
+    env = {**os.environ, "PATH": f"{bindir}:{os.environ['PATH']}"}
+    out = subprocess.run(["sh", "-c", cmd], env=env, capture_output=True, text=True, check=True).stdout
+    saved = out.strip().split(" log in ", 1)[1]
+    assert gzip.decompress(open(saved, "rb").read()).decode() == f"log of {NAME}\noops\n"
+    rank1 = sorted(p.name for p in logs.glob("*-rank1*.log.gz"))
+    assert len(rank1) == 3 and os.path.basename(saved) in rank1
+    assert "20200102-000000-rank1.log.gz" in rank1 and "20200100-000000-rank1.log.gz" not in rank1
+    assert (logs / "20200101-000000-rank0.log.gz").exists()
+    subprocess.run(["sh", "-c", cmd], env=env, check=True, capture_output=True)  # same second: a .N name
+    assert len(list(logs.glob("*-rank1*.log.gz"))) == 3
+
+
+def test_memory_wait_command():
+    ok = subprocess.run(["sh", "-c", c.memory_wait_command(0, 0.0, tries=1).get_raw_value()], capture_output=True,
+                        text=True)
+    assert ok.returncode == 0
+    bad = subprocess.run(["sh", "-c", c.memory_wait_command(1, 1e9, tries=1).get_raw_value()], capture_output=True,
+                         text=True)
+    assert bad.returncode == 1 and "rank 1 needs min_avail_gib = 1e+09 GiB" in bad.stderr

@@ -1,0 +1,394 @@
+"""The fake Hugging Face endpoint (tests/sim/fakehub) driven by the real huggingface_hub client.
+
+The server runs as a subprocess on a free 127.0.0.1 port under `python -I -S` (no site-packages: it must need
+nothing beyond the standard library), exactly as start.sh runs it in the simulated head.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import struct
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+FAKEHUB = ROOT / "tests" / "sim" / "fakehub"
+sys.path.insert(0, str(FAKEHUB))
+import repos  # noqa: E402
+
+hf = pytest.importorskip("huggingface_hub")
+from huggingface_hub import HfApi, constants, hf_hub_download, snapshot_download  # noqa: E402
+from huggingface_hub.errors import (  # noqa: E402
+    EntryNotFoundError,
+    GatedRepoError,
+    HfHubHTTPError,
+    RepositoryNotFoundError,
+    RevisionNotFoundError,
+)
+
+CUT_FILE = "model-00001-of-00048.safetensors"  # in the Engram repo; no other test fetches it
+
+
+def _settings() -> dict:
+    """group_data/all.py as a dict (the repo names and Engram file list the deploy will ask for)."""
+    ns: dict = {}
+    exec(compile((ROOT / "group_data" / "all.py").read_text(), "all.py", "exec"), ns)
+    return ns
+
+
+SETTINGS = _settings()
+CATALOG = repos.catalog()
+
+
+@pytest.fixture(scope="module")
+def hub(tmp_path_factory):
+    log = tmp_path_factory.mktemp("fakehub") / "fakehub.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-I", "-S", str(FAKEHUB / "server.py"), "--host", "127.0.0.1", "--port", "0",
+             "--cut-once", f"{repos.ENGRAM}/{CUT_FILE}"],
+            stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+        )
+    try:
+        url = None
+        deadline = time.monotonic() + 10
+        while url is None and time.monotonic() < deadline:
+            if proc.poll() is not None:
+                pytest.fail(f"fakehub exited: {log.read_text()}")
+            for line in log.read_text().splitlines():
+                if "listening on " in line:
+                    url = line.split("listening on ")[1].split()[0]
+            time.sleep(0.05)
+        assert url, log.read_text()
+        yield {"url": url, "log": log}
+    finally:
+        proc.terminate()
+        proc.wait(timeout=5)
+
+
+@pytest.fixture(autouse=True)
+def _local_only(hub, monkeypatch):
+    # huggingface_hub fetches a registry from constants.ENDPOINT on first use: keep that on 127.0.0.1 too.
+    monkeypatch.setattr(constants, "ENDPOINT", hub["url"])
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+
+
+def log_lines(hub) -> list[str]:
+    return hub["log"].read_text().splitlines()
+
+
+def git_blob_sha1(data: bytes) -> str:
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+
+
+def read_safetensors(data: bytes) -> dict:
+    (n,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8:8 + n])
+    header.pop("__metadata__", None)
+    end = 0
+    for name, entry in header.items():
+        b, e = entry["data_offsets"]
+        size = {"BF16": 2, "F16": 2, "F32": 4, "I16": 2, "I32": 4, "F8_E4M3": 1, "F8_E8M0": 1}[entry["dtype"]]
+        for dim in entry["shape"]:
+            size *= dim
+        assert e - b == size, name
+        end = max(end, e)
+    assert len(data) == 8 + n + end
+    return {name: data[8 + n + e["data_offsets"][0]:8 + n + e["data_offsets"][1]] for name, e in header.items()}
+
+
+def served(repo_id: str, path: str) -> bytes:
+    return repos.build_repos()[repo_id].files[path].data
+
+
+def get(url: str, headers: dict | None = None):
+    req = urllib.request.Request(url, headers=headers or {}, method="GET")
+    try:
+        with urllib.request.urlopen(req, timeout=5) as r:
+            return r.status, dict(r.headers), r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, dict(e.headers), e.read()
+
+
+# ---------------------------------------------------------------- the repositories themselves
+
+
+def test_repos_match_settings_and_are_deterministic():
+    assert set(CATALOG) == {SETTINGS[k] for k in ("model_repo", "model_repo_v1_1", "engram_repo", "kit_repo",
+                                                  "ablit_repo")}
+    assert CATALOG[SETTINGS["ablit_repo"]]["commit"] == SETTINGS["ablit_revision"]
+    assert CATALOG[SETTINGS["ablit_repo"]]["gated"] and not CATALOG[SETTINGS["model_repo"]]["gated"]
+    assert all(len(c["commit"]) == 40 and int(c["commit"], 16) >= 0 for c in CATALOG.values())
+    assert len({c["commit"] for c in CATALOG.values()}) == len(CATALOG)
+    rebuilt = subprocess.run([sys.executable, "-I", "-S", str(FAKEHUB / "repos.py")], capture_output=True,
+                             check=True, text=True).stdout
+    assert json.loads(rebuilt) == CATALOG  # a fresh process builds the very same bytes
+
+
+def test_packs_are_shaped_like_the_real_ones_and_differ():
+    for repo_id in (repos.EAQ_V1, repos.EAQ_V1_1):
+        config = json.loads(served(repo_id, "config.json"))
+        tokenizer = json.loads(served(repo_id, "tokenizer.json"))
+        assert config["model_type"] == "deepseek_v41"
+        assert config["quantization_config"]["format"] == "exl3-mul1"
+        vocab = tokenizer["model"]["vocab"]
+        assert 40 <= len(vocab) <= 70 and config["vocab_size"] == len(vocab)
+        assert sorted(vocab.values()) == list(range(len(vocab)))
+        index = json.loads(served(repo_id, "model.safetensors.index.json"))["weight_map"]
+        shards = sorted(set(index.values()))
+        assert shards == [f"model-0000{k}-of-00003.safetensors" for k in (1, 2, 3)]
+        for shard in shards:
+            tensors = read_safetensors(served(repo_id, shard))
+            assert sorted(tensors) == sorted(n for n, s in index.items() if s == shard)
+            assert 1024 < len(served(repo_id, shard)) < 32768
+    v1, v11 = CATALOG[repos.EAQ_V1], CATALOG[repos.EAQ_V1_1]
+    assert v1["commit"] != v11["commit"]
+    assert v1["sha256"]["model-00002-of-00003.safetensors"] != v11["sha256"]["model-00002-of-00003.safetensors"]
+    assert v1["sha256"]["tokenizer.json"] == v11["sha256"]["tokenizer.json"]
+
+
+def test_engram_compressed_vocab_matches_the_tokenizer():
+    tokenizer = json.loads(served(repos.EAQ_V1, "tokenizer.json"))
+    config = json.loads(served(repos.EAQ_V1, "config.json"))
+    ids = tokenizer["model"]["vocab"]
+    cmap = repos.compressed_token_map()
+    # case, a leading blank and accents fold together; a partial UTF-8 byte keeps its own id
+    assert len({cmap[ids[t]] for t in ("the", "Ġthe", "The", "ĠThe", "THE")}) == 1
+    assert cmap[ids["Ã©"]] == cmap[ids["e"]] and cmap[ids["Ġ"]] == cmap[ids["Ċ"]] == cmap[ids["ĠĠ"]]
+    assert cmap[ids["Ã"]] not in {cmap[i] for t, i in ids.items() if t != "Ã"}
+    assert config["engram_compressed_vocab_size"] == len(set(cmap)) < len(ids)
+    assert json.loads(served(repos.ENGRAM, "config.json"))["engram_compressed_vocab_size"] == len(set(cmap))
+
+
+def test_engram_source_holds_the_tables_in_shards_47_and_48():
+    config = json.loads(served(repos.ENGRAM, "config.json"))
+    index = json.loads(served(repos.ENGRAM, "model.safetensors.index.json"))["weight_map"]
+    for layer, rows, shard in zip(config["engram_layer_ids"], config["engram_num_embeddings"],
+                                  ("model-00047-of-00048.safetensors", "model-00048-of-00048.safetensors")):
+        data = served(repos.ENGRAM, shard)
+        (n,) = struct.unpack("<Q", data[:8])
+        header = json.loads(data[8:8 + n])
+        weight, scale = header[f"model.layers.{layer}.engram.embed.weight"], header[f"model.layers.{layer}.engram.embed.scale"]
+        assert weight["shape"][0] == scale["shape"][0] == rows
+        assert (weight["dtype"], scale["dtype"]) == ("F8_E4M3", "F8_E8M0")
+        assert index[f"model.layers.{layer}.engram.embed.weight"] == shard
+        read_safetensors(data)
+    others = [p for p in CATALOG[repos.ENGRAM]["files"] if p.endswith(".safetensors") and p not in SETTINGS["engram_files"]]
+    assert len(others) >= 2
+
+
+def test_kit_manifest_lists_every_other_kit_file():
+    files = CATALOG[repos.KIT]["files"]
+    kit = {p[len("kit/"):] for p in files if p.startswith("kit/")} - {"MANIFEST"}
+    lines = served(repos.KIT, "kit/MANIFEST").decode().splitlines()
+    listed = dict(reversed(line.split("  ", 1)) for line in lines)
+    assert set(listed) == kit
+    for rel, digest in listed.items():
+        assert hashlib.sha256(served(repos.KIT, f"kit/{rel}")).hexdigest() == digest
+    for needed in ("aot/aot.json", "cubins/linear.cubin", "cubins/linear_grouped.cubin", "cubins/experts.cubin",
+                   "cubins/experts_cb.cubin", "engram.json", "rope.json", "rope-plain-cos.f32", "rope-plain-sin.f32",
+                   "rope-compressed-cos.f32", "rope-compressed-sin.f32", "vision/torch_fmha_sm120.cubin",
+                   "vision/gate_bias_vl.safetensors", "README.md"):
+        assert needed in kit
+    aot = json.loads(served(repos.KIT, "kit/aot/aot.json"))
+    assert {f"aot/{k['cubin']}" for k in aot["kernels"]} == {p for p in kit if p.startswith("aot/cubins/")}
+    assert "README.md" in files
+
+
+# ---------------------------------------------------------------- the real client against the server
+
+
+def test_model_info_with_files_metadata(hub):
+    api = HfApi(endpoint=hub["url"])
+    info = api.model_info(repos.EAQ_V1, revision="main", files_metadata=True)
+    expected = CATALOG[repos.EAQ_V1]
+    assert info.sha == expected["commit"]
+    assert {s.rfilename: s.size for s in info.siblings} == expected["files"]
+    for s in info.siblings:
+        data = served(repos.EAQ_V1, s.rfilename)
+        if s.rfilename.endswith(".safetensors"):
+            assert s.lfs is not None and s.lfs.sha256 == hashlib.sha256(data).hexdigest() and s.lfs.size == len(data)
+        else:
+            assert s.lfs is None and s.blob_id == git_blob_sha1(data)
+    by_commit = api.model_info(repos.EAQ_V1, revision=expected["commit"])
+    assert by_commit.sha == expected["commit"] and by_commit.siblings[0].size is None
+    assert api.model_info(repos.EAQ_V1_1).sha == CATALOG[repos.EAQ_V1_1]["commit"]
+    assert api.list_repo_refs(repos.KIT).branches[0].target_commit == CATALOG[repos.KIT]["commit"]
+
+
+def test_snapshot_to_cache_dir_has_the_hub_cache_layout(hub, tmp_path):
+    cache = tmp_path / "hub"
+    path = snapshot_download(repos.EAQ_V1, revision="main", cache_dir=cache, endpoint=hub["url"], token=False)
+    commit = CATALOG[repos.EAQ_V1]["commit"]
+    folder = cache / "models--Mia-AiLab--DeepSeek-V4.1-Flash-1017-EXL3-EAQ-v1-2.9-bpw"
+    assert Path(path) == folder / "snapshots" / commit
+    assert (folder / "refs" / "main").read_text() == commit
+    for rel, size in CATALOG[repos.EAQ_V1]["files"].items():
+        link = folder / "snapshots" / commit / rel
+        assert link.is_symlink(), rel
+        blob = link.resolve()
+        assert blob.parent == (folder / "blobs").resolve()
+        data = blob.read_bytes()
+        assert len(data) == size and hashlib.sha256(data).hexdigest() == CATALOG[repos.EAQ_V1]["sha256"][rel]
+        # blobs are named by the ETag: sha256 for LFS files, the git blob sha1 otherwise
+        assert blob.name == (hashlib.sha256(data).hexdigest() if rel.endswith(".safetensors") else git_blob_sha1(data))
+    # a second run is served from the cache: no new file GETs
+    before = sum(" GET " in line and "/resolve/" in line for line in log_lines(hub))
+    assert snapshot_download(repos.EAQ_V1, revision="main", cache_dir=cache, endpoint=hub["url"], token=False) == path
+    assert sum(" GET " in line and "/resolve/" in line for line in log_lines(hub)) == before
+
+
+def test_snapshot_to_local_dir_with_allow_patterns(hub, tmp_path):
+    target = tmp_path / "engram"
+    wanted = SETTINGS["engram_files"]
+    path = snapshot_download(repos.ENGRAM, revision="main", local_dir=target, allow_patterns=wanted,
+                             endpoint=hub["url"], token=False)
+    assert Path(path) == target.resolve()
+    got = sorted(str(p.relative_to(target)) for p in target.rglob("*") if p.is_file() and ".cache" not in p.parts)
+    assert got == sorted(wanted)
+    for rel in wanted:
+        assert not (target / rel).is_symlink()
+        assert hashlib.sha256((target / rel).read_bytes()).hexdigest() == CATALOG[repos.ENGRAM]["sha256"][rel]
+    fetched = [line for line in log_lines(hub) if f"/{repos.ENGRAM}/resolve/" in line]
+    assert not any(f"/{name}" in line for line in fetched
+                   for name in CATALOG[repos.ENGRAM]["files"] if name not in wanted)
+
+
+def test_kit_folder_and_its_verifier(hub, tmp_path):
+    path = snapshot_download(repos.KIT, local_dir=tmp_path / "k", allow_patterns=["kit/*"], endpoint=hub["url"])
+    kit = Path(path) / "kit"
+    assert not (Path(path) / "README.md").exists() and (kit / "README.md").exists()
+    ok = subprocess.run(["bash", str(kit / "tools" / "verify_kit.sh")], capture_output=True, text=True)
+    assert ok.returncode == 0 and ok.stdout.strip().endswith("files match MANIFEST"), ok.stdout + ok.stderr
+    (kit / "rope.json").write_text("{}")
+    (kit / "cubins" / "experts.cubin").unlink()
+    bad = subprocess.run(["bash", str(kit / "tools" / "verify_kit.sh")], capture_output=True, text=True)
+    assert bad.returncode == 1
+    assert "DIFFERS  rope.json" in bad.stdout and "MISSING  cubins/experts.cubin" in bad.stdout
+
+
+def test_revision_as_commit_sha(hub, tmp_path):
+    commit = CATALOG[repos.EAQ_V1_1]["commit"]
+    path = hf_hub_download(repos.EAQ_V1_1, "config.json", revision=commit, cache_dir=tmp_path, endpoint=hub["url"])
+    assert Path(path).parent.name == commit
+    assert json.loads(Path(path).read_text())["quantization_config"]["eaq_version"] == "1.1"
+    snap = snapshot_download(repos.EAQ_V1_1, revision=commit, cache_dir=tmp_path, endpoint=hub["url"],
+                             allow_patterns=["*.json"])
+    assert sorted(p.name for p in Path(snap).iterdir()) == sorted(
+        p for p in CATALOG[repos.EAQ_V1_1]["files"] if p.endswith(".json"))
+
+
+def test_unknown_repo_revision_and_file(hub, tmp_path):
+    api = HfApi(endpoint=hub["url"])
+    with pytest.raises(RepositoryNotFoundError) as err:
+        api.model_info("nobody/nothing")
+    assert err.value.response.status_code == 404
+    with pytest.raises(RevisionNotFoundError) as err:
+        api.model_info(repos.EAQ_V1, revision="f" * 40)
+    assert err.value.response.status_code == 404
+    with pytest.raises(RevisionNotFoundError):
+        hf_hub_download(repos.EAQ_V1, "config.json", revision="nope", cache_dir=tmp_path, endpoint=hub["url"])
+    with pytest.raises(RepositoryNotFoundError):
+        snapshot_download("nobody/nothing", cache_dir=tmp_path, endpoint=hub["url"])
+    with pytest.raises(EntryNotFoundError):
+        hf_hub_download(repos.EAQ_V1, "missing.bin", cache_dir=tmp_path, endpoint=hub["url"])
+
+
+def test_gated_repo_needs_the_token(hub, tmp_path):
+    repo, name = repos.ABLIT, SETTINGS["ablit_file"]
+    rev = SETTINGS["ablit_revision"]
+    api = HfApi(endpoint=hub["url"])
+    assert api.model_info(repo, revision=rev).gated == "auto"  # metadata stays public, as on the Hub
+    with pytest.raises(GatedRepoError) as err:
+        hf_hub_download(repo, name, revision=rev, cache_dir=tmp_path, endpoint=hub["url"], token=False)
+    assert err.value.response.status_code == 401
+    with pytest.raises(GatedRepoError) as err:
+        hf_hub_download(repo, name, revision=rev, cache_dir=tmp_path, endpoint=hub["url"], token="hf_wrongtoken")
+    assert err.value.response.status_code == 403
+    with pytest.raises(HfHubHTTPError) as err:
+        api.auth_check(repo, token="not-a-token")
+    assert err.value.response.status_code == 401
+    api.auth_check(repo, token="hf_simtoken")
+    path = hf_hub_download(repo, name, revision=rev, cache_dir=tmp_path, endpoint=hub["url"], token="hf_simtoken")
+    assert hashlib.sha256(Path(path).read_bytes()).hexdigest() == CATALOG[repo]["sha256"][name]
+    url = f"{hub['url']}/{repo}/resolve/{rev}/{name}"
+    assert get(url)[0] == 401
+    assert get(url, {"Authorization": "Bearer hf_other"})[0] == 403
+    assert get(url, {"Authorization": "Bearer hf_simtoken"})[0] == 200
+
+
+def test_resolve_headers_and_ranges(hub):
+    commit = CATALOG[repos.ENGRAM]["commit"]
+    data = served(repos.ENGRAM, "model-00047-of-00048.safetensors")
+    url = f"{hub['url']}/{repos.ENGRAM}/resolve/main/model-00047-of-00048.safetensors"
+    req = urllib.request.Request(url, method="HEAD")
+    with urllib.request.urlopen(req, timeout=5) as r:
+        head = {k.lower(): v for k, v in r.headers.items()}
+        assert r.read() == b""
+    assert head["x-repo-commit"] == commit
+    assert head["etag"] == head["x-linked-etag"] == f'"{hashlib.sha256(data).hexdigest()}"'
+    assert head["x-linked-size"] == head["content-length"] == str(len(data))
+    assert head["accept-ranges"] == "bytes"
+    assert not [k for k in head if "xet" in k]
+    status, headers, body = get(url, {"Range": "bytes=100-"})
+    assert status == 206 and body == data[100:]
+    assert headers["Content-Range"] == f"bytes 100-{len(data) - 1}/{len(data)}"
+    assert get(url, {"Range": "bytes=0-9"})[2] == data[:10]
+    assert get(url, {"Range": "bytes=-5"})[2] == data[-5:]
+    assert get(url, {"Range": f"bytes={len(data)}-"})[0] == 416
+    text_url = f"{hub['url']}/{repos.ENGRAM}/resolve/main/config.json"
+    status, headers, body = get(text_url)
+    assert headers["ETag"] == f'"{git_blob_sha1(body)}"' and "X-Linked-Etag" not in headers
+
+
+def test_interrupted_download_resumes_with_range(hub, tmp_path, monkeypatch):
+    # small read chunks, so the client has bytes on disk when the server drops the connection half-way
+    monkeypatch.setattr(constants, "DOWNLOAD_CHUNK_SIZE", 256)
+    path = hf_hub_download(repos.ENGRAM, CUT_FILE, cache_dir=tmp_path, endpoint=hub["url"])
+    assert hashlib.sha256(Path(path).read_bytes()).hexdigest() == CATALOG[repos.ENGRAM]["sha256"][CUT_FILE]
+    lines = [line for line in log_lines(hub) if CUT_FILE in line and " GET " in line]
+    size = CATALOG[repos.ENGRAM]["files"][CUT_FILE]
+    assert lines[0].endswith(" cut")
+    assert f"range=bytes={size // 2}-" in lines[1] and " 206 " in lines[1]
+
+
+def test_ablit_apply_script(hub, tmp_path):
+    pack = Path(snapshot_download(repos.EAQ_V1, cache_dir=tmp_path / "hub", endpoint=hub["url"]))
+    overlay = Path(snapshot_download(repos.ABLIT, revision=SETTINGS["ablit_revision"], local_dir=tmp_path / "ov",
+                                     allow_patterns=[SETTINGS["ablit_file"], "apply_mia_exl3_wob.py"],
+                                     endpoint=hub["url"], token="hf_simtoken"))
+    script = [sys.executable, "-I", "-S", str(overlay / "apply_mia_exl3_wob.py")]
+    wo_b = str(overlay / SETTINGS["ablit_file"])
+    same = subprocess.run(script + ["--src", str(pack), "--wo-b", wo_b, "--dst", str(pack)], capture_output=True)
+    assert same.returncode != 0
+    dst = tmp_path / "ablit"
+    run = subprocess.run(script + ["--src", str(pack), "--wo-b", wo_b, "--dst", str(dst)], capture_output=True,
+                         text=True)
+    assert run.returncode == 0, run.stderr
+    assert sorted(p.name for p in dst.iterdir()) == sorted(CATALOG[repos.EAQ_V1]["files"])
+    assert os.stat(dst / "config.json").st_ino == os.stat((pack / "config.json").resolve()).st_ino
+    overlay_tensors = read_safetensors(Path(wo_b).read_bytes())
+    index = json.loads((pack / "model.safetensors.index.json").read_text())["weight_map"]
+    changed = 0
+    for shard in sorted(set(index.values())):
+        stock, applied = read_safetensors((pack / shard).read_bytes()), read_safetensors((dst / shard).read_bytes())
+        assert sorted(stock) == sorted(applied)
+        for name in stock:
+            layer = int(name.split(".")[2]) if name.startswith("model.layers.") else -1
+            if ".attn.wo_b." in name and 10 <= layer <= 35:
+                assert applied[name] == overlay_tensors[name] != stock[name]
+                changed += 1
+            else:
+                assert applied[name] == stock[name]
+    assert changed == 26 * 4
+    # the stock pack is untouched
+    assert hashlib.sha256((pack / "model-00002-of-00003.safetensors").read_bytes()).hexdigest() == \
+        CATALOG[repos.EAQ_V1]["sha256"]["model-00002-of-00003.safetensors"]

@@ -1,0 +1,248 @@
+"""hf_cache helpers, hf_plan (offline and against a scripted Hub) and hf_fetch, on caches built in tmp dirs."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import pytest
+
+from hf_fixture import build_cache, build_local, commit_of, model_files, siblings
+from operations import hf_cache
+from operations.facts.model_data import HfPlan
+from operations.remote import bundle, hf_fetch, hf_plan
+
+REPO = "Org/Tiny-Model"
+
+
+def args(hub=None, local=None, revision="main", include=()):
+    return SimpleNamespace(repo=REPO, revision=revision, cache_dir=str(hub) if hub else None,
+                           local_dir=str(local) if local else None, include=list(include))
+
+
+def record(files, commit, revision="main", include=()):
+    return hf_cache.manifest_record(REPO, revision, commit, include, {p: len(d) for p, d in files.items()})
+
+
+# ---- hf_cache ----
+
+def test_repo_folder_and_revision_resolution(tmp_path):
+    files = model_files()
+    built = build_cache(tmp_path, REPO, files)
+    assert hf_cache.repo_folder_name(REPO) == "models--Org--Tiny-Model"
+    assert hf_cache.resolve_revision(str(built["repo_dir"]), "main") == built["commit"]
+    assert hf_cache.resolve_revision(str(built["repo_dir"]), built["commit"]) == built["commit"]
+    assert hf_cache.resolve_revision(str(built["repo_dir"]), "v2") is None
+    assert hf_cache.resolve_revision(str(built["repo_dir"]), "0" * 40) is None
+
+
+def test_list_files_follows_links_and_flags_dangling(tmp_path):
+    files = model_files()
+    built = build_cache(tmp_path, REPO, files)
+    listed = hf_cache.list_files(str(built["snapshot"]))
+    assert listed == {p: len(d) for p, d in files.items()}
+    os.remove(built["repo_dir"] / "blobs" / hf_cache_etag("config.json", files))
+    assert hf_cache.list_files(str(built["snapshot"]))["config.json"] is None
+
+
+def hf_cache_etag(path, files):
+    from hf_fixture import etag
+    return etag(path, files[path])
+
+
+def test_incomplete_blobs_and_local_partials(tmp_path):
+    files = model_files()
+    shard = "model-00002-of-00002.safetensors"
+    built = build_cache(tmp_path / "hub", REPO, files, partial={shard: 5})
+    assert hf_cache.incomplete_blobs(str(built["repo_dir"])) == {hf_cache_etag(shard, files): 5}
+    local = build_local(tmp_path / "local", files, partial={shard: 7})
+    assert hf_cache.incomplete_local(str(local)) == {shard: 7}
+
+
+def test_manifest_covers_and_detects_changes(tmp_path):
+    files = model_files()
+    built = build_cache(tmp_path, REPO, files)
+    hf_cache.write_manifest(str(built["snapshot"]), record(files, built["commit"]))
+    m = hf_cache.read_manifest(str(built["snapshot"]))
+    assert hf_cache.manifest_covers(m, REPO, "main", ())
+    assert hf_cache.manifest_covers(m, REPO, built["commit"], ["*.json"])  # all files cover any subset
+    assert not hf_cache.manifest_covers(m, REPO, "v2", ())
+    assert not hf_cache.manifest_covers(m, "Org/Other", "main", ())
+    assert hf_cache.manifest_missing(str(built["snapshot"]), m) == []
+    (built["snapshot"] / "tokenizer.json").unlink()
+    assert hf_cache.manifest_missing(str(built["snapshot"]), m) == [["tokenizer.json", len(files["tokenizer.json"])]]
+
+
+def test_matches_allow_patterns():
+    assert hf_cache.matches("kit/aot/x.cubin", ["kit/*"])
+    assert hf_cache.matches("kit/MANIFEST", ["kit/"])
+    assert not hf_cache.matches("README.md", ["kit/*"])
+    assert hf_cache.matches("anything", [])
+
+
+# ---- hf_plan against a scripted Hub ----
+
+@pytest.fixture
+def hub(monkeypatch):
+    calls = []
+    table = {}
+
+    def fake(repo, revision, patterns):
+        calls.append((repo, revision))
+        if revision not in table:
+            raise OSError("revision not found")
+        commit, files = table[revision]
+        return commit, [f for f in siblings(files) if hf_cache.matches(f[0], patterns)]
+
+    monkeypatch.setattr(hf_plan, "hub_files", fake)
+    return SimpleNamespace(calls=calls, table=table)
+
+
+def test_plan_counts_missing_and_partial_bytes(tmp_path, hub):
+    files = model_files()
+    shard1, shard2 = "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"
+    built = build_cache(tmp_path, REPO, files, skip=(shard1,), partial={shard2: 10})
+    hub.table["main"] = (built["commit"], files)
+    out = hf_plan.plan(args(tmp_path))
+    assert out["complete"] is False and out["offline"] is False
+    assert sorted(p for p, _ in out["missing"]) == [shard1, shard2]
+    assert out["missing_bytes"] == len(files[shard1]) + len(files[shard2]) - 10
+    assert out["commit"] == built["commit"] and out["total_bytes"] == sum(map(len, files.values()))
+
+
+def test_plan_complete_without_manifest_asks_hub_then_offline_with_manifest(tmp_path, hub):
+    files = model_files()
+    built = build_cache(tmp_path, REPO, files)
+    hub.table["main"] = (built["commit"], files)
+    first = hf_plan.plan(args(tmp_path))
+    assert first["complete"] and not first["manifest"] and len(hub.calls) == 1
+    hf_cache.write_manifest(str(built["snapshot"]), record(files, built["commit"]))
+    second = hf_plan.plan(args(tmp_path))
+    assert second["complete"] and second["offline"] and second["model_type"] == "deepseek_v41"
+    assert len(hub.calls) == 1  # the complete snapshot was answered without the Hub
+
+
+def test_plan_changed_revision_counts_only_new_blobs(tmp_path, hub):
+    files = model_files()
+    built = build_cache(tmp_path, REPO, files)
+    hf_cache.write_manifest(str(built["snapshot"]), record(files, built["commit"]))
+    newer = dict(files, **{"config.json": b'{"model_type": "deepseek_v41", "rev": 2}\n'})
+    new_commit = commit_of(newer, "v2")
+    hub.table["v2"] = (new_commit, newer)
+    out = hf_plan.plan(args(tmp_path, revision="v2"))
+    assert out["commit"] == new_commit and not out["complete"]
+    assert len(out["missing"]) == len(files)  # no links yet in the new snapshot
+    assert out["missing_bytes"] == len(newer["config.json"])  # the other blobs are already in blobs/
+
+
+def test_plan_reports_hub_error_without_failing(tmp_path, hub):
+    out = hf_plan.plan(args(tmp_path, revision="nope"))
+    assert out["complete"] is False and "revision not found" in out["error"] and out["missing_bytes"] is None
+
+
+def test_plan_local_dir_with_patterns(tmp_path, hub):
+    files = {"kit/MANIFEST": b"x\n", "kit/engram.json": b"{}\n", "README.md": b"readme\n"}
+    local = build_local(tmp_path / "kit-src", files, skip=("kit/engram.json",))
+    hub.table["main"] = ("c" * 40, files)
+    out = hf_plan.plan(args(local=local, include=["kit/*"]))
+    assert out["missing"] == [["kit/engram.json", 3]] and out["missing_bytes"] == 3
+
+
+# ---- hf_plan offline, exactly as the fact runs it, with the network forbidden ----
+
+def _no_network_env(tmp_path):
+    site = tmp_path / "nonet"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(
+        "import socket\n"
+        "def _refuse(*a, **k):\n    raise OSError('network forbidden in this test')\n"
+        "socket.socket.connect = _refuse\nsocket.create_connection = _refuse\nsocket.getaddrinfo = _refuse\n")
+    return dict(os.environ, PYTHONPATH=str(site), HF_HUB_OFFLINE="0", HF_HOME=str(tmp_path / "hfhome"))
+
+
+def run_fact(tmp_path, **kwargs):
+    command = HfPlan().command(**kwargs)
+    done = subprocess.run(["sh", "-c", command], capture_output=True, text=True, env=_no_network_env(tmp_path),
+                          timeout=60)
+    assert done.returncode == 0, done.stderr
+    return HfPlan().process(done.stdout.splitlines())
+
+
+def test_fact_answers_offline_for_a_complete_snapshot(tmp_path):
+    files = model_files()
+    built = build_cache(tmp_path / "hub", REPO, files)
+    hf_cache.write_manifest(str(built["snapshot"]), record(files, built["commit"]))
+    out = run_fact(tmp_path, python=sys.executable, repo=REPO, revision="main", cache_dir=str(tmp_path / "hub"),
+                   endpoint="http://127.0.0.1:9")
+    assert out["complete"] is True and out["offline"] is True and out["commit"] == built["commit"]
+    assert out["missing_bytes"] == 0 and out["model_type"] == "deepseek_v41"
+
+
+def test_fact_incomplete_snapshot_offline_reports_error_and_exits_0(tmp_path):
+    files = model_files()
+    built = build_cache(tmp_path / "hub", REPO, files, partial={"model-00001-of-00002.safetensors": 3})
+    hf_cache.write_manifest(str(built["snapshot"]), record(files, built["commit"]))
+    out = run_fact(tmp_path, python="/nonexistent/python", repo=REPO, revision="main",
+                   cache_dir=str(tmp_path / "hub"), endpoint="http://127.0.0.1:9")
+    assert out["complete"] is False and out["error"] and out["commit"] == built["commit"]
+
+
+def test_bundle_is_one_valid_script():
+    for name in ("hf_plan", "hf_fetch"):
+        source = bundle(name)
+        compile(source, name, "exec")
+        assert source.count("from __future__ import annotations") == 1
+
+
+# ---- hf_fetch with snapshot_download scripted ----
+
+def _fake_download(hub_dir, files, commit):
+    def snapshot_download(repo, revision, allow_patterns=None, token=None, endpoint=None, cache_dir=None,
+                          local_dir=None):
+        assert revision == commit and local_dir is None
+        return str(build_cache(hub_dir, repo, files, revision=commit, commit=commit)["snapshot"])
+    return snapshot_download
+
+
+def test_fetch_downloads_writes_ref_and_manifest(tmp_path, monkeypatch):
+    import huggingface_hub
+
+    files = model_files()
+    commit = commit_of(files)
+    monkeypatch.setattr(hf_fetch, "hub_files", lambda repo, rev, pats: (commit, siblings(files)))
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", _fake_download(tmp_path, files, commit))
+    rc = hf_fetch.main(["--repo", REPO, "--revision", "main", "--cache-dir", str(tmp_path),
+                        "--expect-model-type", "deepseek_v41", "--every", "0.01"])
+    assert rc == 0
+    repo_dir = tmp_path / "models--Org--Tiny-Model"
+    assert (repo_dir / "refs" / "main").read_text() == commit
+    manifest = hf_cache.read_manifest(str(repo_dir / "snapshots" / commit))
+    assert manifest["files"] == {p: len(d) for p, d in files.items()} and manifest["commit"] == commit
+
+
+def test_fetch_refuses_wrong_model_type(tmp_path, monkeypatch, capsys):
+    import huggingface_hub
+
+    files = dict(model_files(), **{"config.json": b'{"model_type": "llama"}\n'})
+    commit = commit_of(files)
+    monkeypatch.setattr(hf_fetch, "hub_files", lambda repo, rev, pats: (commit, siblings(files)))
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", _fake_download(tmp_path, files, commit))
+    rc = hf_fetch.main(["--repo", REPO, "--revision", "main", "--cache-dir", str(tmp_path),
+                        "--expect-model-type", "deepseek_v41"])
+    assert rc == 1 and "'llama'" in capsys.readouterr().err
+    assert hf_cache.read_manifest(str(tmp_path / "models--Org--Tiny-Model" / "snapshots" / commit)) is None
+
+
+def test_fetch_reports_short_files(tmp_path, monkeypatch, capsys):
+    import huggingface_hub
+
+    files = model_files()
+    commit = commit_of(files)
+    listed = [(p, s + 1 if p == "config.json" else s, e) for p, s, e in siblings(files)]
+    monkeypatch.setattr(hf_fetch, "hub_files", lambda repo, rev, pats: (commit, listed))
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", _fake_download(tmp_path, files, commit))
+    rc = hf_fetch.main(["--repo", REPO, "--revision", commit, "--cache-dir", str(tmp_path)])
+    assert rc == 1 and "config.json" in capsys.readouterr().err
+    assert hf_cache.read_manifest(str(tmp_path / "models--Org--Tiny-Model" / "snapshots" / commit)) is None

@@ -1,0 +1,371 @@
+"""Engine image facts and operations, both ways; the ship/pull checks' shell run against stub docker/ssh."""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from harness import parse_fact, run_op, with_args
+from operations import image
+from operations.facts.image import DockerImageInfo, EngineCapabilities, PeerDockerImageInfo
+from operations.image_hash import context_files, image_hash
+
+FIXTURES = Path(__file__).parent / "fixtures" / "image"
+TAG = "sparkfold/dsv41-tf:0123456789ab"
+WORKER = "nvidia@192.168.100.2"
+DIGEST = "sha256:5c3a6b1f0e9d8c7b6a5f4e3d2c1b0a9f8e7d6c5b4a3f2e1d0c9b8a7f6e5d4c3b"
+PREBUILT = f"ghcr.io/example/dsv41-tf@{DIGEST}"
+
+
+def fixture(name: str) -> str:
+    return (FIXTURES / name).read_text()
+
+
+BUILT = parse_fact(DockerImageInfo, fixture("inspect_built.json"))
+CAPS = parse_fact(EngineCapabilities, fixture("capabilities.txt"))
+
+
+def images(**by_ref) -> dict:
+    return with_args({f"image={ref}": value for ref, value in by_ref.items()})
+
+
+# --- facts ---
+
+
+def test_inspect_summary():
+    assert BUILT["id"] == "sha256:4f1c2a9e0b7d6c5a3e2f1d0c9b8a7f6e5d4c3b2a1f0e9d8c7b6a5f4e3d2c1b0a"
+    assert BUILT["labels"]["sparkfold.image-hash"] == "0123456789ab"
+    assert len(BUILT["layers"]) == 3 and BUILT["layers"][0].startswith("sha256:1a2b")
+    assert BUILT["repo_tags"] == [TAG] and BUILT["size"] == 24871234567
+    prebuilt = parse_fact(DockerImageInfo, fixture("inspect_prebuilt.json"))
+    assert prebuilt["repo_digests"] == [PREBUILT]
+
+
+@pytest.mark.parametrize("output", ["", "[]", "Error: No such image: x", "[{]"])
+def test_inspect_absent_or_unreadable_is_empty(output):
+    assert parse_fact(DockerImageInfo, output) == {}
+
+
+def test_fact_commands_always_exit_zero_and_quote():
+    local = DockerImageInfo().command(image="a b:1")
+    assert local == "docker image inspect 'a b:1' 2>/dev/null || true"
+    peer = PeerDockerImageInfo().command(target=WORKER, image=TAG)
+    assert peer.startswith("ssh -o BatchMode=yes -o ConnectTimeout=15 ")
+    assert f"{WORKER} 'docker image inspect {TAG}' 2>/dev/null || true" in peer
+    caps = EngineCapabilities().command(image=TAG)
+    assert f"docker run --rm --network none --entrypoint tensorfold-native {TAG} capabilities --json" in caps
+    assert caps.startswith(f"if docker image inspect {TAG} >/dev/null 2>&1; then ") and caps.endswith("|| true; fi")
+
+
+def test_capabilities_parsed():
+    assert CAPS["schema"] == 1 and CAPS["engine"] == "zig"
+    assert CAPS["families"]["deepseek_v41"] == ["exl3-mul1"]
+    flags = CAPS["serve"]["flags"]
+    assert flags["--reasoning-effort"] == {"values": ["low", "medium", "high", "xhigh"]}
+    assert flags["--host"] == {} and "--tp" not in flags
+    assert "TENSORFOLD_NO_UPDATE_CHECK" in CAPS["env"]
+
+
+def test_capabilities_after_other_output_and_pretty_printed():
+    banner = parse_fact(EngineCapabilities, fixture("capabilities_banner.txt"))
+    assert banner["version"] == "1.0.2" and "deepseek_v41" not in banner["families"]
+    pretty = parse_fact(EngineCapabilities, '{\n  "schema": 1,\n  "serve": {"flags": {"--port": {}}}\n}')
+    assert pretty["serve"]["flags"] == {"--port": {}}
+
+
+@pytest.mark.parametrize("output", ["", "tensorfold-native: not found", "[1, 2]"])
+def test_capabilities_absent_is_empty(output):
+    assert parse_fact(EngineCapabilities, output) == {}
+
+
+def test_capabilities_problems():
+    assert image.capabilities_problem(CAPS, TAG) is None
+    assert "could not read" in image.capabilities_problem({}, TAG)
+    assert "schema 2" in image.capabilities_problem(dict(CAPS, schema=2), TAG)
+    assert "no serve flags" in image.capabilities_problem(dict(CAPS, serve={"flags": {}}), TAG)
+    banner = parse_fact(EngineCapabilities, fixture("capabilities_banner.txt"))
+    assert "deepseek_v41" in image.capabilities_problem(banner, TAG)
+
+
+# --- pure helpers ---
+
+
+def test_parse_prebuilt():
+    assert image.parse_prebuilt(PREBUILT) == ("ghcr.io/example/dsv41-tf", DIGEST)
+    for bad in ("ghcr.io/example/dsv41-tf:latest", "x@sha256:abc", f"x@{DIGEST}extra", "@" + DIGEST):
+        with pytest.raises(ValueError, match="prebuilt_image"):
+            image.parse_prebuilt(bad)
+    assert image.prebuilt_problem("") is None and image.prebuilt_problem(PREBUILT) is None
+    assert "name@sha256" in image.prebuilt_problem("name:tag")
+
+
+def test_same_image():
+    other_store = dict(BUILT, id="sha256:" + "e" * 64)  # same content, another image store's id
+    assert image.same_image(BUILT, dict(BUILT))
+    assert image.same_image(BUILT, other_store)
+    assert not image.same_image(BUILT, dict(other_store, layers=BUILT["layers"][:2]))
+    assert not image.same_image(BUILT, dict(other_store, labels={"sparkfold.image-hash": "fffffffffff0"}))
+    assert not image.same_image(BUILT, {}) and not image.same_image({}, {})
+
+
+def settings(tmp_path: Path, **over) -> SimpleNamespace:
+    ctx = tmp_path / "zig"
+    (ctx / "patches").mkdir(parents=True, exist_ok=True)
+    (ctx / "Dockerfile").write_text("FROM base\n")
+    (ctx / "patches" / "0001-a.patch").write_text("diff --git a/a b/a\n")
+    values = dict(engine_image="sparkfold/dsv41-tf", engine_context_path=str(ctx), prebuilt_image="",
+                  base_image="nvcr.io/nvidia/pytorch:26.07-py3", zig_version="0.17.0", zig_url="https://z/zig.tar.xz",
+                  zig_sha256="9e" * 32, tf_repo="https://github.com/bertholomus/TensorFold.git", tf_ref="fbbc971",
+                  tools_ref="5940208", is_head=True, data_dir="/home/nvidia/.cache/sparkfold",
+                  worker_link_ssh=WORKER)
+    values.update(over)
+    return SimpleNamespace(**values)
+
+
+def test_image_ref(tmp_path):
+    s = settings(tmp_path)
+    ref = image.image_ref(s)
+    name, _, tag = ref.partition(":")
+    assert name == "sparkfold/dsv41-tf" and tag == image.computed_hash(s) and len(tag) == 12
+    (Path(s.engine_context_path) / "patches" / "0001-a.patch").write_text("diff --git a/a b/a\n+x\n")
+    assert image.image_ref(s) != ref
+    assert image.image_ref(settings(tmp_path, prebuilt_image=PREBUILT)) == PREBUILT
+
+
+# --- engine_image_built ---
+
+
+def build(facts, **over):
+    kwargs = dict(image=TAG, image_hash="0123456789ab", context_dir="/ctl/zig",
+                  files=["Dockerfile", "apply-patches.sh", "patches/0001-a.patch"],
+                  build_args={"TF_REF": "fbbc971", "BASE_IMAGE": "nvcr.io/nvidia/pytorch:26.07-py3"},
+                  build_dir="/home/nvidia/.cache/sparkfold/build/0123456789ab")
+    kwargs.update(over)
+    return run_op(image.engine_image_built, {DockerImageInfo: facts}, **kwargs)
+
+
+def test_build_skipped_when_the_tag_exists():
+    commands, host = build(images(**{TAG: BUILT}))
+    assert commands == []
+    assert host.noops == [f"engine image {TAG} is already built"]
+
+
+@pytest.mark.parametrize("have", [{}, dict(BUILT, labels={"sparkfold.image-hash": "ffffffffffff"})],
+                         ids=["missing", "other-hash-label"])
+def test_build_uploads_the_context_and_builds(have):
+    commands, _ = build(images(**{TAG: have}))
+    d = "/home/nvidia/.cache/sparkfold/build/0123456789ab"
+    assert commands[0] == f"rm -rf {d} && mkdir -p {d} {d}/patches"
+    assert commands[1:4] == [
+        f"FileUploadCommand(/ctl/zig/Dockerfile, {d}/Dockerfile)",
+        f"FileUploadCommand(/ctl/zig/apply-patches.sh, {d}/apply-patches.sh)",
+        f"FileUploadCommand(/ctl/zig/patches/0001-a.patch, {d}/patches/0001-a.patch)",
+    ]
+    assert commands[4] == (
+        "docker build --build-arg BASE_IMAGE=nvcr.io/nvidia/pytorch:26.07-py3 --build-arg IMAGE_HASH=0123456789ab"
+        f" --build-arg TF_REF=fbbc971 --label sparkfold.image-hash=0123456789ab -t {TAG} {d}"
+    )
+    assert len(commands) == 5
+
+
+# --- engine_image_shipped ---
+
+
+def ship(here, there, executing=False):
+    facts = {DockerImageInfo: images(**{TAG: here}),
+             PeerDockerImageInfo: with_args({f"image={TAG}, target={WORKER}": there})}
+    return run_op(image.engine_image_shipped, facts, executing=executing, image=TAG, worker_ssh=WORKER)
+
+
+def test_ship_skipped_when_the_worker_has_the_same_image():
+    commands, host = ship(BUILT, dict(BUILT))
+    assert commands == [] and host.noops[0].startswith(f"the worker already has {TAG}")
+    other_store = dict(BUILT, id="sha256:" + "e" * 64)
+    assert ship(BUILT, other_store)[0] == []
+
+
+@pytest.mark.parametrize("there", [{}, dict(BUILT, id="sha256:" + "d" * 64, layers=["sha256:" + "0" * 64])],
+                         ids=["worker-missing", "worker-differs"])
+def test_ship_streams_and_verifies(there):
+    commands, _ = ship(BUILT, there, executing=True)
+    assert len(commands) == 2
+    send, verify = commands
+    assert f"docker save {TAG} | pv -f -n -i 10 -s \"$size\" | ssh -o BatchMode=yes" in send
+    assert f"else docker save {TAG} | dd bs=1M | ssh " in send
+    assert f"{WORKER} 'docker load'" in send
+    assert "docker image inspect -f" in verify and WORKER in verify and "exit 1" in verify
+
+
+def test_ship_planned_before_the_head_has_built():
+    commands, _ = ship({}, {}, executing=False)
+    assert len(commands) == 2 and "docker save" in commands[0]
+
+
+def test_ship_fails_when_the_head_image_is_missing_at_execute():
+    commands, _ = ship({}, {}, executing=True)
+    assert len(commands) == 1
+    assert commands[0].startswith("echo 'sparkfold: " + TAG + " is not on the head")
+    assert commands[0].endswith("exit 1")
+
+
+# --- prebuilt_image_pulled ---
+
+
+def pull(have, reference=PREBUILT, executing=False):
+    return run_op(image.prebuilt_image_pulled, {DockerImageInfo: images(**{reference: have})},
+                  executing=executing, reference=reference)
+
+
+def test_prebuilt_present_with_its_digest_is_left_alone():
+    have = parse_fact(DockerImageInfo, fixture("inspect_prebuilt.json"))
+    commands, host = pull(have)
+    assert commands == [] and host.noops == [f"prebuilt image {PREBUILT} is present"]
+
+
+@pytest.mark.parametrize("have", [{}, dict(BUILT, repo_digests=["ghcr.io/example/dsv41-tf@sha256:" + "1" * 64])],
+                         ids=["missing", "digest-mismatch"])
+def test_prebuilt_pulled_and_checked(have):
+    commands, _ = pull(have)
+    assert commands[0] == f"docker pull {PREBUILT}"
+    assert f"grep -F -q @{DIGEST}" in commands[1] and "exit 1" in commands[1]
+
+
+def test_prebuilt_malformed_reference_fails():
+    commands, _ = run_op(image.prebuilt_image_pulled, {}, reference="ghcr.io/example/dsv41-tf:latest")
+    assert len(commands) == 1 and "is not name@sha256:<64 hex>" in commands[0] and commands[0].endswith("exit 1")
+
+
+# --- engine_capabilities_checked ---
+
+
+def check(caps, executing):
+    return run_op(image.engine_capabilities_checked, {EngineCapabilities: images(**{TAG: caps})},
+                  executing=executing, image=TAG)
+
+
+@pytest.mark.parametrize("executing", [False, True])
+def test_capabilities_good(executing):
+    commands, host = check(CAPS, executing)
+    assert commands == [] and host.noops == [f"{TAG}: engine 1.0.2, 17 serve flags"]
+
+
+def test_capabilities_absent_tolerated_while_planning_enforced_when_executing():
+    assert check({}, executing=False)[0] == []
+    commands, _ = check({}, executing=True)
+    assert len(commands) == 1 and "could not read `tensorfold-native capabilities --json`" in commands[0]
+
+
+def test_capabilities_wrong_family_fails():
+    banner = parse_fact(EngineCapabilities, fixture("capabilities_banner.txt"))
+    commands, _ = check(banner, executing=True)
+    assert "does not load deepseek_v41 checkpoints in exl3-mul1" in commands[0]
+
+
+def test_read_capabilities_uses_the_fact():
+    from operations.image import read_capabilities
+    from pyinfra.api import operation
+
+    @operation()
+    def probe(ref):
+        yield str(read_capabilities(ref)["schema"])
+
+    commands, host = run_op(probe, {EngineCapabilities: images(**{TAG: CAPS})}, ref=TAG)
+    assert commands == ["1"] and host.fact_calls == [("operations.facts.image.EngineCapabilities", {"image": TAG})]
+
+
+# --- deploy_image ---
+
+
+@pytest.fixture
+def calls(monkeypatch):
+    seen = []
+    for op in ("engine_image_built", "engine_image_shipped", "prebuilt_image_pulled", "engine_capabilities_checked"):
+        monkeypatch.setattr(image, op, lambda _op=op, **kw: seen.append((_op, kw)))
+    return seen
+
+
+def test_deploy_head_builds_ships_and_checks(tmp_path, calls):
+    s = settings(tmp_path)
+    image.deploy_image(s)
+    ref = image.image_ref(s)
+    digest = ref.rpartition(":")[2]
+    assert [c[0] for c in calls] == ["engine_image_built", "engine_image_shipped", "engine_capabilities_checked"]
+    built = calls[0][1]
+    assert built["image"] == ref and built["image_hash"] == digest
+    assert built["build_dir"] == f"/home/nvidia/.cache/sparkfold/build/{digest}"
+    assert built["files"] == context_files(s.engine_context_path) == ["Dockerfile", "patches/0001-a.patch"]
+    assert built["build_args"]["TF_REF"] == "fbbc971" and "IMAGE_HASH" not in built["build_args"]
+    assert image_hash(s.engine_context_path, built["build_args"]) == digest
+    assert calls[1][1] == {"name": f"Engine image: ship {ref} to the worker ({WORKER})", "image": ref,
+                           "worker_ssh": WORKER}
+    assert calls[2][1]["image"] == ref
+
+
+def test_deploy_worker_only_checks(tmp_path, calls):
+    image.deploy_image(settings(tmp_path, is_head=False))
+    assert [c[0] for c in calls] == ["engine_capabilities_checked"]
+
+
+@pytest.mark.parametrize("is_head", [True, False])
+def test_deploy_prebuilt_pulls_on_both(tmp_path, calls, is_head):
+    image.deploy_image(settings(tmp_path, is_head=is_head, prebuilt_image=PREBUILT))
+    assert [(c[0], c[1].get("reference", c[1].get("image"))) for c in calls] == [
+        ("prebuilt_image_pulled", PREBUILT), ("engine_capabilities_checked", PREBUILT)]
+
+
+# --- the generated shell, against stub docker and ssh ---
+
+STUB_DOCKER = """#!/bin/sh
+# Prints the identity of the image on this side ($SIDE); `pull` and `load` just succeed.
+case "$1 $2" in
+  "image inspect") eval "printf '%s\\n' \\"\\$${SIDE:-HEAD}_IMAGE\\"" ;;
+  *) exit 0 ;;
+esac
+"""
+STUB_SSH = """#!/bin/sh
+# Drops the options and the target, then runs the remote command here as the worker.
+while [ "$1" = "-o" ]; do shift 2; done
+shift
+SIDE=WORKER sh -c "$*"
+"""
+
+
+def run_with_stubs(tmp_path: Path, command: str, head: str, worker: str) -> subprocess.CompletedProcess:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    for name, text in (("docker", STUB_DOCKER), ("ssh", STUB_SSH)):
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(stat.S_IRWXU)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "HEAD_IMAGE": head, "WORKER_IMAGE": worker}
+    return subprocess.run(["sh", "-c", command], capture_output=True, text=True, env=env)
+
+
+LAYERS = '["sha256:aa","sha256:bb"]{"sparkfold.image-hash":"0123456789ab"}'
+
+
+@pytest.mark.parametrize("worker, ok", [
+    (f"sha256:111 {LAYERS}", True),  # same id
+    (f"sha256:999 {LAYERS}", True),  # other image store, same layers and labels
+    ('sha256:999 ["sha256:aa"]{"sparkfold.image-hash":"0123456789ab"}', False),
+    ("", False),  # the load did not happen
+])
+def test_ship_verification_shell(tmp_path, worker, ok):
+    verify = ship(BUILT, {}, executing=True)[0][1]
+    result = run_with_stubs(tmp_path, verify, head=f"sha256:111 {LAYERS}", worker=worker)
+    assert (result.returncode == 0) == ok, result.stderr
+    if not ok:
+        assert "still differs from the head's" in result.stderr
+
+
+@pytest.mark.parametrize("digests, ok", [(f'["{PREBUILT}"]', True), ('["ghcr.io/example/dsv41-tf@sha256:11"]', False)])
+def test_pull_verification_shell(tmp_path, digests, ok):
+    verify = pull({})[0][1]
+    result = run_with_stubs(tmp_path, verify, head=digests, worker="")
+    assert (result.returncode == 0) == ok, result.stderr
+    if not ok:
+        assert f"does not carry {DIGEST}" in result.stderr

@@ -1,0 +1,416 @@
+"""CX7 link: facts parse real-looking output, the netplan op converges, the checks fail with the fix."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import types
+from pathlib import Path
+
+import pytest
+import yaml
+from harness import parse_fact, run_op, with_args
+
+from operations import link
+from operations.facts.link import ZERO_GID, DefaultRouteDevice, IpAddresses, LinkRecord, NetplanFiles, PingOk, RoceDevices
+from operations.util import MANAGED_HEADER
+
+FIX = Path(__file__).parent / "fixtures" / "link"
+OWN = "/etc/netplan/60-sparkfold-cx7.yaml"
+RAILS = [{"netdev": "enp1s0f0np0", "address": "192.168.100.1/24", "ibdev": None},
+         {"netdev": "enP2p1s0f0np0", "address": "192.168.101.1/24", "ibdev": None}]
+PEER = [{"netdev": "enp1s0f0np0", "address": "192.168.100.2/24", "ibdev": None},
+        {"netdev": "enP2p1s0f0np0", "address": "192.168.101.2/24", "ibdev": None}]
+
+
+def fixture(name):
+    return (FIX / name).read_text()
+
+
+def addrs():
+    return parse_fact(IpAddresses, fixture("ip-addr.json"))
+
+
+def roce():
+    return parse_fact(RoceDevices, fixture("roce-sysfs.txt"))
+
+
+def run_sh(command) -> list[str]:
+    text = command.get_raw_value() if hasattr(command, "get_raw_value") else str(command)
+    return subprocess.run(["sh", "-c", text], capture_output=True, text=True, check=True).stdout.splitlines()
+
+
+# --- facts --------------------------------------------------------------------------------------------------
+
+def test_ip_addresses_parses_ip_j_addr():
+    a = addrs()
+    assert a["enp1s0f0np0"] == {"mtu": 9000, "operstate": "UP", "ipv4": ["192.168.100.1/24"]}
+    assert a["enP2p1s0f0np0"]["ipv4"] == ["192.168.101.1/24"]  # the empty {} entry is skipped
+    assert a["enp1s0f1np1"] == {"mtu": 1500, "operstate": "DOWN", "ipv4": []}
+    assert a["enP7s7"]["ipv4"] == ["10.0.0.21/24"]
+    assert parse_fact(IpAddresses, "not json") == {}
+    assert parse_fact(IpAddresses, "") == {}
+
+
+def test_default_route_device():
+    assert parse_fact(DefaultRouteDevice, fixture("ip-route-default.json")) == "enP7s7"
+    assert parse_fact(DefaultRouteDevice, "[]") is None
+
+
+def test_netplan_files_reads_a_directory(tmp_path):
+    (tmp_path / "40-cx7.yaml").write_text(fixture("40-cx7.yaml"))
+    (tmp_path / "40-cx7.yaml").chmod(0o600)
+    (tmp_path / "empty.yaml").write_text("")
+    (tmp_path / "notes.txt").write_text("ignored")
+    fact = NetplanFiles()
+    files = fact.process(run_sh(fact.command(directory=str(tmp_path))))
+    assert files == {str(tmp_path / "40-cx7.yaml"): {"mode": "600", "text": fixture("40-cx7.yaml")},
+                     str(tmp_path / "empty.yaml"): {"mode": "644", "text": ""}}
+    assert run_sh(fact.command(directory=str(tmp_path / "missing"))) == []  # no output: the default {}
+
+
+def test_roce_devices_parses_a_sysfs_listing():
+    r = roce()
+    assert r["rocep1s0f0"]["netdevs"] == ["enp1s0f0np0"]
+    assert r["roceP2p1s0f0"]["gids"][1][5] == {"gid": "0000:0000:0000:0000:0000:ffff:c0a8:6501",
+                                              "type": "RoCE v2", "ndev": "enP2p1s0f0np0"}
+    assert sorted(r["rocep1s0f1"]["gids"][1]) == [0, 1]
+
+
+def _mlx5_tree(root: Path, ibdev: str, netdev: str, entries: list[tuple[str, str]], size: int = 8):
+    """A /sys/class/infiniband-like tree: populated entries first, all-zero entries (no type) after."""
+    port = root / ibdev / "ports" / "1"
+    (port / "gids").mkdir(parents=True)
+    (port / "gid_attrs" / "types").mkdir(parents=True)
+    (port / "gid_attrs" / "ndevs").mkdir(parents=True)
+    (root / ibdev / "device" / "net" / netdev).mkdir(parents=True)
+    for i in range(size):
+        gid, kind = entries[i] if i < len(entries) else (ZERO_GID, "")
+        (port / "gids" / str(i)).write_text(gid + "\n")
+        (port / "gid_attrs" / "types" / str(i)).write_text(kind + "\n" if kind else "")
+        (port / "gid_attrs" / "ndevs" / str(i)).write_text(netdev + "\n" if kind else "")
+
+
+def test_roce_devices_command_on_a_tree(tmp_path):
+    _mlx5_tree(tmp_path, "rocep1s0f0", "enp1s0f0np0", [
+        ("fe80:0000:0000:0000:4ebb:47ff:fe2a:2000", "IB/RoCE v1"),
+        ("fe80:0000:0000:0000:4ebb:47ff:fe2a:2000", "RoCE v2"),
+        ("0000:0000:0000:0000:0000:ffff:c0a8:6401", "IB/RoCE v1"),
+        ("0000:0000:0000:0000:0000:ffff:c0a8:6401", "RoCE v2"),
+    ])
+    fact = RoceDevices()
+    r = fact.process(run_sh(fact.command(sysfs_ib=str(tmp_path))))
+    assert r["rocep1s0f0"]["netdevs"] == ["enp1s0f0np0"]
+    assert sorted(r["rocep1s0f0"]["gids"][1]) == [0, 1, 2, 3]  # zero entries are not listed
+    assert r["rocep1s0f0"]["gids"][1][3]["type"] == "RoCE v2"
+    assert link.v2_gid_index(r, "rocep1s0f0", "192.168.100.1", "enp1s0f0np0") == 3
+    assert fact.process(run_sh(fact.command(sysfs_ib=str(tmp_path / "none")))) == {}
+
+
+def test_ping_fact_command_and_result():
+    command = PingOk().command(netdev="enp1s0f0np0", address="192.168.100.2", size=8972).get_raw_value()
+    assert command.startswith("ping -c 2 -W 2 -I enp1s0f0np0 -M do -s 8972 192.168.100.2 ")
+    assert parse_fact(PingOk, "ok") is True
+    assert parse_fact(PingOk, "fail") is False
+
+
+def test_link_record_fact():
+    record = {"rails": [{"netdev": "a", "ibdev": "b", "address": "1.2.3.4/24", "gid_index": 3, "mtu": 9000}],
+              "socket_ifname": "a"}
+    assert parse_fact(LinkRecord, json.dumps(record, indent=2)) == record
+    assert parse_fact(LinkRecord, "{broken") is None
+    assert parse_fact(LinkRecord, "") is None
+
+
+# --- pure helpers -------------------------------------------------------------------------------------------
+
+def test_ipv4_mapped_gid():
+    assert link.ipv4_mapped_gid("192.168.100.1") == "0000:0000:0000:0000:0000:ffff:c0a8:6401"
+    assert link.ipv4_mapped_gid("10.0.0.255") == "0000:0000:0000:0000:0000:ffff:0a00:00ff"
+
+
+def test_v2_gid_index_never_takes_v1_or_another_address():
+    r = roce()
+    assert link.v2_gid_index(r, "rocep1s0f0", "192.168.100.1") == 3
+    assert link.v2_gid_index(r, "roceP2p1s0f0", "192.168.101.1") == 5  # a different index: never pinned
+    assert link.v2_gid_index(r, "rocep1s0f0", "192.168.100.9") is None
+    r["rocep1s0f0"]["gids"][1][3]["type"] = "IB/RoCE v1"
+    assert link.v2_gid_index(r, "rocep1s0f0", "192.168.100.1") is None
+    assert link.v2_gid_index(r, "missing", "192.168.100.1") is None
+
+
+def test_rails_from_facts_finds_ibdevs_and_indexes():
+    records = link.rails_from_facts(RAILS, addrs(), roce())
+    assert records == [
+        {"netdev": "enp1s0f0np0", "ibdev": "rocep1s0f0", "address": "192.168.100.1/24", "gid_index": 3,
+         "mtu": 9000},
+        {"netdev": "enP2p1s0f0np0", "ibdev": "roceP2p1s0f0", "address": "192.168.101.1/24", "gid_index": 5,
+         "mtu": 9000},
+    ]
+
+
+def test_find_ibdev_falls_back_to_gid_ndevs():
+    r = roce()
+    for dev in r.values():
+        dev["netdevs"] = []
+    assert link.find_ibdev("enP2p1s0f0np0", r) == "roceP2p1s0f0"
+    assert link.find_ibdev("enP7s7", r) is None
+
+
+def test_rendered_netplan_is_the_managed_yaml():
+    text = link.render_netplan(RAILS, 9000)
+    assert text.splitlines()[0] == MANAGED_HEADER
+    doc = yaml.safe_load(text)
+    assert doc["network"]["ethernets"]["enP2p1s0f0np0"] == {
+        "dhcp4": False, "link-local": [], "optional": True, "mtu": 9000, "addresses": ["192.168.101.1/24"]}
+    assert list(doc["network"]["ethernets"]) == ["enp1s0f0np0", "enP2p1s0f0np0"]
+
+
+def test_plan_migration_rewrites_or_moves():
+    files = {"/etc/netplan/40-cx7.yaml": {"mode": "600", "text": fixture("40-cx7.yaml")},
+             "/etc/netplan/50-mixed.yaml": {"mode": "600", "text": fixture("50-mixed.yaml")},
+             OWN: {"mode": "600", "text": "whatever"}}
+    moves, errors = link.plan_migration(files, OWN, ["enp1s0f0np0", "enP2p1s0f0np0"])
+    assert errors == []
+    by_path = {m["path"]: m for m in moves}
+    assert set(by_path) == {"/etc/netplan/40-cx7.yaml", "/etc/netplan/50-mixed.yaml"}
+    cx7 = yaml.safe_load(by_path["/etc/netplan/40-cx7.yaml"]["new_text"])
+    assert cx7["network"]["ethernets"] == {"enp1s0f1np1": {"link-local": ["ipv4"]}}  # the other port stays
+    mixed = yaml.safe_load(by_path["/etc/netplan/50-mixed.yaml"]["new_text"])
+    assert mixed["network"] == {"version": 2, "renderer": "NetworkManager", "ethernets": {"enP7s7": {"dhcp4": True}}}
+    # a file that configured only our netdevs moves out whole
+    moves, _ = link.plan_migration(files, OWN, ["enp1s0f0np0", "enp1s0f1np1"])
+    assert {m["path"]: m["new_text"] for m in moves}["/etc/netplan/40-cx7.yaml"] is None
+
+
+def test_plan_migration_refuses_an_unparseable_file():
+    files = {"/etc/netplan/broken.yaml": {"mode": "600", "text": fixture("broken.yaml")}}
+    moves, errors = link.plan_migration(files, OWN, ["enp1s0f0np0"])
+    assert moves == [] and len(errors) == 1
+    assert "cannot parse /etc/netplan/broken.yaml" in errors[0] and "move it out of /etc/netplan" in errors[0]
+
+
+# --- netplan op ---------------------------------------------------------------------------------------------
+
+def netplan_facts(files, route="enP7s7"):
+    return {NetplanFiles: with_args({"directory=/etc/netplan": files}),
+            DefaultRouteDevice: route, IpAddresses: addrs()}
+
+
+def test_netplan_writes_applies_and_guards_management(tmp_path):
+    commands, _ = run_op(link.netplan_link, netplan_facts({}), rails=RAILS, mtu=9000, netplan_file=OWN)
+    assert len(commands) == 3
+    assert OWN + ".sparkfold-tmp" in commands[0] and "chmod 600" in commands[0] and "mv -f" in commands[0]
+    assert "dhcp4: false" in commands[0] and "192.168.101.1/24" in commands[0]
+    assert commands[1] == "netplan generate && netplan apply"
+    assert "ip -4 -o addr show dev enP7s7" in commands[2] and "' inet 10.0.0.21/'" in commands[2]
+    assert "seq 20" in commands[2] and "exit 1" in commands[2]
+    # the command really writes the rendered text, mode 600
+    dest = tmp_path / "netplan" / "60-sparkfold-cx7.yaml"
+    subprocess.run(["sh", "-c", commands[0].replace("/etc/netplan", str(dest.parent))], check=True)
+    assert dest.read_text() == link.render_netplan(RAILS, 9000)
+    assert oct(dest.stat().st_mode & 0o777) == "0o600"
+
+
+def test_netplan_converged_yields_nothing():
+    files = {OWN: {"mode": "600", "text": link.render_netplan(RAILS, 9000)}}
+    commands, host = run_op(link.netplan_link, netplan_facts(files), rails=RAILS, mtu=9000, netplan_file=OWN)
+    assert commands == []
+    assert host.noops == [f"{OWN} is up to date"]
+
+
+def test_netplan_mode_only_fix_does_not_apply():
+    files = {OWN: {"mode": "644", "text": link.render_netplan(RAILS, 9000)}}
+    commands, _ = run_op(link.netplan_link, netplan_facts(files), rails=RAILS, mtu=9000, netplan_file=OWN)
+    assert commands == [f"chmod 600 {OWN}"]
+
+
+def test_netplan_mtu_change_rewrites_and_applies():
+    files = {OWN: {"mode": "600", "text": link.render_netplan(RAILS, 1500)}}
+    commands, _ = run_op(link.netplan_link, netplan_facts(files), rails=RAILS, mtu=9000, netplan_file=OWN)
+    assert "mtu: 9000" in commands[0] and commands[1] == "netplan generate && netplan apply"
+
+
+def test_netplan_migrates_nvidias_file_with_a_backup():
+    files = {"/etc/netplan/40-cx7.yaml": {"mode": "600", "text": fixture("40-cx7.yaml")},
+             OWN: {"mode": "600", "text": link.render_netplan(RAILS, 9000)}}
+    commands, _ = run_op(link.netplan_link, netplan_facts(files), rails=RAILS, mtu=9000, netplan_file=OWN)
+    assert commands[0].startswith("cp -p /etc/netplan/40-cx7.yaml /etc/netplan/40-cx7.yaml.sparkfold-backup-$(date")
+    assert "enp1s0f1np1" in commands[0] and "rm " not in commands[0]
+    assert commands[1] == "netplan generate && netplan apply"  # our file is unchanged, but the other one changed
+
+
+def test_netplan_migration_moves_a_file_of_only_our_netdevs(tmp_path):
+    rails = [{"netdev": "enp1s0f0np0", "address": "192.168.100.1/24"},
+             {"netdev": "enp1s0f1np1", "address": "192.168.101.1/24"}]
+    files = {"/etc/netplan/40-cx7.yaml": {"mode": "600", "text": fixture("40-cx7.yaml")}}
+    commands, _ = run_op(link.netplan_link, netplan_facts(files), rails=rails, mtu=9000, netplan_file=OWN)
+    assert commands[0] == ("mv -n /etc/netplan/40-cx7.yaml "
+                           "/etc/netplan/40-cx7.yaml.sparkfold-backup-$(date +%Y%m%d-%H%M%S)")
+    # the command works: the file ends up under its backup name, nothing deleted
+    src = tmp_path / "40-cx7.yaml"
+    src.write_text("x")
+    subprocess.run(["sh", "-c", commands[0].replace("/etc/netplan", str(tmp_path))], check=True)
+    assert not src.exists() and [p.name[:31] for p in tmp_path.iterdir()] == ["40-cx7.yaml.sparkfold-backup-20"]
+
+
+def test_netplan_refuses_unparseable_other_file():
+    files = {"/etc/netplan/broken.yaml": {"mode": "600", "text": fixture("broken.yaml")}}
+    commands, _ = run_op(link.netplan_link, netplan_facts(files), rails=RAILS, mtu=9000, netplan_file=OWN)
+    assert len(commands) == 1 and "cannot parse /etc/netplan/broken.yaml" in commands[0]
+    assert "exit 1" in commands[0]
+
+
+def test_netplan_no_guard_when_management_is_on_a_rail_or_absent():
+    for route in (None, "enp1s0f0np0"):
+        commands, _ = run_op(link.netplan_link, netplan_facts({}, route=route), rails=RAILS, mtu=9000,
+                             netplan_file=OWN)
+        assert commands[-1] == "netplan generate && netplan apply"
+
+
+def test_migration_rewrite_command_runs(tmp_path):
+    other = tmp_path / "50-mixed.yaml"
+    other.write_text(fixture("50-mixed.yaml"))
+    other.chmod(0o600)
+    moves, _ = link.plan_migration({str(other): {"mode": "600", "text": other.read_text()}}, OWN, ["enP2p1s0f0np0"])
+    subprocess.run(["sh", "-c", link.migration_commands(moves[0])[0].get_raw_value()], check=True)
+    assert yaml.safe_load(other.read_text())["network"]["ethernets"] == {"enP7s7": {"dhcp4": True}}
+    assert oct(other.stat().st_mode & 0o777) == "0o600"
+    backups = [p for p in tmp_path.iterdir() if ".sparkfold-backup-" in p.name]
+    assert len(backups) == 1 and backups[0].read_text() == fixture("50-mixed.yaml")
+
+
+# --- checks -------------------------------------------------------------------------------------------------
+
+def test_addresses_converged_and_failing():
+    commands, _ = run_op(link.link_addresses, {IpAddresses: addrs()}, executing=True, rails=RAILS, mtu=9000,
+                         netplan_file=OWN)
+    assert commands == []
+    bad = addrs()
+    bad["enP2p1s0f0np0"] = {"mtu": 1500, "operstate": "UP", "ipv4": []}
+    commands, _ = run_op(link.link_addresses, {IpAddresses: bad}, executing=False, rails=RAILS, mtu=9000,
+                         netplan_file=OWN)
+    assert commands == []  # planning tolerates: the netplan op may fix it
+    commands, _ = run_op(link.link_addresses, {IpAddresses: bad}, executing=True, rails=RAILS, mtu=9000,
+                         netplan_file=OWN)
+    assert len(commands) == 1 and "exit 1" in commands[0]
+    assert "enP2p1s0f0np0 lacks 192.168.101.1/24" in commands[0] and "MTU 1500, not 9000" in commands[0]
+    assert "sudo netplan apply" in commands[0]
+
+
+def test_addresses_missing_netdev_names_link_rails():
+    rails = [{"netdev": "enp9s0", "address": "192.168.100.1/24"}]
+    commands, _ = run_op(link.link_addresses, {IpAddresses: addrs()}, executing=True, rails=rails, mtu=9000,
+                         netplan_file=OWN)
+    assert "netdev enp9s0 does not exist" in commands[0] and "link_rails" in commands[0]
+
+
+def ping_facts(results):
+    return {PingOk: with_args({f"address={p['address'].split('/')[0]}, netdev={r['netdev']}, size=8972": ok
+                               for r, p, ok in zip(RAILS, PEER, results)})}
+
+
+def test_ping_converged_and_failing():
+    commands, _ = run_op(link.link_ping, ping_facts([True, True]), executing=True, rails=RAILS, peer_rails=PEER,
+                         mtu=9000)
+    assert commands == []
+    commands, _ = run_op(link.link_ping, ping_facts([True, False]), executing=False, rails=RAILS,
+                         peer_rails=PEER, mtu=9000)
+    assert commands == []
+    commands, _ = run_op(link.link_ping, ping_facts([True, False]), executing=True, rails=RAILS,
+                         peer_rails=PEER, mtu=9000)
+    assert len(commands) == 1 and "no reply from 192.168.101.2 over enP2p1s0f0np0" in commands[0]
+    assert "192.168.100.2" not in commands[0] and "-M do -s 8972" in commands[0]
+
+
+def test_roce_gids_converged_and_failing():
+    commands, _ = run_op(link.roce_gids, {RoceDevices: roce()}, executing=True, rails=RAILS)
+    assert commands == []
+    r = roce()
+    r["roceP2p1s0f0"]["gids"][1][5]["type"] = "IB/RoCE v1"  # only v1 left for 192.168.101.1
+    commands, _ = run_op(link.roce_gids, {RoceDevices: r}, executing=False, rails=RAILS)
+    assert commands == []
+    commands, _ = run_op(link.roce_gids, {RoceDevices: r}, executing=True, rails=RAILS)
+    assert len(commands) == 1 and "roceP2p1s0f0 has no RoCE v2 GID for 192.168.101.1" in commands[0]
+    assert "rocep1s0f0 " not in commands[0]
+
+
+def test_roce_gids_uses_the_given_ibdev_and_reports_a_missing_device():
+    rails = [dict(RAILS[0], ibdev="rocep1s0f1")]  # a wrong pairing: that device has no GID for the address
+    commands, _ = run_op(link.roce_gids, {RoceDevices: roce()}, executing=True, rails=rails)
+    assert "rocep1s0f1 has no RoCE v2 GID for 192.168.100.1" in commands[0]
+    commands, _ = run_op(link.roce_gids, {RoceDevices: {}}, executing=True, rails=RAILS[:1])
+    assert "no RoCE device found for enp1s0f0np0" in commands[0] and '"ibdev"' in commands[0]
+
+
+# --- record -------------------------------------------------------------------------------------------------
+
+RECORD_PATH = "/home/nvidia/.local/state/sparkfold/link.json"
+
+
+def record_facts(current):
+    return {IpAddresses: addrs(), RoceDevices: roce(), LinkRecord: with_args({f"path={RECORD_PATH}": current})}
+
+
+def test_record_written_when_different_and_not_when_equal():
+    commands, _ = run_op(link.link_recorded, record_facts(None), executing=True, rails=RAILS, path=RECORD_PATH)
+    assert len(commands) == 1 and "mkdir -p /home/nvidia/.local/state/sparkfold" in commands[0]
+    want = link.link_record(RAILS, addrs(), roce())
+    assert want["socket_ifname"] == "enp1s0f0np0" and want["rails"][1]["gid_index"] == 5
+    assert json.dumps(want, indent=2, sort_keys=True) in commands[0].replace("'\"'\"'", "'")
+    stale = json.loads(json.dumps(want))
+    stale["rails"][0]["gid_index"] = 4
+    assert run_op(link.link_recorded, record_facts(stale), rails=RAILS, path=RECORD_PATH)[0] != []
+    commands, host = run_op(link.link_recorded, record_facts(want), executing=True, rails=RAILS, path=RECORD_PATH)
+    assert commands == [] and host.noops
+
+
+def test_record_command_writes_the_json(tmp_path):
+    path = str(tmp_path / "state" / "link.json")
+    facts = {IpAddresses: addrs(), RoceDevices: roce(), LinkRecord: with_args({f"path={path}": None})}
+    commands, _ = run_op(link.link_recorded, facts, executing=True, rails=RAILS, path=path)
+    subprocess.run(["sh", "-c", commands[0]], check=True)
+    assert parse_fact(LinkRecord, Path(path).read_text()) == link.link_record(RAILS, addrs(), roce())
+
+
+def test_record_waits_for_a_gid():
+    facts = {IpAddresses: addrs(), RoceDevices: {}, LinkRecord: with_args({f"path={RECORD_PATH}": None})}
+    assert run_op(link.link_recorded, facts, executing=False, rails=RAILS, path=RECORD_PATH)[0] == []
+    commands, _ = run_op(link.link_recorded, facts, executing=True, rails=RAILS, path=RECORD_PATH)
+    assert "cannot record the link" in commands[0]
+
+
+# --- deploy function ----------------------------------------------------------------------------------------
+
+def test_deploy_link_calls_each_op_once_with_settings(monkeypatch):
+    calls = []
+    for op in ("netplan_link", "link_addresses", "link_ping", "roce_gids", "link_recorded"):
+        monkeypatch.setattr(link, op, lambda _op=op, **kw: calls.append((_op, kw)))
+    s = types.SimpleNamespace(link_rails=RAILS, peer_link_rails=PEER, link_mtu=9000, link_netplan_file=OWN,
+                              state_dir="/home/nvidia/.local/state/sparkfold")
+    link.deploy_link(s)
+    assert [c[0] for c in calls] == ["netplan_link", "link_addresses", "link_ping", "roce_gids", "link_recorded"]
+    assert calls[0][1]["_sudo"] is True and calls[0][1]["netplan_file"] == OWN
+    assert calls[2][1]["peer_rails"] == PEER
+    assert calls[4][1]["path"] == RECORD_PATH
+
+
+@pytest.mark.parametrize("name", ["60-sparkfold-cx7.yml", "sparkfold"])
+def test_netplan_file_must_be_yaml(name):
+    commands, _ = run_op(link.netplan_link, {}, rails=RAILS, mtu=9000, netplan_file="/etc/netplan/" + name)
+    assert "must end in .yaml" in commands[0]
+
+
+def test_sim_netplan_standin_reads_the_template_like_yaml():
+    """The simulated Sparks' netplan stand-in has its own small YAML parser: our files must stay in its subset."""
+    import importlib.machinery
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "sim" / "standins" / "netplan"
+    loader = importlib.machinery.SourceFileLoader("sim_netplan", str(path))
+    module = importlib.util.module_from_spec(importlib.util.spec_from_loader("sim_netplan", loader))
+    loader.exec_module(module)
+    for text in (link.render_netplan(RAILS, 9000), fixture("40-cx7.yaml"), fixture("50-mixed.yaml")):
+        assert module.parse_yaml(text) == yaml.safe_load(text)
+    with pytest.raises(module.YamlError):
+        module.parse_yaml(fixture("broken.yaml"))

@@ -1,0 +1,171 @@
+"""memguard: the pure decision (above floor, below with the container running, below with nothing running,
+hysteresis), the script run for real against a fake meminfo and a fake docker, and the deploy's unit."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from types import SimpleNamespace
+
+from harness import run_op
+
+import operations.memguard as mg
+from operations.facts.systemd import UnitState
+from operations.remote import memguard as guard
+from operations.remote.memguard import RETRY_KILL_S, GuardState, decide
+
+FLOOR = 2.5
+
+
+def test_above_floor_does_nothing_and_tracks_the_low_water_mark():
+    d = decide(10.0, FLOOR, None, GuardState(), now=0)
+    assert not d.kill and d.reason == "" and d.state.low_gib == 10.0
+    d = decide(7.5, FLOOR, None, d.state, now=1)
+    assert d.state.low_gib == 7.5
+    assert decide(9.0, FLOOR, None, d.state, now=2).state.low_gib == 7.5
+
+
+def test_below_floor_with_the_container_running_kills_and_says_why():
+    d = decide(2.0, FLOOR, True, GuardState(), now=5)
+    assert d.kill
+    assert "2.00 GiB is below the floor of 2.50 GiB" in d.reason
+    assert d.state.armed is False and d.state.last_kill == 5 and d.state.low_gib == 2.0
+
+
+def test_below_floor_with_nothing_running_does_not_kill():
+    d = decide(1.0, FLOOR, False, GuardState(), now=0)
+    assert not d.kill and d.state.armed is True and d.state.low_gib == 1.0
+    assert not decide(1.0, FLOOR, None, GuardState(), now=0).kill  # docker inspect failed: no kill on a guess
+
+
+def test_no_repeated_kills_while_the_first_one_takes_effect():
+    d = decide(2.0, FLOOR, True, GuardState(), now=0)
+    assert d.kill
+    for t in (0.5, 1.0, RETRY_KILL_S - 0.5):
+        d = decide(2.0, FLOOR, True, d.state, now=t)
+        assert not d.kill
+    # just above the floor is not enough to re-arm (hysteresis)
+    d = decide(FLOOR + 0.5, FLOOR, None, d.state, now=RETRY_KILL_S - 0.2)
+    assert not d.state.armed and d.reason == ""
+
+
+def test_a_kill_that_did_not_take_is_retried_after_the_cooldown():
+    d = decide(2.0, FLOOR, True, GuardState(), now=0)
+    d = decide(2.0, FLOOR, True, d.state, now=RETRY_KILL_S)
+    assert d.kill and "after the last kill" in d.reason and d.state.last_kill == RETRY_KILL_S
+
+
+def test_recovery_above_the_margin_re_arms():
+    d = decide(2.0, FLOOR, True, GuardState(), now=0)
+    d = decide(FLOOR + guard.REARM_MARGIN_GIB + 0.1, FLOOR, None, d.state, now=1)
+    assert d.state.armed and "re-armed" in d.reason
+    assert decide(2.0, FLOOR, True, d.state, now=2).kill
+
+
+def test_mem_available_is_read_in_gib(tmp_path):
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal:       127000000 kB\nMemFree:  1 kB\nMemAvailable:    3145728 kB\n")
+    assert guard.mem_available_gib(str(meminfo)) == 3.0
+
+
+def _fake_docker(tmp_path, running="true"):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    log = tmp_path / "docker.log"
+    docker = bin_dir / "docker"
+    docker.write_text(f"#!/bin/sh\necho \"$@\" >> {log}\n[ \"$1\" = inspect ] && echo {running}\nexit 0\n")
+    docker.chmod(0o755)
+    return bin_dir, log
+
+
+def _run_script(tmp_path, avail_kib, running, seconds=0.4):
+    bin_dir, log = _fake_docker(tmp_path, running)
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text(f"MemAvailable: {avail_kib} kB\n")
+    state_file = tmp_path / "state" / "memguard.low"
+    env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}")
+    proc = subprocess.Popen(
+        [sys.executable, guard.__file__, "--container", "rank", "--floor-gib", "2.5", "--interval", "0.05",
+         "--meminfo", str(meminfo), "--state-file", str(state_file)],
+        env=env, stderr=subprocess.PIPE, text=True)
+    time.sleep(seconds)
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=5)
+    return proc.returncode, stderr, (log.read_text() if log.exists() else ""), state_file
+
+
+def test_script_kills_once_and_records_the_low(tmp_path):
+    rc, stderr, docker_calls, state_file = _run_script(tmp_path, 2 * 1024 * 1024, "true")
+    assert rc == 0
+    assert docker_calls.count("kill rank") == 1
+    assert "inspect -f {{.State.Running}} rank" in docker_calls
+    assert "docker kill rank: MemAvailable 2.00 GiB is below the floor" in stderr
+    assert state_file.read_text().startswith("2.00 ")
+    assert "guard ends; lowest MemAvailable 2.00 GiB" in stderr
+
+
+def test_script_leaves_a_stopped_container_and_ample_memory_alone(tmp_path):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    _, _, calls, _ = _run_script(tmp_path / "a", 2 * 1024 * 1024, "false")
+    assert "kill" not in calls and "inspect" in calls
+    _, _, calls, state_file = _run_script(tmp_path / "b", 50 * 1024 * 1024, "true")
+    assert calls == ""  # above the floor docker is not even asked
+    assert state_file.read_text().startswith("50.00 ")
+
+
+# --- the deploy ---------------------------------------------------------------------------------------------
+
+def test_unit_runs_the_uploaded_script_and_carries_its_hash():
+    unit = mg.render_unit("dsv41-1017-exl3-tf", 2.5)
+    assert unit.startswith("# Managed by sparkfold")
+    assert ("ExecStart=/usr/bin/python3 /usr/local/lib/sparkfold/memguard.py --container dsv41-1017-exl3-tf "
+            "--floor-gib 2.5\n") in unit
+    for line in ("Type=simple", "Restart=always", "RestartSec=5", "WantedBy=multi-user.target"):
+        assert f"\n{line}\n" in unit
+    assert mg.script_sha256("memguard.py") in unit  # a new script changes the unit, which restarts the guard
+    assert "--floor-gib 3\n" in mg.render_unit("x", 3.0)
+
+
+def _settings(**kw):
+    base = dict(memguard=True, container_name="rank-c", memguard_gib=2.5)
+    return SimpleNamespace(**{**base, **kw})
+
+
+def test_deploy_uploads_then_installs_enabled_running_restart_on_change(monkeypatch):
+    calls = []
+    monkeypatch.setattr(mg.files, "put", lambda **kw: calls.append(("put", kw)))
+    monkeypatch.setattr(mg, "unit_installed", lambda **kw: calls.append(("unit", kw)))
+    monkeypatch.setattr(mg, "unit_off", lambda **kw: calls.append(("off", kw)))
+    mg.deploy_memguard(_settings())
+    assert [c[0] for c in calls] == ["put", "unit"]
+    put, unit = calls[0][1], calls[1][1]
+    assert put["dest"] == "/usr/local/lib/sparkfold/memguard.py" and put["src"] == guard.__file__
+    assert put["mode"] == "755" and put["_sudo"] is True
+    assert unit["unit_name"] == "sparkfold-memguard.service" and unit["content"] == mg.render_unit("rank-c", 2.5)
+    assert (unit["enabled"], unit["running"], unit["restart_on_change"], unit["_sudo"]) == (True, True, True, True)
+
+    calls.clear()
+    mg.deploy_memguard(_settings(memguard=False))
+    assert [c[0] for c in calls] == ["off"] and calls[0][1]["unit_name"] == "sparkfold-memguard.service"
+
+
+def _unit_state(enabled, active, sha="ab"):
+    from harness import with_args
+    return {UnitState: with_args({"path=/etc/systemd/system/sparkfold-memguard.service, "
+                                  "unit=sparkfold-memguard.service": {"enabled": enabled, "active": active,
+                                                                      "sha256": sha}})}
+
+
+def test_unit_off_stops_and_disables_a_present_unit():
+    commands, _ = run_op(mg.unit_off, _unit_state("enabled", "active"), unit_name="sparkfold-memguard.service")
+    assert commands == ["systemctl stop sparkfold-memguard.service", "systemctl disable sparkfold-memguard.service"]
+
+
+def test_unit_off_is_a_noop_when_absent_or_already_off():
+    for enabled, active in (("", "inactive"), ("disabled", "inactive"), ("disabled", "failed")):
+        commands, host = run_op(mg.unit_off, _unit_state(enabled, active, None), unit_name="sparkfold-memguard.service")
+        assert commands == [] and host.noops

@@ -1,0 +1,206 @@
+"""Preflight: the host facts parse real outputs; each check passes silently or fails naming problem and fix."""
+
+from pathlib import Path
+
+import pytest
+
+from harness import parse_fact, run_op, with_args
+from operations import preflight
+from operations.facts.host import (
+    DiskFree, DockerMemoryUse, DockerRootDir, HostTools, MemInfo, OsRelease, PathUsage, SshReachable, parse_size,
+)
+
+FIX = Path(__file__).parent / "fixtures" / "host"
+GIB = 1024**3
+GB = 1000**3
+
+
+def fixture(name):
+    return (FIX / name).read_text()
+
+
+# --- facts ---------------------------------------------------------------------------------------------------
+
+def test_os_release_dgx():
+    info = parse_fact(OsRelease, fixture("os-release-dgx.txt"))
+    assert info["arch"] == "aarch64" and info["id"] == "ubuntu" and info["id_like"] == ["debian"]
+    assert info["pretty_name"] == "Ubuntu 24.04.3 LTS" and info["version_id"] == "24.04"
+
+
+def test_meminfo_in_bytes():
+    mem = parse_fact(MemInfo, fixture("meminfo-spark.txt"))
+    assert mem["MemAvailable"] == 121216512 * 1024
+    assert mem["MemTotal"] == 127535544 * 1024
+    assert mem["HugePages_Total"] == 0
+
+
+def test_docker_stats_sizes():
+    use = parse_fact(DockerMemoryUse, fixture("docker-stats.txt"))
+    assert use["ok"] is True
+    by_name = {c["name"]: c["used_bytes"] for c in use["containers"]}
+    assert by_name == {"open-webui": int(1.234 * GIB), "comfyui": int(38.5 * GIB), "redis": int(6.5 * 1024**2)}
+
+
+def test_docker_stats_unreachable_and_sizes():
+    assert parse_fact(DockerMemoryUse, "##DOCKER_UNREACHABLE##") == {"ok": False, "containers": []}
+    assert parse_fact(DockerMemoryUse, "##NO_DOCKER##")["ok"] is False
+    assert parse_size("0B") == 0 and parse_size("3.2kB") == 3200 and parse_size("junk") is None
+
+
+def test_disk_free_parses_df_and_nearest_parent():
+    d = parse_fact(DiskFree, fixture("df-home.txt"))
+    assert d == {"measured": "/home/nvidia", "device": "/dev/nvme0n1p2", "mount": "/",
+                 "free_bytes": 2417303144 * 1024}
+    spaced = parse_fact(DiskFree, fixture("df-spaces.txt"))
+    assert spaced["mount"] == "/mnt/big data" and spaced["free_bytes"] == 7813894044 * 1024
+    assert parse_fact(DiskFree, "measured=/x") is None
+
+
+def test_disk_free_command_walks_up_to_an_existing_parent(tmp_path):
+    import subprocess
+    cmd = DiskFree().command(str(tmp_path / "not" / "yet" / "there"))
+    out = subprocess.run(["sh", "-c", cmd], capture_output=True, text=True, check=True).stdout
+    d = parse_fact(DiskFree, out)
+    assert d["measured"] == str(tmp_path) and d["free_bytes"] > 0
+
+
+def test_path_usage_and_missing_path(tmp_path):
+    import subprocess
+    (tmp_path / "f").write_bytes(b"x" * 200_000)
+    out = subprocess.run(["sh", "-c", PathUsage().command(str(tmp_path))], capture_output=True, text=True).stdout
+    assert parse_fact(PathUsage, out) >= 200_000
+    missing = subprocess.run(["sh", "-c", PathUsage().command(str(tmp_path / "nope"))],
+                             capture_output=True, text=True).stdout
+    assert parse_fact(PathUsage, missing) == 0
+
+
+def test_docker_root_tools_ssh():
+    assert parse_fact(DockerRootDir, "/var/lib/docker\n") == "/var/lib/docker"
+    assert parse_fact(DockerRootDir, "Cannot connect to the Docker daemon") == ""
+    assert parse_fact(HostTools, "docker=yes\ngit=no\n") == {"docker": True, "git": False}
+    ok = parse_fact(SshReachable, "rc=0\n")
+    assert ok["ok"] is True
+    bad = parse_fact(SshReachable, "rc=255\nnvidia@spark-2: Permission denied (publickey).")
+    assert bad == {"ok": False, "rc": 255, "detail": "nvidia@spark-2: Permission denied (publickey)."}
+
+
+# --- operations ----------------------------------------------------------------------------------------------
+
+def test_platform_passes_on_dgx_os():
+    cmds, h = run_op(preflight.platform_supported, {OsRelease: parse_fact(OsRelease, fixture("os-release-dgx.txt"))})
+    assert cmds == [] and h.noops
+
+
+def test_platform_fails_on_x86_debian_unless_allowed():
+    sim = parse_fact(OsRelease, fixture("os-release-sim.txt"))
+    cmds, _ = run_op(preflight.platform_supported, {OsRelease: sim})
+    assert len(cmds) == 1 and "x86_64" in cmds[0] and "exit 1" in cmds[0]
+    cmds, _ = run_op(preflight.platform_supported, {OsRelease: sim}, allowed_arch=["x86_64"])
+    assert "Debian GNU/Linux 12" in cmds[0] and "allowed_os_ids" in cmds[0]
+    cmds, _ = run_op(preflight.platform_supported, {OsRelease: sim}, allowed_arch=["x86_64"],
+                     allowed_os_ids=["debian"])
+    assert cmds == []
+
+
+def _mem(avail_gib, total_gib=121.7):
+    return {"MemAvailable": int(avail_gib * GIB), "MemTotal": int(total_gib * GIB)}
+
+
+def test_memory_enough_is_silent():
+    facts = {MemInfo: _mem(115.6), DockerMemoryUse: {"ok": True, "containers": []}}
+    cmds, _ = run_op(preflight.memory_available, facts, min_avail_gib=112)
+    assert cmds == []
+
+
+def test_memory_short_names_the_containers():
+    facts = {MemInfo: _mem(80.0), DockerMemoryUse: parse_fact(DockerMemoryUse, fixture("docker-stats.txt"))}
+    cmds, _ = run_op(preflight.memory_available, facts, min_avail_gib=112)
+    assert len(cmds) == 1
+    msg = cmds[0]
+    assert "only 80.0 GiB MemAvailable, need 112 GiB" in msg and "41.7 GiB of 121.7 GiB is in use" in msg
+    assert msg.index("comfyui 38.5 GiB") < msg.index("open-webui 1.2 GiB")  # biggest first
+    assert "docker stop" in msg
+
+
+def test_memory_check_stands_aside_while_our_rank_runs():
+    use = {"ok": True, "containers": [{"name": "dsv41-1017-exl3-tf", "used_bytes": 2 * GIB, "usage": ""}]}
+    cmds, h = run_op(preflight.memory_available, {MemInfo: _mem(9.0), DockerMemoryUse: use},
+                     min_avail_gib=112, own_containers=["dsv41-1017-exl3-tf"])
+    assert cmds == [] and "dsv41-1017-exl3-tf is running" in h.noops[0]
+
+
+def _df(mount, free_gb, device="/dev/nvme0n1p2"):
+    return {"measured": mount, "device": device, "mount": mount, "free_bytes": int(free_gb * GB)}
+
+
+def _disk_facts(hf, data, docker, root="/var/lib/docker", usage=0):
+    return {
+        DiskFree: with_args({"path=/home/nvidia/.cache/huggingface": hf, "path=/home/nvidia/.cache/sparkfold": data,
+                             f"path={root}": docker}),
+        DockerRootDir: root,
+        PathUsage: with_args({"path=/home/nvidia/.cache/sparkfold": usage, "path=/hf/models--a--b": 0}),
+    }
+
+
+DISK_ARGS = dict(need_gb=505, data_paths=["/home/nvidia/.cache/huggingface", "/home/nvidia/.cache/sparkfold"],
+                 image_gb=35, held_paths=["/home/nvidia/.cache/sparkfold", "/hf/models--a--b"])
+
+
+def test_disk_same_filesystem_sums_data_and_image():
+    root = _df("/", 530)  # 505 + 35 = 540 needed
+    cmds, _ = run_op(preflight.disk_free, _disk_facts(root, root, root), **DISK_ARGS)
+    assert len(cmds) == 1 and "need 540 GB" in cmds[0] and "have 530 GB" in cmds[0]
+    root = _df("/", 545)
+    cmds, _ = run_op(preflight.disk_free, _disk_facts(root, root, root), **DISK_ARGS)
+    assert cmds == []
+
+
+def test_disk_separate_docker_filesystem_is_checked_alone():
+    data = _df("/", 510)
+    docker = _df("/var/lib/docker", 20, "/dev/sdb1")
+    cmds, _ = run_op(preflight.disk_free, _disk_facts(data, data, docker), **DISK_ARGS)
+    assert len(cmds) == 1 and "under the Docker root dir /var/lib/docker" in cmds[0] and "need 35 GB" in cmds[0]
+    assert "for the data" not in cmds[0]
+
+
+def test_disk_counts_what_is_already_held():
+    root = _df("/", 100)  # a converged head: the data is already there
+    cmds, _ = run_op(preflight.disk_free, _disk_facts(root, root, root, usage=460 * GB), **DISK_ARGS)
+    assert cmds == []
+    cmds, _ = run_op(preflight.disk_free, _disk_facts(root, root, root, usage=300 * GB), **DISK_ARGS)
+    assert "need 240 GB" in cmds[0] and "300 GB of it already held" in cmds[0]
+
+
+def test_disk_uses_default_docker_root_when_docker_cannot_be_asked():
+    root = _df("/", 900)
+    facts = _disk_facts(root, root, root)
+    facts[DockerRootDir] = ""
+    cmds, h = run_op(preflight.disk_free, facts, **DISK_ARGS)
+    assert cmds == []
+    assert ("operations.facts.host.DiskFree", {"path": "/var/lib/docker"}) in h.fact_calls
+
+
+def test_tools_missing_and_installed_later():
+    facts = {HostTools: {"docker": False, "git": True, "python3": True, "rsync": False}}
+    cmds, _ = run_op(preflight.tools_present, facts, installed_later=["docker"])
+    assert len(cmds) == 1 and "missing on this Spark: rsync" in cmds[0] and "apt-get install rsync" in cmds[0]
+    cmds, _ = run_op(preflight.tools_present, facts)
+    assert "docker, rsync" in cmds[0]
+    facts = {HostTools: {"docker": True, "git": True, "python3": True, "rsync": True}}
+    assert run_op(preflight.tools_present, facts)[0] == []
+    with pytest.raises(ValueError):
+        run_op(preflight.tools_present, facts, required=["hf"])
+
+
+def test_peer_reachable_both_ways():
+    key = "target=nvidia@spark-2"
+    ok = {SshReachable: with_args({key: {"ok": True, "rc": 0, "detail": ""}})}
+    assert run_op(preflight.peer_reachable, ok, target="nvidia@spark-2")[0] == []
+    bad = {SshReachable: with_args({key: {"ok": False, "rc": 255, "detail": "Permission denied (publickey)."}})}
+    cmds, _ = run_op(preflight.peer_reachable, bad, target="nvidia@spark-2")
+    assert "rc 255: Permission denied" in cmds[0] and "ssh-copy-id nvidia@spark-2" in cmds[0]
+
+
+def test_ssh_fact_command_is_batch_mode_with_timeout():
+    cmd = SshReachable().command("nvidia@spark-2")
+    assert "ssh -o BatchMode=yes -o ConnectTimeout=10 nvidia@spark-2 true" in cmd

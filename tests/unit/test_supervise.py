@@ -1,0 +1,168 @@
+"""Supervision: the pure decision (arming, backoff doubling, cancel on recovery, give-up, stable reset), the script
+against a fake docker and ssh, and the deploy (nothing unless supervise, head only)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import operations.supervise as sv
+from operations.remote import supervise as script
+from operations.remote.supervise import EXITED, GIVE_UP, MISSING, NONE, RESTART, RUNNING, UNKNOWN, WAIT, State, decide
+
+OPTS = dict(retries=3, backoff_s=60, stable_s=600)
+
+
+def step(rank0, rank1, state, now):
+    return decide(rank0, rank1, state, now, **OPTS)
+
+
+def armed(now=0):
+    return step(RUNNING, RUNNING, State(), now).state
+
+
+def test_nothing_happens_before_the_pair_was_seen_running():
+    for r0, r1 in ((MISSING, MISSING), (EXITED, EXITED), (RUNNING, EXITED), (UNKNOWN, RUNNING)):
+        d = step(r0, r1, State(), 100)
+        assert d.action == NONE and not d.state.armed
+    d = step(RUNNING, RUNNING, State(), 100)
+    assert d.action == NONE and d.state.armed and "supervising" in d.reason
+
+
+def test_an_exit_waits_the_backoff_then_restarts():
+    d = step(RUNNING, EXITED, armed(), 1000)
+    assert d.action == WAIT and "rank 1 is exited" in d.reason and "in 60 s (restart 1 of 3)" in d.reason
+    assert d.state.restart_at == 1060
+    d = step(RUNNING, EXITED, d.state, 1059)
+    assert d.action == WAIT and d.reason == ""
+    d = step(EXITED, EXITED, d.state, 1060)
+    assert d.action == RESTART and d.state.attempts == 1 and d.state.restart_at is None
+    assert "rank 0 is exited, rank 1 is exited" in d.reason
+
+
+def test_backoff_doubles_and_it_gives_up_after_the_retries():
+    state, now, delays = armed(), 0, []
+    for _ in range(3):
+        d = step(EXITED, RUNNING, state, now)
+        assert d.action == WAIT
+        delays.append(d.state.restart_at - now)
+        now = d.state.restart_at
+        d = step(EXITED, RUNNING, d.state, now)
+        assert d.action == RESTART
+        state = d.state
+    assert delays == [60, 120, 240]
+    d = step(EXITED, RUNNING, state, now + 5)
+    assert d.action == GIVE_UP and "after 3 restart(s): giving up" in d.reason
+
+
+def test_recovery_before_the_restart_cancels_it():
+    d = step(UNKNOWN, RUNNING, armed(), 10)  # e.g. a docker hiccup
+    assert d.action == WAIT
+    d = step(RUNNING, RUNNING, d.state, 20)
+    assert d.action == NONE and d.state.restart_at is None and "cancelled" in d.reason
+    assert step(RUNNING, RUNNING, d.state, 21).action == NONE
+
+
+def test_a_pair_that_holds_resets_the_count_and_a_short_run_does_not():
+    state = State(armed=True, attempts=2)
+    d = step(RUNNING, RUNNING, state, 1000)
+    assert d.state.attempts == 2 and d.state.up_since == 1000
+    d = step(RUNNING, RUNNING, d.state, 1599)
+    assert d.state.attempts == 2
+    d = step(RUNNING, RUNNING, d.state, 1600)
+    assert d.state.attempts == 0 and "reset" in d.reason
+    # a crash before stable_s keeps the count: the next delay is the doubled one
+    short = step(RUNNING, RUNNING, State(armed=True, attempts=2), 0).state
+    d = step(RUNNING, EXITED, short, 100)
+    assert d.state.restart_at == 100 + 240
+
+
+def test_zero_retries_gives_up_at_the_first_exit():
+    d = decide(RUNNING, MISSING, armed(), 5, retries=0, backoff_s=60, stable_s=600)
+    assert d.action == GIVE_UP
+
+
+# --- the script against a fake docker (rank 0) and ssh (rank 1) ------------------------------------------------
+
+def _fakes(tmp_path, rank0, rank1):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    log = tmp_path / "calls.log"
+    for rank, name in ((rank0, "docker"), (rank1, "ssh")):
+        # ssh gets "opts... worker 'docker inspect ...'" as one remote command; both log what they were asked
+        body = (f"#!/bin/sh\necho \"{name} $*\" >> {log}\n"
+                f"case \"$*\" in *inspect*) echo {rank};; esac\nexit 0\n")
+        (bin_dir / name).write_text(body)
+        (bin_dir / name).chmod(0o755)
+    return bin_dir, log
+
+
+def test_script_arms_restarts_in_order_then_gives_up(tmp_path):
+    bin_dir, log = _fakes(tmp_path, "running", "running")
+    env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}")
+    argv = [sys.executable, script.__file__, "--container", "rank-c", "--worker-ssh", "nvidia@192.168.100.2",
+            "--retries", "2", "--backoff-s", "0.05", "--interval", "0.02", "--stop-timeout", "7"]
+    proc = subprocess.Popen(argv, env=env, stderr=subprocess.PIPE, text=True)
+    import time
+    time.sleep(0.3)
+    # rank 1 dies for good
+    (bin_dir / "ssh").write_text((bin_dir / "ssh").read_text().replace("echo running", "echo exited"))
+    _, stderr = proc.communicate(timeout=10)
+    assert proc.returncode == 1
+    assert "both ranks are running: supervising the pair" in stderr
+    assert "rank 1 is exited: restarting the pair in 0 s (restart 1 of 2)" in stderr
+    assert "giving up, stopping both ranks" in stderr
+    calls = [c for c in log.read_text().splitlines() if "inspect" not in c]
+    one_restart = [
+        "docker stop -t 7 rank-c",
+        "ssh -o BatchMode=yes -o ConnectTimeout=10 nvidia@192.168.100.2 docker stop -t 7 rank-c",
+        "ssh -o BatchMode=yes -o ConnectTimeout=10 nvidia@192.168.100.2 docker start rank-c",
+        "docker start rank-c",
+    ]
+    assert calls == one_restart * 2 + one_restart[:2]  # two restarts (rank 1 first), then both stopped
+
+
+# --- the deploy -----------------------------------------------------------------------------------------------
+
+def _settings(**kw):
+    base = dict(supervise=True, is_head=True, container_name="rank-c", worker_link_ssh="nvidia@192.168.100.2",
+                ssh_user="nvidia", supervise_retries=3, supervise_backoff_s=60, stop_timeout=30)
+    return SimpleNamespace(**{**base, **kw})
+
+
+def _record(monkeypatch):
+    calls = []
+    monkeypatch.setattr(sv.files, "put", lambda **kw: calls.append(("put", kw)))
+    monkeypatch.setattr(sv, "unit_installed", lambda **kw: calls.append(("unit", kw)))
+    monkeypatch.setattr(sv, "unit_off", lambda **kw: calls.append(("off", kw)))
+    return calls
+
+
+def test_unit_content():
+    unit = sv.render_unit("rank-c", "nvidia@192.168.100.2", "nvidia", 3, 60, 30)
+    assert unit.startswith("# Managed by sparkfold")
+    assert ("ExecStart=/usr/bin/python3 /usr/local/lib/sparkfold/supervise.py --container rank-c --worker-ssh "
+            "nvidia@192.168.100.2 --retries 3 --backoff-s 60 --stop-timeout 30\n") in unit
+    for line in ("Type=simple", "Restart=no", "User=nvidia", "WantedBy=multi-user.target"):
+        assert f"\n{line}\n" in unit
+    assert "Restart=always" not in unit and "Restart=on-failure" not in unit
+    assert sv.script_sha256("supervise.py") in unit
+
+
+def test_deploy_installs_on_the_head_only_when_asked(monkeypatch):
+    calls = _record(monkeypatch)
+    sv.deploy_supervise(_settings())
+    assert [c[0] for c in calls] == ["put", "unit"]
+    assert calls[0][1]["dest"] == "/usr/local/lib/sparkfold/supervise.py"
+    unit = calls[1][1]
+    assert unit["content"] == sv.render_unit("rank-c", "nvidia@192.168.100.2", "nvidia", 3, 60, 30)
+    assert (unit["enabled"], unit["running"], unit["restart_on_change"], unit["_sudo"]) == (True, True, True, True)
+
+    calls.clear()
+    sv.deploy_supervise(_settings(is_head=False))
+    assert calls == []
+
+    sv.deploy_supervise(_settings(supervise=False))
+    assert [c[0] for c in calls] == ["off"] and calls[0][1]["unit_name"] == "sparkfold-supervise.service"
