@@ -1,7 +1,7 @@
 # Every sparkfold setting, defined once: name = default  # meaning.
 # Override per host in group_data/head.py or group_data/worker.py (or the site file's `data:`),
-# for one run with `--data name=value`, or with the upper-case environment variable
-# (CONTEXT=524288 pyinfra inventory.py deploy.py). operations/settings.py validates all of them.
+# for one run with `--data name=value`, or with an environment variable: the recipe's upper-case name
+# (CONTEXT=524288) for its settings, SPARKFOLD_<NAME> for any. operations/settings.py validates all of them.
 # An empty path ("") means "under the ssh user's home on that Spark" (resolved per host).
 
 # --- serving (the recipe's settings table) ---

@@ -1,8 +1,8 @@
 """ABLIT: the Keys overlay applied on top of the stock pack, into a separate folder.
 
 <data_dir>/ablit/<commit>/ holds hard links to the stock snapshot's files plus the shards the overlay's apply script
-rewrote. The script runs in the engine image with the stock pack mounted read-only and writes into an empty folder;
-its output then replaces links by rename, so no stock blob is ever written. ABLIT=0 simply serves the stock snapshot
+rewrote. The script runs in the engine image on a hard-linked copy of the stock snapshot and writes a new folder
+(new files, renames), so no stock blob is ever written; the stock snapshot and its manifest stay as they were. ABLIT=0 simply serves the stock snapshot
 again (nothing to download). <data_dir>/ablit/current -> <commit> is what the launch step serves.
 """
 
@@ -53,15 +53,17 @@ def ablit_applied(image_ref: str, plan_args: dict, hf_cache: str, overlay: str, 
         yield problem
         return
     q = shlex.quote
-    out, tmp = f"{dst}.out", f"{dst}.tmp"
-    src_inside = f"/hf/hub/{repo_folder_name(plan_args['repo'])}/snapshots/{commit}"
-    yield f"rm -rf {q(out)} {q(tmp)} && mkdir -p {q(out)}"
-    yield tool_run(image_ref, [(hf_cache, "/hf", True), (overlay, "/overlay", True), (out, "/dst", False)],
-                   "python3", f"/overlay/{APPLY_SCRIPT}", "--src", src_inside, "--wo-b", f"/overlay/{ablit_file}",
-                   "--dst", "/dst")
-    # hard links to the stock files, then the rewritten shards replace their links (rename: blobs stay untouched)
-    yield (f"cp -rLl {q(snapshot)}/. {q(tmp)}/ && rm -f {q(tmp)}/{MANIFEST_NAME} && "
-           f"cp -rl --remove-destination {q(out)}/. {q(tmp)}/ && rm -rf {q(out)} {q(dst)} && mv {q(tmp)} {q(dst)} && "
+    staged, out = f"{dst}.src", f"{dst}.out"
+    inside = f"/ablit/{commit}"
+    # the script hard-links what it keeps, so its --src and --dst share one mount: --src is a hard-linked copy of
+    # the stock snapshot inside ablit_root (no extra space); the script writes only new files and never its --src
+    yield (f"rm -rf {q(staged)} {q(out)} && mkdir -p {q(ablit_root)} && cp -rLl {q(snapshot)}/. {q(staged)}/ && "
+           f"rm -f {q(staged)}/{MANIFEST_NAME}")
+    yield tool_run(image_ref, [(ablit_root, "/ablit", False), (overlay, "/overlay", True)], "python3",
+                   f"/overlay/{APPLY_SCRIPT}", "--src", f"{inside}.src", "--wo-b", f"/overlay/{ablit_file}",
+                   "--dst", f"{inside}.out")
+    # files the script did not write into --dst are the unchanged ones: hard links to the stock files
+    yield (f"cp -rln {q(staged)}/. {q(out)}/ && rm -rf {q(staged)} {q(dst)} && mv {q(out)} {q(dst)} && "
            f"printf '%s\\n' {q(want)} > {q(dst)}/{SOURCE}")
 
 

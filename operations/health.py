@@ -179,6 +179,7 @@ def ranks_down(head, worker, container_name: str) -> str | None:
 
 def _wait_and_smoke(state, host, worker, base_url, served_name, port, container_name, api_key_file, timeout):
     api_key = read_api_key(host, api_key_file)
+    report: list[str] = []
     problem = wait_for_api(base_url, served_name, api_key, timeout,
                            lambda: ranks_down(host, worker, container_name),
                            progress=lambda m: host.log(m))

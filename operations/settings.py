@@ -25,6 +25,14 @@ PASSTHROUGH_PREFIXES = ("TENSORFOLD_", "TF_DS_", "TF_FILL_", "TF_SPILL_")
 # The engine's window: dsv41's max_position_embeddings.
 MAX_CONTEXT = 1_048_576
 REASONING_EFFORTS = ("", "low", "medium", "high", "xhigh")
+# Settings the shell recipe reads from the environment under their upper-case name (CONTEXT=524288). Other
+# settings take SPARKFOLD_<NAME>: a generic name such as CONTAINER_NAME is often set for other reasons.
+RECIPE_ENV = frozenset((
+    "context", "parallel", "thinking", "reasoning_effort", "drafts", "eaq_v1_1", "ablit", "api_key", "host", "port",
+    "served_name", "min_avail_gib", "memguard_gib", "spill_gib", "kv_shard", "pool", "max_tokens", "master_port",
+    "nccl_rails", "nccl_channels", "nccl_debug", "wait_timeout", "stop_timeout", "log_keep", "worker_weights",
+    "hf_endpoint", "base_image", "prebuilt_image",
+))
 # Settings both ranks must agree on (the pair is one server).
 PAIR_SETTINGS = (
     "context", "pool", "parallel", "drafts", "master_port", "gpu_clock_mhz", "link_mtu", "nccl_rails",
@@ -42,7 +50,8 @@ class SettingDef:
 
     @property
     def env(self) -> str:
-        return self.name.upper()
+        """The recipe's variable name, or SPARKFOLD_<NAME> for settings the recipe does not have."""
+        return self.name.upper() if self.name in RECIPE_ENV else f"SPARKFOLD_{self.name.upper()}"
 
 
 def registry(path: Path = REGISTRY) -> dict[str, SettingDef]:
@@ -75,7 +84,7 @@ def _parse_bool(name: str, value: Any) -> bool:
     raise SettingsError(f"{name}: {value!r} is not a switch; use 1 or 0 (true/false)")
 
 
-def coerce(d: SettingDef, value: Any, from_env: bool = False) -> Any:
+def coerce(d: SettingDef, value: Any, from_env: bool = False, var: str = "") -> Any:
     """Give `value` the default's type; strings from the environment are parsed."""
     kind = type(d.default)
     try:
@@ -111,7 +120,7 @@ def coerce(d: SettingDef, value: Any, from_env: bool = False) -> Any:
                 return dict(value)
             raise ValueError
     except (ValueError, TypeError, json.JSONDecodeError):
-        where = f"environment variable {d.env}" if from_env else d.name
+        where = f"environment variable {var or d.env}" if from_env else d.name
         raise SettingsError(f"{where}: {value!r} is not a {kind.__name__} (default {d.default!r})") from None
     return value
 
@@ -151,8 +160,9 @@ def load(data: Mapping[str, Any], environ: Mapping[str, str], home: str) -> Sett
     values: dict[str, Any] = {}
     for name, d in defs.items():
         values[name] = coerce(d, data.get(name, d.default))
-        if d.env in environ:
-            values[name] = coerce(d, environ[d.env], from_env=True)
+        for var in dict.fromkeys((d.env, f"SPARKFOLD_{d.env.removeprefix('SPARKFOLD_')}")):
+            if var in environ:
+                values[name] = coerce(d, environ[var], from_env=True, var=var)
     engine_env = {str(k): str(v) for k, v in values["engine_env"].items()}
     for key, value in environ.items():
         if key.startswith(PASSTHROUGH_PREFIXES):

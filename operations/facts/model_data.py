@@ -78,7 +78,9 @@ class FolderCheck(FactBase):
     """A folder verified against a sha256sum-format list: its files, the list's own sha256 and its entry names, and
     the content of a marker file. None when the folder is absent. Hashes only the (small) list itself."""
 
-    default = lambda: None  # noqa: E731
+    @staticmethod
+    def default():
+        return None
 
     def command(self, path, sums, marker):
         q = shlex.quote
@@ -134,7 +136,9 @@ class RankFolder(FactBase):
 class FileText(FactBase):
     """A small file's first line (a sidecar, a ref), or None."""
 
-    default = lambda: None  # noqa: E731
+    @staticmethod
+    def default():
+        return None
 
     def command(self, path):
         return f"head -n1 {shlex.quote(path)} 2>/dev/null | sed 's/^/#T /' || true"
@@ -149,7 +153,9 @@ class FileText(FactBase):
 class LinkTarget(FactBase):
     """What a symlink points to (readlink), or None."""
 
-    default = lambda: None  # noqa: E731
+    @staticmethod
+    def default():
+        return None
 
     def command(self, path):
         return f"readlink {shlex.quote(path)} 2>/dev/null || true"
@@ -161,7 +167,9 @@ class LinkTarget(FactBase):
 class HfHubPython(FactBase):
     """huggingface_hub's version as seen by a python: "1.2.3", "" when it does not import, None when no python."""
 
-    default = lambda: None  # noqa: E731
+    @staticmethod
+    def default():
+        return None
 
     def command(self, python):
         q = shlex.quote(python)
@@ -185,7 +193,9 @@ def _free_script(path: str) -> str:
 class FreeBytes(FactBase):
     """Bytes free on the file system that holds (or will hold) a path."""
 
-    default = lambda: None  # noqa: E731
+    @staticmethod
+    def default():
+        return None
 
     def command(self, path):
         return _free_script(path) + " 2>/dev/null || true"

@@ -6,6 +6,7 @@ import gzip
 import json
 import os
 import subprocess
+import sys
 
 import pytest
 from harness import FakeHost, parse_fact, run_op
@@ -269,3 +270,95 @@ def test_memory_wait_command():
     bad = subprocess.run(["sh", "-c", c.memory_wait_command(1, 1e9, tries=1).get_raw_value()], capture_output=True,
                          text=True)
     assert bad.returncode == 1 and "rank 1 needs min_avail_gib = 1e+09 GiB" in bad.stderr
+
+
+# --- lifecycle: the deploy functions' call sites and launch inputs ------------------------------------------------
+
+def _recording(monkeypatch):
+    from types import SimpleNamespace
+
+    from operations import lifecycle
+    calls = []
+
+    def rec(kind):
+        def op(**kw):
+            calls.append((kind, kw))
+            return SimpleNamespace(did_change=lambda: True, will_change=True)
+        return op
+
+    for kind in ("launch_checked", "spec_recorded", "stale_pair_removed", "rank_started", "rank_stopped"):
+        monkeypatch.setattr(lifecycle.containers, kind, rec(kind))
+    monkeypatch.setattr(lifecycle.health, "api_serving", rec("api_serving"))
+    monkeypatch.setattr(lifecycle.files, "put", rec("put"))
+    hs, ws = make_settings("head"), make_settings("worker", home="/home/w")
+    head_host, worker_host = FakeHost({}, name="head"), FakeHost({}, name="worker")
+    monkeypatch.setattr(lifecycle, "pair_hosts", lambda: (head_host, worker_host))
+    monkeypatch.setattr(lifecycle, "settings_for", lambda h: hs if h is head_host else ws)
+    return lifecycle, calls, hs, ws, head_host, worker_host
+
+
+CAPS = json.loads(subprocess.run([sys.executable, str(__import__("pathlib").Path(__file__).resolve().parents[2] /
+                                                 "tests/sim/engine/bin/tensorfold-native"), "capabilities", "--json"],
+                                 capture_output=True, text=True, check=True).stdout)
+
+
+def test_deploy_pair_on_each_host(monkeypatch):
+    from pyinfra.context import ctx_host
+    lifecycle, calls, hs, ws, head_host, worker_host = _recording(monkeypatch)
+    rails = [dict(RAILS[0]), dict(RAILS[0], netdev="enP2p1s0f0np0", ibdev="roceP2p1s0f0")]
+    with ctx_host.use(head_host):
+        lifecycle.deploy_pair(hs, "img:1", lambda: rails, ("/hf", SNAP), lambda: CAPS)
+    kinds = [k for k, _ in calls]
+    assert kinds == ["put", "launch_checked", "spec_recorded", "stale_pair_removed", "rank_started"]
+    start = calls[-1][1]
+    assert start["name"] == "Start rank 0 (head)" and start["peer"] is worker_host and start["peer_rank"] == 1
+    assert start["peer_record"] == "/home/w/.local/state/sparkfold/rank.spec"
+    check = calls[1][1]
+    with ctx_host.use(FakeHost({InfinibandDevices: True}, name="head")):
+        built = check["spec"]()
+        assert built.argv[0] == "tensorfold-native" and "--device" in built.options
+        assert built.inputs.get("chat_template")  # the project's template digest
+        assert check["problems"]() == []
+    calls.clear()
+    with ctx_host.use(worker_host):
+        lifecycle.deploy_pair(ws, "img:1", rails, ("sparkfold-hf", SNAP), None)
+    assert [k for k, _ in calls] == ["launch_checked", "spec_recorded", "stale_pair_removed", "rank_started"]
+    assert calls[-1][1]["name"] == "Start rank 1 (worker)" and calls[-1][1]["force"] is False
+    with ctx_host.use(FakeHost({InfinibandDevices: False}, name="worker")):
+        assert calls[0][1]["spec"]().argv[0] == "tf-dsv41-lanes"
+
+
+def test_deploy_pair_launch_problems(monkeypatch):
+    from pyinfra.context import ctx_host
+    lifecycle, calls, hs, _ws, head_host, _w = _recording(monkeypatch)
+    with ctx_host.use(head_host):
+        lifecycle.deploy_pair(hs.replace(extra_serve_args=["--kv-dtype", "fp8"]), "img:1", RAILS * 2,
+                              ("/hf", SNAP), CAPS)
+        lifecycle.deploy_pair(hs, "img:1", lambda: [], ("/hf", SNAP), lambda: {})
+    with ctx_host.use(FakeHost({InfinibandDevices: False}, name="head")):
+        assert calls[1][1]["problems"]() == ["--kv-dtype is not served by this engine image "
+                                             "(1.0.2-sparkfold-standin): remove --kv-dtype from extra_serve_args"]
+        later = [kw for k, kw in calls if k == "launch_checked"][1]
+        assert later["spec"]() is None
+        assert "the link record (rails), the image's capabilities missing" in later["problems"]()[0]
+
+
+def test_restart_health_and_stop(monkeypatch):
+    from pyinfra.context import ctx_host
+    lifecycle, calls, hs, ws, head_host, worker_host = _recording(monkeypatch)
+    with ctx_host.use(head_host):
+        lifecycle.deploy_restart(hs, "img:1", RAILS * 2, ("/hf", SNAP), CAPS)
+        lifecycle.deploy_health(hs.replace(api_key=True))
+        lifecycle.deploy_stop(hs)
+    assert all(kw["force"] for k, kw in calls if k in ("stale_pair_removed", "rank_started"))
+    serving = [kw for k, kw in calls if k == "api_serving"][0]
+    assert serving["worker"] is worker_host and serving["started"]() is True and serving["planned"]() is True
+    assert serving["api_key_file"] == "/home/nvidia/.local/state/sparkfold/api-key"
+    assert serving["base_url"] == "http://spark-a.local:8888"
+    stop = [kw for k, kw in calls if k == "rank_stopped"]
+    assert len(stop) == 1 and stop[0]["rank"] == 0 and stop[0]["name"].startswith("Stop rank 0")
+    calls.clear()
+    with ctx_host.use(worker_host):
+        lifecycle.deploy_health(ws)
+        lifecycle.deploy_stop(ws)
+    assert [k for k, _ in calls] == ["rank_stopped"] and calls[0][1]["rank"] == 1

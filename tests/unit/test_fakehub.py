@@ -7,6 +7,7 @@ nothing beyond the standard library), exactly as start.sh runs it in the simulat
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import os
 import struct
@@ -21,8 +22,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 FAKEHUB = ROOT / "tests" / "sim" / "fakehub"
-sys.path.insert(0, str(FAKEHUB))
-import repos  # noqa: E402
+_spec = importlib.util.spec_from_file_location("fakehub_repos", FAKEHUB / "repos.py")
+repos = sys.modules.setdefault("fakehub_repos", importlib.util.module_from_spec(_spec))
+_spec.loader.exec_module(repos)
 
 hf = pytest.importorskip("huggingface_hub")
 from huggingface_hub import HfApi, constants, hf_hub_download, snapshot_download  # noqa: E402
@@ -76,8 +78,10 @@ def hub(tmp_path_factory):
 
 @pytest.fixture(autouse=True)
 def _local_only(hub, monkeypatch):
-    # huggingface_hub fetches a registry from constants.ENDPOINT on first use: keep that on 127.0.0.1 too.
+    # As if HF_ENDPOINT had been set before the import: nothing may leave 127.0.0.1 (huggingface_hub also
+    # fetches a registry from constants.ENDPOINT on first use).
     monkeypatch.setattr(constants, "ENDPOINT", hub["url"])
+    monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE", hub["url"] + "/{repo_id}/resolve/{revision}/{filename}")
     monkeypatch.delenv("HF_TOKEN", raising=False)
 
 
@@ -222,6 +226,14 @@ def test_model_info_with_files_metadata(hub):
     assert by_commit.sha == expected["commit"] and by_commit.siblings[0].size is None
     assert api.model_info(repos.EAQ_V1_1).sha == CATALOG[repos.EAQ_V1_1]["commit"]
     assert api.list_repo_refs(repos.KIT).branches[0].target_commit == CATALOG[repos.KIT]["commit"]
+    assert api.list_repo_commits(repos.KIT)[0].commit_id == CATALOG[repos.KIT]["commit"]
+    top = {(type(e).__name__, e.path) for e in api.list_repo_tree(repos.KIT, path_in_repo="kit")}
+    assert ("RepoFolder", "kit/aot") in top and ("RepoFile", "kit/MANIFEST") in top
+    assert ("RepoFile", "kit/aot/aot.json") not in top
+    paths = api.get_paths_info(repos.KIT, ["kit/MANIFEST", "kit/vision", "kit/nope"])
+    assert [(type(e).__name__, e.path) for e in paths] == [("RepoFile", "kit/MANIFEST"), ("RepoFolder", "kit/vision")]
+    assert paths[0].size == CATALOG[repos.KIT]["files"]["kit/MANIFEST"]
+    assert api.whoami(token="hf_simtoken")["name"] == "sim-user"
 
 
 def test_snapshot_to_cache_dir_has_the_hub_cache_layout(hub, tmp_path):
@@ -392,3 +404,26 @@ def test_ablit_apply_script(hub, tmp_path):
     # the stock pack is untouched
     assert hashlib.sha256((pack / "model-00002-of-00003.safetensors").read_bytes()).hexdigest() == \
         CATALOG[repos.EAQ_V1]["sha256"]["model-00002-of-00003.safetensors"]
+
+
+def test_start_script_backgrounds_the_server_once(tmp_path):
+    import signal
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = dict(os.environ, FAKEHUB_PORT=str(port), FAKEHUB_LOG=str(tmp_path / "fakehub.log"),
+               FAKEHUB_PIDFILE=str(tmp_path / "fakehub.pid"))
+    first = subprocess.run(["sh", str(FAKEHUB / "start.sh")], env=env, capture_output=True, text=True, timeout=20)
+    pid = int((tmp_path / "fakehub.pid").read_text())
+    try:
+        assert first.returncode == 0, first.stderr
+        status, _, body = get(f"http://127.0.0.1:{port}/healthz")
+        assert status == 200 and json.loads(body)["repos"] == {r: c["commit"] for r, c in CATALOG.items()}
+        again = subprocess.run(["sh", str(FAKEHUB / "start.sh")], env=env, capture_output=True, text=True,
+                               timeout=20)
+        assert again.returncode == 0 and "already serving" in again.stdout
+        assert "GET /healthz 200" in (tmp_path / "fakehub.log").read_text()
+    finally:
+        os.kill(pid, signal.SIGTERM)

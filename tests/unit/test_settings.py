@@ -39,10 +39,17 @@ def test_derived_values():
 
 def test_environment_overrides_use_the_recipe_names():
     s = make_settings(environ={"CONTEXT": "524288", "THINKING": "0", "MEMGUARD_GIB": "3.5",
-                               "EXTRA_SERVE_ARGS": "--top-k 20", "TF_DS_STREAMS": "4"})
+                               "SPARKFOLD_EXTRA_SERVE_ARGS": "--top-k 20", "TF_DS_STREAMS": "4"})
     assert s.context == 524288 and s.thinking is False and s.memguard_gib == 3.5
     assert s.extra_serve_args == ["--top-k", "20"]
     assert s.engine_env == {"TF_DS_STREAMS": "4"}
+
+
+def test_generic_environment_names_do_not_leak_in():
+    s = make_settings(environ={"CONTAINER_NAME": "someone-else", "SPARKFOLD_LOG_KEEP": "3", "SPARKFOLD_PORT": "9001"})
+    assert s.container_name == "dsv41-1017-exl3-tf" and s.log_keep == 3 and s.port == 9001
+    assert S.registry()["container_name"].env == "SPARKFOLD_CONTAINER_NAME"
+    assert S.registry()["context"].env == "CONTEXT"
 
 
 def test_environment_beats_group_data_and_bad_env_value_names_the_variable():

@@ -1,0 +1,55 @@
+# Converge both Sparks: pyinfra inventory.py deploy.py  (--dry shows the plan, nothing changes).
+# Each step below reads the Sparks' state and changes only what differs; order matters (see docs/architecture.md).
+import os
+
+from pyinfra.api.exceptions import DeployError
+
+from operations.api_key import deploy_api_key
+from operations.context import current_settings
+from operations.docker_runtime import deploy_docker_runtime
+from operations.facts.link import LinkRecord
+from operations.gpu_clock import deploy_gpu_clock
+from operations.image import deploy_image, image_ref, read_capabilities
+from operations.lifecycle import deploy_health, deploy_pair
+from operations.link import deploy_link
+from operations.memguard import deploy_memguard
+from operations.model_data import deploy_model_data, served_model_path
+from operations.nfs import deploy_nfs
+from operations.preflight import deploy_preflight
+from operations.supervise import deploy_supervise
+from pyinfra import host
+
+# 1. settings of both Sparks, validated together before any operation exists
+s, problems = current_settings()
+if problems:
+    raise DeployError("the settings need fixing before anything is changed:\n  - " + "\n  - ".join(problems))
+
+image = image_ref(s)
+
+
+def recorded_rails():
+    """This Spark's rails as the link step recorded them (read when the launch op runs)."""
+    record = host.get_fact(LinkRecord, path=os.path.join(s.state_dir, "link.json")) or {}
+    return record.get("rails")
+
+
+# 2-5. host preparation
+deploy_preflight(s)
+deploy_docker_runtime(s)
+deploy_gpu_clock(s)
+deploy_link(s)
+deploy_nfs(s)
+
+# 6-7. what the ranks load
+deploy_image(s)
+deploy_model_data(s, image)
+
+# 8. guards and keys
+deploy_memguard(s)
+deploy_api_key(s)
+deploy_supervise(s)
+
+# 9-10. the pair: rank 1, then rank 0; then health, smoke test and the LIVE line
+deploy_pair(s, image, recorded_rails, served_model_path(s),
+            (lambda: read_capabilities(image)) if s.is_head else None)
+deploy_health(s)

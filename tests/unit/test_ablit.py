@@ -1,0 +1,87 @@
+"""ABLIT overlay pack: token refusal, both ways, and a local end-to-end apply that must leave the stock snapshot
+byte-for-byte untouched (so ABLIT=0 serves it again without a download)."""
+
+from __future__ import annotations
+
+import os
+
+from harness import run_op
+from hf_fixture import build_cache, model_files
+from operations import ablit, hf_cache, model_data
+from operations.facts.model_data import AblitShards, FileText, FreeBytes, HfPlan
+from test_model_data import settings
+from test_weights import local_fact, run_all
+
+COMMIT = "e" * 40
+PLAN = {"python": "/v/bin/python", "repo": "Org/M", "revision": "main", "cache_dir": "/h/hub", "local_dir": "",
+        "include": (), "token_path": "/s/t", "endpoint": ""}
+
+
+def kw(**over):
+    return dict(dict(image_ref="img", plan_args=PLAN, hf_cache="/h", overlay="/d/ablit-overlay",
+                     ablit_file="w.safetensors", ablit_root="/d/ablit", overlay_revision="r1", has_token=True), **over)
+
+
+def test_refuses_without_token_before_anything():
+    cmds, h = run_op(ablit.ablit_applied, {}, **kw(has_token=False))
+    assert len(cmds) == 1 and "HF_TOKEN" in cmds[0] and "exit 1" in cmds[0] and h.fact_calls == []
+
+
+def test_current_pack_is_noop_and_other_overlay_revision_reapplies():
+    facts = {HfPlan: {"complete": True, "commit": COMMIT}, FileText: f"{COMMIT} r1 w.safetensors",
+             AblitShards: {"s2": 10}, FreeBytes: 10**9}
+    assert run_op(ablit.ablit_applied, facts, **kw())[0] == []
+    cmds, _ = run_op(ablit.ablit_applied, facts, **kw(overlay_revision="r2"))
+    assert "--entrypoint python3 img /overlay/apply_mia_exl3_wob.py" in cmds[1]
+    assert "-v /d/ablit:/ablit " in cmds[1] and "-v /d/ablit-overlay:/overlay:ro" in cmds[1]
+    assert f"--src /ablit/{COMMIT}.src --wo-b /overlay/w.safetensors --dst /ablit/{COMMIT}.out" in cmds[1]
+
+
+def test_disk_check_counts_the_rewritten_shards():
+    facts = {HfPlan: {"complete": True, "commit": COMMIT}, FileText: None, AblitShards: {"a": 6 * 2**30,
+                                                                                         "b": 4 * 2**30},
+             FreeBytes: 2**30}
+    cmds, _ = run_op(ablit.ablit_applied, facts, **kw())
+    assert len(cmds) == 1 and "needs 10.0 GiB free under /d/ablit" in cmds[0]
+
+
+def test_apply_end_to_end_keeps_stock_untouched(tmp_path):
+    files = model_files()
+    hub = tmp_path / "hf" / "hub"
+    built = build_cache(hub, "Org/M", files)
+    record = hf_cache.manifest_record("Org/M", "main", built["commit"], (), {p: len(d) for p, d in files.items()})
+    hf_cache.write_manifest(str(built["snapshot"]), record)
+    overlay = tmp_path / "overlay"
+    overlay.mkdir()
+    (overlay / "w.safetensors").write_bytes(b"overlay")
+    root = tmp_path / "data" / "ablit"
+    args = kw(plan_args=dict(PLAN, cache_dir=str(hub)), hf_cache=str(tmp_path / "hf"), overlay=str(overlay),
+              ablit_root=str(root))
+    dst = root / built["commit"]
+
+    def facts():
+        return {HfPlan: {"complete": True, "commit": built["commit"]},
+                FileText: local_fact(FileText, path=f"{dst}/.sparkfold-source"),
+                AblitShards: local_fact(AblitShards, snapshot=str(built["snapshot"])),
+                FreeBytes: local_fact(FreeBytes, path=str(root))}
+
+    cmds, _ = run_op(ablit.ablit_applied, facts(), executing=True, **args)
+    run_all(cmds, tmp_path)
+
+    shard1, shard2 = "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"
+    assert (dst / shard2).read_bytes() == b"abliterated shard"
+    assert os.stat(dst / shard1).st_ino == os.stat(built["snapshot"] / shard1).st_ino  # a hard link, no copy
+    assert not (dst / shard1).is_symlink() and not (dst / hf_cache.MANIFEST_NAME).exists()
+    # the stock snapshot is unchanged: same bytes, manifest still complete (ABLIT=0 needs no download)
+    assert (built["snapshot"] / shard2).read_bytes() == files[shard2]
+    assert hf_cache.manifest_missing(str(built["snapshot"]), hf_cache.read_manifest(str(built["snapshot"]))) == []
+    assert sorted(os.listdir(root)) == [built["commit"]]  # no staging folders left
+
+    cmds, h = run_op(ablit.ablit_applied, facts(), executing=True, **args)
+    assert cmds == [], h.noops
+
+
+def test_ablit_off_serves_stock_again():
+    on = model_data.served_model_path(settings(ablit=True))
+    off = model_data.served_model_path(settings(ablit=False))
+    assert on[1] == "/model-ablit/current" and off[1].endswith("/hub/models--Org--M/sparkfold-current")

@@ -1,0 +1,390 @@
+"""Facts (run for real against tmp folders where they are local) and the model-data operations, both ways."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import pytest
+
+from harness import _kwargs_key, parse_fact, run_op, with_args
+from hf_fixture import build_cache, model_files
+from operations import data_copy, model_data
+from operations.data_copy import listing_digest
+from operations.facts.model_data import (AblitShards, DirFiles, FileText, FolderCheck, FreeBytes, HfHubPython, HfPlan,
+                                         LinkTarget, PeerFolder, RankFolder)
+from pyinfra.facts.files import Sha256File
+
+COMMIT = "a" * 40
+
+
+def run_local(fact_cls, **kwargs):
+    """Run a fact's command in a local shell and parse it as pyinfra would (empty output -> default)."""
+    done = subprocess.run(["sh", "-c", fact_cls().command(**kwargs)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return parse_fact(fact_cls, done.stdout)
+
+
+def table(*entries):
+    return with_args({_kwargs_key(k): v for k, v in entries})
+
+
+def complete_plan(**extra):
+    return dict({"complete": True, "manifest": True, "commit": COMMIT, "missing": [], "missing_bytes": 0,
+                 "total_bytes": 200, "model_type": "deepseek_v41", "error": None, "offline": True}, **extra)
+
+
+# ---- facts ----
+
+def test_dir_files_lists_sizes_and_mtimes(tmp_path):
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "a.bin").write_bytes(b"12345")
+    os.utime(tmp_path / "sub" / "a.bin", (1700000000, 1700000000))
+    assert run_local(DirFiles, path=str(tmp_path)) == {"sub/a.bin": [5, 1700000000]}
+    assert run_local(DirFiles, path=str(tmp_path / "absent")) == {}
+
+
+def test_folder_check_reads_sums_names_and_marker(tmp_path):
+    (tmp_path / "x.bin").write_bytes(b"abc")
+    subprocess.run("sha256sum x.bin > SHA256SUMS", shell=True, cwd=tmp_path, check=True)
+    (tmp_path / ".sparkfold-verified").write_text("deadbeef\n")
+    got = run_local(FolderCheck, path=str(tmp_path), sums="SHA256SUMS", marker=".sparkfold-verified")
+    assert got["names"] == ["x.bin"] and got["marker"] == "deadbeef"
+    assert got["sums_sha"] == hashlib.sha256((tmp_path / "SHA256SUMS").read_bytes()).hexdigest()
+    assert got["files"]["x.bin"][0] == 3
+    assert run_local(FolderCheck, path=str(tmp_path / "no"), sums="SHA256SUMS", marker="m") is None
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert run_local(FolderCheck, path=str(empty), sums="SHA256SUMS", marker="m")["sums_sha"] is None
+
+
+def test_rank_folder_sees_bins_partials_and_sidecar(tmp_path):
+    (tmp_path / "rank1of2-0123456789abcdef0123.bin").write_bytes(b"w")
+    (tmp_path / ".rank0of2.partial").write_bytes(b"p")
+    (tmp_path / ".sparkfold-source").write_text(COMMIT + "\n")
+    got = run_local(RankFolder, path=str(tmp_path))
+    assert got == {"bins": {1: ["rank1of2-0123456789abcdef0123.bin"]}, "partial": [0], "source": COMMIT}
+    assert run_local(RankFolder, path=str(tmp_path / "none")) == {"bins": {}, "partial": [], "source": None}
+
+
+def test_small_file_facts(tmp_path):
+    (tmp_path / "side").write_text(COMMIT + "\n")
+    os.symlink("snapshots/" + COMMIT, tmp_path / "link")
+    assert run_local(FileText, path=str(tmp_path / "side")) == COMMIT
+    assert run_local(FileText, path=str(tmp_path / "nope")) is None
+    assert run_local(LinkTarget, path=str(tmp_path / "link")) == "snapshots/" + COMMIT
+    assert run_local(LinkTarget, path=str(tmp_path / "side")) is None
+    free = run_local(FreeBytes, path=str(tmp_path / "not" / "yet"))
+    assert isinstance(free, int) and free > 0
+
+
+def test_hf_hub_python_fact():
+    import huggingface_hub
+
+    assert run_local(HfHubPython, python=sys.executable) == huggingface_hub.__version__
+    assert run_local(HfHubPython, python="/nonexistent/python3") is None
+    assert parse_fact(HfHubPython, "#HUB \n") == ""  # a python without huggingface_hub
+
+
+def test_ablit_shards_fact(tmp_path):
+    files = model_files()
+    built = build_cache(tmp_path, "Org/M", files)
+    got = run_local(AblitShards, snapshot=str(built["snapshot"]))
+    assert got == {"model-00002-of-00002.safetensors": len(files["model-00002-of-00002.safetensors"])}
+    assert run_local(AblitShards, snapshot=str(tmp_path / "none")) == {}
+
+
+def test_peer_folder_parse_and_command():
+    cmd = PeerFolder().command(target="nvidia@192.168.100.2", path="/d/engram", link="/d/l")
+    assert cmd.startswith("ssh -o BatchMode=yes -o ConnectTimeout=10 nvidia@192.168.100.2 ") and "|| true" in cmd
+    got = parse_fact(PeerFolder, "a.bin\t5\t1700000000.5\n#FREE 1000\n#LINK k/rank1\n#OK\n")
+    assert got == {"reachable": True, "files": {"a.bin": [5, 1700000000]}, "free": 1000, "link": "k/rank1"}
+    assert parse_fact(PeerFolder, "")["reachable"] is False
+
+
+def test_hf_plan_fact_parses_last_json_line():
+    assert parse_fact(HfPlan, 'noise\n{"complete": true, "commit": "x"}\n') == {"complete": True, "commit": "x"}
+    assert parse_fact(HfPlan, "Traceback...\n")["complete"] is False
+    cmd = HfPlan().command(python="/v/bin/python", repo="o/r", revision="main", cache_dir="/h/hub",
+                           token_path="/s/hf-token", endpoint="https://mirror")
+    assert "HF_TOKEN_PATH=/s/hf-token" in cmd and "HF_ENDPOINT=https://mirror" in cmd and "--cache-dir /h/hub" in cmd
+
+
+# ---- hf_python_ready / hf_token_file ----
+
+def test_hub_python_present_is_noop():
+    cmds, h = run_op(model_data.hf_python_ready, {HfHubPython: "2.4.0"}, python="/s/venv/bin/python", venv="/s/venv")
+    assert cmds == [] and "2.4.0" in h.noops[0]
+
+
+def test_hub_python_missing_makes_venv():
+    cmds, _ = run_op(model_data.hf_python_ready, {HfHubPython: None}, python="/s/venv/bin/python", venv="/s/venv")
+    assert "python3 -m venv /s/venv" in cmds[0] and "pip install" in cmds[1] and "huggingface_hub" in cmds[1]
+
+
+def test_given_python_without_hub_fails_with_fix():
+    cmds, _ = run_op(model_data.hf_python_ready, {HfHubPython: ""}, python="/usr/bin/python3", venv="")
+    assert len(cmds) == 1 and "exit 1" in cmds[0] and "pip install huggingface_hub" in cmds[0]
+
+
+def test_token_file_written_without_token_on_command_line():
+    token = "hf_secretvalue123"
+    cmds, _ = run_op(model_data.hf_token_file, {Sha256File: None}, path="/s/hf-token", token=token)
+    assert "install -m 600 /dev/null /s/hf-token" in cmds[0]
+    assert all(token not in c for c in cmds)
+
+
+def test_token_file_current_is_noop_and_removed_without_token():
+    token = "hf_secretvalue123"
+    digest = hashlib.sha256(token.encode()).hexdigest()
+    assert run_op(model_data.hf_token_file, {Sha256File: digest}, path="/s/t", token=token)[0] == []
+    assert run_op(model_data.hf_token_file, {Sha256File: digest}, path="/s/t", token="")[0] == ["rm -f /s/t"]
+    assert run_op(model_data.hf_token_file, {Sha256File: None}, path="/s/t", token="")[0] == []
+
+
+# ---- hf_snapshot ----
+
+SNAP = dict(python="/v/bin/python", repo="Org/M", revision="main", label="Checkpoint", cache_dir="/h/hub",
+            token_path="/s/hf-token", has_token=True, expect_model_type="deepseek_v41")
+
+
+def test_snapshot_complete_fetches_nothing():
+    cmds, h = run_op(model_data.hf_snapshot, {HfPlan: complete_plan(), FreeBytes: 10}, **SNAP)
+    assert cmds == [] and "nothing to fetch" in h.noops[0]
+
+
+def test_snapshot_missing_fetches_with_token_by_path():
+    plan = complete_plan(complete=False, manifest=False, missing=[["model-1.safetensors", 150]], missing_bytes=150)
+    cmds, _ = run_op(model_data.hf_snapshot, {HfPlan: plan, FreeBytes: 10**6}, **SNAP)
+    assert len(cmds) == 1
+    first_line = cmds[0].splitlines()[0]
+    assert "HF_TOKEN_PATH=/s/hf-token" in first_line and "--expect-model-type deepseek_v41" in first_line
+    assert "snapshot_download" in cmds[0]  # the fetch script travels with the command
+
+
+def test_snapshot_wrong_model_type_fails():
+    cmds, _ = run_op(model_data.hf_snapshot, {HfPlan: complete_plan(model_type="llama"), FreeBytes: 10}, **SNAP)
+    assert "exit 1" in cmds[0] and "llama" in cmds[0]
+
+
+def test_snapshot_not_enough_disk_fails_before_writing():
+    plan = complete_plan(complete=False, missing=[["x", 300 * 2**30]], missing_bytes=300 * 2**30)
+    cmds, _ = run_op(model_data.hf_snapshot, {HfPlan: plan, FreeBytes: 100 * 2**30}, **SNAP)
+    assert len(cmds) == 1 and "needs 300.0 GiB free under /h/hub" in cmds[0] and "has 100.0 GiB" in cmds[0]
+
+
+def test_gated_snapshot_without_token_refuses_before_any_fact():
+    cmds, h = run_op(model_data.hf_snapshot, {}, **dict(SNAP, has_token=False), require_token=True)
+    assert "exit 1" in cmds[0] and "HF_TOKEN" in cmds[0] and h.fact_calls == []
+
+
+def test_fetch_summary_names_files_and_gib():
+    plan = {"complete": False, "missing": [["a", 1], ["b", 2]], "missing_bytes": 3 * 2**30, "commit": COMMIT}
+    assert model_data.fetch_summary("Engram", plan, "o/r", "main", "/d") == \
+        f"Engram: fetch 2 files, 3.0 GiB of o/r@{COMMIT[:12]} into /d"
+    assert "nothing to fetch" in model_data.fetch_summary("E", complete_plan(), "o/r", "main", "/d")
+    assert "size unknown" in model_data.fetch_summary("E", {"error": "offline"}, "o/r", "main", "/d")
+
+
+# ---- checksums, verification, copies ----
+
+def _check(files, names, marker=None, sums_sha="f" * 64):
+    return {"files": files, "names": names, "marker": marker, "sums_sha": sums_sha}
+
+
+ENGRAM = {"m-47.safetensors": [100, 1700000000], "m-48.safetensors": [120, 1700000001]}
+
+
+def test_checksums_written_once():
+    names = sorted(ENGRAM)
+    state = listing_digest(ENGRAM, names)
+    fact = {FolderCheck: _check(dict(ENGRAM), names, marker=state)}
+    assert run_op(data_copy.checksums_written, fact, folder="/d/engram", files=names)[0] == []
+    changed = dict(ENGRAM, **{"m-48.safetensors": [120, 1700009999]})
+    cmds, _ = run_op(data_copy.checksums_written, {FolderCheck: _check(changed, names, marker=state)},
+                     folder="/d/engram", files=names)
+    assert "sha256sum -- m-47.safetensors m-48.safetensors > SHA256SUMS.tmp" in cmds[0]
+    assert listing_digest(changed, names) in cmds[0]
+
+
+def test_checksums_refuse_missing_files_when_executing():
+    cmds, _ = run_op(data_copy.checksums_written, {FolderCheck: None}, executing=True, folder="/d/e", files=["a"])
+    assert "exit 1" in cmds[0] and "a missing" in cmds[0]
+
+
+def test_folder_verified_marker_skips_rehash():
+    names = sorted(ENGRAM)
+    marker = listing_digest(ENGRAM, names, "f" * 64)
+    cmds, _ = run_op(data_copy.folder_verified, {FolderCheck: _check(ENGRAM, names, marker)}, folder="/d/engram",
+                     sums="SHA256SUMS", what="Engram")
+    assert cmds == []
+
+
+def test_folder_verified_after_transfer_runs_sha256sum():
+    names = sorted(ENGRAM)
+    old = listing_digest(ENGRAM, names, "f" * 64)
+    moved = dict(ENGRAM, **{"m-47.safetensors": [100, 1800000000]})
+    cmds, _ = run_op(data_copy.folder_verified, {FolderCheck: _check(moved, names, old)}, executing=True,
+                     folder="/d/engram", sums="SHA256SUMS", what="Engram")
+    assert cmds[0].startswith("cd /d/engram && sha256sum -c --quiet SHA256SUMS && printf")
+    assert listing_digest(moved, names, "f" * 64) in cmds[0]
+
+
+def test_kit_missing_only_generated_files_says_so():
+    names = ["cubins/linear.cubin", "rope-plain-cos.f32", "vision/gate_bias_vl.safetensors"]
+    files = {"cubins/linear.cubin": [5, 1], "MANIFEST": [9, 1]}
+    cmds, _ = run_op(data_copy.folder_verified, {FolderCheck: _check(files, names)}, executing=True,
+                     folder="/d/kit", sums="MANIFEST", what="the kit", generated_fix=model_data.KIT_GENERATED_FIX)
+    assert "only the generated files are missing" in cmds[0] and "torch" in cmds[0] and "exit 1" in cmds[0]
+    other = {"MANIFEST": [9, 1]}
+    cmds, _ = run_op(data_copy.folder_verified, {FolderCheck: _check(other, names)}, executing=True,
+                     folder="/d/kit", sums="MANIFEST", what="the kit", generated_fix=model_data.KIT_GENERATED_FIX)
+    assert "3 files of MANIFEST are missing" in cmds[0]
+
+
+def test_folder_verified_without_sums_plans_then_fails():
+    kw = dict(folder="/d/k", sums="MANIFEST", what="kit")
+    assert run_op(data_copy.folder_verified, {FolderCheck: None}, **kw)[0][0].startswith("# will verify")
+    assert "exit 1" in run_op(data_copy.folder_verified, {FolderCheck: None}, executing=True, **kw)[0][0]
+
+
+PEER = dict(src="/d/engram", target="nvidia@10.0.0.2", dest="/w/engram", what="Engram")
+
+
+def _peer(files, reachable=True, free=10**12, link=None):
+    return {"reachable": reachable, "files": files, "free": free, "link": link}
+
+
+def test_folder_to_peer_in_step_is_noop():
+    facts = {DirFiles: dict(ENGRAM, **{".cache/huggingface/x.metadata": [1, 1]}), PeerFolder: _peer(dict(ENGRAM))}
+    cmds, h = run_op(data_copy.folder_to_peer, facts, executing=True, **PEER)
+    assert cmds == [] and "matches" in h.noops[0]
+
+
+def test_folder_to_peer_copies_differences_resumably():
+    cmds, _ = run_op(data_copy.folder_to_peer, {DirFiles: ENGRAM, PeerFolder: _peer({})}, executing=True, **PEER)
+    assert cmds[0] == "ssh -o BatchMode=yes nvidia@10.0.0.2 'mkdir -p /w/engram'"
+    assert cmds[1].startswith("rsync -a --partial --info=progress2 ")
+    assert "-e 'ssh -o BatchMode=yes' /d/engram/ nvidia@10.0.0.2:/w/engram/" in cmds[1]
+    assert "--exclude=/.cache/" in cmds[1]
+
+
+def test_folder_to_peer_checks_worker_space_and_reachability():
+    cmds, _ = run_op(data_copy.folder_to_peer, {DirFiles: ENGRAM, PeerFolder: _peer({}, free=50)}, executing=True,
+                     **PEER)
+    assert "needs" in cmds[0] and "nvidia@10.0.0.2:/w/engram" in cmds[0] and "exit 1" in cmds[0]
+    cmds, _ = run_op(data_copy.folder_to_peer, {DirFiles: ENGRAM, PeerFolder: _peer({}, reachable=False)},
+                     executing=True, **PEER)
+    assert "cannot reach" in cmds[0]
+    # planning on a fresh pair: the link is not up yet, the copy is still planned
+    cmds, _ = run_op(data_copy.folder_to_peer, {DirFiles: {}, PeerFolder: _peer({}, reachable=False)}, **PEER)
+    assert cmds[1].startswith("rsync ")
+
+
+def test_folder_to_peer_fixes_only_the_link():
+    facts = {DirFiles: ENGRAM, PeerFolder: _peer(dict(ENGRAM), link="old/rank1")}
+    cmds, _ = run_op(data_copy.folder_to_peer, facts, executing=True, **PEER, link="/w/active-rank1",
+                     link_to="new/rank1")
+    assert cmds == ["ssh -o BatchMode=yes nvidia@10.0.0.2 'ln -sfn new/rank1 /w/active-rank1'"]
+
+
+def test_folder_placed_hardlinks_when_source_changed():
+    src = {"MANIFEST": [10, 5], "aot/aot.json": [3, 5]}
+    facts = {DirFiles: table(({"path": "/d/kit-src/kit"}, src),
+                             ({"path": "/d/kit"}, dict(src, **{".sparkfold-verified": [65, 6]})))}
+    assert run_op(data_copy.folder_placed, facts, src="/d/kit-src/kit", dest="/d/kit", what="kit")[0] == []
+    facts = {DirFiles: table(({"path": "/d/kit-src/kit"}, src), ({"path": "/d/kit"}, {}))}
+    cmds, _ = run_op(data_copy.folder_placed, facts, src="/d/kit-src/kit", dest="/d/kit", what="kit")
+    assert "cp -rl /d/kit-src/kit /d/kit.tmp" in cmds[0] and cmds[0].endswith("mv /d/kit.tmp /d/kit")
+
+
+def test_blob_sums_listed_from_names():
+    blob = "blobs/" + "c" * 64
+    fact = {FolderCheck: _check({blob: [5, 1], "refs/main": [40, 1]}, [blob])}
+    assert run_op(model_data.blob_sums_written, fact, repo_dir="/h/hub/models--o--r")[0] == []
+    fact = {FolderCheck: _check({blob: [5, 1], "blobs/" + "d" * 64: [6, 1]}, [blob])}
+    cmds, _ = run_op(model_data.blob_sums_written, fact, repo_dir="/h/hub/models--o--r")
+    assert "> .sparkfold-SHA256SUMS.tmp" in cmds[0]
+
+
+def test_blob_sums_shell_matches_what_the_worker_checks(tmp_path):
+    """The generated list is valid sha256sum -c input for LFS blobs."""
+    built = build_cache(tmp_path, "o/r", model_files())
+    fact = {FolderCheck: _check({}, [])}
+    cmd = run_op(model_data.blob_sums_written, fact, repo_dir=str(built["repo_dir"]))[0][0]
+    subprocess.run(["sh", "-c", cmd], check=True)
+    subprocess.run(["sha256sum", "-c", "--quiet", ".sparkfold-SHA256SUMS"], cwd=built["repo_dir"], check=True)
+    assert len((built["repo_dir"] / ".sparkfold-SHA256SUMS").read_text().splitlines()) == 2  # the two shards
+
+
+# ---- served path and the deploy function ----
+
+def settings(**over):
+    base = dict(is_head=True, ablit=False, hf_cache="/home/n/.cache/huggingface", data_dir="/home/n/.cache/sparkfold",
+                state_dir="/home/n/.local/state/sparkfold", active_model_repo="Org/M", active_model_revision="main",
+                hf_python="", hf_endpoint="", hf_token="", nfs_volume="sparkfold-hf", worker_weights="nfs",
+                engram_repo="deepseek-ai/E", engram_revision="main", engram_files=["config.json", "e.safetensors"],
+                kit_repo="b/kit", kit_revision="main", ablit_repo="d/ablit", ablit_revision="r" * 40,
+                ablit_file="w.safetensors", worker_link_ssh="nvidia@192.168.100.2")
+    return SimpleNamespace(**dict(base, **over))
+
+
+def test_served_model_path_stock_ablit_and_worker():
+    host_dir, inside = model_data.served_model_path(settings())
+    assert host_dir == "/home/n/.cache/huggingface"
+    assert inside == "/root/.cache/huggingface/hub/models--Org--M/sparkfold-current"
+    assert model_data.served_model_path(settings(ablit=True)) == ("/home/n/.cache/sparkfold/ablit",
+                                                                  "/model-ablit/current")
+    assert model_data.served_model_path(settings(is_head=False, ablit=True))[0] == "sparkfold-hf"
+    assert model_data.served_model_path(settings(is_head=False, worker_weights="copy"))[0] == \
+        "/home/n/.cache/huggingface"
+
+
+@pytest.fixture
+def recorded(monkeypatch):
+    """Every op the deploy function calls, with its name and arguments (no pyinfra state needed)."""
+    calls = []
+    from operations import ablit, weights
+
+    def recorder(label):
+        return lambda **kw: calls.append((label, kw))
+
+    for module in (model_data, weights, ablit):
+        for attr in dir(module):
+            obj = getattr(module, attr)
+            if hasattr(obj, "_inner"):
+                monkeypatch.setattr(module, attr, recorder(attr))
+    monkeypatch.setattr(model_data, "_plan", lambda args: {"complete": False, "missing": [["f", 2**30]],
+                                                           "missing_bytes": 2**30, "commit": COMMIT})
+    return calls
+
+
+def test_deploy_head_order_and_names(recorded):
+    model_data.deploy_model_data(settings(), "sparkfold/dsv41-tf:abc")
+    ops = [c[0] for c in recorded]
+    assert ops[:3] == ["hf_python_ready", "hf_token_file", "hf_snapshot"]
+    assert ops.index("token_map_written") < ops.index("rank_file_written") < ops.index("folder_to_peer")
+    assert ops.count("rank_file_written") == 2 and "ablit_applied" not in ops
+    names = [c[1]["name"] for c in recorded if c[0] == "hf_snapshot"]
+    assert names[0] == f"Checkpoint: fetch 1 files, 1.0 GiB of Org/M@{COMMIT[:12]} into /home/n/.cache/huggingface/hub"
+    assert all("_sudo" not in c[1] for c in recorded)  # everything lives in the ssh user's folders
+
+
+def test_deploy_head_ablit_and_copy_mode(recorded):
+    model_data.deploy_model_data(settings(ablit=True, hf_token="t", worker_weights="copy"), "img")
+    ops = [c[0] for c in recorded]
+    overlay = [c[1] for c in recorded if c[0] == "hf_snapshot"][-1]
+    assert overlay["require_token"] and overlay["include"] == ("w.safetensors", "apply_mia_exl3_wob.py")
+    assert ops.index("ablit_applied") < ops.index("rank_file_written")
+    ranks = [c[1] for c in recorded if c[0] == "rank_file_written"]
+    assert all(r["ablit_dir"] == "/home/n/.cache/sparkfold/ablit" for r in ranks)
+    assert "blob_sums_written" in ops
+
+
+def test_deploy_worker_only_verifies(recorded):
+    model_data.deploy_model_data(settings(is_head=False), "img")
+    assert [c[0] for c in recorded] == ["folder_verified"] * 3
+    assert recorded[2][1]["folder"] == "/home/n/.cache/sparkfold/rank-cache/active-rank1"

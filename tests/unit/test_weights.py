@@ -1,0 +1,165 @@
+"""Token map and weight-file operations: both ways, partial files, changed commits, and a local end-to-end run of
+the yielded commands through a stand-in docker (tests/unit/fake_docker.py)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from harness import run_op
+from hf_fixture import build_cache, model_files
+from operations import weights
+from operations.facts.model_data import DirFiles, FileText, FreeBytes, HfPlan, LinkTarget, RankFolder
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+COMMIT = "b" * 40
+PLAN = {"python": "/v/bin/python", "repo": "Org/M", "revision": "main", "cache_dir": "/h/hub", "local_dir": "",
+        "include": (), "token_path": "/s/t", "endpoint": ""}
+
+
+def plan(complete=True, commit=COMMIT, total=2 * 2**30):
+    return {"complete": complete, "commit": commit, "total_bytes": total, "manifest": complete}
+
+
+def rank_kw(**over):
+    return dict(dict(image_ref="img:1", rank=0, plan_args=PLAN, hf_cache="/h", rank_cache="/d/rank-cache"), **over)
+
+
+def run_all(commands, tmp_path):
+    """Run yielded commands in a shell with the stand-in docker first on PATH."""
+    bindir = tmp_path / "bin"
+    bindir.mkdir(exist_ok=True)
+    shim = bindir / "docker"
+    shim.write_text(f"#!/bin/sh\nexec {sys.executable} {HERE}/fake_docker.py \"$@\"\n")
+    shim.chmod(0o755)
+    env = dict(os.environ, PATH=f"{bindir}:{os.environ['PATH']}", FAKE_DOCKER_LOG=str(tmp_path / "docker.log"))
+    for command in commands:
+        subprocess.run(["sh", "-c", command], check=True, env=env, timeout=60)
+
+
+def local_fact(cls, **kwargs):
+    done = subprocess.run(["sh", "-c", cls().command(**kwargs)], capture_output=True, text=True, check=True)
+    lines = done.stdout.splitlines()
+    return cls().process(lines) if lines else cls.default()
+
+
+# ---- token map ----
+
+def test_token_map_current_is_noop():
+    facts = {HfPlan: plan(), FileText: COMMIT, DirFiles: {"dsv41_token_map.json": [900, 1]}}
+    cmds, h = run_op(weights.token_map_written, facts, image_ref="img", plan_args=PLAN, hf_cache="/h",
+                     out_dir="/d/token-map")
+    assert cmds == [] and COMMIT[:12] in h.noops[0]
+
+
+def test_token_map_rewritten_when_commit_changed():
+    facts = {HfPlan: plan(), FileText: "c" * 40, DirFiles: {"dsv41_token_map.json": [900, 1]}}
+    cmds, _ = run_op(weights.token_map_written, facts, image_ref="img", plan_args=PLAN, hf_cache="/h",
+                     out_dir="/d/token-map")
+    assert "docker run --rm --network none" in cmds[0] and "-v /h:/hf:ro" in cmds[0]
+    assert f"/hf/hub/models--Org--M/snapshots/{COMMIT} /out/dsv41_token_map.json" in cmds[0]
+    assert cmds[0].endswith(f"printf '%s\\n' {COMMIT} > /d/token-map/dsv41_token_map.json.commit")
+
+
+def test_token_map_plans_before_the_checkpoint_exists_and_refuses_when_executing():
+    facts = {HfPlan: plan(complete=False, commit=None), FileText: None, DirFiles: {}}
+    cmds, _ = run_op(weights.token_map_written, facts, image_ref="img", plan_args=PLAN, hf_cache="/h",
+                     out_dir="/d/t")
+    assert weights.PENDING in cmds[0] and "docker run" in cmds[0]
+    cmds, _ = run_op(weights.token_map_written, facts, executing=True, image_ref="img", plan_args=PLAN,
+                     hf_cache="/h", out_dir="/d/t")
+    assert "exit 1" in cmds[0] and "not complete" in cmds[0]
+
+
+# ---- rank files ----
+
+def test_rank_file_complete_is_noop():
+    folder = {"bins": {0: ["rank0of2-0123456789abcdef0123.bin"]}, "partial": [], "source": COMMIT}
+    cmds, h = run_op(weights.rank_file_written, {HfPlan: plan(), RankFolder: folder, FreeBytes: 10**12}, **rank_kw())
+    assert cmds == [] and "is current" in h.noops[0]
+
+
+@pytest.mark.parametrize("folder", [
+    {"bins": {}, "partial": [], "source": None},  # never written
+    {"bins": {}, "partial": [0], "source": None},  # interrupted run left a .partial
+    {"bins": {0: ["rank0of2-a.bin", "rank0of2-b.bin"]}, "partial": [], "source": COMMIT},  # two files: engine fails
+    {"bins": {0: ["rank0of2-a.bin"]}, "partial": [], "source": "c" * 40},  # other source commit
+])
+def test_rank_file_redone_after_clearing(folder):
+    cmds, _ = run_op(weights.rank_file_written, {HfPlan: plan(), RankFolder: folder, FreeBytes: 10**12}, **rank_kw())
+    assert cmds[0].startswith(f"mkdir -p /d/rank-cache/{COMMIT}/rank0 && rm -f ")
+    assert "rank0of2-*.bin" in cmds[0] and ".rank0of2.partial" in cmds[0]
+    assert "--entrypoint tf-dsv41-rank-cache img:1" in cmds[1] and cmds[1].split(" && ")[0].endswith(" /out 0 2")
+
+
+def test_rank_file_disk_check():
+    folder = {"bins": {}, "partial": [], "source": None}
+    cmds, _ = run_op(weights.rank_file_written, {HfPlan: plan(total=200 * 2**30), RankFolder: folder,
+                                                 FreeBytes: 50 * 2**30}, **rank_kw(rank=1))
+    assert len(cmds) == 1 and "needs 105.0 GiB free" in cmds[0] and "rank 1's weight file" in cmds[0]
+
+
+def test_rank_file_from_ablit_pack_has_its_own_folder_and_source():
+    folder = {"bins": {1: ["rank1of2-a.bin"]}, "partial": [], "source": COMMIT}  # the stock file
+    cmds, _ = run_op(weights.rank_file_written, {HfPlan: plan(), RankFolder: folder, FreeBytes: 10**12},
+                     **rank_kw(rank=1, ablit_dir="/d/ablit", ablit_revision="r1"))
+    assert f"/d/rank-cache/{COMMIT}-ablit/rank1" in cmds[0]
+    assert f"-v /d/ablit/{COMMIT}:/model:ro" in cmds[1] and f"'{COMMIT}-ablit r1'" in cmds[1]
+
+
+def test_rank_files_end_to_end_then_converged(tmp_path):
+    built = build_cache(tmp_path / "hf" / "hub", "Org/M", model_files())
+    plan_args = dict(PLAN, cache_dir=str(tmp_path / "hf" / "hub"))
+    p = plan(commit=built["commit"])
+    rank_cache = tmp_path / "data" / "rank-cache"
+    kw = rank_kw(plan_args=plan_args, hf_cache=str(tmp_path / "hf"), rank_cache=str(rank_cache))
+    folder = rank_cache / built["commit"] / "rank0"
+
+    def facts():
+        return {HfPlan: p, RankFolder: local_fact(RankFolder, path=str(folder)),
+                FreeBytes: local_fact(FreeBytes, path=str(folder))}
+
+    folder.mkdir(parents=True)
+    (folder / ".rank0of2.partial").write_bytes(b"half")  # an interrupted run
+    cmds, _ = run_op(weights.rank_file_written, facts(), executing=True, **kw)
+    run_all(cmds, tmp_path)
+    names = sorted(os.listdir(folder))
+    assert len([n for n in names if n.startswith("rank0of2-") and n.endswith(".bin")]) == 1
+    assert ".rank0of2.partial" not in names
+    cmds, h = run_op(weights.rank_file_written, facts(), executing=True, **kw)
+    assert cmds == [], h.noops
+
+
+# ---- links, checksums, copy to the worker ----
+
+def test_commit_link_both_ways():
+    facts = {HfPlan: plan(), LinkTarget: f"snapshots/{COMMIT}"}
+    assert run_op(weights.commit_link, facts, link="/h/hub/models--Org--M/sparkfold-current", plan_args=PLAN,
+                  template="snapshots/{commit}")[0] == []
+    facts[LinkTarget] = "snapshots/" + "c" * 40  # the revision moved
+    cmds, _ = run_op(weights.commit_link, facts, link="/h/hub/models--Org--M/sparkfold-current", plan_args=PLAN,
+                     template="snapshots/{commit}")
+    assert cmds == [f"mkdir -p /h/hub/models--Org--M && ln -sfn snapshots/{COMMIT} /h/hub/models--Org--M/sparkfold-current"]
+
+
+def test_rank_sums_written_for_the_rank_file():
+    from operations.facts.model_data import FolderCheck
+
+    folder = {"bins": {1: ["rank1of2-abc.bin"]}, "partial": [], "source": COMMIT}
+    cmds, _ = run_op(weights.rank_sums_written, {HfPlan: plan(), RankFolder: folder, FolderCheck: None},
+                     plan_args=PLAN, rank_cache="/d/rc", rank=1, ablit=False)
+    assert cmds[0].startswith(f"cd /d/rc/{COMMIT}/rank1 && sha256sum -- rank1of2-abc.bin > SHA256SUMS.tmp")
+
+
+def test_rank_file_to_peer_targets_same_layout_and_link():
+    from operations.facts.model_data import PeerFolder
+
+    facts = {HfPlan: plan(), DirFiles: {"rank1of2-abc.bin": [10, 1], "SHA256SUMS": [80, 1]},
+             PeerFolder: {"reachable": True, "files": {}, "free": 10**9, "link": None}}
+    cmds, _ = run_op(weights.rank_file_to_peer, facts, executing=True, plan_args=PLAN, rank_cache="/d/rc", rank=1,
+                     ablit=False, target="n@w", peer_rank_cache="/w/rc")
+    assert f"/d/rc/{COMMIT}/rank1/ n@w:/w/rc/{COMMIT}/rank1/" in cmds[1]
+    assert cmds[2] == f"ssh -o BatchMode=yes n@w 'ln -sfn {COMMIT}/rank1 /w/rc/active-rank1'"
