@@ -13,9 +13,10 @@ from operations.image import deploy_image, image_ref, read_capabilities
 from operations.lifecycle import deploy_health, deploy_pair
 from operations.link import deploy_link
 from operations.memguard import deploy_memguard
-from operations.model_data import deploy_model_data, served_model_path
+from operations.model_data import deploy_model_data
 from operations.nfs import deploy_nfs
 from operations.preflight import deploy_preflight
+from operations.served import model_mount, rank_folder
 from operations.supervise import deploy_supervise
 from pyinfra import host
 
@@ -50,6 +51,7 @@ deploy_api_key(s)
 deploy_supervise(s)
 
 # 9-10. the pair: rank 1, then rank 0; then health, smoke test and the LIVE line
-deploy_pair(s, image, recorded_rails, served_model_path(s),
-            (lambda: read_capabilities(image)) if s.is_head else None)
+deploy_pair(s, image, recorded_rails, lambda: model_mount(s),
+            (lambda: read_capabilities(image)) if s.is_head else None,
+            paths={"rank_cache": lambda: rank_folder(s)})
 deploy_health(s)

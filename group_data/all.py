@@ -92,3 +92,5 @@ supervise_backoff_s = 60  # first restart delay; doubles on each retry
 restart = False  # recreate both ranks even when nothing changed (restart.py sets it)
 allowed_arch = ["aarch64"]  # machine types preflight accepts (a DGX Spark is aarch64)
 allowed_os = ["ubuntu"]  # /etc/os-release ID (or ID_LIKE) values preflight accepts (DGX OS is Ubuntu based)
+nvidia_smi_path = "/usr/bin/nvidia-smi"  # nvidia-smi the clock unit and the live lock run
+rotate_api_key = False  # True writes a new API key on the head (for one run: --data rotate_api_key=true)

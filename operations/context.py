@@ -31,7 +31,10 @@ def current_settings() -> tuple[Settings, list[str]]:
     head, worker = pair_hosts()
     hs, ws = settings_for(head), settings_for(worker)
     problems = validate_all(hs, ws, _target(head), _target(worker))
-    return (hs if current_host.name == head.name else ws), problems
+    mine, peer = (hs, ws) if current_host.name == head.name else (ws, hs)
+    # each Spark's own paths may differ (another user or home): give each side the other's too
+    return mine.replace(peer_hf_cache=peer.hf_cache, peer_data_dir=peer.data_dir, peer_state_dir=peer.state_dir,
+                        head_hf_cache=hs.hf_cache), problems
 
 
 def _target(h) -> str:

@@ -23,7 +23,9 @@ _KIT_GENERATED = re.compile(r"^(rope-[^/]*\.f32|vision/gate_bias_vl\.safetensors
 
 
 def gib(n) -> str:
-    return "?" if n is None else f"{n / 2**30:.1f} GiB"
+    if n is None:
+        return "?"
+    return f"{n / 2**30:.1f} GiB" if n >= 2**30 / 10 else f"{n / 2**20:.1f} MiB"
 
 
 def is_bookkeeping(path: str) -> bool:

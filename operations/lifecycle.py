@@ -52,8 +52,10 @@ def _launch_inputs(s, image_ref, rails, model_mount, capabilities, paths, digest
         if gaps or rail_problems(r, s.nccl_rails):
             return None
         caps = _value(capabilities) if s.is_head else None
+        # a path may be a callable: resolved now, e.g. a link to the current weight folder read as a fact
+        resolved = {key: _value(value) for key, value in paths.items()}
         return rank_spec(s, img, r, mm, caps, has_infiniband=bool(host.get_fact(InfinibandDevices)),
-                         paths=paths, template_digest=digest)
+                         paths=resolved, template_digest=digest)
 
     def problems():
         gaps, r, _img, mm = missing()

@@ -212,7 +212,8 @@ def management_guard_command(dev: str, ip: str, netplan_file: str) -> StringComm
 @operation()
 def netplan_link(rails: list[dict], mtu: int, netplan_file: str):
     """Write this project's netplan file for the link rails (mode 600), migrate other files' stanzas for the
-    same netdevs (backup kept), and run `netplan generate && netplan apply` only when something changed."""
+    same netdevs (backup kept), and run `netplan generate && netplan apply` only when something changed: the
+    file, a migration, or the live addresses/MTU drifted from it."""
     if not netplan_file.endswith(".yaml"):
         yield fail_command(f"link_netplan_file {netplan_file} must end in .yaml (netplan reads only *.yaml)")
         return
@@ -223,7 +224,10 @@ def netplan_link(rails: list[dict], mtu: int, netplan_file: str):
         return
     want = render_netplan(rails, mtu)
     current = files.get(netplan_file)
-    changed = bool(moves) or current is None or current["text"] != want
+    addrs = host.get_fact(IpAddresses)
+    # drift: the file is right but an address or MTU is gone from a netdev (e.g. `ip addr del`): apply again
+    drifted = bool(address_problems(rails, addrs, int(mtu), netplan_file))
+    changed = bool(moves) or current is None or current["text"] != want or drifted
     for move in moves:
         yield from migration_commands(move)
     if current is None or current["text"] != want:
@@ -235,7 +239,6 @@ def netplan_link(rails: list[dict], mtu: int, netplan_file: str):
         return
     # the management address to keep: the default route's interface, unless it is one of the rails
     mgmt_dev = host.get_fact(DefaultRouteDevice)
-    addrs = host.get_fact(IpAddresses)
     mgmt_ips = [] if mgmt_dev in {r["netdev"] for r in rails} else (addrs.get(mgmt_dev) or {}).get("ipv4", [])
     yield StringCommand("netplan generate && netplan apply")
     if mgmt_ips:

@@ -21,12 +21,12 @@ from operations.data_copy import (checksums_written, folder_placed, folder_to_pe
                                   gib, space_problem)
 from operations.facts.model_data import FolderCheck, HfHubPython, HfPlan
 from operations.hf_cache import repo_folder_name
-from operations.model_paths import (CONTAINER_HF, SERVED_LINK, active_rank_link, checkpoint_plan_args, hub_python,
-                                    paths, worker_paths)
+from operations.model_paths import CONTAINER_HF, SERVED_LINK, active_rank_link, hub_python, paths, worker_paths
 from operations.remote import heredoc_command
 from operations.util import fail_command
 
 MODEL_TYPE = "deepseek_v41"
+BLOB_SUMS = ".sparkfold-SHA256SUMS"  # the checkpoint's LFS blobs, for the worker copy's check
 KIT_GENERATED_FIX = ("The kit_repo Hugging Face mirror ships them: check kit_repo/kit_revision. Generating them "
                      "instead needs torch and DeepSeek's original checkpoint (kit/tools/make_rope.py, "
                      "kit/tools/make_bias_vl.py), which sparkfold does not do.")
@@ -215,8 +215,6 @@ def _worker(s) -> None:
         folder_verified(name="Checkpoint copy verified (worker)", folder=p["repo"], sums=BLOB_SUMS,
                         what="the checkpoint copy")
 
-
-BLOB_SUMS = ".sparkfold-SHA256SUMS"
 
 
 @operation()

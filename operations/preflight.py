@@ -31,12 +31,12 @@ def platform_problem(info: dict, allowed_arch, allowed_os_ids) -> str | None:
     arch = info.get("arch", "")
     if arch not in allowed_arch:
         return (f"this machine is {arch or 'of unknown architecture'}, not {'/'.join(allowed_arch)}: sparkfold "
-                f"targets DGX Spark (aarch64, DGX OS); run it against the Sparks (allowed_arch lists what is accepted)")
+                f"targets DGX Spark (aarch64, DGX OS); run it against the Sparks (the allowed_arch setting lists what is accepted)")
     ids = [info.get("id", "")] + list(info.get("id_like", []))
     if not any(i in allowed_os_ids for i in ids if i):
         name = info.get("pretty_name") or info.get("id") or "an unknown OS"
         return (f"the OS is {name}, not one of {', '.join(allowed_os_ids)} (ID/ID_LIKE in /etc/os-release): "
-                f"sparkfold targets DGX OS (Ubuntu based); reinstall DGX OS or extend allowed_os_ids")
+                f"sparkfold targets DGX OS (Ubuntu based); reinstall DGX OS or extend the allowed_os setting")
     return None
 
 
@@ -190,8 +190,8 @@ def _held_paths(s) -> list[str]:
 def deploy_preflight(s) -> None:
     platform_supported(
         name="Preflight: aarch64 and DGX OS",
-        allowed_arch=list(getattr(s, "allowed_arch", ["aarch64"])),
-        allowed_os_ids=list(getattr(s, "allowed_os_ids", ["ubuntu", "dgx"])),
+        allowed_arch=list(s.allowed_arch),
+        allowed_os_ids=list(s.allowed_os),
     )
     memory_available(
         name=f"Preflight: {s.min_avail_gib:g} GiB memory available",

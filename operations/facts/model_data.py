@@ -224,7 +224,7 @@ class PeerFolder(FactBase):
         if link:
             remote += f"echo \"#LINK $(readlink {shlex.quote(link)})\"; "
         remote += "echo '#OK'"
-        return (f"ssh -o BatchMode=yes -o ConnectTimeout=10 {shlex.quote(target)} {shlex.quote(remote)} "
+        return (f"ssh -o BatchMode=yes -o ConnectTimeout=5 {shlex.quote(target)} {shlex.quote(remote)} "
                 "2>/dev/null || true")
 
     def process(self, output):

@@ -14,7 +14,6 @@ from __future__ import annotations
 import os
 import sys
 import threading
-import time
 
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # before huggingface_hub is imported
 
@@ -22,7 +21,7 @@ if not globals().get("_BUNDLED"):  # run from a checkout
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     from hf_cache import *  # noqa: F401,F403
-    from hf_plan import _token, hub_files, model_type, parse_args as _plan_args, still_to_fetch
+    from hf_plan import _token, hub_files, model_type, parse_args, still_to_fetch
 
 
 def fetch_args(argv):
@@ -35,7 +34,7 @@ def fetch_args(argv):
             every = float(next(it))
         else:
             rest.append(a)
-    return _plan_args(rest), expect, every
+    return parse_args(rest), expect, every
 
 
 def _gib(n):

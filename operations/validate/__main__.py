@@ -9,7 +9,7 @@ import sys
 
 from operations.validate import bench, context, image, text, tools
 from operations.validate.client import Client, CouldNotRun, HttpError, api_key_from
-from operations.validate.result import FAIL, NOT_RUN, Result, exit_code  # noqa: F401
+from operations.validate.result import FAIL, NOT_RUN, Result, exit_code
 
 CHECKS = {
     "text": text.check_text,

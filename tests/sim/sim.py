@@ -212,6 +212,8 @@ def site_data() -> dict:
             # this machine's disk is far smaller than a Spark's; the fake hub's files are tiny
             "disk_need_gb": 5,
             "image_free_gb": 2,
+            # the stand-in lives in /usr/local/bin (a real DGX OS has /usr/bin/nvidia-smi)
+            "nvidia_smi_path": "/usr/local/bin/nvidia-smi",
         },
     }
 

@@ -189,6 +189,15 @@ def test_fact_incomplete_snapshot_offline_reports_error_and_exits_0(tmp_path):
     assert out["complete"] is False and out["error"] and out["commit"] == built["commit"]
 
 
+def test_bundled_fetch_runs_as_sent_and_fails_cleanly_offline(tmp_path):
+    from operations.remote import heredoc_command
+
+    head = f"{sys.executable} - --repo {REPO} --revision main --cache-dir {tmp_path}"
+    done = subprocess.run(["sh", "-c", heredoc_command(head, "hf_fetch")], capture_output=True, text=True,
+                          env=dict(_no_network_env(tmp_path), HF_ENDPOINT="http://127.0.0.1:9"), timeout=60)
+    assert done.returncode == 1 and f"sparkfold: cannot list {REPO}@main" in done.stderr, done.stderr
+
+
 def test_bundle_is_one_valid_script():
     for name in ("hf_plan", "hf_fetch"):
         source = bundle(name)

@@ -99,7 +99,7 @@ def test_ablit_shards_fact(tmp_path):
 
 def test_peer_folder_parse_and_command():
     cmd = PeerFolder().command(target="nvidia@192.168.100.2", path="/d/engram", link="/d/l")
-    assert cmd.startswith("ssh -o BatchMode=yes -o ConnectTimeout=10 nvidia@192.168.100.2 ") and "|| true" in cmd
+    assert cmd.startswith("ssh -o BatchMode=yes -o ConnectTimeout=5 nvidia@192.168.100.2 ") and "|| true" in cmd
     got = parse_fact(PeerFolder, "a.bin\t5\t1700000000.5\n#FREE 1000\n#LINK k/rank1\n#OK\n")
     assert got == {"reachable": True, "files": {"a.bin": [5, 1700000000]}, "free": 1000, "link": "k/rank1"}
     assert parse_fact(PeerFolder, "")["reachable"] is False

@@ -96,7 +96,7 @@ def test_platform_fails_on_x86_debian_unless_allowed():
     cmds, _ = run_op(preflight.platform_supported, {OsRelease: sim})
     assert len(cmds) == 1 and "x86_64" in cmds[0] and "exit 1" in cmds[0]
     cmds, _ = run_op(preflight.platform_supported, {OsRelease: sim}, allowed_arch=["x86_64"])
-    assert "Debian GNU/Linux 12" in cmds[0] and "allowed_os_ids" in cmds[0]
+    assert "Debian GNU/Linux 12" in cmds[0] and "allowed_os setting" in cmds[0]
     cmds, _ = run_op(preflight.platform_supported, {OsRelease: sim}, allowed_arch=["x86_64"],
                      allowed_os_ids=["debian"])
     assert cmds == []
@@ -204,3 +204,21 @@ def test_peer_reachable_both_ways():
 def test_ssh_fact_command_is_batch_mode_with_timeout():
     cmd = SshReachable().command("nvidia@spark-2")
     assert "ssh -o BatchMode=yes -o ConnectTimeout=10 nvidia@spark-2 true" in cmd
+
+
+def test_deploy_preflight_passes_settings(monkeypatch):
+    from settings_factory import make_settings
+    calls = []
+    for name in ("platform_supported", "memory_available", "disk_free", "tools_present", "peer_reachable"):
+        monkeypatch.setattr(preflight, name, lambda _n=name, **kw: calls.append((_n, kw)))
+    preflight.deploy_preflight(make_settings("head"))
+    got = dict(calls)
+    assert got["platform_supported"]["allowed_arch"] == ["aarch64"]
+    assert got["memory_available"]["own_containers"] == ["dsv41-1017-exl3-tf"]
+    assert got["disk_free"]["need_gb"] == 505 and got["disk_free"]["data_paths"][0].endswith("/huggingface")
+    assert any(p.endswith("hub/models--Mia-AiLab--DeepSeek-V4.1-Flash-1017-EXL3-EAQ-v1-2.9-bpw")
+               for p in got["disk_free"]["held_paths"])
+    assert got["peer_reachable"]["target"]
+    calls.clear()
+    preflight.deploy_preflight(make_settings("worker"))
+    assert "peer_reachable" not in dict(calls)

@@ -1,0 +1,252 @@
+"""The real pyinfra CLI against the simulated pair: a fresh --dry, the first run, a converged re-run, drift repaired
+one drift at a time, bad input refused before anything changes, stop/start and restart.
+
+The tests run in file order and share the pair's state (each leaves the pair converged). Every test reads state
+back from the Sparks, not only pyinfra's report.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+import requests
+
+API = "http://127.0.0.1:18888"
+NAME = "dsv41-1017-exl3-tf"
+DEPLOY = ("inventory.py", "deploy.py")
+
+
+# --- helpers ------------------------------------------------------------------------------------------------------
+
+def changed_ops(run) -> dict[str, list[str]]:
+    """{operation name: [hosts where it changed something]} from a --json result."""
+    ops = (run.data or {}).get("results", {}) or {}
+    out = {}
+    for op in ops.get("operations", []):
+        if op.get("success"):
+            out[op.get("name") or " | ".join(op.get("names", []))] = sorted(op["success"])
+    return out
+
+
+def totals(run) -> dict:
+    return ((run.data or {}).get("results") or {}).get("totals") or {}
+
+
+def deploy(run_pyinfra, *extra, env=None):
+    run = run_pyinfra(*DEPLOY, "-y", *extra, env=env)
+    assert run.returncode == 0, f"deploy failed:\n{run.stderr[-6000:]}"
+    return run
+
+
+def failing_deploy(run_pyinfra, *extra, env=None):
+    run = run_pyinfra(*DEPLOY, "-y", *extra, env=env)
+    assert run.returncode != 0, "the deploy should have failed"
+    return run
+
+
+def container_id(sim_exec, role: str) -> str:
+    out = sim_exec(role, ["docker", "inspect", "-f", "{{.Id}} {{.State.Running}}", NAME])
+    return out.stdout.strip() if out.returncode == 0 else ""
+
+
+def pair_ids(sim_exec) -> tuple[str, str]:
+    return container_id(sim_exec, "head"), container_id(sim_exec, "worker")
+
+
+def chat(text: str = "Reply with OK.") -> dict:
+    r = requests.post(f"{API}/v1/chat/completions", timeout=30, json={
+        "model": "DeepSeek-V4.1-Flash-1017", "max_tokens": 32, "temperature": 0,
+        "messages": [{"role": "user", "content": text}]})
+    r.raise_for_status()
+    return r.json()
+
+
+def started_at(sim_exec, role: str) -> str:
+    return sim_exec(role, ["docker", "inspect", "-f", "{{.State.StartedAt}}", NAME]).stdout.strip()
+
+
+def gpu_lock(sim_exec, role: str) -> str:
+    return sim_exec(role, "nvidia-smi -q -d CLOCK").stdout
+
+
+def addresses(sim_exec, role: str, netdev: str) -> list[str]:
+    out = sim_exec(role, ["ip", "-j", "-4", "addr", "show", "dev", netdev]).stdout
+    return [f"{a['local']}/{a['prefixlen']}" for i in json.loads(out or "[]") for a in i.get("addr_info", [])]
+
+
+# --- 1. fresh pair ------------------------------------------------------------------------------------------------
+
+def test_dry_run_on_a_fresh_pair_plans_every_step_and_changes_nothing(run_pyinfra, sim_exec):
+    run = run_pyinfra(*DEPLOY, "--dry")
+    assert run.returncode == 0, run.stderr[-4000:]
+    planned = {op["name"] for op in run.data["plan"] if op["hosts_with_change"]}
+    for step in ("GPU clock ceiling locked", "CX7 link: netplan file", "Engine image: build", "Checkpoint: fetch",
+                 "Start rank 1 (worker)", "Start rank 0 (head)"):
+        assert any(name.startswith(step) for name in planned), (step, sorted(planned))
+    # nothing changed on the Sparks
+    assert addresses(sim_exec, "head", "enp1s0f0np0") == []
+    assert sim_exec("head", "test -e /etc/netplan/60-sparkfold-cx7.yaml").returncode != 0
+    assert pair_ids(sim_exec) == ("", "")
+    assert "2200" not in gpu_lock(sim_exec, "worker").split("Locked")[-1] or "N/A" in gpu_lock(sim_exec, "worker")
+
+
+def test_first_run_converges_and_serves_through_both_ranks(run_pyinfra, sim_exec):
+    run = deploy(run_pyinfra)
+    assert "is now LIVE! on port 8888" in run.stderr
+    head_id, worker_id = pair_ids(sim_exec)
+    assert head_id.endswith("true") and worker_id.endswith("true")
+    assert addresses(sim_exec, "worker", "enP2p1s0f0np0") == ["192.168.101.2/24"]
+    reply = chat()
+    assert reply["choices"][0]["message"]["content"].strip()
+    assert "rank 1" in json.dumps(reply), reply  # the stand-in's answer carries rank 1's part
+
+
+def test_second_run_changes_nothing_and_is_fast(run_pyinfra, sim_exec):
+    before = pair_ids(sim_exec)
+    t0 = time.monotonic()
+    run = deploy(run_pyinfra)
+    elapsed = time.monotonic() - t0
+    assert changed_ops(run) == {}, changed_ops(run)
+    assert totals(run).get("success") == 0 and totals(run).get("error") == 0
+    assert pair_ids(sim_exec) == before
+    assert elapsed < 180, f"a converged run took {elapsed:.0f} s"
+    assert "is now LIVE! on port 8888" in run.stderr
+
+
+# --- 3. drift, one at a time --------------------------------------------------------------------------------------
+
+def test_gpu_lock_reset_on_the_worker_is_repaired_alone(run_pyinfra, sim_exec):
+    before = pair_ids(sim_exec)
+    assert sim_exec("worker", "nvidia-smi -rgc").returncode == 0
+    run = deploy(run_pyinfra)
+    assert changed_ops(run) == {"GPU clock ceiling locked at 2200 MHz": ["sim-worker"]}, changed_ops(run)
+    assert pair_ids(sim_exec) == before
+
+
+def test_rank_container_removed_on_the_worker_restarts_both_in_order(run_pyinfra, sim_exec):
+    head_before, _ = pair_ids(sim_exec)
+    assert sim_exec("worker", ["docker", "rm", "-f", NAME]).returncode == 0
+    run = deploy(run_pyinfra)
+    changed = changed_ops(run)
+    assert "Start rank 1 (worker)" in changed and "Start rank 0 (head)" in changed, changed
+    head_after, worker_after = pair_ids(sim_exec)
+    assert head_after != head_before and head_after.endswith("true") and worker_after.endswith("true")
+    assert started_at(sim_exec, "worker") < started_at(sim_exec, "head")
+    assert chat()["choices"][0]["message"]["content"]
+
+
+def test_link_address_removed_is_put_back(run_pyinfra, sim_exec):
+    assert sim_exec("head", "ip addr del 192.168.101.1/24 dev enP2p1s0f0np0").returncode == 0
+    run = deploy(run_pyinfra)
+    assert addresses(sim_exec, "head", "enP2p1s0f0np0") == ["192.168.101.1/24"]
+    changed = changed_ops(run)
+    assert changed and all(hosts == ["sim-head"] for hosts in changed.values()), changed
+    assert all(name.startswith("CX7 link") for name in changed), changed
+
+
+def test_per_host_setting_recreates_only_what_it_affects(run_pyinfra, sim_exec, site_file):
+    before = pair_ids(sim_exec)
+    # memguard's floor on the head only: the head's memguard unit changes, no rank is touched
+    run = deploy(run_pyinfra, "--limit", "sim-head", "--data", "memguard_gib=3.0") if False else None
+    env = {"SPARKFOLD_MEMGUARD_GIB": "3.0"}
+    run = deploy(run_pyinfra, env=env)
+    changed = changed_ops(run)
+    assert changed and all(name.startswith("memguard") for name in changed), changed
+    assert pair_ids(sim_exec) == before
+    assert "--floor-gib 3" in sim_exec("worker", "cat /etc/systemd/system/sparkfold-memguard.service").stdout
+    # back to the default
+    deploy(run_pyinfra)
+
+
+def test_nfs_volume_options_changed_is_recreated_with_the_intended_options(run_pyinfra, sim_exec):
+    inspect = ["docker", "volume", "inspect", "-f", "{{json .Options}}", "sparkfold-hf"]
+    want = json.loads(sim_exec("worker", inspect).stdout)
+    labels = sim_exec("worker", ["docker", "volume", "inspect", "-f", "{{json .Labels}}", "sparkfold-hf"]).stdout
+    assert sim_exec("worker", ["docker", "volume", "rm", "sparkfold-hf"]).returncode == 0
+    label_args = [a for k, v in json.loads(labels).items() for a in ("--label", f"{k}={v}")]
+    assert sim_exec("worker", ["docker", "volume", "create", *label_args, "--driver", "local", "--opt", "type=nfs",
+                               "--opt", "o=addr=192.168.100.1,ro", "--opt", f"device={want['device']}",
+                               "sparkfold-hf"]).returncode == 0
+    run = deploy(run_pyinfra)
+    assert json.loads(sim_exec("worker", inspect).stdout) == want
+    assert list(changed_ops(run)) == ["NFS: docker volume for the head's cache"], changed_ops(run)
+
+
+# --- 4. bad input: refused before anything changes ----------------------------------------------------------------
+
+def test_unreachable_worker_stops_before_anything_changes(run_pyinfra, sim_exec, site_file, tmp_path):
+    before = pair_ids(sim_exec)
+    bad = tmp_path / "sparks.yaml"
+    bad.write_text(site_file.read_text().replace("ssh_port: 2222", "ssh_port: 2299"))
+    run = run_pyinfra(*DEPLOY, "-y", env={"SPARKFOLD_SITE": str(bad)})
+    assert run.returncode != 0
+    assert "sim-worker" in run.stderr and ("Could not connect" in run.stderr or "failed" in run.stderr.lower())
+    assert changed_ops(run) == {}
+    assert pair_ids(sim_exec) == before
+
+
+def test_too_little_memory_is_refused_with_the_numbers(run_pyinfra, sim_exec, sim):
+    before = pair_ids(sim_exec)
+    sim.set_memavail("worker", 40)
+    try:
+        run = failing_deploy(run_pyinfra)
+    finally:
+        sim.set_memavail("worker", 118)
+    assert "MemAvailable" in run.stderr and "112" in run.stderr, run.stderr[-3000:]
+    assert changed_ops(run) == {}
+    assert pair_ids(sim_exec) == before
+
+
+def test_two_sparks_with_the_same_link_address_are_refused(run_pyinfra, sim_exec, site_file, tmp_path):
+    before = pair_ids(sim_exec)
+    bad = tmp_path / "sparks.yaml"
+    bad.write_text(site_file.read_text().replace("address: 192.168.100.2/24", "address: 192.168.100.1/24"))
+    run = run_pyinfra(*DEPLOY, "-y", env={"SPARKFOLD_SITE": str(bad)})
+    assert run.returncode != 0
+    assert "both use 192.168.100.1" in run.stderr, run.stderr[-3000:]
+    assert pair_ids(sim_exec) == before
+
+
+def test_unknown_extra_serve_flag_is_refused_before_the_pair_is_touched(run_pyinfra, sim_exec):
+    before = pair_ids(sim_exec)
+    run = failing_deploy(run_pyinfra, env={"SPARKFOLD_EXTRA_SERVE_ARGS": "--no-such-flag 3"})
+    assert "--no-such-flag" in run.stderr, run.stderr[-3000:]
+    assert changed_ops(run) == {}, changed_ops(run)
+    assert pair_ids(sim_exec) == before
+    assert chat()["choices"][0]["message"]["content"]
+
+
+def test_ablit_without_a_token_is_refused_before_any_download(run_pyinfra, sim_exec):
+    run = failing_deploy(run_pyinfra, env={"ABLIT": "1", "HF_TOKEN": ""})
+    assert "HF_TOKEN" in run.stderr and "ablit" in run.stderr, run.stderr[-3000:]
+    assert changed_ops(run) == {}
+    assert sim_exec("head", "ls /home/nvidia/.cache/sparkfold/ablit 2>/dev/null").stdout.strip() == ""
+
+
+# --- 5. stop, start, restart --------------------------------------------------------------------------------------
+
+def test_stop_then_deploy_again(run_pyinfra, sim_exec):
+    run = run_pyinfra("inventory.py", "stop.py", "-y")
+    assert run.returncode == 0, run.stderr[-4000:]
+    assert pair_ids(sim_exec) == ("", "")
+    logs = sim_exec("head", "ls /home/nvidia/.cache/sparkfold/logs").stdout
+    assert "rank0.log.gz" in logs
+    assert "rank1.log.gz" in sim_exec("worker", "ls /home/nvidia/.cache/sparkfold/logs").stdout
+    with pytest.raises(requests.ConnectionError):
+        requests.get(f"{API}/v1/models", timeout=5)
+    run = deploy(run_pyinfra)
+    assert "is now LIVE!" in run.stderr
+    assert all(i.endswith("true") for i in pair_ids(sim_exec))
+
+
+def test_restart_recreates_both_in_order_even_when_nothing_changed(run_pyinfra, sim_exec):
+    before = pair_ids(sim_exec)
+    run = run_pyinfra("inventory.py", "restart.py", "-y")
+    assert run.returncode == 0, run.stderr[-4000:]
+    after = pair_ids(sim_exec)
+    assert after[0] != before[0] and after[1] != before[1]
+    assert started_at(sim_exec, "worker") < started_at(sim_exec, "head")
+    assert chat()["choices"][0]["message"]["content"]
+    assert changed_ops(deploy(run_pyinfra)) == {}
