@@ -18,6 +18,7 @@ from operations.nfs import deploy_nfs
 from operations.preflight import deploy_preflight
 from operations.served import model_mount, rank_folder
 from operations.supervise import deploy_supervise
+from operations.sync import both_sparks_reached
 from pyinfra import host
 
 # 1. settings of both Sparks, validated together before any operation exists
@@ -40,15 +41,18 @@ deploy_docker_runtime(s)
 deploy_gpu_clock(s)
 deploy_link(s)
 deploy_nfs(s)
+both_sparks_reached(name="Host preparation done on both Sparks", step="host preparation")
 
 # 6-7. what the ranks load
 deploy_image(s)
 deploy_model_data(s, image)
+both_sparks_reached(name="Data in place on both Sparks", step="the data")
 
 # 8. guards and keys
 deploy_memguard(s)
 deploy_api_key(s)
 deploy_supervise(s)
+both_sparks_reached(name="Guards in place on both Sparks", step="the guards")
 
 # 9-10. the pair: rank 1, then rank 0; then health, smoke test and the LIVE line
 deploy_pair(s, image, recorded_rails, lambda: model_mount(s),

@@ -23,6 +23,7 @@ from operations.facts.model_data import FolderCheck, HfHubPython, HfPlan
 from operations.hf_cache import repo_folder_name
 from operations.model_paths import CONTAINER_HF, SERVED_LINK, active_rank_link, hub_python, paths, worker_paths
 from operations.remote import heredoc_command
+from operations.sync import both_sparks_reached
 from operations.util import fail_command
 
 MODEL_TYPE = "deepseek_v41"
@@ -148,7 +149,8 @@ def deploy_model_data(s, image_ref: str) -> None:
     """Checkpoint, Engram, kit, token map and weight files: head part on the head, worker part on the worker."""
     if s.is_head:
         _head(s, image_ref)
-    else:
+    both_sparks_reached(name="Model data: the head's downloads and copies are done", step="the head's part")
+    if not s.is_head:
         _worker(s)
 
 
