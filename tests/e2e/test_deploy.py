@@ -146,17 +146,39 @@ def test_link_address_removed_is_put_back(run_pyinfra, sim_exec):
     assert all(name.startswith("CX7 link") for name in changed), changed
 
 
-def test_per_host_setting_recreates_only_what_it_affects(run_pyinfra, sim_exec, site_file):
+def group_data_dir(tmp_path, role: str, text: str):
+    d = tmp_path / "group_data"
+    d.mkdir(exist_ok=True)
+    (d / f"{role}.py").write_text(text)
+    return str(d)
+
+
+def test_per_host_setting_in_group_data_changes_only_that_spark(run_pyinfra, sim_exec, tmp_path):
     before = pair_ids(sim_exec)
-    # memguard's floor on the head only: the head's memguard unit changes, no rank is touched
-    run = deploy(run_pyinfra, "--limit", "sim-head", "--data", "memguard_gib=3.0") if False else None
-    env = {"SPARKFOLD_MEMGUARD_GIB": "3.0"}
-    run = deploy(run_pyinfra, env=env)
+    extra = group_data_dir(tmp_path, "worker", "memguard_gib = 3.0\n")
+    run = deploy(run_pyinfra, "--group-data", extra)
     changed = changed_ops(run)
-    assert changed and all(name.startswith("memguard") for name in changed), changed
-    assert pair_ids(sim_exec) == before
+    assert changed and all(hosts == ["sim-worker"] and name.startswith("memguard") for name, hosts in changed.items()), \
+        changed
     assert "--floor-gib 3" in sim_exec("worker", "cat /etc/systemd/system/sparkfold-memguard.service").stdout
-    # back to the default
+    assert "--floor-gib 2.5" in sim_exec("head", "cat /etc/systemd/system/sparkfold-memguard.service").stdout
+    assert pair_ids(sim_exec) == before  # memguard is not part of a rank's spec
+    deploy(run_pyinfra)  # back to the defaults
+
+
+def test_per_host_rank_setting_recreates_the_pair_in_order(run_pyinfra, sim_exec, tmp_path):
+    head_before, worker_before = pair_ids(sim_exec)
+    extra = group_data_dir(tmp_path, "worker", 'nccl_debug = "INFO"\n')
+    run = deploy(run_pyinfra, "--group-data", extra)
+    assert "Start rank 1 (worker)" in changed_ops(run) and "Start rank 0 (head)" in changed_ops(run)
+    head_after, worker_after = pair_ids(sim_exec)
+    assert head_after != head_before and worker_after != worker_before  # the pair restarts together
+    assert started_at(sim_exec, "worker") < started_at(sim_exec, "head")
+    env = sim_exec("worker", ["docker", "inspect", "-f", "{{json .Config.Env}}", NAME]).stdout
+    assert "NCCL_DEBUG=INFO" in env
+    assert "NCCL_DEBUG" not in sim_exec("head", ["docker", "inspect", "-f", "{{json .Config.Env}}", NAME]).stdout
+    # a re-run with the same group data changes nothing
+    assert changed_ops(deploy(run_pyinfra, "--group-data", extra)) == {}
     deploy(run_pyinfra)
 
 
@@ -188,7 +210,9 @@ def test_unreachable_worker_stops_before_anything_changes(run_pyinfra, sim_exec,
 
 
 def test_too_little_memory_is_refused_with_the_numbers(run_pyinfra, sim_exec, sim):
-    before = pair_ids(sim_exec)
+    # a running rank holds its memory, so the floor guards a (re)start: take rank 1 away first
+    head_before, _ = pair_ids(sim_exec)
+    assert sim_exec("worker", ["docker", "rm", "-f", NAME]).returncode == 0
     sim.set_memavail("worker", 40)
     try:
         run = failing_deploy(run_pyinfra)
@@ -196,7 +220,11 @@ def test_too_little_memory_is_refused_with_the_numbers(run_pyinfra, sim_exec, si
         sim.set_memavail("worker", 118)
     assert "MemAvailable" in run.stderr and "112" in run.stderr, run.stderr[-3000:]
     assert changed_ops(run) == {}
-    assert pair_ids(sim_exec) == before
+    # nothing was started or removed (rank 0 itself exits when its peer goes away, as the engine does)
+    head_after, worker_after = pair_ids(sim_exec)
+    assert head_after.split()[0] == head_before.split()[0] and worker_after == ""
+    deploy(run_pyinfra)
+    assert all(i.endswith("true") for i in pair_ids(sim_exec))
 
 
 def test_two_sparks_with_the_same_link_address_are_refused(run_pyinfra, sim_exec, site_file, tmp_path):
