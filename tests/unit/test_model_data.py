@@ -386,5 +386,5 @@ def test_deploy_head_ablit_and_copy_mode(recorded):
 
 def test_deploy_worker_only_verifies(recorded):
     model_data.deploy_model_data(settings(is_head=False), "img")
-    assert [c[0] for c in recorded] == ["folder_verified"] * 3
-    assert recorded[2][1]["folder"] == "/home/n/.cache/sparkfold/rank-cache/active-rank1"
+    assert [c[0] for c in recorded] == ["both_sparks_reached"] + ["folder_verified"] * 3
+    assert recorded[3][1]["folder"] == "/home/n/.cache/sparkfold/rank-cache/active-rank1"

@@ -42,7 +42,7 @@ def model(tmp_path):
     weights["model.embed_tokens.weight"] = "model-00001-of-00001.safetensors"
     (m / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weights}))
     (m / "tokenizer.json").write_text(json.dumps({"model": {"vocab": {"Hello": 0, "hello": 1, "\u0120world": 2,
-                                                                      "World": 3, "caf\u00e9": 4, "cafe": 5,
+                                                                      "World": 3, "caf\u00c3\u00a9": 4, "cafe": 5,
                                                                       "x": 6}}}))
     if TEMPLATE.exists():
         shutil.copy(TEMPLATE, m / "chat_template.jinja")
