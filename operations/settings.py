@@ -350,3 +350,13 @@ def validate_all(head: Settings, worker: Settings, head_target: str, worker_targ
         problems.append(f"the head and the worker are the same machine ({head_target}): the site file must name "
                         "two Sparks")
     return problems
+
+
+def main() -> None:
+    """`python -m operations.settings`: every setting, its override variable, default and meaning."""
+    for d in registry().values():
+        print(f"{d.name:24} {d.env:32} {d.default!r:>12}  {d.meaning}")
+
+
+if __name__ == "__main__":
+    main()

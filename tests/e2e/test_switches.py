@@ -1,0 +1,70 @@
+"""The serving switches on the simulated pair: API_KEY, ABLIT and EAQ_V1_1, each on and back off.
+
+Runs after test_deploy.py (it starts from a converged, serving pair and leaves one).
+"""
+
+from __future__ import annotations
+
+import json
+
+import requests
+
+from test_deploy import API, NAME, changed_ops, chat, deploy, failing_deploy, pair_ids
+
+KEY_FILE = "/home/nvidia/.local/state/sparkfold/api-key"
+
+
+def rank0_args(sim_exec) -> str:
+    return sim_exec("head", ["docker", "inspect", "-f", "{{json .Args}} {{json .HostConfig.Binds}}", NAME]).stdout
+
+
+def test_api_key_on_then_off(run_pyinfra, sim_exec):
+    run = deploy(run_pyinfra, env={"API_KEY": "1"})
+    key = sim_exec("head", ["cat", KEY_FILE]).stdout.strip()
+    assert len(key) == 64
+    assert sim_exec("head", ["stat", "-c", "%a %U", KEY_FILE]).stdout.split() == ["600", "nvidia"]
+    assert KEY_FILE in run.stderr and key not in run.stderr and key not in run.stdout
+    assert "--api-key-file" in rank0_args(sim_exec)
+    assert requests.get(f"{API}/v1/models", timeout=10).status_code == 401
+    ok = requests.get(f"{API}/v1/models", headers={"Authorization": f"Bearer {key}"}, timeout=10)
+    assert ok.status_code == 200 and ok.json()["data"][0]["id"] == "DeepSeek-V4.1-Flash-1017"
+    # converged with the key: nothing changes, the key stays
+    assert changed_ops(deploy(run_pyinfra, env={"API_KEY": "1"})) == {}
+    assert sim_exec("head", ["cat", KEY_FILE]).stdout.strip() == key
+    # off again: the pair is recreated without the key and the API is open
+    deploy(run_pyinfra)
+    assert "--api-key-file" not in rank0_args(sim_exec)
+    assert requests.get(f"{API}/v1/models", timeout=10).status_code == 200
+
+
+def test_ablit_with_a_token_serves_the_overlay_and_back_without_a_download(run_pyinfra, sim_exec):
+    stock_blobs = sim_exec("head", "ls -l /home/nvidia/.cache/huggingface/hub/models--Mia-AiLab--DeepSeek-V4.1-"
+                                   "Flash-1017-EXL3-EAQ-v1-2.9-bpw/blobs | md5sum").stdout
+    failing = failing_deploy(run_pyinfra, env={"ABLIT": "1", "HF_TOKEN": "hf_wrongtoken"})
+    assert "ABLIT overlay" in failing.stderr or "403" in failing.stderr or "token" in failing.stderr.lower()
+    run = deploy(run_pyinfra, env={"ABLIT": "1", "HF_TOKEN": "hf_simtoken"})
+    changed = changed_ops(run)
+    assert any(name.startswith("ABLIT overlay") for name in changed), changed
+    assert "/ablit" in rank0_args(sim_exec)
+    assert chat()["choices"][0]["message"]["content"]
+    # back to stock: no checkpoint download, the stock blobs untouched, the stock snapshot served again
+    run = deploy(run_pyinfra)
+    assert not any(name.startswith("Checkpoint: fetch") for name in changed_ops(run)), changed_ops(run)
+    assert "/ablit" not in rank0_args(sim_exec)
+    assert sim_exec("head", "ls -l /home/nvidia/.cache/huggingface/hub/models--Mia-AiLab--DeepSeek-V4.1-"
+                            "Flash-1017-EXL3-EAQ-v1-2.9-bpw/blobs | md5sum").stdout == stock_blobs
+
+
+def test_eaq_v1_1_switches_the_pack_and_back(run_pyinfra, sim_exec):
+    before = pair_ids(sim_exec)
+    run = deploy(run_pyinfra, env={"EAQ_V1_1": "1"})
+    assert any(name.startswith("Checkpoint: fetch") and "v1.1" in name for name in changed_ops(run)), changed_ops(run)
+    assert "EAQ-v1.1-2.9-bpw" in rank0_args(sim_exec)
+    worker_args = sim_exec("worker", ["docker", "inspect", "-f", "{{json .Args}}", NAME]).stdout
+    assert "EAQ-v1.1-2.9-bpw" in worker_args
+    assert pair_ids(sim_exec) != before
+    assert chat()["choices"][0]["message"]["content"]
+    run = deploy(run_pyinfra)
+    assert not any(name.startswith("Checkpoint: fetch") for name in changed_ops(run)), changed_ops(run)
+    assert "EAQ-v1.1-2.9-bpw" not in rank0_args(sim_exec)
+    assert json.loads(requests.get(f"{API}/v1/models", timeout=10).text)["data"]
