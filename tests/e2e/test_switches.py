@@ -15,7 +15,7 @@ KEY_FILE = "/home/nvidia/.local/state/sparkfold/api-key"
 
 
 def rank0_args(sim_exec) -> str:
-    return sim_exec("head", ["docker", "inspect", "-f", "{{json .Args}} {{json .HostConfig.Binds}}", NAME]).stdout
+    return sim_exec("head", ["docker", "inspect", "-f", "{{json .Args}} {{json .Mounts}}", NAME]).stdout
 
 
 def test_api_key_on_then_off(run_pyinfra, sim_exec):
@@ -40,6 +40,9 @@ def test_api_key_on_then_off(run_pyinfra, sim_exec):
 def test_ablit_with_a_token_serves_the_overlay_and_back_without_a_download(run_pyinfra, sim_exec):
     stock_blobs = sim_exec("head", "ls -l /home/nvidia/.cache/huggingface/hub/models--Mia-AiLab--DeepSeek-V4.1-"
                                    "Flash-1017-EXL3-EAQ-v1-2.9-bpw/blobs | md5sum").stdout
+    # from a head that never had the overlay: a token without gated access stops the run
+    assert sim_exec("head", "rm -rf /home/nvidia/.cache/sparkfold/ablit /home/nvidia/.cache/sparkfold/ablit-overlay"
+                    ).returncode == 0
     failing = failing_deploy(run_pyinfra, env={"ABLIT": "1", "HF_TOKEN": "hf_wrongtoken"})
     assert "ABLIT overlay" in failing.stderr or "403" in failing.stderr or "token" in failing.stderr.lower()
     run = deploy(run_pyinfra, env={"ABLIT": "1", "HF_TOKEN": "hf_simtoken"})
