@@ -48,10 +48,9 @@ deploy_image(s)
 deploy_model_data(s, image)
 both_sparks_reached(name="Data in place on both Sparks", step="the data")
 
-# 8. guards and keys
+# 8. guards and keys (the supervisor comes last, once the pair serves)
 deploy_memguard(s)
 deploy_api_key(s)
-deploy_supervise(s)
 both_sparks_reached(name="Guards in place on both Sparks", step="the guards")
 
 # 9-10. the pair: rank 1, then rank 0; then health, smoke test and the LIVE line
@@ -59,3 +58,6 @@ deploy_pair(s, image, recorded_rails, lambda: model_mount(s),
             (lambda: read_capabilities(image)) if s.is_head else None,
             paths={"rank_cache": lambda: rank_folder(s)})
 deploy_health(s)
+
+# 11. the optional supervisor (head), started once the pair serves
+deploy_supervise(s)

@@ -16,7 +16,9 @@ from pyinfra import host, logger, state
 from pyinfra.api import StringCommand, operation
 
 from .facts.containers import MemAvailableGib, RankContainer, SpecRecord
+from .facts.systemd import UnitState
 from .launch_spec import LABEL_HASH, LABEL_MANAGED, ContainerSpec
+from .systemd_unit import unit_path
 from .util import MANAGED_HEADER, fail_command, sh
 
 
@@ -167,13 +169,20 @@ def _pair_reasons(container_name, rank, spec, peer, peer_rank, peer_record, forc
 
 @operation()
 def stale_pair_removed(container_name: str, rank: int, spec, peer, peer_rank: int, peer_record: str, force: bool,
-                       stop_timeout: int, log_dir: str, log_keep: int, here: str, there: str):
+                       stop_timeout: int, log_dir: str, log_keep: int, here: str, there: str,
+                       pause_units: tuple = ()):
     """Both Sparks: when the pair is stale (either rank missing, stopped or changed, or a restart is asked for),
-    save this rank's log and remove its container, so both ranks start again together."""
+    save this rank's log and remove its container, so both ranks start again together.
+
+    pause_units: systemd units (the supervisor) stopped first while they run, so they do not restart the old pair
+    behind the deploy's back; the deploy starts them again after the health check."""
     mine, theirs, _resolved, reasons = _pair_reasons(container_name, rank, spec, peer, peer_rank, peer_record, force)
     if not reasons:
         host.noop("both ranks run the wanted spec")
         return
+    for unit in pause_units:
+        if host.get_fact(UnitState, unit=unit, path=unit_path(unit))["active"] in ("active", "activating"):
+            yield StringCommand("systemctl", "stop", unit, _sudo=True)
     if not mine:
         host.noop(f"the pair restarts ({'; '.join(reasons)}); no rank container here to remove")
         return

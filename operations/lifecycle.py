@@ -18,6 +18,7 @@ from .context import pair_hosts, settings_for
 from .facts.containers import InfinibandDevices
 from .flags_check import check_serve_argv
 from .launch_spec import host_paths, rail_problems, rank0_argv, rank_spec
+from .supervise import UNIT_NAME as SUPERVISOR
 
 # The head's "start rank 0" operation of this run, so deploy_health knows whether the pair was (re)started.
 _started_ops: dict[str, object] = {}
@@ -96,7 +97,10 @@ def deploy_pair(s, image_ref, rails, model_mount, capabilities, paths: dict | No
     common = dict(container_name=s.container_name, rank=s.rank, spec=spec, peer=peer, peer_rank=ps.rank,
                   peer_record=peer_record, force=bool(s.restart), stop_timeout=s.stop_timeout, log_dir=p["logs"],
                   log_keep=s.log_keep)
-    containers.stale_pair_removed(name="Stop the stale pair (logs saved first)", here=here, there=there, **common)
+    # the supervisor must not restart the old pair while the deploy replaces it (deploy_supervise restarts it)
+    pause = (SUPERVISOR,) if s.is_head and s.supervise else ()
+    containers.stale_pair_removed(name="Stop the stale pair (logs saved first)", here=here, there=there,
+                                  pause_units=pause, **common)
     if not s.is_head:
         containers.rank_started(name="Start rank 1 (worker)", min_avail_gib=s.min_avail_gib, **common)
     if s.is_head:

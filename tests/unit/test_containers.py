@@ -160,6 +160,22 @@ def test_a_stale_peer_recreates_this_rank_too():
     assert cmds[2] == f"docker rm -f {NAME} >/dev/null" and len(cmds) == 3
 
 
+def test_a_running_supervisor_is_paused_only_when_the_pair_is_recreated():
+    from operations.facts.systemd import UnitState
+    unit = "sparkfold-supervise.service"
+
+    def run(head_hash, active):
+        f = {**facts(container(HEAD, hash_=head_hash)), UnitState: {"enabled": "enabled", "active": active,
+                                                                     "sha256": "x"}}
+        return run_op(c.stale_pair_removed, f, executing=True, spec=HEAD, peer=peer(container(WORKER),
+                      WORKER.spec_hash()), here="head", there="worker", pause_units=(unit,), **COMMON)[0]
+
+    stale = run("older", "active")
+    assert stale[0] == f"systemctl stop {unit}" and f"docker rm -f {NAME} >/dev/null" in stale
+    assert run("older", "failed")[0].startswith("docker stop")  # a supervisor that gave up stays down
+    assert run(HEAD.spec_hash(), "active") == []  # converged pair: the supervisor keeps running
+
+
 def test_own_change_peer_missing_and_restart():
     assert len(remove(container(HEAD, hash_="older"), container(WORKER), WORKER.spec_hash())[0]) == 3
     assert len(remove(container(HEAD), {}, WORKER.spec_hash())[0]) == 3

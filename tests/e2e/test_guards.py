@@ -1,0 +1,70 @@
+"""memguard and the optional supervisor, running for real on the simulated pair (under the stand-in systemctl).
+
+Runs after test_deploy.py (file order) and leaves a converged, serving pair.
+"""
+
+from __future__ import annotations
+
+import time
+
+import requests
+
+from test_deploy import API, NAME, changed_ops, chat, deploy, pair_ids
+
+SUPERVISOR = "sparkfold-supervise.service"
+
+
+def wait_until(check, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+def running(sim_exec, role: str) -> bool:
+    out = sim_exec(role, ["docker", "inspect", "-f", "{{.State.Running}}", NAME])
+    return out.returncode == 0 and out.stdout.strip() == "true"
+
+
+def serving() -> bool:
+    try:
+        return requests.get(f"{API}/v1/models", timeout=3).status_code == 200
+    except requests.RequestException:
+        return False
+
+
+def test_memguard_kills_the_rank_below_its_floor_and_the_deploy_brings_the_pair_back(run_pyinfra, sim_exec, sim):
+    assert running(sim_exec, "worker")
+    assert sim_exec("worker", "systemctl is-active sparkfold-memguard.service").stdout.strip() == "active"
+    sim.set_memavail("worker", 2)  # below memguard_gib (2.5)
+    try:
+        wait_until(lambda: not running(sim_exec, "worker"), 20, "memguard to kill rank 1")
+    finally:
+        sim.set_memavail("worker", 118)
+    log = sim_exec("worker", "cat /var/log/sim-systemd/sparkfold-memguard.service.log").stdout
+    assert "kill" in log.lower(), log[-2000:]
+    run = deploy(run_pyinfra)
+    assert "Start rank 1 (worker)" in changed_ops(run) and "Start rank 0 (head)" in changed_ops(run)
+    assert chat()["choices"][0]["message"]["content"]
+
+
+def test_supervisor_restarts_the_pair_in_order_and_is_removed_from_service_when_off(run_pyinfra, sim_exec):
+    env = {"SPARKFOLD_SUPERVISE": "1", "SPARKFOLD_SUPERVISE_BACKOFF_S": "1"}
+    deploy(run_pyinfra, env=env)
+    assert sim_exec("head", f"systemctl is-active {SUPERVISOR}").stdout.strip() == "active"
+    assert sim_exec("worker", f"test -e /etc/systemd/system/{SUPERVISOR}").returncode != 0  # head only
+    before = pair_ids(sim_exec)
+    time.sleep(6)  # the supervisor arms once it has seen both ranks running
+    assert sim_exec("worker", ["docker", "kill", NAME]).returncode == 0
+    wait_until(lambda: running(sim_exec, "worker") and running(sim_exec, "head") and serving(), 90,
+               "the supervisor to restart the pair")
+    # the same containers were started again (the deploy's, not new ones), so a deploy has nothing to do
+    assert [i.split()[0] for i in pair_ids(sim_exec)] == [i.split()[0] for i in before]
+    assert changed_ops(deploy(run_pyinfra, env=env)) == {}
+    # off again: stopped and disabled, its file kept
+    deploy(run_pyinfra)
+    assert sim_exec("head", f"systemctl is-active {SUPERVISOR}").stdout.strip() != "active"
+    assert sim_exec("head", f"systemctl is-enabled {SUPERVISOR}").stdout.strip() != "enabled"
+    assert chat()["choices"][0]["message"]["content"]
