@@ -9,7 +9,7 @@ from pyinfra import host
 from pyinfra.api import StringCommand, operation
 from pyinfra.operations import files
 
-from operations.facts.nfs import DebInstalled, DockerVolumeInfo, ExportTable, FileText, ServiceState, VolumeContainers
+from operations.facts.nfs import DebInstalled, DockerVolumeInfo, ExportTable, FileContent, ServiceState, VolumeContainers
 from operations.link import ip_of, render_template, write_file_command
 from operations.util import fail_command, sh
 
@@ -57,7 +57,7 @@ def nfs_exported(path: str, clients: list[str], exports_file: str, options: str 
     """Export `path` to each client in this project's exports file; `exportfs -ra` when the file changed or the
     live table lacks one of the entries."""
     want = render_exports(path, clients, options)
-    file_changed = host.get_fact(FileText, path=exports_file) != want
+    file_changed = host.get_fact(FileContent, path=exports_file) != want
     if file_changed:
         yield write_file_command(exports_file, want, mode="644")
     live = {(e["path"], e["client"]) for e in host.get_fact(ExportTable) if "ro" in e["options"]}

@@ -10,7 +10,7 @@ import json
 from pyinfra.api import FactBase, QuoteString, StringCommand
 
 
-class FileText(FactBase):
+class FileContent(FactBase):
     """A small text file's exact content, or None when it does not exist."""
 
     default = lambda self: None  # noqa: E731

@@ -34,6 +34,13 @@ def totals(run) -> dict:
     return ((run.data or {}).get("results") or {}).get("totals") or {}
 
 
+def planned_ops(run_pyinfra, *extra, env=None) -> dict[str, list[str]]:
+    """{operation name: [hosts it will change]} from `--dry` (which must change nothing)."""
+    run = run_pyinfra(*DEPLOY, "--dry", *extra, env=env)
+    assert run.returncode == 0, run.stderr[-4000:]
+    return {op["name"]: sorted(op["hosts_with_change"]) for op in run.data["plan"] if op["hosts_with_change"]}
+
+
 def deploy(run_pyinfra, *extra, env=None):
     run = run_pyinfra(*DEPLOY, "-y", *extra, env=env)
     assert run.returncode == 0, f"deploy failed:\n{run.stderr[-6000:]}"
@@ -120,8 +127,10 @@ def test_second_run_changes_nothing_and_is_fast(run_pyinfra, sim_exec):
 def test_gpu_lock_reset_on_the_worker_is_repaired_alone(run_pyinfra, sim_exec):
     before = pair_ids(sim_exec)
     assert sim_exec("worker", "nvidia-smi -rgc").returncode == 0
+    drift = {"GPU clock ceiling locked at 2200 MHz": ["sim-worker"]}
+    assert planned_ops(run_pyinfra) == drift  # --dry shows exactly the drift first
     run = deploy(run_pyinfra)
-    assert changed_ops(run) == {"GPU clock ceiling locked at 2200 MHz": ["sim-worker"]}, changed_ops(run)
+    assert changed_ops(run) == drift, changed_ops(run)
     assert pair_ids(sim_exec) == before
 
 
@@ -139,6 +148,7 @@ def test_rank_container_removed_on_the_worker_restarts_both_in_order(run_pyinfra
 
 def test_link_address_removed_is_put_back(run_pyinfra, sim_exec):
     assert sim_exec("head", "ip addr del 192.168.101.1/24 dev enP2p1s0f0np0").returncode == 0
+    assert planned_ops(run_pyinfra) == {"CX7 link: netplan file and apply": ["sim-head"]}
     run = deploy(run_pyinfra)
     assert addresses(sim_exec, "head", "enP2p1s0f0np0") == ["192.168.101.1/24"]
     changed = changed_ops(run)

@@ -9,7 +9,7 @@ from pathlib import Path
 from harness import parse_fact, run_op, with_args
 
 from operations import nfs
-from operations.facts.nfs import DebInstalled, DockerVolumeInfo, ExportTable, FileText, ServiceState, VolumeContainers
+from operations.facts.nfs import DebInstalled, DockerVolumeInfo, ExportTable, FileContent, ServiceState, VolumeContainers
 from operations.util import MANAGED_HEADER
 
 FIX = Path(__file__).parent / "fixtures" / "nfs"
@@ -41,7 +41,7 @@ def test_export_table_parses_exportfs_v():
 
 def test_file_text_exact_content_and_absence(tmp_path):
     path = tmp_path / "x.exports"
-    fact = FileText()
+    fact = FileContent()
     assert fact.process(run_sh(fact.command(path=str(path)))) is None
     path.write_text("a\n\nb\n")
     assert fact.process(run_sh(fact.command(path=str(path)))) == "a\n\nb\n"
@@ -78,7 +78,7 @@ def test_rendered_exports_lines():
 
 
 def export_facts(current, table):
-    return {FileText: with_args({f"path={EXPORTS}": current}), ExportTable: table}
+    return {FileContent: with_args({f"path={EXPORTS}": current}), ExportTable: table}
 
 
 def test_export_written_and_reloaded_when_missing():
