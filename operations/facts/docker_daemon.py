@@ -8,6 +8,8 @@ import shlex
 
 from pyinfra.api import FactBase
 
+from .host import HostTools
+
 DAEMON_JSON = "/etc/docker/daemon.json"
 
 
@@ -64,25 +66,11 @@ class DockerRuntimeInfo(FactBase):
         return self.default()
 
 
-class ContainerRuntimeTools(FactBase):
+class ContainerRuntimeTools(HostTools):
     """Which pieces are on the PATH: {"docker", "dockerd", "nvidia-container-runtime",
     "nvidia-container-runtime-hook", "nvidia-ctk": bool}."""
 
     TOOLS = ("docker", "dockerd", "nvidia-container-runtime", "nvidia-container-runtime-hook", "nvidia-ctk")
-    command = "for t in " + " ".join(TOOLS) + "; do " \
-        "if command -v \"$t\" >/dev/null 2>&1; then echo \"$t=yes\"; else echo \"$t=no\"; fi; done"
-
-    @staticmethod
-    def default():
-        return {}
-
-    def process(self, output):
-        found = {}
-        for line in output:
-            name, sep, value = line.strip().partition("=")
-            if sep:
-                found[name] = value == "yes"
-        return found
 
 
 class UserGroups(FactBase):

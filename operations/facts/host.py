@@ -167,10 +167,13 @@ class DockerRootDir(FactBase):
 
 
 class HostTools(FactBase):
-    """{tool: bool} for each of KNOWN_TOOLS: found on the PATH of a login-less shell."""
+    """{tool: bool} for each of TOOLS: found on the PATH of a login-less shell. Subclasses name other TOOLS."""
 
-    command = "for t in " + " ".join(KNOWN_TOOLS) + "; do " \
-        "if command -v \"$t\" >/dev/null 2>&1; then echo \"$t=yes\"; else echo \"$t=no\"; fi; done"
+    TOOLS = KNOWN_TOOLS
+
+    def command(self):
+        return ("for t in " + " ".join(self.TOOLS) + "; do "
+                "if command -v \"$t\" >/dev/null 2>&1; then echo \"$t=yes\"; else echo \"$t=no\"; fi; done")
 
     @staticmethod
     def default():

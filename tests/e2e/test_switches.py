@@ -38,8 +38,11 @@ def test_api_key_on_then_off(run_pyinfra, sim_exec):
 
 
 def test_ablit_with_a_token_serves_the_overlay_and_back_without_a_download(run_pyinfra, sim_exec):
-    stock_blobs = sim_exec("head", "ls -l /home/nvidia/.cache/huggingface/hub/models--Mia-AiLab--DeepSeek-V4.1-"
-                                   "Flash-1017-EXL3-EAQ-v1-2.9-bpw/blobs | md5sum").stdout
+    # the stock blobs' bytes (their link counts change: the applied pack hard-links them)
+    blobs = "cd /home/nvidia/.cache/huggingface/hub/models--Mia-AiLab--DeepSeek-V4.1-Flash-1017-EXL3-EAQ-v1-2.9-bpw" \
+            " && sha256sum blobs/*"
+    stock_blobs = sim_exec("head", blobs).stdout
+    assert stock_blobs.count("blobs/") >= 3
     # from a head that never had the overlay: a token without gated access stops the run
     assert sim_exec("head", "rm -rf /home/nvidia/.cache/sparkfold/ablit /home/nvidia/.cache/sparkfold/ablit-overlay"
                     ).returncode == 0
@@ -54,8 +57,7 @@ def test_ablit_with_a_token_serves_the_overlay_and_back_without_a_download(run_p
     run = deploy(run_pyinfra)
     assert not any(name.startswith("Checkpoint: fetch") for name in changed_ops(run)), changed_ops(run)
     assert "/ablit" not in rank0_args(sim_exec)
-    assert sim_exec("head", "ls -l /home/nvidia/.cache/huggingface/hub/models--Mia-AiLab--DeepSeek-V4.1-"
-                            "Flash-1017-EXL3-EAQ-v1-2.9-bpw/blobs | md5sum").stdout == stock_blobs
+    assert sim_exec("head", blobs).stdout == stock_blobs
 
 
 def test_eaq_v1_1_switches_the_pack_and_back(run_pyinfra, sim_exec):
