@@ -9,7 +9,6 @@ launch step checks rank 0's flags against that document (`read_capabilities`).
 from __future__ import annotations
 
 import posixpath
-import re
 from pathlib import Path
 
 from pyinfra import host, state
@@ -17,11 +16,12 @@ from pyinfra.api import FileUploadCommand, operation
 
 from operations.facts.image import SSH_OPTIONS, DockerImageInfo, EngineCapabilities, PeerDockerImageInfo
 from operations import image_hash as content
+from operations.settings import PREBUILT_REFERENCE
 from operations.util import fail_command, sh
 
 HASH_LABEL = "sparkfold.image-hash"
 ENGINE_FAMILY = ("deepseek_v41", "exl3-mul1")  # model_type and format the served checkpoint needs
-_PREBUILT = re.compile(r"(?P<name>[^@\s]+)@(?P<digest>sha256:[0-9a-f]{64})")
+_PREBUILT = PREBUILT_REFERENCE
 # Id, then layers and labels: the Id alone differs between Docker's overlay2 and containerd image stores.
 _IDENTITY_FORMAT = "{{.Id}} {{json .RootFS.Layers}}{{json .Config.Labels}}"
 
@@ -38,17 +38,6 @@ def parse_prebuilt(reference: str) -> tuple[str, str]:
             " (docker buildx imagetools inspect NAME:TAG shows it) or set prebuilt_image = \"\" to build"
         )
     return match["name"], match["digest"]
-
-
-def prebuilt_problem(reference: str) -> str | None:
-    """For settings validation: None when prebuilt_image is empty or well formed, else the problem."""
-    if not reference:
-        return None
-    try:
-        parse_prebuilt(reference)
-    except ValueError as error:
-        return str(error)
-    return None
 
 
 def computed_hash(s) -> str:

@@ -1,4 +1,4 @@
-"""Deploy-level entry points for the pair: converge it (deploy.py), restart it (restart.py), stop it (stop.py).
+"""Deploy-level entry points for the pair: converge it (deploy.py; restart.py is deploy.py with `restart` on), stop it (stop.py).
 
 deploy_pair's image_ref, rails, model_mount and capabilities may be values or zero-argument callables; callables
 are evaluated inside the operations, so at execute time they see what the earlier steps of the same run made
@@ -106,12 +106,6 @@ def deploy_pair(s, image_ref, rails, model_mount, capabilities, paths: dict | No
     if s.is_head:
         _started_ops[host.name] = containers.rank_started(name="Start rank 0 (head)",
                                                           min_avail_gib=s.min_avail_gib, **common)
-
-
-def deploy_restart(s, image_ref, rails, model_mount, capabilities, paths: dict | None = None):
-    """restart.py: recreate both ranks in order even when nothing changed."""
-    deploy_pair(s.replace(restart=True) if hasattr(s, "replace") else s, image_ref, rails, model_mount,
-                capabilities, paths)
 
 
 def deploy_health(s, paths: dict | None = None):

@@ -212,6 +212,8 @@ def load(data: Mapping[str, Any], environ: Mapping[str, str], home: str) -> Sett
 # --- validation -------------------------------------------------------------------------------------------------
 
 _HEX = re.compile(r"^[0-9a-f]+$")
+# prebuilt_image: a reference pinned by digest (operations/image.py splits it with the same pattern)
+PREBUILT_REFERENCE = re.compile(r"(?P<name>[^@\s]+)@(?P<digest>sha256:[0-9a-f]{64})")
 _ULIMIT = re.compile(r"^[a-z]+=-?\d+(:-?\d+)?$")
 
 
@@ -260,7 +262,7 @@ def validate(s: Settings) -> list[str]:
         p.append(f"worker_weights = {s.worker_weights!r} must be 'nfs' or 'copy'")
     elif s.worker_weights == "nfs" and not s.nfs:
         p.append("worker_weights = 'nfs' needs nfs = true: set nfs true, or worker_weights 'copy' for a local copy")
-    if s.prebuilt_image and not re.match(r"^[^@\s]+@sha256:[0-9a-f]{64}$", s.prebuilt_image):
+    if s.prebuilt_image and not PREBUILT_REFERENCE.fullmatch(s.prebuilt_image):
         p.append(f"prebuilt_image = {s.prebuilt_image!r} must be a reference pinned by digest: name@sha256:<64 hex>")
     for name, lengths in (("tf_ref", (7, 40)), ("tools_ref", (7, 40)), ("zig_sha256", (64, 64))):
         value = getattr(s, name)

@@ -363,7 +363,7 @@ def test_restart_health_and_stop(monkeypatch):
     from pyinfra.context import ctx_host
     lifecycle, calls, hs, ws, head_host, worker_host = _recording(monkeypatch)
     with ctx_host.use(head_host):
-        lifecycle.deploy_restart(hs, "img:1", RAILS * 2, ("/hf", SNAP), CAPS)
+        lifecycle.deploy_pair(hs.replace(restart=True), "img:1", RAILS * 2, ("/hf", SNAP), CAPS)  # restart.py
         lifecycle.deploy_health(hs.replace(api_key=True))
         lifecycle.deploy_stop(hs)
     assert all(kw["force"] for k, kw in calls if k in ("stale_pair_removed", "rank_started"))

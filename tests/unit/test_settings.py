@@ -79,6 +79,8 @@ def test_pyinfra_data_strings_are_coerced():
     ({"worker_weights": "smb"}, "worker_weights = 'smb'"),
     ({"nfs": False}, "worker_weights = 'nfs' needs nfs = true"),
     ({"prebuilt_image": "ghcr.io/x/y:latest"}, "pinned by digest"),
+    ({"prebuilt_image": "name:tag"}, "name@sha256"),
+    ({"prebuilt_image": "x@sha256:abc"}, "pinned by digest"),
     ({"tf_ref": "main"}, "tf_ref = 'main'"),
     ({"data_dir": "relative/dir"}, "data_dir = 'relative/dir' must be an absolute path"),
     ({"link_netplan_file": "/etc/netplan/x.conf"}, "must be a .yaml file in /etc/netplan/"),
@@ -95,6 +97,10 @@ def test_pyinfra_data_strings_are_coerced():
 def test_each_rule_names_the_setting(overrides, fragment):
     found = problems(**overrides)
     assert any(fragment in p for p in found), found
+
+
+def test_a_pinned_prebuilt_image_is_accepted():
+    assert S.validate(make_settings(prebuilt_image="ghcr.io/x/y@sha256:" + "a" * 64)) == []
 
 
 def test_ablit_needs_a_token():
