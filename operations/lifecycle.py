@@ -1,4 +1,5 @@
-"""Deploy-level entry points for the pair: converge it (deploy.py; restart.py is deploy.py with `restart` on), stop it (stop.py).
+"""Deploy-level entry points for the pair: converge it (deploy.py; restart.py is deploy.py with `restart` on)
+and stop it (stop.py).
 
 deploy_pair's image_ref, rails, model_mount and capabilities may be values or zero-argument callables; callables
 are evaluated inside the operations, so at execute time they see what the earlier steps of the same run made
