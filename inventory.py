@@ -11,7 +11,7 @@ try:
     _entries = host_entries(read_site(site_path(Path(__file__).resolve().parent)))
 except SiteError as _exc:
     sys.stderr.write(f"sparkfold: {_exc}\n")
-    raise SystemExit(2)
+    raise SystemExit(2) from None
 
 head = [_entries["head"]]
 worker = [_entries["worker"]]

@@ -47,8 +47,13 @@ model_repo_v1_1 = "Mia-AiLab/DeepSeek-V4.1-Flash-1017-EXL3-EAQ-v1.1-2.9-bpw"  # 
 model_revision_v1_1 = "main"  # pinned revision of model_repo_v1_1
 engram_repo = "deepseek-ai/DeepSeek-V4.1-Flash-1017"  # original checkpoint holding the Engram tables
 engram_revision = "main"  # pinned revision of engram_repo
-engram_files = ["config.json", "model.safetensors.index.json", "model-00047-of-00048.safetensors", "model-00048-of-00048.safetensors"]  # Engram files to fetch
-kit_repo = "bertholomus/DeepSeek-V4.1-Flash-TensorFold-TP2-2xGB10"  # Hugging Face repo whose kit/ folder is the kernel kit
+engram_files = [
+    "config.json",
+    "model.safetensors.index.json",
+    "model-00047-of-00048.safetensors",
+    "model-00048-of-00048.safetensors",
+]  # Engram files to fetch
+kit_repo = "bertholomus/DeepSeek-V4.1-Flash-TensorFold-TP2-2xGB10"  # Hugging Face repo whose kit/ dir is the kernel kit
 kit_revision = "main"  # pinned revision of kit_repo
 ablit_repo = "drowzeys/DeepSeek-V4.1-Flash-Abliterated-Cybersecurity-Unleashed"  # gated Keys overlay repo
 ablit_revision = "87bb9850e6f49fd20ad9c8516b7817215cbbf5fc"  # pinned revision of ablit_repo

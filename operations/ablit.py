@@ -2,8 +2,9 @@
 
 <data_dir>/ablit/<commit>/ holds hard links to the stock snapshot's files plus the shards the overlay's apply script
 rewrote. The script runs in the engine image on a hard-linked copy of the stock snapshot and writes a new folder
-(new files, renames), so no stock blob is ever written; the stock snapshot and its manifest stay as they were. ABLIT=0 simply serves the stock snapshot
-again (nothing to download). <data_dir>/ablit/current -> <commit> is what the launch step serves.
+(new files, renames), so no stock blob is ever written; the stock snapshot and its manifest stay as they were.
+ABLIT=0 simply serves the stock snapshot again (nothing to download). <data_dir>/ablit/current -> <commit> is what
+the launch step serves.
 """
 
 from __future__ import annotations
@@ -13,20 +14,15 @@ import shlex
 from pyinfra import host
 from pyinfra.api import operation
 
-from operations.data_copy import space_problem
-from operations.facts.model_data import AblitShards, FileText, FreeBytes
+from operations.data_copy import free_bytes, space_problem
+from operations.facts.files import FileText, first_line
+from operations.facts.model import AblitShards
 from operations.hf_cache import MANIFEST_NAME, repo_folder_name
-from operations.model_paths import checkpoint_plan_args, paths
+from operations.model_paths import checkpoint_plan_args
 from operations.util import fail_command
-from operations.weights import SOURCE, need_commit, commit_link, tool_run
+from operations.weights import SOURCE, commit_link, need_commit, tool_run
 
 APPLY_SCRIPT = "apply_mia_exl3_wob.py"
-CONTAINER_DIR = "/model-ablit"  # where the launch step mounts <data_dir>/ablit
-CURRENT = "current"
-
-
-def overlay_dir(s) -> str:
-    return paths(s)["overlay"]
 
 
 @operation()
@@ -43,12 +39,12 @@ def ablit_applied(image_ref: str, plan_args: dict, hf_cache: str, overlay: str, 
         return
     dst = f"{ablit_root}/{commit}"
     want = f"{commit} {overlay_revision} {ablit_file}"
-    if host.get_fact(FileText, path=f"{dst}/{SOURCE}") == want:
+    if first_line(host.get_fact(FileText, path=f"{dst}/{SOURCE}")) == want:
         host.noop(f"ABLIT pack {dst} is current")
         return
     snapshot = f"{hf_cache}/hub/{repo_folder_name(plan_args['repo'])}/snapshots/{commit}"
     need = sum(host.get_fact(AblitShards, snapshot=snapshot).values())
-    problem = space_problem(host.get_fact(FreeBytes, path=ablit_root), need, ablit_root, "the ABLIT pack")
+    problem = space_problem(free_bytes(ablit_root), need, ablit_root, "the ABLIT pack")
     if problem:
         yield problem
         return
@@ -68,9 +64,9 @@ def ablit_applied(image_ref: str, plan_args: dict, hf_cache: str, overlay: str, 
 
 
 def deploy_ablit(s, image_ref: str) -> None:
-    p = paths(s)
+    p = s.layout
     ablit_applied(name="ABLIT pack (overlay applied)", image_ref=image_ref, plan_args=checkpoint_plan_args(s),
-                  hf_cache=s.hf_cache, overlay=p["overlay"], ablit_file=s.ablit_file, ablit_root=p["ablit"],
+                  hf_cache=s.hf_cache, overlay=p.overlay, ablit_file=s.ablit_file, ablit_root=p.ablit,
                   overlay_revision=s.ablit_revision, has_token=bool(s.hf_token))
-    commit_link(name="ABLIT served pack link", link=f"{p['ablit']}/{CURRENT}", plan_args=checkpoint_plan_args(s),
+    commit_link(name="ABLIT served pack link", link=p.ablit_current, plan_args=checkpoint_plan_args(s),
                 template="{commit}")

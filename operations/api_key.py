@@ -10,9 +10,10 @@ from __future__ import annotations
 import posixpath
 
 from pyinfra import host
-from pyinfra.api import StringCommand, operation
+from pyinfra.api import StringCommand, deploy, operation
 
-from operations.facts.api_key import ApiKeyFile
+from operations.facts.files import ApiKeyFile
+from operations.settings import Settings
 from operations.util import sh
 
 KEY_FILE = "api-key"
@@ -21,7 +22,7 @@ _NEW_KEY = "python3 -c 'import secrets; print(secrets.token_hex(32))'"
 
 
 def api_key_path(s) -> str:
-    return posixpath.join(s.state_dir, KEY_FILE)
+    return s.layout.api_key
 
 
 def live_hint(s) -> str:
@@ -61,10 +62,12 @@ def api_key_present(path: str, owner: str, rotate: bool = False):
         yield _generate(path, rotate)  # by the ssh user under umask 077: its own file, mode 600
 
 
-def deploy_api_key(s) -> None:
+@deploy("The API key")
+def api_key(s: Settings) -> None:
+    """Head, with api_key on: a random key in a 0600 file (rotated on request)."""
     if not (s.api_key and s.is_head):
         return
-    rotate = bool(getattr(s, "rotate_api_key", False))
+    rotate = s.rotate_api_key
     api_key_present(
         name=("API key rotated" if rotate else "API key present") + f" in {api_key_path(s)} (head only)",
         path=api_key_path(s),

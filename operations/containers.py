@@ -4,31 +4,33 @@ Each container carries `sparkfold.spec-hash` (the digest of its whole spec). Eac
 should run in a small file, so either Spark can tell whether its peer is current from the peer's facts alone:
 both then reach the same "pair is stale" verdict, and both ranks are removed and started again together.
 
-`spec`, `problems` and `capabilities` may be given as zero-argument callables: they are then evaluated inside the
-operation, so at execute time they see what earlier operations (link record, image build) created.
+The operations are given this Spark's `Launch` (operations/launch.py) and ask it for the wanted spec themselves, so
+at execute time they see what earlier operations of the run (link record, image build, weight files) created.
 """
 
 from __future__ import annotations
 
 import shlex
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 from pyinfra import host, logger, state
 from pyinfra.api import StringCommand, operation
 
-from .facts.containers import MemAvailableGib, RankContainer, SpecRecord
+from .facts.docker import RankContainer, SpecRecord
+from .facts.host import MemInfo, mem_available_gib
 from .facts.systemd import UnitState
 from .launch_spec import LABEL_HASH, LABEL_MANAGED, ContainerSpec
-from .systemd_unit import unit_path
-from .util import MANAGED_HEADER, fail_command, sh
+from .layout import unit_path
+from .util import MANAGED_HEADER, check_failed, fail_command, sh
 
-
-def _value(x):
-    return x() if callable(x) else x
+if TYPE_CHECKING:
+    from .launch import Launch
 
 
 # --- decisions (pure) -------------------------------------------------------------------------------------------
 
-def pair_verdict(ranks: list[tuple[int, dict, str | None]], force: bool) -> list[str]:
+def pair_verdict(ranks: list[tuple[int, Mapping[str, Any], str | None]], force: bool) -> list[str]:
     """Why the pair must be recreated ([] = leave it running). ranks: (rank, container fact, wanted spec hash or
     None when not known yet). Both Sparks pass the same data and so reach the same verdict."""
     reasons = ["a restart was asked for (restart = true)"] if force else []
@@ -43,7 +45,7 @@ def pair_verdict(ranks: list[tuple[int, dict, str | None]], force: bool) -> list
     return reasons
 
 
-def unmanaged(where: str, name: str, c: dict) -> str | None:
+def unmanaged(where: str, name: str, c: Mapping[str, Any]) -> str | None:
     """The refusal for a container that has our name but was not started by sparkfold."""
     if c and (c.get("labels") or {}).get(LABEL_MANAGED) != "1":
         return (f"a container named {name} on the {where} was not started by sparkfold (it lacks the label "
@@ -52,7 +54,7 @@ def unmanaged(where: str, name: str, c: dict) -> str | None:
     return None
 
 
-def is_current(c: dict, spec: ContainerSpec | None) -> bool:
+def is_current(c: Mapping[str, Any], spec: ContainerSpec | None) -> bool:
     return bool(c and c.get("running") and spec and (c.get("labels") or {}).get(LABEL_HASH) == spec.spec_hash())
 
 
@@ -108,41 +110,36 @@ def start_commands(spec: ContainerSpec, min_avail_gib: float):
 
 # --- operations -------------------------------------------------------------------------------------------------
 
-def _fail(message: str):
-    if not state.is_executing:
-        logger.warning(f"{host.name}: {message}")
-    yield fail_command(message)
-
-
 @operation()
-def launch_checked(container_name: str, peer, spec, problems, min_avail_gib: float, here: str, there: str):
+def launch_checked(container_name: str, peer, launch: Launch, min_avail_gib: float, here: str, there: str):
     """Refuse before anything is touched: a foreign container with our name (here or on the peer), launch problems
     (rank 0's flags against the image, the link record), too little memory to start a rank that is not running."""
     mine = host.get_fact(RankContainer, container=container_name)
     theirs = peer.get_fact(RankContainer, container=container_name)
     refusals = [m for m in (unmanaged(here, container_name, mine), unmanaged(there, container_name, theirs)) if m]
     if refusals:
-        yield from _fail(" ".join(refusals))
+        yield from check_failed("the rank containers", refusals)
         return
-    resolved = _value(spec)
-    found = list(_value(problems) or [])
-    if found and (resolved is not None or state.is_executing):
-        yield from _fail("; ".join(found))
+    # while planning, a missing input (image, link record) may still be made by this run: only its problems count
+    settled = launch.spec() is not None
+    if (yield from check_failed("the launch", launch.problems(), settled=settled)):
         return
+    memory = []
     if not (mine and mine.get("running")):
-        avail = host.get_fact(MemAvailableGib)
+        avail = mem_available_gib(host.get_fact(MemInfo))
         if avail is not None and avail < min_avail_gib:
-            yield from _fail(f"only {avail:.1f} GiB of memory is available on the {here} but a rank needs "
-                             f"min_avail_gib = {min_avail_gib:g} GiB: stop what else uses memory there, or lower "
-                             "min_avail_gib")
-            return
+            memory.append(f"only {avail:.1f} GiB of memory is available on the {here} but a rank needs "
+                          f"min_avail_gib = {min_avail_gib:g} GiB: stop what else uses memory there, or lower "
+                          "min_avail_gib")
+    if (yield from check_failed("memory", memory)):
+        return
     host.noop(f"the {here}'s launch checks pass")
 
 
 @operation()
-def spec_recorded(path: str, spec):
+def spec_recorded(path: str, launch: Launch):
     """Record the spec hash this Spark's rank should run (read by the peer to judge the pair)."""
-    resolved = _value(spec)
+    resolved = launch.spec()
     if resolved is None:
         if state.is_executing:
             yield fail_command("this rank's container spec is not known (link record or engine image missing): "
@@ -157,10 +154,10 @@ def spec_recorded(path: str, spec):
     yield StringCommand(sh("mkdir", "-p", directory), "&&", "printf", "%s", shlex.quote(body), ">", shlex.quote(path))
 
 
-def _pair_reasons(container_name, rank, spec, peer, peer_rank, peer_record, force):
+def _pair_reasons(container_name, rank, launch: Launch, peer, peer_rank, peer_record, force):
     mine = host.get_fact(RankContainer, container=container_name)
     theirs = peer.get_fact(RankContainer, container=container_name)
-    resolved = _value(spec)
+    resolved = launch.spec()
     want = resolved.spec_hash() if resolved is not None else None
     peer_want = peer.get_fact(SpecRecord, path=peer_record)
     reasons = pair_verdict([(rank, mine, want), (peer_rank, theirs, peer_want)], force)
@@ -168,15 +165,16 @@ def _pair_reasons(container_name, rank, spec, peer, peer_rank, peer_record, forc
 
 
 @operation()
-def stale_pair_removed(container_name: str, rank: int, spec, peer, peer_rank: int, peer_record: str, force: bool,
-                       stop_timeout: int, log_dir: str, log_keep: int, here: str, there: str,
+def stale_pair_removed(container_name: str, rank: int, launch: Launch, peer, peer_rank: int, peer_record: str,
+                       force: bool, stop_timeout: int, log_dir: str, log_keep: int, here: str, there: str,
                        pause_units: tuple = ()):
     """Both Sparks: when the pair is stale (either rank missing, stopped or changed, or a restart is asked for),
     save this rank's log and remove its container, so both ranks start again together.
 
     pause_units: systemd units (the supervisor) stopped first while they run, so they do not restart the old pair
     behind the deploy's back; the deploy starts them again after the health check."""
-    mine, theirs, _resolved, reasons = _pair_reasons(container_name, rank, spec, peer, peer_rank, peer_record, force)
+    mine, theirs, _resolved, reasons = _pair_reasons(container_name, rank, launch, peer, peer_rank, peer_record,
+                                                     force)
     if not reasons:
         host.noop("both ranks run the wanted spec")
         return
@@ -187,20 +185,20 @@ def stale_pair_removed(container_name: str, rank: int, spec, peer, peer_rank: in
         host.noop(f"the pair restarts ({'; '.join(reasons)}); no rank container here to remove")
         return
     refusals = [m for m in (unmanaged(here, container_name, mine), unmanaged(there, container_name, theirs)) if m]
-    if refusals:
-        yield from _fail(" ".join(refusals))
+    if refusals:  # never planned as a removal: the container is not ours
+        yield from check_failed("the rank containers", refusals)
         return
     logger.info(f"{host.name}: recreating the pair: {'; '.join(reasons)}")
     yield from removal_commands(container_name, rank, bool(mine.get("running")), stop_timeout, log_dir, log_keep)
 
 
 @operation()
-def rank_started(container_name: str, rank: int, spec, peer, peer_rank: int, peer_record: str, force: bool,
+def rank_started(container_name: str, rank: int, launch: Launch, peer, peer_rank: int, peer_record: str, force: bool,
                  min_avail_gib: float, stop_timeout: int, log_dir: str, log_keep: int):
     """Start this rank's container unless it already runs the wanted spec."""
     if not state.is_executing:
         # Planning: the removal above has not happened yet, so predict from the pair's verdict.
-        mine, _theirs, resolved, reasons = _pair_reasons(container_name, rank, spec, peer, peer_rank, peer_record,
+        mine, _theirs, resolved, reasons = _pair_reasons(container_name, rank, launch, peer, peer_rank, peer_record,
                                                          force)
         if not reasons and (resolved is None or is_current(mine, resolved)):
             host.noop(f"rank {rank} runs the wanted spec")
@@ -211,7 +209,7 @@ def rank_started(container_name: str, rank: int, spec, peer, peer_rank: int, pee
         yield from start_commands(resolved, min_avail_gib)
         return
     mine = host.get_fact(RankContainer, container=container_name)
-    resolved = _value(spec)
+    resolved = launch.spec()
     if resolved is None:
         yield fail_command(f"rank {rank}'s container spec is not known (link record or engine image missing): "
                            "run the whole deploy.py")

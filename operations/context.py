@@ -1,4 +1,4 @@
-"""Settings for the hosts of this run: loaded once per host, the pair validated together."""
+"""The settings of this run's two Sparks: read once per host from pyinfra's data, paired, validated together."""
 
 from __future__ import annotations
 
@@ -6,36 +6,46 @@ import os
 
 from pyinfra import host as current_host
 from pyinfra import inventory
+from pyinfra.api.host import Host
 from pyinfra.facts.server import Home
 
-from .settings import Settings, load, validate_all
+from .settings import Layers, Settings, load, pair, validate_all
 
-_cache: dict[str, Settings] = {}
+_loaded: dict[str, tuple[Settings, list[str]]] = {}
 
 
-def settings_for(h) -> Settings:
-    """The Settings of one pyinfra host (its home directory is read once, as a fact)."""
-    if h.name not in _cache:
+def layers_of(h: Host) -> Layers:
+    """The sources pyinfra merges into h.data, kept apart so a problem can name where its value came from."""
+    inv = h.inventory
+    return Layers(all=inv.get_data(), group=inv.get_groups_data(h.groups), site=inv.get_host_data(h.name),
+                  override=inv.get_override_data())
+
+
+def _load(h: Host) -> tuple[Settings, list[str]]:
+    if h.name not in _loaded:
         home = h.get_fact(Home) or f"/home/{h.data.get('ssh_user') or 'root'}"
-        _cache[h.name] = load(h.data.dict(), os.environ, home)
-    return _cache[h.name]
+        _loaded[h.name] = load(layers_of(h), os.environ, home)
+    return _loaded[h.name]
 
 
-def pair_hosts():
+def pair_hosts() -> tuple[Host, Host]:
     """(head host, worker host) of the inventory."""
     return inventory.get_group("head")[0], inventory.get_group("worker")[0]
 
 
-def current_settings() -> tuple[Settings, list[str]]:
-    """This host's Settings and every problem of the pair's settings."""
+def peer_host(s: Settings) -> Host:
     head, worker = pair_hosts()
-    hs, ws = settings_for(head), settings_for(worker)
-    problems = validate_all(hs, ws, _target(head), _target(worker))
-    mine, peer = (hs, ws) if current_host.name == head.name else (ws, hs)
-    # each Spark's own paths may differ (another user or home): give each side the other's too
-    return mine.replace(peer_hf_cache=peer.hf_cache, peer_data_dir=peer.data_dir, peer_state_dir=peer.state_dir,
-                        head_hf_cache=hs.hf_cache), problems
+    return worker if s.is_head else head
 
 
-def _target(h) -> str:
+def current_settings() -> tuple[Settings, list[str]]:
+    """This host's Settings (with its peer's under .peer) and every problem of the pair's settings."""
+    head, worker = pair_hosts()
+    (hs, head_problems), (ws, worker_problems) = _load(head), _load(worker)
+    hs, ws = pair(hs, ws)
+    problems = validate_all(hs, ws, _target(head), _target(worker), loaded=(head_problems, worker_problems))
+    return (hs if current_host.name == head.name else ws), problems
+
+
+def _target(h: Host) -> str:
     return f"{h.data.get('ssh_hostname', h.name)}:{h.data.get('ssh_port', 22)}"

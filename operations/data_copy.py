@@ -10,11 +10,11 @@ import hashlib
 import re
 import shlex
 
-from pyinfra import host, state
+from pyinfra import host
 from pyinfra.api import operation
 
-from operations.facts.model_data import DirFiles, FolderCheck, FreeBytes, PeerFolder
-from operations.util import fail_command
+from operations.facts.files import DirFiles, DiskFree, FolderCheck, PeerFolder
+from operations.util import check_failed
 
 MARKER = ".sparkfold-verified"
 SUMS_STATE = ".sparkfold-sums.state"
@@ -54,14 +54,14 @@ def kit_generated(name: str) -> bool:
 def checksums_written(folder: str, files: list, sums: str = "SHA256SUMS"):
     """Write <folder>/<sums> (sha256sum format) for `files` once; redo only when their sizes/mtimes changed."""
     check = host.get_fact(FolderCheck, path=folder, sums=sums, marker=SUMS_STATE)
-    have = (check or {}).get("files", {})
+    have = check.get("files", {}) if check else {}
     digest = listing_digest(have, files)
     if check and check["sums_sha"] and check["marker"] == digest and sorted(check["names"]) == sorted(files):
         host.noop(f"{folder}/{sums} is current")
         return
     absent = [f for f in files if f not in have]
-    if absent and state.is_executing:
-        yield fail_command(f"cannot write {folder}/{sums}: {', '.join(absent[:3])} missing (the download failed?)")
+    absent_problem = f"cannot write {folder}/{sums}: {', '.join(absent[:3])} missing (the download failed?)"
+    if (yield from check_failed("checksums", [absent_problem] if absent else [], settled=False)):
         return
     q = shlex.quote
     yield (f"cd {q(folder)} && sha256sum -- {' '.join(q(f) for f in sorted(files))} > {q(sums)}.tmp && "
@@ -77,9 +77,7 @@ def folder_verified(folder: str, sums: str, what: str, generated_fix: str = ""):
     check = host.get_fact(FolderCheck, path=folder, sums=sums, marker=MARKER)
     q = shlex.quote
     if not check or not check["sums_sha"]:
-        if state.is_executing:
-            yield fail_command(f"{what}: no {sums} in {folder}")
-        else:
+        if not (yield from check_failed(what, [f"no {sums} in {folder}"], settled=False)):
             yield f"# will verify {what} in {folder} against {sums}"
         return
     expected = listing_digest(check["files"], check["names"], check["sums_sha"])
@@ -87,13 +85,13 @@ def folder_verified(folder: str, sums: str, what: str, generated_fix: str = ""):
         host.noop(f"{what} verified against {sums}")
         return
     missing = [n for n in check["names"] if n not in check["files"]]
-    if missing and state.is_executing:
+    if missing:
         if generated_fix and all(kit_generated(n) for n in missing):
-            yield fail_command(f"{what}: only the generated files are missing ({', '.join(missing)}). {generated_fix}")
+            problem = f"only the generated files are missing ({', '.join(missing)}). {generated_fix}"
         else:
-            yield fail_command(f"{what}: {len(missing)} files of {sums} are missing in {folder}, e.g. "
-                               f"{', '.join(missing[:3])}")
-        return
+            problem = f"{len(missing)} files of {sums} are missing in {folder}, e.g. {', '.join(missing[:3])}"
+        if (yield from check_failed(what, [problem], settled=False)):
+            return
     complaint = (f"sparkfold: {what} in {folder} does not match {sums} (the lines above name the files): "
                  "re-run the deploy to copy or download them again")
     yield (f"cd {q(folder)} && sha256sum -c --quiet {q(sums)} && printf '%s\\n' {expected} > {MARKER} || "
@@ -112,19 +110,16 @@ def folder_to_peer(src: str, target: str, dest: str, what: str, link: str = "", 
     if head and not differing and link_ok:
         host.noop(f"{what} on the worker matches the head ({len(head)} files)")
         return
-    if state.is_executing:
-        if not head:
-            yield fail_command(f"{what}: nothing to copy, {src} is empty on the head")
-            return
-        if not peer["reachable"]:
-            yield fail_command(f"{what}: cannot reach {target} with `{SSH}`: the CX7 link and the head's ssh key "
-                               "for the worker must be in place (they are set up earlier in the deploy)")
-            return
-        need = sum(v[0] for v in differing.values())
-        problem = space_problem(peer["free"], need, f"{target}:{dest}", what)
-        if problem:
-            yield fail_command(problem)
-            return
+    problems: list[str | None]
+    if not head:
+        problems = [f"nothing to copy, {src} is empty on the head"]
+    elif not peer["reachable"]:
+        problems = [f"cannot reach {target} with `{SSH}`: the CX7 link and the head's ssh key for the worker must "
+                    "be in place (they are set up earlier in the deploy)"]
+    else:
+        problems = [space_problem(peer["free"], sum(v[0] for v in differing.values()), f"{target}:{dest}", what)]
+    if (yield from check_failed(what, problems, settled=False)):
+        return
     q = shlex.quote
     if differing or not head:
         yield f"{SSH} {q(target)} {q('mkdir -p ' + q(dest))}"
@@ -144,8 +139,7 @@ def folder_placed(src: str, dest: str, what: str):
     if have and have == placed:
         host.noop(f"{what} in place at {dest}")
         return
-    if not have and state.is_executing:
-        yield fail_command(f"{what}: {src} is empty (the download failed?)")
+    if (yield from check_failed(what, [] if have else [f"{src} is empty (the download failed?)"], settled=False)):
         return
     q = shlex.quote
     yield (f"rm -rf {q(dest)}.tmp && cp -rl {q(src)} {q(dest)}.tmp && rm -rf {q(dest)} && "
@@ -153,4 +147,5 @@ def folder_placed(src: str, dest: str, what: str):
 
 
 def free_bytes(path: str):
-    return host.get_fact(FreeBytes, path=path)
+    disk = host.get_fact(DiskFree, path=path)
+    return disk["free_bytes"] if disk else None

@@ -9,15 +9,16 @@ import json
 from io import StringIO
 
 from pyinfra import host
-from pyinfra.api import FileUploadCommand, StringCommand, operation
+from pyinfra.api import StringCommand, deploy, operation
+from pyinfra.operations import apt, files, server, systemd
 
-from operations.facts.docker_daemon import (
-    DAEMON_JSON, ContainerRuntimeTools, DaemonJson, DockerRuntimeInfo, UserGroups,
-)
+from operations.facts.docker import ContainerRuntimeTools, DaemonJson, DockerRuntimeInfo
+from operations.layout import DOCKER_DAEMON_JSON
 from operations.util import fail_command, sh
 
 NVIDIA_RUNTIME = {"path": "nvidia-container-runtime", "runtimeArgs": []}
 RESTART_WAIT_S = 60  # dockerd can take a while to come back with many containers
+APT_CACHE_S = 3600  # an apt index younger than this is fresh enough to install from
 
 PACKAGES = {  # missing tool -> the apt package that provides it
     "docker": "docker.io",
@@ -54,7 +55,8 @@ def _wait_for_default_runtime(runtime: str) -> StringCommand:
 
 @operation()
 def runtime_installed(install: bool = True):
-    """Install docker.io / nvidia-container-toolkit when their commands are missing (only when `install`)."""
+    """Install docker.io / nvidia-container-toolkit (apt.packages) for the commands that are missing, only when
+    `install`. Custom: it asks for the commands, not the packages, so a Docker from docker-ce counts as present."""
     tools = host.get_fact(ContainerRuntimeTools)
     missing = [pkg for tool, pkg in PACKAGES.items() if not tools.get(tool)]
     if not missing:
@@ -65,21 +67,14 @@ def runtime_installed(install: bool = True):
             f"missing: {', '.join(missing)}. Fix: apt-get install {' '.join(missing)} (nvidia-container-toolkit "
             f"comes from NVIDIA's apt repository, present on DGX OS), or set docker_install = True")
         return
-    yield StringCommand(
-        "export DEBIAN_FRONTEND=noninteractive; apt-get update -qq && apt-get install -y -qq "
-        + sh(*missing)
-        + " || { echo "
-        + sh(f"sparkfold: apt could not install {' '.join(missing)}; nvidia-container-toolkit needs NVIDIA's "
-             "container toolkit apt repository (present on DGX OS)")
-        + " >&2; exit 1; }"
-    )
+    yield from apt.packages._inner(packages=missing, update=True, cache_time=APT_CACHE_S)
 
 
 @operation()
-def daemon_uses_nvidia(path: str = DAEMON_JSON):
+def daemon_uses_nvidia(path: str = DOCKER_DAEMON_JSON):
     """daemon.json has runtimes.nvidia and default-runtime nvidia (merged); the daemon runs with it.
-    Writes and restarts in one go only when the parsed file differs; restarts alone when the file is right but the
-    running daemon still uses another default runtime (edited without a restart)."""
+    Custom: the file is merged with the user's keys (core would replace it), backed up, and docker is restarted
+    only when the parsed file differs or the running daemon still uses another default runtime."""
     current = host.get_fact(DaemonJson, path=path)
     if current["config"] is None:
         yield fail_command(
@@ -94,31 +89,19 @@ def daemon_uses_nvidia(path: str = DAEMON_JSON):
         host.noop("docker uses the nvidia runtime")
         return
     if file_changes:
-        directory = path.rsplit("/", 1)[0] or "/"
-        yield StringCommand("mkdir", "-p", directory)
         if current["exists"]:
             # the user's file is merged, not owned: keep the last pre-sparkfold version next to it
             yield StringCommand(f"cp -p {sh(path)} {sh(path + '.sparkfold-backup')}")
-        yield FileUploadCommand(StringIO(render_daemon_json(wanted)), path)
-        yield StringCommand("chmod", "644", path)
-    yield StringCommand("systemctl", "restart", "docker")
+        yield from files.put._inner(src=StringIO(render_daemon_json(wanted)), dest=path, mode="644")
+    yield from systemd.service._inner(service="docker.service", running=True, restarted=True)
     yield _wait_for_default_runtime("nvidia")
 
 
-@operation()
-def user_in_group(user: str, group: str = "docker"):
-    """`user` is a member of `group` (usermod -aG; takes effect on the user's next login)."""
-    groups = host.get_fact(UserGroups, user=user)
-    if groups is None:
-        yield fail_command(f"user {user} does not exist on this Spark; check ssh_user in the site file")
-        return
-    if group in groups:
-        host.noop(f"{user} is in group {group}")
-        return
-    yield StringCommand("usermod", "-aG", group, user)
-
-
-def deploy_docker_runtime(s) -> None:
-    runtime_installed(name="Docker and the NVIDIA container runtime installed", install=s.docker_install, _sudo=True)
-    daemon_uses_nvidia(name="Docker uses the nvidia runtime by default", _sudo=True)
-    user_in_group(name=f"{s.ssh_user} in group docker", user=s.ssh_user, group="docker", _sudo=True)
+@deploy("Docker with the NVIDIA runtime")
+def docker_runtime(s) -> None:
+    """Every operation needs root."""
+    runtime_installed(name="docker and the NVIDIA container runtime installed", install=s.docker_install)
+    daemon_uses_nvidia(name="docker uses the nvidia runtime by default")
+    # takes effect on the user's next login (pyinfra's next connection)
+    server.user(name=f"{s.ssh_user} in group docker", user=s.ssh_user, groups=["docker"], append=True,
+                ensure_home=False)

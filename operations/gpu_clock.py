@@ -7,30 +7,23 @@ fails this host), so both Sparks end with the same ceiling or the run stops."""
 
 from __future__ import annotations
 
-from pathlib import Path
+from pyinfra import host, logger, state
+from pyinfra.api import StringCommand, deploy, operation
 
-import jinja2
-from pyinfra import host, state
-from pyinfra.api import StringCommand, operation
+from operations.facts.gpu import GpuClockState, GpuClockStateDict
+from operations.layout import GPU_CLOCK_RECORD, GPU_CLOCK_UNIT
+from operations.util import check_failed, sh
+from operations.util.templates import render
+from operations.util.units import unit_installed
 
-from operations.facts.gpu import RECORD_PATH, GpuClockState
-from operations.systemd_unit import unit_installed
-from operations.util import MANAGED_HEADER, fail_command, sh
-
-UNIT_NAME = "sparkfold-gpu-clock.service"
-TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
-NVIDIA_SMI = "/usr/bin/nvidia-smi"  # where DGX OS installs it
 OVER_CEILING_MHZ = 15  # a locked GPU reads at most the ceiling (one clock step of slack)
 
 
-def render_unit(mhz: int, nvidia_smi: str = NVIDIA_SMI) -> str:
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), keep_trailing_newline=True,
-                             undefined=jinja2.StrictUndefined)
-    return env.get_template("sparkfold-gpu-clock.service.j2").render(
-        header=MANAGED_HEADER, mhz=int(mhz), nvidia_smi=nvidia_smi)
+def render_unit(mhz: int, nvidia_smi: str) -> str:
+    return render("sparkfold-gpu-clock.service.j2", mhz=int(mhz), nvidia_smi=nvidia_smi)
 
 
-def lock_drift(st: dict, mhz: int) -> str | None:
+def lock_drift(st: GpuClockStateDict, mhz: int) -> str | None:
     """Why the GPUs are not locked at `mhz` now, or None when they are.
     The record is matched by count, not bus id: the -lgc answer and --query-gpu=pci.bus_id may spell the id
     differently (a published GB10 query row reads 00000000:0F:01.0 against the journal's 0000000F:01:00.0)."""
@@ -56,7 +49,8 @@ def _lock_command(mhz: int, nvidia_smi: str, record_path: str) -> StringCommand:
     return StringCommand(
         f"out=$({nvidia_smi} -lgc 0,{int(mhz)} 2>&1); rc=$?; printf '%s\\n' \"$out\"; "
         f"if [ $rc -ne 0 ]; then echo {failed} \"$out\" >&2; exit 1; fi; "
-        "got=$(printf '%s\\n' \"$out\" | sed -n 's/.*gpuClkMax \\([0-9]*\\)).*/\\1/p' | sort -u | tr '\\n' ' ' | sed 's/ $//'); "
+        "got=$(printf '%s\\n' \"$out\" | sed -n 's/.*gpuClkMax \\([0-9]*\\)).*/\\1/p' | sort -u "
+        "| tr '\\n' ' ' | sed 's/ $//'); "
         f"if [ \"$got\" != {int(mhz)} ]; then "
         f"echo \"sparkfold: the driver applied a GPU clock ceiling of ${{got:-no}}\" {sh(clamped)} >&2; exit 1; fi; "
         f"mkdir -p {sh(directory)} && {{ echo \"boot=$(cat /proc/sys/kernel/random/boot_id)\"; "
@@ -80,38 +74,27 @@ def _readback_command(mhz: int, nvidia_smi: str) -> StringCommand:
 
 
 @operation()
-def gpu_clock_locked(mhz: int, nvidia_smi: str = NVIDIA_SMI, record_path: str = RECORD_PATH):
-    """Every GPU's clock ceiling is `mhz` right now (nvidia-smi -lgc 0,<mhz>), verified from the driver's answer."""
+def gpu_clock_locked(mhz: int, nvidia_smi: str, record_path: str = GPU_CLOCK_RECORD):
+    """Every GPU's clock ceiling is `mhz` right now (nvidia-smi -lgc 0,<mhz>), verified from the driver's answer.
+    Custom: no core operation reads back a clock lock."""
     mhz = int(mhz)
     st = host.get_fact(GpuClockState, nvidia_smi=nvidia_smi, record_path=record_path)
-    if not st["smi"]:
-        yield fail_command(f"cannot read the GPU with {nvidia_smi} ({st['error'] or 'no answer'}); "
-                           "check the NVIDIA driver (nvidia-smi -L) and the nvidia_smi path")
+    unreadable = [] if st["smi"] else [f"cannot read the GPU with {nvidia_smi} ({st['error'] or 'no answer'}); "
+                                       "check the NVIDIA driver (nvidia-smi -L) and the nvidia_smi path"]
+    if (yield from check_failed("GPU clock", unreadable)):
         return
     drift = lock_drift(st, mhz)
     if drift is None:
         host.noop(f"GPU clock ceiling is {mhz} MHz")
         return
-    if not state.is_executing:
-        host.noop(f"GPU clock: {drift}")
+    if state.config.DIFF:  # like files.put under --diff: say what differs
+        host.log(f"GPU clock: {drift}", logger.info)
     yield _lock_command(mhz, nvidia_smi, record_path)
     yield _readback_command(mhz, nvidia_smi)
 
 
-def deploy_gpu_clock(s) -> None:
-    nvidia_smi = getattr(s, "nvidia_smi_path", NVIDIA_SMI)
-    unit_installed(
-        name=f"GPU clock unit {UNIT_NAME} ({s.gpu_clock_mhz} MHz at boot)",
-        unit_name=UNIT_NAME,
-        content=render_unit(s.gpu_clock_mhz, nvidia_smi),
-        enabled=True,
-        running=True,
-        restart_on_change=False,
-        _sudo=True,
-    )
-    gpu_clock_locked(
-        name=f"GPU clock ceiling locked at {s.gpu_clock_mhz} MHz",
-        mhz=s.gpu_clock_mhz,
-        nvidia_smi=nvidia_smi,
-        _sudo=True,
-    )
+@deploy("GPU clock ceiling")
+def gpu_clock(s) -> None:
+    """The ceiling persisted by a unit (applied at boot) and locked now; every operation needs root."""
+    unit_installed(GPU_CLOCK_UNIT, render_unit(s.gpu_clock_mhz, s.nvidia_smi_path))
+    gpu_clock_locked(name=f"locked at {s.gpu_clock_mhz} MHz", mhz=s.gpu_clock_mhz, nvidia_smi=s.nvidia_smi_path)

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import requests
 from pyinfra import host, logger, state
 from pyinfra.api import FunctionCommand, QuoteString, StringCommand, operation
 
-from .facts.containers import RankContainer
+from .facts.docker import RankContainer
 
 POLL_S = 3
 PROGRESS_S = 15

@@ -51,7 +51,7 @@ def resolve_revision(repo_path: str, revision: str) -> str | None:
 
 def list_files(root: str, skip_prefixes: tuple = (".cache/", MANIFEST_NAME)) -> dict:
     """{relative path: size} of every file under root, following symlinks; a dangling link has size None."""
-    out = {}
+    out: dict[str, int | None] = {}
     if not os.path.isdir(root):
         return out
     for dirpath, dirnames, filenames in os.walk(root, followlinks=True):
@@ -71,7 +71,7 @@ def list_files(root: str, skip_prefixes: tuple = (".cache/", MANIFEST_NAME)) -> 
 def incomplete_blobs(repo_path: str) -> dict:
     """{etag: bytes so far} of the cache folder's interrupted downloads (blobs/<etag>[.<tmp>].incomplete)."""
     blobs = os.path.join(repo_path, "blobs")
-    out = {}
+    out: dict[str, int] = {}
     try:
         names = os.listdir(blobs)
     except OSError:

@@ -9,15 +9,18 @@ launch step checks rank 0's flags against that document (`read_capabilities`).
 from __future__ import annotations
 
 import posixpath
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
-from pyinfra import host, state
-from pyinfra.api import FileUploadCommand, operation
+from pyinfra import host
+from pyinfra.api import FileUploadCommand, deploy, operation
+from pyinfra.operations import docker
 
-from operations.facts.image import SSH_OPTIONS, DockerImageInfo, EngineCapabilities, PeerDockerImageInfo
 from operations import image_hash as content
-from operations.settings import PREBUILT_REFERENCE
-from operations.util import fail_command, sh
+from operations.facts.docker import SSH_OPTIONS, DockerImageInfo, EngineCapabilities, PeerDockerImageInfo
+from operations.settings import PREBUILT_REFERENCE, Settings
+from operations.util import check_failed, fail_command, sh
 
 HASH_LABEL = "sparkfold.image-hash"
 ENGINE_FAMILY = ("deepseek_v41", "exl3-mul1")  # model_type and format the served checkpoint needs
@@ -51,17 +54,13 @@ def image_ref(s) -> str:
     return f"{s.engine_image}:{computed_hash(s)}"
 
 
-def same_image(a: dict, b: dict) -> bool:
+def same_image(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
     """Two DockerImageInfo summaries name the same image: equal ids, or (across image stores) equal layers+labels."""
     if not a or not b:
         return False
     if a["id"] and a["id"] == b["id"]:
         return True
     return bool(a["layers"]) and a["layers"] == b["layers"] and a["labels"] == b["labels"]
-
-
-def has_digest(info: dict, digest: str) -> bool:
-    return any(entry.endswith("@" + digest) for entry in info.get("repo_digests", []))
 
 
 def capabilities_problem(caps: dict, image: str) -> str | None:
@@ -126,9 +125,9 @@ def engine_image_shipped(image: str, worker_ssh: str):
     if same_image(here, there):
         host.noop(f"the worker already has {image} ({here['id'][:19]})")
         return
-    if not here and state.is_executing:
-        yield fail_command(f"{image} is not on the head, so it cannot be shipped; the build step above should have"
-                           " made it: rerun the deploy and read the build's output")
+    missing = [] if here else [f"{image} is not on the head, so it cannot be shipped; the build step above should "
+                               "have made it: rerun the deploy and read the build's output"]
+    if (yield from check_failed("the image on the worker", missing, settled=False)):
         return
     img = sh(image)
     load = _ssh(worker_ssh, "docker load")
@@ -152,24 +151,15 @@ def engine_image_shipped(image: str, worker_ssh: str):
 
 @operation()
 def prebuilt_image_pulled(reference: str):
-    """Pull `reference` (name@sha256:digest) when missing, and check the pulled image carries that digest."""
+    """`reference` (name@sha256:digest) present, through docker.image: it pulls when `docker image inspect` of the
+    digest finds nothing, and `docker pull` by digest verifies the content. Custom only to refuse an unpinned
+    reference (docker.image would keep a stale tag) with the fix."""
     try:
-        _, digest = parse_prebuilt(reference)
+        parse_prebuilt(reference)
     except ValueError as error:
         yield fail_command(str(error))
         return
-    have = host.get_fact(DockerImageInfo, image=reference)
-    if have and has_digest(have, digest):
-        host.noop(f"prebuilt image {reference} is present")
-        return
-    ref = sh(reference)
-    yield f"docker pull {ref}"
-    wrong = fail_command(f"the image pulled as {reference} does not carry {digest} in its RepoDigests;"
-                         " check prebuilt_image (name and digest) and the registry")
-    yield (
-        f"docker image inspect -f '{{{{json .RepoDigests}}}}' {ref} | grep -F -q {sh('@' + digest)} "
-        f"|| {{ {wrong.get_raw_value()}; }}"
-    )
+    yield from docker.image._inner(image=reference, present=True)
 
 
 @operation()
@@ -182,34 +172,33 @@ def engine_capabilities_checked(image: str):
         flags = len(caps["serve"]["flags"])
         host.noop(f"{image}: engine {caps.get('version', '?')}, {flags} serve flags")
         return
-    if not state.is_executing:
-        return
-    yield fail_command(problem)
+    yield from check_failed("the engine's capabilities", [problem], settled=False)
 
 
 # --- deploy entry ---
 
 
-def deploy_image(s) -> None:
-    """Step 6: the engine image on this Spark (build + ship on the head, or pull the prebuilt one), then its
+@deploy("The engine image")
+def engine_image(s: Settings) -> None:
+    """The engine image on this Spark (build + ship on the head, or pull the prebuilt one), then its
     capabilities. Docker commands run as the ssh user (group docker): no sudo."""
     ref = image_ref(s)
     if s.prebuilt_image:
-        prebuilt_image_pulled(name=f"Engine image: pull {ref}", reference=s.prebuilt_image)
+        prebuilt_image_pulled(name=f"pull {ref}", reference=s.prebuilt_image)
     elif s.is_head:
         digest = computed_hash(s)
         engine_image_built(
-            name=f"Engine image: build {ref} on the head",
+            name=f"build {ref} on the head",
             image=ref,
             image_hash=digest,
             context_dir=str(s.engine_context_path),
             files=content.context_files(s.engine_context_path),
             build_args=content.build_args(s),
-            build_dir=posixpath.join(s.data_dir, "build", digest),
+            build_dir=s.layout.build_dir(digest),
         )
         engine_image_shipped(
-            name=f"Engine image: ship {ref} to the worker ({s.worker_link_ssh})",
+            name=f"ship {ref} to the worker ({s.worker_link_ssh})",
             image=ref,
             worker_ssh=s.worker_link_ssh,
         )
-    engine_capabilities_checked(name=f"Engine image: read the capabilities of {ref}", image=ref)
+    engine_capabilities_checked(name=f"read the capabilities of {ref}", image=ref)

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Mapping
 
 HASH_LENGTH = 12
 # Docker always sends these two, whatever .dockerignore says.

@@ -10,18 +10,9 @@ import hashlib
 import json
 from dataclasses import dataclass, field
 
-# Where things sit inside the containers (fixed by the contract).
-HF_MOUNT = "/root/.cache/huggingface"
-KIT = "/kit"
-ENGRAM = "/engram"
-RANK_CACHE = "/rank-cache"
-TOKEN_MAP_DIR = "/token-map"
-TOKEN_MAP_FILE = "dsv41_token_map.json"
-CACHE = "/cache"
-API_KEY_FILE = "/etc/sparkfold/api-key"
-CHAT_TEMPLATE = "/etc/sparkfold/chat_template.jinja"
+from .layout import InContainer as C
+from .settings import PASSTHROUGH_PREFIXES
 
-PASSTHROUGH_PREFIXES = ("TENSORFOLD_", "TF_DS_", "TF_FILL_", "TF_SPILL_")
 # Rank 0 reads these switches from its environment, rank 1 takes them as flags: keep the pair in step.
 RANK1_SWITCHES = (("TF_DS_GRAPHS", "--graphs"), ("TF_DS_HC_SIDE", "--side"),
                   ("TF_DS_L2_PREFETCH", "--prefetch"), ("TF_DS_ENGRAM_AIO", "--aio"))
@@ -68,22 +59,6 @@ class ContainerSpec:
         return words + [self.image, *self.argv]
 
 
-def host_paths(s) -> dict[str, str]:
-    """This Spark's files the ranks mount (under data_dir / state_dir). `rank_spec` takes overrides."""
-    d = s.data_dir
-    return {
-        "kit": f"{d}/kit",
-        "engram": f"{d}/engram",
-        "rank_cache": f"{d}/rank-cache/rank{s.rank}",
-        "token_map_dir": f"{d}/token-map",
-        "cache_root": f"{d}/cache",
-        "logs": f"{d}/logs",
-        "chat_template": f"{d}/chat_template.jinja",
-        "api_key_file": f"{s.state_dir}/api-key",
-        "spec_record": f"{s.state_dir}/rank.spec",
-    }
-
-
 def image_key(image_ref: str) -> str:
     """A short name for the image (its tag or digest) for the per-image writable cache."""
     if "@sha256:" in image_ref:
@@ -92,8 +67,8 @@ def image_key(image_ref: str) -> str:
     return tail.split(":", 1)[1] if ":" in tail else "latest"
 
 
-def cache_dir(s, image_ref: str, paths: dict | None = None) -> str:
-    return f"{(paths or host_paths(s))['cache_root']}/{image_key(image_ref)}"
+def cache_dir(s, image_ref: str) -> str:
+    return f"{s.layout.cache_root}/{image_key(image_ref)}"
 
 
 def rail_problems(rails: list[dict], nccl_rails: int) -> list[str]:
@@ -153,15 +128,15 @@ def rank0_argv(s, snapshot: str, capabilities: dict | None) -> list[str]:
     if not s.drafts:
         argv.append("--no-drafts")
     if s.api_key:
-        argv += ["--api-key-file", API_KEY_FILE]
+        argv += ["--api-key-file", C.API_KEY_FILE]
     if _chat_template_served(capabilities):
-        argv += ["--chat-template", CHAT_TEMPLATE]
+        argv += ["--chat-template", C.CHAT_TEMPLATE]
     return argv + ["--backend", "cuda", *[str(a) for a in s.extra_serve_args]]
 
 
 def rank1_argv(s, snapshot: str, rails: list[dict], engine_env: dict[str, str]) -> list[str]:
-    argv = ["tf-dsv41-lanes", snapshot, RANK_CACHE, "1", "2", s.head_link_ip, str(s.master_port), KIT,
-            "--engram", ENGRAM, "--token-map", f"{TOKEN_MAP_DIR}/{TOKEN_MAP_FILE}",
+    argv = ["tf-dsv41-lanes", snapshot, C.RANK_CACHE, "1", "2", s.head_link_ip, str(s.master_port), C.KIT,
+            "--engram", C.ENGRAM, "--token-map", C.TOKEN_MAP,
             "--pool", str(s.pool_positions), "--parallel", str(s.parallel)]
     if rails:
         argv += ["--rdma", ",".join(r["ibdev"] for r in rails[: s.nccl_rails])]
@@ -173,38 +148,39 @@ def rank1_argv(s, snapshot: str, rails: list[dict], engine_env: dict[str, str]) 
 
 
 def rank_spec(s, image_ref: str, rails: list[dict], model_mount: tuple[str, str], capabilities: dict | None,
-              *, has_infiniband: bool = True, paths: dict | None = None, template_digest: str = "") -> ContainerSpec:
+              *, rank_folder: str, has_infiniband: bool = True, template_digest: str = "") -> ContainerSpec:
     """This Spark's rank container.
 
     rails: the link step's record for this Spark, rail 0 first: [{"netdev", "ibdev", "address", "gid_index", "mtu"}].
     model_mount: (host dir or docker volume holding the Hugging Face cache, snapshot path inside the container).
     capabilities: the image's `capabilities --json` document (decides how the chat template is given).
-    has_infiniband: /dev/infiniband exists on this Spark. paths: overrides of host_paths(s).
+    rank_folder: this rank's weight folder (the target of its active-rank link).
+    has_infiniband: /dev/infiniband exists on this Spark.
     template_digest: sha256 of the chat template file, so a new template recreates rank 0.
     """
-    p = {**host_paths(s), **(paths or {})}
+    p = s.layout
     source, snapshot = model_mount
     engine_env = _engine_env(s)
     env = {"HF_HUB_OFFLINE": "1", "TENSORFOLD_NO_UPDATE_CHECK": "1", "TF_DS_REPLAY_FLOOR": "1",
            **_link_env(s, rails)}
-    mounts = [(source, HF_MOUNT, True), (p["kit"], KIT, True), (p["engram"], ENGRAM, True),
-              (p["rank_cache"], RANK_CACHE, True), (p["token_map_dir"], TOKEN_MAP_DIR, True),
-              (cache_dir(s, image_ref, p), CACHE, False)]
+    mounts = [(source, C.HF, True), (p.kit, C.KIT, True), (p.engram, C.ENGRAM, True),
+              (rank_folder, C.RANK_CACHE, True), (p.token_map_dir, C.TOKEN_MAP_DIR, True),
+              (cache_dir(s, image_ref), C.CACHE, False)]
     inputs = {}
     if s.rank == 0:
         env.update({
             "TF_TP_WORLD": "2", "TF_TP_MASTER": s.head_link_ip, "TF_TP_PORT": str(s.master_port),
-            "TF_DS_RANK_CACHE": RANK_CACHE, "TF_DS_KIT": KIT, "TENSORFOLD_CUDA_KERNELS": f"{KIT}/aot",
-            "TF_DS_ENGRAM": ENGRAM, "TF_DS_TOKEN_MAP": f"{TOKEN_MAP_DIR}/{TOKEN_MAP_FILE}",
+            "TF_DS_RANK_CACHE": C.RANK_CACHE, "TF_DS_KIT": C.KIT, "TENSORFOLD_CUDA_KERNELS": f"{C.KIT}/aot",
+            "TF_DS_ENGRAM": C.ENGRAM, "TF_DS_TOKEN_MAP": C.TOKEN_MAP,
             "TF_RDMA_DEVICES": ",".join(r["ibdev"] for r in rails[: s.nccl_rails]),
             "TF_DS_GRAPHS": "1", "TF_DS_HC_SIDE": "1", "TF_DS_L2_PREFETCH": "1", "TF_DS_ENGRAM_AIO": "1",
         })
         argv = rank0_argv(s, snapshot, capabilities)
         if s.api_key:
-            mounts.append((p["api_key_file"], API_KEY_FILE, True))
+            mounts.append((p.api_key, C.API_KEY_FILE, True))
         # An engine without --chat-template reads <snapshot>/chat_template.jinja: put ours there.
-        target = CHAT_TEMPLATE if _chat_template_served(capabilities) else f"{snapshot}/chat_template.jinja"
-        mounts.append((p["chat_template"], target, True))
+        target = C.CHAT_TEMPLATE if _chat_template_served(capabilities) else f"{snapshot}/chat_template.jinja"
+        mounts.append((p.chat_template, target, True))
         if template_digest:
             inputs["chat_template"] = template_digest
     else:

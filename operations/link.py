@@ -8,38 +8,27 @@ import ipaddress
 import json
 import os
 import shlex
-from pathlib import Path
+from collections.abc import Iterator
+from io import StringIO
 
-import jinja2
 import yaml
-from pyinfra import host, state
-from pyinfra.api import StringCommand, operation
+from pyinfra import host
+from pyinfra.api import StringCommand, deploy, operation
+from pyinfra.operations import files as core_files
 
-from operations.facts.link import DefaultRouteDevice, IpAddresses, LinkRecord, NetplanFiles, PingOk, RoceDevices
-from operations.util import MANAGED_HEADER, fail_command, sh
+from operations.facts.network import DefaultRouteDevice, IpAddresses, LinkRecord, NetplanFiles, PingOk, RoceDevices
+from operations.util import check_failed, fail_command
+from operations.util.net import ip_of
+from operations.util.templates import render
 
-TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
 ROCE_PORT = 1
 APPLY_POLL_TRIES = 20  # x 0.5 s: netplan apply briefly drops addresses; one immediate check is not enough
 
 
 # --- pure helpers -------------------------------------------------------------------------------------------
 
-def render_template(name: str, **data) -> str:
-    env = jinja2.Environment(
-        loader=jinja2.FileSystemLoader(str(TEMPLATES)), trim_blocks=True, lstrip_blocks=True,
-        keep_trailing_newline=True, undefined=jinja2.StrictUndefined,
-    )
-    return env.get_template(name).render(header=MANAGED_HEADER, **data)
-
-
 def render_netplan(rails: list[dict], mtu: int) -> str:
-    return render_template("sparkfold-cx7.netplan.yaml.j2", rails=rails, mtu=int(mtu))
-
-
-def ip_of(address: str) -> str:
-    """"192.168.100.1/24" -> "192.168.100.1"."""
-    return address.split("/", 1)[0]
+    return render("sparkfold-cx7.netplan.yaml.j2", rails=rails, mtu=int(mtu))
 
 
 def ipv4_mapped_gid(ip: str) -> str:
@@ -148,7 +137,9 @@ def plan_migration(files: dict, own_file: str, netdevs: list[str]) -> tuple[list
                           f"{os.path.dirname(path)} (netplan reads every *.yaml there), then re-run")
             continue
         network = doc.get("network") if isinstance(doc, dict) else None
-        ethernets = network.get("ethernets") if isinstance(network, dict) else None
+        if not isinstance(network, dict):
+            continue
+        ethernets = network.get("ethernets")
         if not isinstance(ethernets, dict):
             continue
         ours = sorted(k for k, v in ethernets.items() if _stanza_netdev_names(str(k), v) & wanted)
@@ -171,29 +162,16 @@ def plan_migration(files: dict, own_file: str, netdevs: list[str]) -> tuple[list
     return moves, errors
 
 
-def write_file_command(path: str, text: str, mode: str | None = None) -> StringCommand:
-    """Replace `path` atomically with `text` (a temporary beside it, then mv), creating its directory."""
-    tmp = path + ".sparkfold-tmp"
-    parts = [f"mkdir -p {shlex.quote(os.path.dirname(path) or '.')}",
-             f"(umask 077; printf '%s' {shlex.quote(text)} > {shlex.quote(tmp)})"]
-    if mode:
-        parts.append(sh("chmod", mode, tmp))
-    parts.append(sh("mv", "-f", tmp, path))
-    return StringCommand(" && ".join(parts))
-
-
-def migration_commands(move: dict) -> list[StringCommand]:
+def migration_commands(move: dict, mode: str) -> Iterator:
+    """Inside an operation: back up another netplan file, then move it aside whole (new_text None) or rewrite it
+    without our netdevs through files.put (its mode kept, its diff shown)."""
     path = move["path"]
     backup = f"{shlex.quote(path)}.sparkfold-backup-$(date +%Y%m%d-%H%M%S)"
     if move["new_text"] is None:
-        return [StringCommand(f"mv -n {shlex.quote(path)} {backup}")]
-    tmp = path + ".sparkfold-tmp"
-    return [StringCommand(
-        f"cp -p {shlex.quote(path)} {backup}"
-        f" && printf '%s' {shlex.quote(move['new_text'])} > {shlex.quote(tmp)}"
-        f" && chmod --reference={shlex.quote(path)} {shlex.quote(tmp)}"
-        f" && mv -f {shlex.quote(tmp)} {shlex.quote(path)}"
-    )]
+        yield StringCommand(f"mv -n {shlex.quote(path)} {backup}")
+        return
+    yield StringCommand(f"cp -p {shlex.quote(path)} {backup}")
+    yield from core_files.put._inner(src=StringIO(move["new_text"]), dest=path, mode=mode)
 
 
 def management_guard_command(dev: str, ip: str, netplan_file: str) -> StringCommand:
@@ -211,56 +189,54 @@ def management_guard_command(dev: str, ip: str, netplan_file: str) -> StringComm
 
 @operation()
 def netplan_link(rails: list[dict], mtu: int, netplan_file: str):
-    """Write this project's netplan file for the link rails (mode 600), migrate other files' stanzas for the
-    same netdevs (backup kept), and run `netplan generate && netplan apply` only when something changed: the
-    file, a migration, or the live addresses/MTU drifted from it."""
+    """This project's netplan file for the link rails (files.put, mode 600), other files' stanzas for the same
+    netdevs migrated (backup kept), and `netplan generate && netplan apply` only when something changed: the file,
+    a migration, or the live addresses/MTU drifted from it. Custom: core writes a file; this also migrates the
+    others, applies, and checks the management address survived the apply."""
     if not netplan_file.endswith(".yaml"):
         yield fail_command(f"link_netplan_file {netplan_file} must end in .yaml (netplan reads only *.yaml)")
         return
-    files = host.get_fact(NetplanFiles, directory=os.path.dirname(netplan_file))
-    moves, errors = plan_migration(files, netplan_file, [r["netdev"] for r in rails])
+    netplan_files = host.get_fact(NetplanFiles, directory=os.path.dirname(netplan_file))
+    moves, errors = plan_migration(netplan_files, netplan_file, [r["netdev"] for r in rails])
     if errors:
         yield fail_command("; ".join(errors))
         return
     want = render_netplan(rails, mtu)
-    current = files.get(netplan_file)
+    current = netplan_files.get(netplan_file)
     addrs = host.get_fact(IpAddresses)
     # drift: the file is right but an address or MTU is gone from a netdev (e.g. `ip addr del`): apply again
     drifted = bool(address_problems(rails, addrs, int(mtu), netplan_file))
-    changed = bool(moves) or current is None or current["text"] != want or drifted
+    apply = bool(moves) or current is None or current["text"] != want or drifted  # a mode fix alone does not
     for move in moves:
-        yield from migration_commands(move)
-    if current is None or current["text"] != want:
-        yield write_file_command(netplan_file, want, mode="600")
-    elif current["mode"] != "600":
-        yield StringCommand(sh("chmod", "600", netplan_file))
-    if not changed:
+        yield from migration_commands(move, netplan_files[move["path"]]["mode"])
+    yield from core_files.put._inner(src=StringIO(want), dest=netplan_file, mode="600")
+    if not apply:
         host.noop(f"{netplan_file} is up to date")
         return
     # the management address to keep: the default route's interface, unless it is one of the rails
     mgmt_dev = host.get_fact(DefaultRouteDevice)
-    mgmt_ips = [] if mgmt_dev in {r["netdev"] for r in rails} else (addrs.get(mgmt_dev) or {}).get("ipv4", [])
+    mgmt_netdev = None if mgmt_dev is None or mgmt_dev in {r["netdev"] for r in rails} else addrs.get(mgmt_dev)
+    mgmt_ips = mgmt_netdev.get("ipv4", []) if mgmt_netdev else []
     yield StringCommand("netplan generate && netplan apply")
-    if mgmt_ips:
+    if mgmt_dev is not None and mgmt_ips:
         yield management_guard_command(mgmt_dev, ip_of(mgmt_ips[0]), netplan_file)
 
 
 @operation()
-def link_addresses(rails: list[dict], mtu: int, netplan_file: str):
-    """Check: every rail netdev has its address and the link MTU."""
+def link_addresses(rails: list[dict], mtu: int, netplan_file: str, settled: bool = False):
+    """Check: every rail netdev has its address and the link MTU. settled: no netplan apply in this run."""
     problems = address_problems(rails, host.get_fact(IpAddresses), int(mtu), netplan_file)
     if not problems:
         host.noop("link addresses and MTU are in place")
         return
-    if state.is_executing:  # while planning, the netplan step above may still fix it
-        yield fail_command("; ".join(problems))
+    yield from check_failed("link addresses", problems, settled=settled)
 
 
 @operation()
 def link_ping(rails: list[dict], peer_rails: list[dict], mtu: int):
     """Check: the peer answers a full-size do-not-fragment ping on each rail."""
     problems = []
-    for rail, peer in zip(rails, peer_rails):
+    for rail, peer in zip(rails, peer_rails, strict=False):
         peer_ip = ip_of(peer["address"])
         if not host.get_fact(PingOk, netdev=rail["netdev"], address=peer_ip, size=int(mtu) - 28):
             problems.append(
@@ -272,13 +248,14 @@ def link_ping(rails: list[dict], peer_rails: list[dict], mtu: int):
     if not problems:
         host.noop("the peer answers on every rail")
         return
-    if state.is_executing:
-        yield fail_command("; ".join(problems))
+    # never settled while planning: the peer's netplan apply in this run may bring its end up
+    yield from check_failed("link ping", problems, settled=False)
 
 
 @operation()
-def roce_gids(rails: list[dict]):
-    """Check: each rail's RoCE device has a RoCE v2 GID holding this rail's IPv4 address."""
+def roce_gids(rails: list[dict], settled: bool = False):
+    """Check: each rail's RoCE device has a RoCE v2 GID holding this rail's IPv4 address. settled: no netplan
+    apply in this run."""
     records = rails_from_facts(rails, {}, host.get_fact(RoceDevices))
     problems = []
     for record in records:
@@ -295,35 +272,37 @@ def roce_gids(rails: list[dict]):
     if not problems:
         host.noop("every rail has a RoCE v2 GID")
         return
-    if state.is_executing:
-        yield fail_command("; ".join(problems))
+    yield from check_failed("RoCE GIDs", problems, settled=settled)
 
 
 @operation()
-def link_recorded(rails: list[dict], path: str):
-    """Write <state_dir>/link.json with the rails (GID index included) when its content differs."""
+def link_recorded(rails: list[dict], path: str, settled: bool = False):
+    """Write <state_dir>/link.json with the rails (GID index included) when its content differs (files.put).
+    settled: no netplan apply in this run."""
     want = link_record(rails, host.get_fact(IpAddresses), host.get_fact(RoceDevices))
     if host.get_fact(LinkRecord, path=path) == want:
         host.noop(f"{path} is up to date")
         return
-    if any(r["gid_index"] is None or r["ibdev"] is None for r in want["rails"]):
-        if state.is_executing:  # the GID check above reports the cause
-            yield fail_command(f"cannot record the link in {path}: a rail has no RoCE device or v2 GID")
+    if any(r["gid_index"] is None or r["ibdev"] is None for r in want["rails"]):  # the GID check names the cause
+        yield from check_failed("link record", [f"cannot record the link in {path}: a rail has no RoCE device or "
+                                                "v2 GID"], settled=settled)
         return
-    yield write_file_command(path, json.dumps(want, indent=2, sort_keys=True) + "\n")
+    yield from core_files.put._inner(src=StringIO(json.dumps(want, indent=2, sort_keys=True) + "\n"), dest=path)
 
 
-def deploy_link(s) -> None:
-    """Step 4 of deploy.py, on both Sparks at the same call sites (lock-step: both ends are addressed before
-    the ping runs)."""
+@deploy("CX7 link")
+def link(s) -> None:
+    """On both Sparks at the same call sites (lock-step: both ends are addressed before the ping runs). The
+    netplan file and the ping need root, the record belongs to the ssh user: _sudo is given per operation."""
     rails = [dict(r) for r in s.link_rails]
-    peer_rails = [dict(r) for r in s.peer_link_rails]
+    peer_rails = [dict(r) for r in s.peer.link_rails]
     mtu = int(s.link_mtu)
-    netplan_link(name="CX7 link: netplan file and apply", rails=rails, mtu=mtu,
-                 netplan_file=s.link_netplan_file, _sudo=True)
-    link_addresses(name="CX7 link: addresses and MTU", rails=rails, mtu=mtu, netplan_file=s.link_netplan_file)
+    netplan = netplan_link(name="netplan file and apply", rails=rails, mtu=mtu, netplan_file=s.link_netplan_file,
+                           _sudo=True)
+    settled = not netplan.changed  # the checks below read what an apply in this run changes
+    link_addresses(name="addresses and MTU", rails=rails, mtu=mtu, netplan_file=s.link_netplan_file,
+                   settled=settled)
     # sudo: binding ping to a netdev (-I) needs CAP_NET_RAW where ping has no file capability
-    link_ping(name="CX7 link: full-size DF ping per rail", rails=rails, peer_rails=peer_rails, mtu=mtu,
-              _sudo=True)
-    roce_gids(name="CX7 link: RoCE v2 GID per rail", rails=rails)
-    link_recorded(name="CX7 link: record rails", rails=rails, path=os.path.join(s.state_dir, "link.json"))
+    link_ping(name="full-size DF ping per rail", rails=rails, peer_rails=peer_rails, mtu=mtu, _sudo=True)
+    roce_gids(name="RoCE v2 GID per rail", rails=rails, settled=settled)
+    link_recorded(name="record rails", rails=rails, path=s.layout.link_record, settled=settled, _sudo=False)

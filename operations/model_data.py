@@ -10,21 +10,33 @@ from __future__ import annotations
 
 import hashlib
 import shlex
+from collections.abc import Mapping
 from io import StringIO
+from typing import Any
 
-from pyinfra import host, state
-from pyinfra.api import FileUploadCommand, operation
+from pyinfra import host
+from pyinfra.api import FileUploadCommand, deploy, operation
 from pyinfra.facts.files import Sha256File
 
 from operations import ablit, weights
-from operations.data_copy import (checksums_written, folder_placed, folder_to_peer, folder_verified, free_bytes,
-                                  gib, space_problem)
-from operations.facts.model_data import FolderCheck, HfHubPython, HfPlan
-from operations.hf_cache import repo_folder_name
-from operations.model_paths import CONTAINER_HF, SERVED_LINK, active_rank_link, hub_python, paths, worker_paths
+from operations.data_copy import (
+    checksums_written,
+    folder_placed,
+    folder_to_peer,
+    folder_verified,
+    free_bytes,
+    gib,
+    space_problem,
+)
+from operations.facts.files import FolderCheck
+from operations.facts.model import HfHubPython, HfPlan, HfPlanDict
+from operations.image import image_ref
+from operations.layout import ABLIT_CURRENT, InContainer
+from operations.model_paths import hub_python
 from operations.remote import heredoc_command
+from operations.settings import Settings
 from operations.sync import both_sparks_reached
-from operations.util import fail_command
+from operations.util import check_failed, fail_command
 
 MODEL_TYPE = "deepseek_v41"
 BLOB_SUMS = ".sparkfold-SHA256SUMS"  # the checkpoint's LFS blobs, for the worker copy's check
@@ -43,9 +55,9 @@ def served_model_path(s) -> tuple[str, str]:
     overlay applied, come from its own weight file.
     """
     if s.ablit and s.is_head:
-        return paths(s)["ablit"], f"{ablit.CONTAINER_DIR}/{ablit.CURRENT}"
+        return s.layout.ablit, f"{InContainer.ABLIT}/{ABLIT_CURRENT}"
     source = s.nfs_volume if (not s.is_head and s.worker_weights == "nfs") else s.hf_cache
-    return source, f"{CONTAINER_HF}/hub/{repo_folder_name(s.active_model_repo)}/{SERVED_LINK}"
+    return source, s.layout.relative_to_cache(s.layout.served_link)
 
 
 # ---- operations ----
@@ -87,7 +99,7 @@ def hf_token_file(path: str, token: str):
     yield FileUploadCommand(StringIO(token), path)
 
 
-def fetch_summary(label: str, plan: dict, repo: str, revision: str, dest: str) -> str:
+def fetch_summary(label: str, plan: Mapping[str, Any], repo: str, revision: str, dest: str) -> str:
     """One line for the plan: what is missing and how much it will transfer."""
     if plan.get("complete"):
         return f"{label}: {repo}@{(plan.get('commit') or revision)[:12]} complete, nothing to fetch"
@@ -117,7 +129,7 @@ def hf_snapshot(python: str, repo: str, revision: str, label: str, cache_dir: st
     dest = local_dir or cache_dir
     if plan.get("complete") and plan.get("manifest"):
         if expect_model_type and plan.get("model_type") != expect_model_type:
-            yield fail_command(f"{label}: {repo}@{plan['commit'][:12]} has config.json model_type "
+            yield fail_command(f"{label}: {repo}@{(plan.get('commit') or revision)[:12]} has config.json model_type "
                                f"{plan.get('model_type')!r}, not {expect_model_type!r}: check the repo/revision")
             return
         host.noop(fetch_summary(label, plan, repo, revision, dest))
@@ -139,16 +151,17 @@ def hf_snapshot(python: str, repo: str, revision: str, label: str, cache_dir: st
                           "hf_fetch")
 
 
-def _plan(args: dict) -> dict:
+def _plan(args: dict) -> HfPlanDict:
     return host.get_fact(HfPlan, **args)
 
 
 # ---- the deploy ----
 
-def deploy_model_data(s, image_ref: str) -> None:
+@deploy("The model data")
+def model_data(s: Settings) -> None:
     """Checkpoint, Engram, kit, token map and weight files: head part on the head, worker part on the worker."""
     if s.is_head:
-        _head(s, image_ref)
+        _head(s, image_ref(s))
     both_sparks_reached(name="Model data: the head's downloads and copies are done", step="the head's part")
     if not s.is_head:
         _worker(s)
@@ -156,65 +169,64 @@ def deploy_model_data(s, image_ref: str) -> None:
 
 def _fetch(s, label, repo, revision, **where):
     """Plan-time summary for the op's name (the --dry table shows it), and the op's arguments."""
-    p = paths(s)
     args = {"python": hub_python(s), "repo": repo, "revision": revision, "cache_dir": where.get("cache_dir", ""),
             "local_dir": where.get("local_dir", ""), "include": tuple(where.get("include", ())),
-            "token_path": p["token_file"], "endpoint": s.hf_endpoint}
+            "token_path": s.layout.hf_token, "endpoint": s.hf_endpoint}
     name = fetch_summary(label, _plan(args), repo, revision, args["local_dir"] or args["cache_dir"])
     return name, dict(args, label=label, has_token=bool(s.hf_token))
 
 
 def _head(s, image_ref: str) -> None:
-    p = paths(s)
-    hf_python_ready(name="huggingface_hub on the head", python=hub_python(s), venv="" if s.hf_python else p["venv"])
-    hf_token_file(name="Hugging Face token file (0600)", path=p["token_file"], token=s.hf_token)
+    p = s.layout
+    hf_python_ready(name="huggingface_hub on the head", python=hub_python(s), venv="" if s.hf_python else p.venv)
+    hf_token_file(name="Hugging Face token file (0600)", path=p.hf_token, token=s.hf_token)
 
-    name, args = _fetch(s, "Checkpoint", s.active_model_repo, s.active_model_revision, cache_dir=p["hub"])
+    name, args = _fetch(s, "Checkpoint", s.active_model_repo, s.active_model_revision, cache_dir=p.hub)
     hf_snapshot(name=name, expect_model_type=MODEL_TYPE, **args)
     weights.served_link(s)
 
-    name, args = _fetch(s, "Engram tables", s.engram_repo, s.engram_revision, local_dir=p["engram"],
+    name, args = _fetch(s, "Engram tables", s.engram_repo, s.engram_revision, local_dir=p.engram,
                         include=s.engram_files)
     hf_snapshot(name=name, **args)
-    checksums_written(name="Engram SHA256SUMS (once)", folder=p["engram"], files=list(s.engram_files))
+    checksums_written(name="Engram SHA256SUMS (once)", folder=p.engram, files=list(s.engram_files))
 
-    name, args = _fetch(s, "Kernel kit", s.kit_repo, s.kit_revision, local_dir=p["kit_src"], include=["kit/*"])
+    name, args = _fetch(s, "Kernel kit", s.kit_repo, s.kit_revision, local_dir=p.kit_src, include=["kit/*"])
     hf_snapshot(name=name, **args)
-    folder_placed(name="Kit at data_dir/kit", src=f"{p['kit_src']}/kit", dest=p["kit"], what="the kit")
-    folder_verified(name="Kit matches its MANIFEST (head)", folder=p["kit"], sums="MANIFEST", what="the kit",
+    folder_placed(name="Kit at data_dir/kit", src=f"{p.kit_src}/kit", dest=p.kit, what="the kit")
+    folder_verified(name="Kit matches its MANIFEST (head)", folder=p.kit, sums="MANIFEST", what="the kit",
                     generated_fix=KIT_GENERATED_FIX)
 
     if s.ablit:
-        name, args = _fetch(s, "ABLIT overlay", s.ablit_repo, s.ablit_revision, local_dir=ablit.overlay_dir(s),
+        name, args = _fetch(s, "ABLIT overlay", s.ablit_repo, s.ablit_revision, local_dir=p.overlay,
                             include=[s.ablit_file, ablit.APPLY_SCRIPT])
         hf_snapshot(name=name, require_token=True, **args)
         ablit.deploy_ablit(s, image_ref)
 
     weights.deploy_weights(s, image_ref)
 
-    target, w = s.worker_link_ssh, worker_paths(s)
-    folder_to_peer(name="Engram tables to the worker", src=p["engram"], target=target, dest=w["engram"],
+    target, w = s.worker_link_ssh, s.worker.layout
+    folder_to_peer(name="Engram tables to the worker", src=p.engram, target=target, dest=w.engram,
                    what="the Engram tables")
-    folder_to_peer(name="Kit to the worker", src=p["kit"], target=target, dest=w["kit"], what="the kit")
-    folder_to_peer(name="Token map to the worker", src=p["token_map"], target=target, dest=w["token_map"],
+    folder_to_peer(name="Kit to the worker", src=p.kit, target=target, dest=w.kit, what="the kit")
+    folder_to_peer(name="Token map to the worker", src=p.token_map_dir, target=target, dest=w.token_map_dir,
                    what="the token map")
-    weights.rank1_to_worker(s, w)
+    weights.rank1_to_worker(s)
     if s.worker_weights == "copy":
-        blob_sums_written(name="Checkpoint blob list (for the worker copy)", repo_dir=p["repo"])
-        folder_to_peer(name="Checkpoint to the worker (copy)", src=p["repo"], target=target, dest=w["repo"],
+        blob_sums_written(name="Checkpoint blob list (for the worker copy)", repo_dir=p.model_folder)
+        folder_to_peer(name="Checkpoint to the worker (copy)", src=p.model_folder, target=target, dest=w.model_folder,
                        what="the checkpoint", extra_rsync=("--copy-unsafe-links",))
 
 
 def _worker(s) -> None:
-    p = paths(s)
-    folder_verified(name="Engram tables verified (worker)", folder=p["engram"], sums="SHA256SUMS",
+    p = s.layout
+    folder_verified(name="Engram tables verified (worker)", folder=p.engram, sums="SHA256SUMS",
                     what="the Engram tables")
-    folder_verified(name="Kit matches its MANIFEST (worker)", folder=p["kit"], sums="MANIFEST", what="the kit",
+    folder_verified(name="Kit matches its MANIFEST (worker)", folder=p.kit, sums="MANIFEST", what="the kit",
                     generated_fix=KIT_GENERATED_FIX)
-    folder_verified(name="Rank 1's weight file verified (worker)", folder=active_rank_link(s, 1),
+    folder_verified(name="Rank 1's weight file verified (worker)", folder=p.active_rank_link(1),
                     sums="SHA256SUMS", what="rank 1's weight file")
     if s.worker_weights == "copy":
-        folder_verified(name="Checkpoint copy verified (worker)", folder=p["repo"], sums=BLOB_SUMS,
+        folder_verified(name="Checkpoint copy verified (worker)", folder=p.model_folder, sums=BLOB_SUMS,
                         what="the checkpoint copy")
 
 
@@ -224,13 +236,13 @@ def blob_sums_written(repo_dir: str):
     """<repo>/.sparkfold-SHA256SUMS lists the cache's LFS blobs, whose names are their sha256: no hashing here,
     and the worker's `sha256sum -c` proves its copy."""
     check = host.get_fact(FolderCheck, path=repo_dir, sums=BLOB_SUMS, marker=BLOB_SUMS)
-    blobs = sorted(p for p in (check or {}).get("files", {})
+    blobs = sorted(p for p in (check.get("files", {}) if check else {})
                    if p.startswith("blobs/") and len(p) == 70 and all(c in "0123456789abcdef" for c in p[6:]))
     if check and blobs and sorted(check["names"]) == blobs:
         host.noop(f"{repo_dir}/{BLOB_SUMS} lists all {len(blobs)} blobs")
         return
-    if not blobs and state.is_executing:
-        yield fail_command(f"no blobs in {repo_dir}: the checkpoint download must come first")
+    if (yield from check_failed("the checkpoint's blob list", [] if blobs else
+                                [f"no blobs in {repo_dir}: the checkpoint download must come first"], settled=False)):
         return
     q = shlex.quote
     yield (f"cd {q(repo_dir)} && ls blobs | grep -E '^[0-9a-f]{{64}}$' | sed 's|.*|&  blobs/&|' > {BLOB_SUMS}.tmp "

@@ -4,14 +4,19 @@
 from __future__ import annotations
 
 import re
+from io import StringIO
 
 from pyinfra import host
-from pyinfra.api import StringCommand, operation
-from pyinfra.operations import files
+from pyinfra.api import StringCommand, deploy, operation
+from pyinfra.facts.deb import DebPackages
+from pyinfra.operations import apt, files, systemd
 
-from operations.facts.nfs import DebInstalled, DockerVolumeInfo, ExportTable, FileContent, ServiceState, VolumeContainers
-from operations.link import ip_of, render_template, write_file_command
+from operations.docker_runtime import APT_CACHE_S
+from operations.facts.docker import DockerVolumeInfo, VolumeContainers
+from operations.facts.nfs import ExportTable
 from operations.util import fail_command, sh
+from operations.util.net import ip_of
+from operations.util.templates import render
 
 NFS_PACKAGE = "nfs-kernel-server"
 NFS_SERVICE = "nfs-server"  # nfs-kernel-server.service is an alias of it on Ubuntu
@@ -25,7 +30,7 @@ def export_path_token(path: str) -> str:
 
 
 def render_exports(path: str, clients: list[str], options: str = EXPORT_OPTIONS) -> str:
-    return render_template("sparkfold.exports.j2", path=export_path_token(path), clients=clients, options=options)
+    return render("sparkfold.exports.j2", path=export_path_token(path), clients=clients, options=options)
 
 
 def volume_options(server_ip: str, export_path: str, options: str) -> dict:
@@ -35,34 +40,24 @@ def volume_options(server_ip: str, export_path: str, options: str) -> dict:
 
 @operation()
 def nfs_server_installed(package: str = NFS_PACKAGE):
-    """Install the NFS server package (apt) when it is missing."""
-    if host.get_fact(DebInstalled, package=package):
+    """The NFS server package installed (apt.packages). Custom only so the apt index is refreshed when the package
+    is missing: core's update=True would refresh it on converged runs too, once cache_time has passed."""
+    if package in host.get_fact(DebPackages):
         host.noop(f"{package} is installed")
         return
-    yield StringCommand("apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y " + sh(package))
-
-
-@operation()
-def nfs_server_running(service: str = NFS_SERVICE):
-    """Enable and start the NFS server unit when it is not active and enabled."""
-    current = host.get_fact(ServiceState, service=service)
-    if current["active"] == "active" and current["enabled"] in ("enabled", "static", "alias"):
-        host.noop(f"{service} is running")
-        return
-    yield StringCommand(sh("systemctl", "enable", "--now", service))
+    yield from apt.packages._inner(packages=[package], update=True, cache_time=APT_CACHE_S)
 
 
 @operation()
 def nfs_exported(path: str, clients: list[str], exports_file: str, options: str = EXPORT_OPTIONS):
-    """Export `path` to each client in this project's exports file; `exportfs -ra` when the file changed or the
-    live table lacks one of the entries."""
-    want = render_exports(path, clients, options)
-    file_changed = host.get_fact(FileContent, path=exports_file) != want
-    if file_changed:
-        yield write_file_command(exports_file, want, mode="644")
+    """Export `path` to each client in this project's exports file (files.put, mode 644); `exportfs -ra` when the
+    file changed or the live table lacks one of the entries. Custom: core writes the file, not the reload."""
+    written = list(files.put._inner(src=StringIO(render_exports(path, clients, options)), dest=exports_file,
+                                    mode="644"))
+    yield from written
     live = {(e["path"], e["client"]) for e in host.get_fact(ExportTable) if "ro" in e["options"]}
     missing = [c for c in clients if (path, c) not in live]
-    if not file_changed and not missing:
+    if not written and not missing:
         host.noop(f"{path} is exported to {', '.join(clients)}")
         return
     yield StringCommand("exportfs -ra")
@@ -106,23 +101,21 @@ def nfs_volume(volume: str, server_ip: str, export_path: str, options: str):
     yield create
 
 
-def deploy_nfs(s, head_hf_cache: str | None = None) -> None:
-    """Step 5 of deploy.py: the export on the head, the volume on the worker. Nothing when s.nfs is False.
-
-    head_hf_cache: the head's Hugging Face cache path, which the worker mounts (defaults to
-    s.head_hf_cache when Settings has it, else s.hf_cache, the same path on both Sparks).
-    """
+@deploy("NFS share of the head's Hugging Face cache")
+def nfs(s) -> None:
+    """The export on the head, the volume on the worker; nothing when s.nfs is False. The server, its unit and the
+    exports file need root; the cache folder and the docker volume belong to the ssh user (_sudo=False)."""
     if not s.nfs:
         return
     if s.is_head:
-        clients = [ip_of(r["address"]) for r in s.peer_link_rails]
-        nfs_server_installed(name="NFS: nfs-kernel-server installed", _sudo=True)
-        nfs_server_running(name="NFS: nfs-server running", _sudo=True)
+        clients = [ip_of(r["address"]) for r in s.peer.link_rails]
+        nfs_server_installed(name=f"{NFS_PACKAGE} installed", _sudo=True)
+        systemd.service(name=f"{NFS_SERVICE} enabled and running", service=NFS_SERVICE, running=True, enabled=True,
+                        _sudo=True)
         # the export must exist before exportfs; created as the ssh user, who owns the cache
-        files.directory(name="NFS: Hugging Face cache directory", path=s.hf_cache, present=True)
-        nfs_exported(name="NFS: export the Hugging Face cache to the worker", path=s.hf_cache, clients=clients,
+        files.directory(name="Hugging Face cache folder", path=s.hf_cache, present=True, _sudo=False)
+        nfs_exported(name="the cache exported to the worker", path=s.hf_cache, clients=clients,
                      exports_file=s.nfs_exports_file, _sudo=True)
     else:
-        export_path = head_hf_cache or getattr(s, "head_hf_cache", None) or s.hf_cache
-        nfs_volume(name="NFS: docker volume for the head's cache", volume=s.nfs_volume, server_ip=s.head_link_ip,
-                   export_path=export_path, options=s.nfs_options)
+        nfs_volume(name="docker volume of the head's cache", volume=s.nfs_volume, server_ip=s.head_link_ip,
+                   export_path=s.peer.hf_cache, options=s.nfs_options, _sudo=False)

@@ -1,16 +1,20 @@
 """Preflight on both Sparks, before anything changes: platform, memory, disk, tools, and (on the head) ssh to the
-worker. Each check yields nothing when it passes (a converged run stays change-free) and one failing command that
-names the problem and the fix when it does not."""
+worker. Each check yields nothing when it passes (a converged run stays change-free); a problem follows the one
+plan-time rule (operations/util/checks.py): a "will fail" warning during --dry, a failure naming the fix in a run."""
 
 from __future__ import annotations
 
-from pyinfra import host
-from pyinfra.api import operation
+from collections.abc import Mapping
+from typing import Any
 
-from operations.facts.host import (
-    KNOWN_TOOLS, DiskFree, DockerMemoryUse, DockerRootDir, HostTools, MemInfo, OsRelease, PathUsage, SshReachable,
-)
-from operations.util import fail_command
+from pyinfra import host
+from pyinfra.api import deploy, operation
+
+from operations.facts.docker import DockerMemoryUse, DockerRootDir
+from operations.facts.files import DiskFree, PathUsage
+from operations.facts.host import KNOWN_TOOLS, HostTools, MemInfo, OsRelease, SshReachable
+from operations.settings import Settings
+from operations.util import check_failed
 
 GIB = 1024**3
 GB = 1000**3
@@ -27,11 +31,12 @@ TOOL_FIX = {
 
 # --- pure helpers (unit-tested directly) -------------------------------------------------------------------------
 
-def platform_problem(info: dict, allowed_arch, allowed_os_ids) -> str | None:
+def platform_problem(info: Mapping[str, Any], allowed_arch, allowed_os_ids) -> str | None:
     arch = info.get("arch", "")
     if arch not in allowed_arch:
         return (f"this machine is {arch or 'of unknown architecture'}, not {'/'.join(allowed_arch)}: sparkfold "
-                f"targets DGX Spark (aarch64, DGX OS); run it against the Sparks (the allowed_arch setting lists what is accepted)")
+                f"targets DGX Spark (aarch64, DGX OS); run it against the Sparks "
+                f"(the allowed_arch setting lists what is accepted)")
     ids = [info.get("id", "")] + list(info.get("id_like", []))
     if not any(i in allowed_os_ids for i in ids if i):
         name = info.get("pretty_name") or info.get("id") or "an unknown OS"
@@ -40,7 +45,7 @@ def platform_problem(info: dict, allowed_arch, allowed_os_ids) -> str | None:
     return None
 
 
-def memory_problem(meminfo: dict, min_avail_gib: float, docker_use: dict) -> str | None:
+def memory_problem(meminfo: Mapping[str, int], min_avail_gib: float, docker_use: Mapping[str, Any]) -> str | None:
     avail = meminfo.get("MemAvailable")
     if avail is None:
         return "cannot read MemAvailable from /proc/meminfo; check that /proc is mounted"
@@ -67,7 +72,7 @@ def disk_problems(need_gb: float, data: list[dict], held_bytes: int, image_gb: f
     The data need (less what is already held there) may spread over the data filesystems; the image need is added
     to it when the Docker root dir shares one of them, else the Docker filesystem must hold it alone."""
     problems = []
-    data_fs = {}
+    data_fs: dict[str, dict] = {}
     for d in data:
         data_fs.setdefault(d["mount"], d)
     data_free = sum(d["free_bytes"] for d in data_fs.values())
@@ -79,7 +84,8 @@ def disk_problems(need_gb: float, data: list[dict], held_bytes: int, image_gb: f
         if data_free < data_need + image_need:
             problems.append(
                 f"not enough disk: {where} share a filesystem with the Docker root dir {docker['path']}; need "
-                f"{(data_need + image_need) / GB:.0f} GB (disk_need_gb {need_gb:g}{held} + image_free_gb {image_gb:g}), "
+                f"{(data_need + image_need) / GB:.0f} GB "
+                f"(disk_need_gb {need_gb:g}{held} + image_free_gb {image_gb:g}), "
                 f"have {data_free / GB:.0f} GB. Fix: free space there, or point hf_cache/data_dir at a larger disk")
         return problems
     if data_free < data_need:
@@ -99,10 +105,9 @@ def disk_problems(need_gb: float, data: list[dict], held_bytes: int, image_gb: f
 @operation()
 def platform_supported(allowed_arch=("aarch64",), allowed_os_ids=("ubuntu", "dgx")):
     """Fail unless the architecture and the OS (ID or ID_LIKE of /etc/os-release) are allowed."""
-    problem = platform_problem(host.get_fact(OsRelease), tuple(allowed_arch), tuple(allowed_os_ids))
-    if problem:
-        yield fail_command(problem)
-    else:
+    info = host.get_fact(OsRelease)
+    problem = platform_problem(info, tuple(allowed_arch), tuple(allowed_os_ids))
+    if not (yield from check_failed("the platform", [problem])):
         host.noop("platform is supported")
 
 
@@ -116,10 +121,9 @@ def memory_available(min_avail_gib: float, own_containers=()):
     if ours:
         host.noop(f"{', '.join(ours)} is running; its memory is checked again before any relaunch")
         return
-    problem = memory_problem(host.get_fact(MemInfo), float(min_avail_gib), docker_use)
-    if problem:
-        yield fail_command(problem)
-    else:
+    meminfo = host.get_fact(MemInfo)
+    problem = memory_problem(meminfo, float(min_avail_gib), docker_use)
+    if not (yield from check_failed("memory", [problem])):
         host.noop("enough memory available")
 
 
@@ -132,20 +136,19 @@ def disk_free(need_gb: float, data_paths, image_gb: float, held_paths=(), docker
     for path in data_paths:
         d = host.get_fact(DiskFree, path=path)
         if d is None:
-            yield fail_command(f"cannot measure free disk at {path} (df failed); check the path and the mount")
+            yield from check_failed("free disk", [f"cannot measure free disk at {path} (df failed); check the path "
+                                                  "and the mount"])
             return
         data.append({**d, "path": path})
     root = docker_root or host.get_fact(DockerRootDir) or DEFAULT_DOCKER_ROOT
     d = host.get_fact(DiskFree, path=root)
     if d is None:
-        yield fail_command(f"cannot measure free disk under the Docker root dir {root} (df failed)")
+        yield from check_failed("free disk", [f"cannot measure free disk under the Docker root dir {root} (df failed)"])
         return
     docker = {**d, "path": root}
     held = sum(host.get_fact(PathUsage, path=p) or 0 for p in held_paths)
     problems = disk_problems(float(need_gb), data, held, float(image_gb), docker)
-    if problems:
-        yield fail_command("; ".join(problems))
-    else:
+    if not (yield from check_failed("free disk", problems)):
         host.noop("enough free disk")
 
 
@@ -158,10 +161,9 @@ def tools_present(required=("docker", "git", "python3", "rsync"), installed_late
         raise ValueError(f"tools_present cannot check {unknown}; known: {KNOWN_TOOLS}")
     tools = host.get_fact(HostTools)
     missing = [t for t in required if not tools.get(t) and t not in installed_later]
-    if missing:
-        fixes = "; ".join(f"{t}: {TOOL_FIX.get(t, 'install it')}" for t in missing)
-        yield fail_command(f"missing on this Spark: {', '.join(missing)}. Fix: {fixes}")
-    else:
+    fixes = "; ".join(f"{t}: {TOOL_FIX.get(t, 'install it')}" for t in missing)
+    if not (yield from check_failed("tools", [f"missing on this Spark: {', '.join(missing)}. Fix: {fixes}"
+                                              if missing else ""])):
         host.noop("tools present")
 
 
@@ -172,10 +174,10 @@ def peer_reachable(target: str):
     if result["ok"]:
         host.noop(f"{target} answers over ssh")
         return
-    yield fail_command(
+    yield from check_failed("ssh to the worker", [
         f"the head cannot ssh to the worker {target} without a prompt (rc {result['rc']}: {result['detail']}). "
         f"Fix: on the head run ssh-keygen (if there is no key), ssh-copy-id {target}, then ssh {target} true once "
-        f"to accept its host key")
+        f"to accept its host key"])
 
 
 # --- deploy entry ------------------------------------------------------------------------------------------------
@@ -183,32 +185,33 @@ def peer_reachable(target: str):
 def _held_paths(s) -> list[str]:
     """What this project already keeps on this Spark: the data folder and its repos' Hugging Face cache folders."""
     repos = [s.active_model_repo, s.engram_repo, s.kit_repo]
-    cache = [f"{s.hf_cache.rstrip('/')}/hub/models--{r.replace('/', '--')}" for r in repos if r]
-    return [s.data_dir] + cache
+    return [s.data_dir] + [s.layout.repo_folder(r) for r in repos if r]
 
 
-def deploy_preflight(s) -> None:
+@deploy("Preflight")
+def preflight(s: Settings) -> None:
+    """Read-only checks on both Sparks: a problem stops the run before anything changes (and shows in --dry)."""
     platform_supported(
-        name="Preflight: aarch64 and DGX OS",
+        name="aarch64 and DGX OS",
         allowed_arch=list(s.allowed_arch),
         allowed_os_ids=list(s.allowed_os),
     )
     memory_available(
-        name=f"Preflight: {s.min_avail_gib:g} GiB memory available",
+        name=f"{s.min_avail_gib:g} GiB memory available",
         min_avail_gib=s.min_avail_gib,
         own_containers=[s.container_name],
     )
     disk_free(
-        name="Preflight: free disk for data and the image",
+        name="free disk for data and the image",
         need_gb=s.disk_need_gb,
         data_paths=[s.hf_cache, s.data_dir],
         image_gb=s.image_free_gb,
         held_paths=_held_paths(s),
     )
     tools_present(
-        name="Preflight: docker, git, python3, rsync present",
+        name="docker, git, python3, rsync present",
         required=["docker", "git", "python3", "rsync", "ssh"] if s.is_head else ["docker", "git", "python3", "rsync"],
         installed_later=["docker"] if s.docker_install else [],
     )
     if s.is_head:
-        peer_reachable(name="Preflight: the head reaches the worker over ssh", target=s.worker_ssh_from_head)
+        peer_reachable(name="the head reaches the worker over ssh", target=s.worker_ssh_from_head)

@@ -33,7 +33,7 @@ def read_site(path: Path) -> dict[str, Any]:
             f"no site file at {path}: copy {EXAMPLE} to sparks.yaml and fill in your Sparks' ssh targets and CX7 "
             "netdevs/addresses (or set SPARKFOLD_SITE to your file)")
     try:
-        site = yaml.safe_load(path.read_text()) or {}
+        site: Any = yaml.safe_load(path.read_text()) or {}  # arbitrary YAML until checked below
     except yaml.YAMLError as exc:
         raise SiteError(f"{path} is not valid YAML ({exc}); see {EXAMPLE} for the shape") from None
     _need(isinstance(site, dict), path, "the top level must be a mapping with keys head, worker and data")
@@ -60,31 +60,24 @@ def read_site(path: Path) -> dict[str, Any]:
 
 
 def _rails(spark: dict) -> list[dict]:
-    return [{"netdev": str(r["netdev"]), "address": str(r["address"]), **({"ibdev": r["ibdev"]} if r.get("ibdev") else {})}
+    return [{"netdev": str(r["netdev"]), "address": str(r["address"]),
+             **({"ibdev": r["ibdev"]} if r.get("ibdev") else {})}
             for r in spark["link"]]
 
 
 def host_entries(site: dict[str, Any]) -> dict[str, tuple[str, dict]]:
-    """role -> (pyinfra host name, host data) for inventory.py."""
-    head, worker = site["head"], site["worker"]
-    names = {}
-    for role in ROLES:
-        spark = site[role]
-        names[role] = spark.get("name") or spark["ssh"]
+    """role -> (pyinfra host name, host data) for inventory.py. Each Spark's data holds only its own values; the
+    settings pair the two (operations/context.py)."""
+    names = {role: site[role].get("name") or site[role]["ssh"] for role in ROLES}
     if names["head"] == names["worker"]:
         names = {role: f"{site[role]['ssh']}:{site[role].get('ssh_port', 22)}" for role in ROLES}
     entries = {}
-    for role, peer in (("head", "worker"), ("worker", "head")):
-        spark, other = site[role], site[peer]
+    for role in ROLES:
+        spark = site[role]
         data: dict[str, Any] = {**(site.get("data") or {}), **(spark.get("data") or {})}
-        data.update(
-            ssh_hostname=spark["ssh"],
-            link_rails=_rails(spark),
-            peer_link_rails=_rails(other),
-            peer_ssh_hostname=other["ssh"],
-            worker_reach_from_head=worker.get("reach_from_head") or worker["ssh"],
-            worker_ssh_user=worker.get("ssh_user", ""),
-        )
+        data.update(ssh_hostname=spark["ssh"], link_rails=_rails(spark))
+        if spark.get("reach_from_head"):
+            data["reach_from_head"] = spark["reach_from_head"]
         for key in ("ssh_user", "ssh_key", "ssh_port"):
             if spark.get(key) not in (None, ""):
                 data[key] = os.path.expanduser(spark[key]) if key == "ssh_key" else spark[key]

@@ -5,37 +5,37 @@ s.supervise is True; turned off, an earlier unit is stopped and disabled (never 
 
 from __future__ import annotations
 
-from pyinfra.operations import files
+from pyinfra.api import deploy
 
-from operations.memguard import LOCAL_REMOTE, REMOTE_DIR, render_template, script_sha256, unit_off
-from operations.systemd_unit import unit_installed
+from operations.layout import SUPERVISOR_UNIT, script_path
+from operations.util.templates import render
+from operations.util.units import script_installed, script_sha256, unit_installed, unit_off
 
-UNIT_NAME = "sparkfold-supervise.service"
 SCRIPT = "supervise.py"
 
 
 def render_unit(container: str, worker_ssh: str, user: str, retries: int, backoff_s: int, stop_timeout: int) -> str:
-    return render_template("sparkfold-supervise.service.j2", container=container, worker_ssh=worker_ssh, user=user,
-                           retries=int(retries), backoff_s=int(backoff_s), stop_timeout=int(stop_timeout),
-                           script=f"{REMOTE_DIR}/{SCRIPT}", script_sha256=script_sha256(SCRIPT))
+    return render("sparkfold-supervise.service.j2", container=container, worker_ssh=worker_ssh, user=user,
+                  retries=int(retries), backoff_s=int(backoff_s), stop_timeout=int(stop_timeout),
+                  script=script_path(SCRIPT), script_sha256=script_sha256(SCRIPT))
 
 
-def deploy_supervise(s) -> None:
+@deploy("Supervision")
+def supervision(s) -> None:
+    """The head's supervisor installed and running, or (supervise off) stopped and disabled; needs root."""
     if not s.is_head:
         return
     if not s.supervise:
-        unit_off(name=f"supervision off: {UNIT_NAME} stopped and disabled if present", unit_name=UNIT_NAME,
-                 _sudo=True)
+        unit_off(SUPERVISOR_UNIT)
         return
-    files.put(name=f"supervisor script {REMOTE_DIR}/{SCRIPT}", src=str(LOCAL_REMOTE / SCRIPT),
-              dest=f"{REMOTE_DIR}/{SCRIPT}", mode="755", create_remote_dir=True, _sudo=True)
-    unit_installed(
-        name=f"supervision unit {UNIT_NAME} ({s.supervise_retries} restarts, backoff {s.supervise_backoff_s} s)",
-        unit_name=UNIT_NAME,
-        content=render_unit(s.container_name, s.worker_link_ssh, s.ssh_user, s.supervise_retries,
-                            s.supervise_backoff_s, s.stop_timeout),
-        enabled=True,
-        running=True,
-        restart_on_change=True,
-        _sudo=True,
-    )
+    script_installed(SCRIPT)
+    unit_installed(SUPERVISOR_UNIT, render_unit(s.container_name, s.worker_link_ssh, s.ssh_user, s.supervise_retries,
+                                                s.supervise_backoff_s, s.stop_timeout), restart_on_change=True)
+
+
+@deploy("Supervisor paused")
+def supervisor_paused(s) -> None:
+    """stop.py: the head's supervisor stopped and disabled (if present) so it does not start the pair again;
+    deploy.py's supervision starts it again. Needs root."""
+    if s.is_head:
+        unit_off(SUPERVISOR_UNIT)

@@ -15,10 +15,11 @@ import shlex
 from pyinfra import host, state
 from pyinfra.api import operation
 
-from operations.data_copy import checksums_written, folder_to_peer, space_problem
-from operations.facts.model_data import DirFiles, FileText, FreeBytes, HfPlan, LinkTarget, RankFolder
+from operations.data_copy import checksums_written, folder_to_peer, free_bytes, space_problem
+from operations.facts.files import DirFiles, FileText, LinkTarget, first_line
+from operations.facts.model import HfPlan, RankFolder
 from operations.hf_cache import repo_folder_name
-from operations.model_paths import SERVED_LINK, active_rank_link, checkpoint_plan_args, paths
+from operations.model_paths import checkpoint_plan_args
 from operations.util import fail_command
 
 TOKEN_MAP = "dsv41_token_map.json"
@@ -70,7 +71,8 @@ def token_map_written(image_ref: str, plan_args: dict, hf_cache: str, out_dir: s
         yield problem
         return
     sidecar = f"{out_dir}/{TOKEN_MAP}.commit"
-    if host.get_fact(FileText, path=sidecar) == commit and TOKEN_MAP in host.get_fact(DirFiles, path=out_dir):
+    built_from = first_line(host.get_fact(FileText, path=sidecar))
+    if built_from == commit and TOKEN_MAP in host.get_fact(DirFiles, path=out_dir):
         host.noop(f"token map is current for {commit[:12]}")
         return
     mount, model = model_source(hf_cache, plan_args["repo"], commit)
@@ -108,7 +110,7 @@ def rank_file_written(image_ref: str, rank: int, plan_args: dict, hf_cache: str,
         return
     total = host.get_fact(HfPlan, **plan_args).get("total_bytes") or 0
     need = int(total / 2 * 1.05)  # each rank holds about half the pack
-    problem = space_problem(host.get_fact(FreeBytes, path=folder), need, folder, f"rank {rank}'s weight file")
+    problem = space_problem(free_bytes(folder), need, folder, f"rank {rank}'s weight file")
     if problem:
         yield problem
         return
@@ -164,28 +166,28 @@ def rank_file_to_peer(plan_args: dict, rank_cache: str, rank: int, ablit: bool, 
 
 
 def deploy_weights(s, image_ref: str) -> None:
-    p, plan_args = paths(s), checkpoint_plan_args(s)
-    ablit_dir = p["ablit"] if s.ablit else ""
+    p, plan_args = s.layout, checkpoint_plan_args(s)
+    ablit_dir = p.ablit if s.ablit else ""
     ablit_rev = s.ablit_revision if s.ablit else ""
     token_map_written(name="Token map (image's make_token_map.py)", image_ref=image_ref, plan_args=plan_args,
-                      hf_cache=s.hf_cache, out_dir=p["token_map"])
+                      hf_cache=s.hf_cache, out_dir=p.token_map_dir)
     rank_file_written(name="Rank 0's weight file", image_ref=image_ref, rank=0, plan_args=plan_args,
-                      hf_cache=s.hf_cache, rank_cache=p["rank_cache"], ablit_dir=ablit_dir, ablit_revision=ablit_rev)
+                      hf_cache=s.hf_cache, rank_cache=p.rank_cache, ablit_dir=ablit_dir, ablit_revision=ablit_rev)
     rank_file_written(name="Rank 1's weight file", image_ref=image_ref, rank=1, plan_args=plan_args,
-                      hf_cache=s.hf_cache, rank_cache=p["rank_cache"], ablit_dir=ablit_dir, ablit_revision=ablit_rev)
+                      hf_cache=s.hf_cache, rank_cache=p.rank_cache, ablit_dir=ablit_dir, ablit_revision=ablit_rev)
     suffix = "-ablit" if s.ablit else ""
-    commit_link(name="Rank 0's active weight folder", link=active_rank_link(s, 0), plan_args=plan_args,
+    commit_link(name="Rank 0's active weight folder", link=p.active_rank_link(0), plan_args=plan_args,
                 template="{commit}" + suffix + "/rank0")
-    rank_sums_written(name="Rank 1's SHA256SUMS (once)", plan_args=plan_args, rank_cache=p["rank_cache"], rank=1,
+    rank_sums_written(name="Rank 1's SHA256SUMS (once)", plan_args=plan_args, rank_cache=p.rank_cache, rank=1,
                       ablit=s.ablit)
 
 
 def served_link(s) -> None:
-    commit_link(name="Served snapshot link", link=f"{paths(s)['repo']}/{SERVED_LINK}",
+    commit_link(name="Served snapshot link", link=s.layout.served_link,
                 plan_args=checkpoint_plan_args(s), template="snapshots/{commit}")
 
 
-def rank1_to_worker(s, worker: dict) -> None:
+def rank1_to_worker(s) -> None:
     rank_file_to_peer(name="Rank 1's weight file to the worker", plan_args=checkpoint_plan_args(s),
-                      rank_cache=paths(s)["rank_cache"], rank=1, ablit=s.ablit, target=s.worker_link_ssh,
-                      peer_rank_cache=worker["rank_cache"])
+                      rank_cache=s.layout.rank_cache, rank=1, ablit=s.ablit, target=s.worker_link_ssh,
+                      peer_rank_cache=s.worker.layout.rank_cache)

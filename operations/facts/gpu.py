@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import re
 import shlex
+from typing import TypedDict
 
 from pyinfra.api import FactBase
 
@@ -51,35 +52,53 @@ def query_command(nvidia_smi: str = "nvidia-smi") -> str:
     return f"{nvidia_smi} --query-gpu={','.join(QUERY_FIELDS)} --format=csv,noheader,nounits"
 
 
-class GpuClockState(FactBase):
-    """{"smi": bool (nvidia-smi runs), "error": str, "boot_id": str,
-        "gpus": [{"index", "bus_id", "name", "clocks_sm", "clocks_max_sm", "apps_clocks_reason"}],
-        "record_boot_id": str, "recorded": {bus id: (min, max)}}."""
+class GpuDict(TypedDict):
+    index: int
+    bus_id: str  # lower case, e.g. "0000000f:01:00.0"
+    name: str
+    clocks_sm: int | None  # MHz; None for "[N/A]"
+    clocks_max_sm: int | None
+    apps_clocks_reason: str  # clocks_event_reasons.applications_clocks_setting, for the log
 
-    def command(self, nvidia_smi="nvidia-smi", record_path=RECORD_PATH):
-        rec = shlex.quote(record_path)
-        return (
-            f"if command -v {shlex.quote(nvidia_smi.split()[-1])} >/dev/null 2>&1; then "
-            f"echo '##QUERY##'; {query_command(nvidia_smi)} 2>&1 || echo '##QUERY_FAILED##'; "
-            "else echo '##NO_NVIDIA_SMI##'; fi; "
-            "echo \"boot_id=$(cat /proc/sys/kernel/random/boot_id 2>/dev/null)\"; "
-            f"if [ -f {rec} ]; then sed 's/^/record: /' {rec}; fi"
-        )
+
+class GpuClockStateDict(TypedDict):
+    smi: bool  # nvidia-smi answered the query with at least one GPU
+    error: str  # why not
+    boot_id: str
+    gpus: list[GpuDict]
+    record_boot_id: str  # the boot the record was written in
+    recorded: dict[str, tuple[int, int]]  # bus id -> (min, max) the driver confirmed
+
+
+class GpuClockState(FactBase[GpuClockStateDict]):
+    """Each GPU's live clocks from nvidia-smi, the boot id, and the lock record written from the driver's -lgc
+    confirmation: whether the clock ceiling still holds. nvidia-smi missing reads as the default (smi False)."""
 
     @staticmethod
-    def default():
-        return {"smi": False, "error": "no output", "boot_id": "", "gpus": [], "record_boot_id": "", "recorded": {}}
+    def default() -> GpuClockStateDict:
+        return {"smi": False, "error": "nvidia-smi is not installed", "boot_id": "", "gpus": [], "record_boot_id": "",
+                "recorded": {}}
 
-    def process(self, output):
-        st = {"smi": False, "error": "", "boot_id": "", "gpus": [], "record_boot_id": "", "recorded": {}}
+    def requires_command(self, nvidia_smi: str = "nvidia-smi", record_path: str = RECORD_PATH) -> str:
+        return shlex.quote(nvidia_smi.split()[-1])  # a path or a name: `command -v` takes either
+
+    def command(self, nvidia_smi: str = "nvidia-smi", record_path: str = RECORD_PATH) -> str:
+        rec = shlex.quote(record_path)
+        return (
+            f"echo '##QUERY##'; {query_command(nvidia_smi)} 2>&1 || echo '##QUERY_FAILED##'; "
+            "echo \"boot_id=$(cat /proc/sys/kernel/random/boot_id 2>/dev/null)\"; "
+            f"if [ -f {rec} ]; then sed 's/^/record: /' {rec}; fi; true"
+        )
+
+    def process(self, output: list[str]) -> GpuClockStateDict:
+        st: GpuClockStateDict = {"smi": False, "error": "", "boot_id": "", "gpus": [], "record_boot_id": "",
+                                 "recorded": {}}
         errors = []
         in_query = False
         record = []
         for line in output:
             if line.startswith("##QUERY##"):
                 st["smi"], in_query = True, True
-            elif line.startswith("##NO_NVIDIA_SMI##"):
-                errors.append("nvidia-smi is not installed")
             elif line.startswith("##QUERY_FAILED##"):
                 st["smi"], in_query = False, False
             elif line.startswith("boot_id="):

@@ -1,4 +1,4 @@
-"""Facts about the host itself: platform, memory, disk, tools, reachability of the peer.
+"""Facts about the host itself: platform, memory, tools and packages, users' groups, ssh reachability of the peer.
 
 Every command exits 0; a read that finds nothing prints a sentinel the process step understands.
 """
@@ -7,36 +7,35 @@ from __future__ import annotations
 
 import re
 import shlex
+from typing import TypedDict
 
 from pyinfra.api import FactBase
 
 # Tools the preflight may ask about (HostTools reports each as present or not).
 KNOWN_TOOLS = ("docker", "git", "python3", "rsync", "ssh", "nvidia-smi", "apt-get")
 
-_UNITS = {
-    "b": 1, "kb": 1000, "mb": 1000**2, "gb": 1000**3, "tb": 1000**4,
-    "kib": 1024, "mib": 1024**2, "gib": 1024**3, "tib": 1024**4,
-}
+GIB = 1024**3
 
 
-def parse_size(text: str) -> int | None:
-    """docker's human sizes ("1.5GiB", "512MiB", "0B", "3.2kB") -> bytes; None when unreadable."""
-    m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([KMGT]?i?B)\s*", text, re.IGNORECASE)
-    if not m:
-        return None
-    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+class OsReleaseDict(TypedDict):
+    arch: str  # uname -m
+    id: str  # ID, lower case
+    id_like: list[str]  # ID_LIKE
+    version_id: str
+    pretty_name: str
 
 
-class OsRelease(FactBase):
-    """{"arch": uname -m, "id": ID, "id_like": [...], "version_id": ..., "pretty_name": ...} from /etc/os-release."""
-
-    command = "echo \"arch=$(uname -m)\"; cat /etc/os-release 2>/dev/null || true"
+class OsRelease(FactBase[OsReleaseDict]):
+    """The architecture and the OS from /etc/os-release: what the preflight accepts or refuses."""
 
     @staticmethod
-    def default():
+    def default() -> OsReleaseDict:
         return {"arch": "", "id": "", "id_like": [], "version_id": "", "pretty_name": ""}
 
-    def process(self, output):
+    def command(self) -> str:
+        return "echo \"arch=$(uname -m)\"; cat /etc/os-release 2>/dev/null || true"
+
+    def process(self, output: list[str]) -> OsReleaseDict:
         info = self.default()
         for line in output:
             key, sep, value = line.partition("=")
@@ -57,13 +56,16 @@ class OsRelease(FactBase):
         return info
 
 
-class MemInfo(FactBase):
-    """/proc/meminfo as {"MemTotal": bytes, "MemAvailable": bytes, ...} (the kernel prints kB = KiB)."""
+class MemInfo(FactBase[dict[str, int]]):
+    """/proc/meminfo as {"MemTotal": bytes, "MemAvailable": bytes, ...} (the kernel prints kB = KiB); {} when
+    unreadable."""
 
-    command = "cat /proc/meminfo 2>/dev/null || true"
     default = dict
 
-    def process(self, output):
+    def command(self) -> str:
+        return "cat /proc/meminfo 2>/dev/null || true"
+
+    def process(self, output: list[str]) -> dict[str, int]:
         values = {}
         for line in output:
             m = re.match(r"^(\w+):\s+(\d+)(?:\s+kB)?\s*$", line.strip())
@@ -73,113 +75,23 @@ class MemInfo(FactBase):
         return values
 
 
-class DockerMemoryUse(FactBase):
-    """Running containers and their memory use from `docker stats --no-stream`:
-    {"ok": bool, "containers": [{"name": str, "used_bytes": int | None, "usage": raw text}]}.
-    ok is False when docker is missing or its daemon is unreachable (e.g. the user is not in group docker)."""
-
-    command = (
-        "if command -v docker >/dev/null 2>&1; then "
-        "out=$(docker stats --no-stream --format '{{.Name}}\t{{.MemUsage}}' 2>/dev/null) "
-        "&& { echo '##DOCKER_STATS##'; printf '%s\\n' \"$out\"; } || echo '##DOCKER_UNREACHABLE##'; "
-        "else echo '##NO_DOCKER##'; fi"
-    )
-
-    @staticmethod
-    def default():
-        return {"ok": False, "containers": []}
-
-    def process(self, output):
-        if not output or output[0].strip() != "##DOCKER_STATS##":
-            return self.default()
-        containers = []
-        for line in output[1:]:
-            if not line.strip():
-                continue
-            name, _, usage = line.partition("\t")
-            used = usage.split("/", 1)[0]
-            containers.append({"name": name.strip(), "used_bytes": parse_size(used), "usage": usage.strip()})
-        return {"ok": True, "containers": containers}
+def mem_available_gib(meminfo: dict[str, int]) -> float | None:
+    """MemAvailable of a MemInfo result in GiB, or None when it was not read."""
+    avail = meminfo.get("MemAvailable")
+    return None if avail is None else avail / GIB
 
 
-class DiskFree(FactBase):
-    """Free space for `path`, measured at its nearest existing parent (the path may not exist yet):
-    {"path": requested, "measured": existing parent, "mount": mount point, "device": filesystem,
-     "free_bytes": int} or None when df could not read it."""
-
-    def command(self, path):
-        return (
-            f"p={shlex.quote(path)}; while [ ! -e \"$p\" ] && [ \"$p\" != / ]; do p=$(dirname \"$p\"); done; "
-            "echo \"measured=$p\"; df -P -k \"$p\" 2>/dev/null | tail -n +2 || true"
-        )
-
-    def process(self, output):
-        measured = None
-        for line in output:
-            if line.startswith("measured="):
-                measured = line[len("measured="):].strip()
-                continue
-            fields = line.split()
-            # POSIX df -P: Filesystem 1024-blocks Used Available Capacity Mounted-on (mount may hold spaces)
-            if len(fields) >= 6 and fields[3].isdigit():
-                return {
-                    "measured": measured,
-                    "device": fields[0],
-                    "mount": " ".join(fields[5:]),
-                    "free_bytes": int(fields[3]) * 1024,
-                }
-        return None
-
-
-class PathUsage(FactBase):
-    """Bytes already held under `path` (`du -skx`, 0 when it does not exist). Use it on the few directories this
-    project fills (the model's cache folder, data_dir); it walks metadata only, no file is read."""
-
-    def command(self, path):
-        q = shlex.quote(path)
-        return f"if [ -e {q} ]; then du -skx {q} 2>/dev/null | tail -n 1 || true; else echo '0 -'; fi"
-
-    default = int
-
-    def process(self, output):
-        for line in reversed(output):
-            first = line.split(None, 1)[0] if line.strip() else ""
-            if first.isdigit():
-                return int(first) * 1024
-        return 0
-
-
-class DockerRootDir(FactBase):
-    """Docker's root directory from `docker info` ("" when docker is missing or unreachable)."""
-
-    command = (
-        "if command -v docker >/dev/null 2>&1; then "
-        "docker info --format '{{.DockerRootDir}}' 2>/dev/null || true; fi"
-    )
-    default = str
-
-    def process(self, output):
-        for line in output:
-            line = line.strip()
-            if line.startswith("/"):
-                return line
-        return ""
-
-
-class HostTools(FactBase):
+class HostTools(FactBase[dict[str, bool]]):
     """{tool: bool} for each of TOOLS: found on the PATH of a login-less shell. Subclasses name other TOOLS."""
 
-    TOOLS = KNOWN_TOOLS
+    TOOLS: tuple[str, ...] = KNOWN_TOOLS
+    default = dict
 
-    def command(self):
+    def command(self) -> str:
         return ("for t in " + " ".join(self.TOOLS) + "; do "
                 "if command -v \"$t\" >/dev/null 2>&1; then echo \"$t=yes\"; else echo \"$t=no\"; fi; done")
 
-    @staticmethod
-    def default():
-        return {}
-
-    def process(self, output):
+    def process(self, output: list[str]) -> dict[str, bool]:
         tools = {}
         for line in output:
             name, sep, value = line.strip().partition("=")
@@ -188,21 +100,27 @@ class HostTools(FactBase):
         return tools
 
 
-class SshReachable(FactBase):
-    """Can this host ssh to `target` without a prompt? {"ok": bool, "rc": int, "detail": last stderr lines}.
-    Runs as the ssh user (its keys), with BatchMode so a missing key fails instead of asking."""
+class SshReachableDict(TypedDict):
+    ok: bool
+    rc: int | None  # ssh's exit status
+    detail: str  # its last stderr lines, joined by " | "
 
-    def command(self, target):
+
+class SshReachable(FactBase[SshReachableDict]):
+    """Can this host ssh to `target` without a prompt? Runs as the ssh user (its keys), with BatchMode so a missing
+    key fails instead of asking. No requires_command: a missing ssh is reported in rc/detail (127, not found)."""
+
+    @staticmethod
+    def default() -> SshReachableDict:
+        return {"ok": False, "rc": None, "detail": "no answer"}
+
+    def command(self, target: str) -> str:
         return (
             f"out=$(ssh -o BatchMode=yes -o ConnectTimeout=10 {shlex.quote(target)} true 2>&1 </dev/null); rc=$?; "
             "echo \"rc=$rc\"; printf '%s\\n' \"$out\" | tail -n 3"
         )
 
-    @staticmethod
-    def default():
-        return {"ok": False, "rc": None, "detail": "no answer"}
-
-    def process(self, output):
+    def process(self, output: list[str]) -> SshReachableDict:
         rc = None
         detail = []
         for line in output:

@@ -14,9 +14,12 @@ from __future__ import annotations
 import os
 import sys
 import threading
+from typing import TYPE_CHECKING
 
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # before huggingface_hub is imported
 
+if TYPE_CHECKING:  # the same module as below, named so mypy can follow it
+    from operations.hf_cache import *
 if not globals().get("_BUNDLED"):  # run from a checkout
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

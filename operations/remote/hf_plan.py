@@ -17,7 +17,10 @@ import argparse
 import json
 import os
 import sys
+from typing import TYPE_CHECKING
 
+if TYPE_CHECKING:  # the same module as below, named so mypy can follow it
+    from operations.hf_cache import *
 if not globals().get("_BUNDLED"):  # run from a checkout: hf_cache lives one folder up
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     from hf_cache import *  # noqa: F401,F403
@@ -78,7 +81,8 @@ def _hub_files_rest(repo, revision, patterns):
     for s in info.get("siblings") or []:
         if matches(s["rfilename"], patterns):
             lfs = s.get("lfs")
-            files.append((s["rfilename"], lfs["size"] if lfs else s.get("size"), lfs["sha256"] if lfs else s.get("blobId")))
+            files.append((s["rfilename"], lfs["size"] if lfs else s.get("size"),
+                          lfs["sha256"] if lfs else s.get("blobId")))
     return info["sha"], files
 
 
@@ -106,7 +110,7 @@ def offline_plan(args):
     if not folder:
         return None
     m = read_manifest(folder)
-    if not manifest_covers(m, args.repo, args.revision, args.include) or manifest_missing(folder, m):
+    if not m or not manifest_covers(m, args.repo, args.revision, args.include) or manifest_missing(folder, m):
         return None
     return {"complete": True, "missing": [], "missing_bytes": 0, "commit": m["commit"],
             "total_bytes": sum(m["files"].values()), "offline": True, "model_type": model_type(folder),

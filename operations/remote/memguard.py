@@ -59,7 +59,8 @@ def decide(avail_gib: float, floor_gib: float, running: bool | None, state: Guar
     overdue = state.last_kill is not None and now - state.last_kill >= RETRY_KILL_S
     if state.armed or overdue:
         why = (f"MemAvailable {avail_gib:.2f} GiB is below the floor of {floor_gib:.2f} GiB while the container runs"
-               + ("" if state.armed else f" (still, {now - state.last_kill:.0f} s after the last kill)"))
+               + ("" if state.armed or state.last_kill is None
+                  else f" (still, {now - state.last_kill:.0f} s after the last kill)"))
         return Decision(True, why, replace(state, armed=False, last_kill=now))
     return Decision(False, "", state)
 

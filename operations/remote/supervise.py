@@ -45,7 +45,8 @@ def decide(rank0: str, rank1: str, state: State, now: float, retries: int, backo
     """One look at both ranks -> what to do. Pure: the caller runs the action and keeps the returned state."""
     if rank0 == RUNNING and rank1 == RUNNING:
         if not state.armed:
-            return Decision(NONE, "both ranks are running: supervising the pair", replace(state, armed=True, up_since=now))
+            return Decision(NONE, "both ranks are running: supervising the pair",
+                            replace(state, armed=True, up_since=now))
         up_since = state.up_since if state.up_since is not None else now
         if state.restart_at is not None:
             return Decision(NONE, "both ranks are running again: pending restart cancelled",

@@ -28,7 +28,8 @@ def check_thinking_on(client: Client, args) -> Result:
         return Result("thinking-on", FAIL, f"reasoning but no answer in content{hint}")
     if "<think>" in reply.content or "</think>" in reply.content:
         return Result("thinking-on", FAIL, "think tags leaked into content")
-    return Result("thinking-on", PASS, f"{len(reply.reasoning)} chars of reasoning, then {reply.content.strip()[:40]!r}")
+    return Result("thinking-on", PASS,
+                  f"{len(reply.reasoning)} chars of reasoning, then {reply.content.strip()[:40]!r}")
 
 
 def check_thinking_off(client: Client, args) -> Result:
@@ -71,6 +72,6 @@ def check_end_of_turn(client: Client, args) -> Result:
         return Result("end-of-turn", FAIL, f"{cut} of {len(prompts)} replies ran into max_tokens "
                                            f"(finish_reason length; at most {args.max_cut} allowed)", data)
     if stopped + cut < len(prompts):
-        return Result("end-of-turn", UNVERIFIED, f"finish_reason missing or unexpected: {sorted(set(map(str, reasons)))}",
-                      data)
+        return Result("end-of-turn", UNVERIFIED,
+                      f"finish_reason missing or unexpected: {sorted(set(map(str, reasons)))}", data)
     return Result("end-of-turn", PASS, f"{stopped} of {len(prompts)} ended their turn (finish_reason stop)", data)

@@ -10,8 +10,8 @@ Fixtures (session-wide; the pair comes up once per session):
                    user is given; cmd is a shell string or an argv list
   sim           -> the tests.sim.sim module (set_memavail, ssh_argv, RAILS, ...)
 
-Environment: SPARKFOLD_SIM_REUSE=1 reuses a running pair (default: recreate it at session start, so every session
-starts from fresh Sparks); SPARKFOLD_SIM_DOWN=1 removes the pair at the end (default: it stays up for inspection;
+Environment: SPARKSIM_REUSE=1 reuses a running pair (default: recreate it at session start, so every session
+starts from fresh Sparks); SPARKSIM_DOWN=1 removes the pair at the end (default: it stays up for inspection;
 `python -m tests.sim.sim down` removes it).
 """
 
@@ -72,11 +72,11 @@ def sim_pair() -> Path:
     if problems:
         pytest.fail(HOW_TO_GET + "\nMissing here:\n  - " + "\n  - ".join(problems), pytrace=False)
     try:
-        path = _sim.up(fresh=os.environ.get("SPARKFOLD_SIM_REUSE") != "1")
+        path = _sim.up(fresh=os.environ.get("SPARKSIM_REUSE") != "1")
     except _sim.SimError as exc:
         pytest.fail(f"the simulated pair did not come up: {exc}", pytrace=False)
     yield path
-    if os.environ.get("SPARKFOLD_SIM_DOWN") == "1":
+    if os.environ.get("SPARKSIM_DOWN") == "1":
         _sim.down()
 
 

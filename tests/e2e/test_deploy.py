@@ -15,6 +15,8 @@ import requests
 
 API = "http://127.0.0.1:18888"
 NAME = "dsv41-1017-exl3-tf"
+START1 = "The pair of ranks | Start rank 1 (worker)"
+START0 = "The pair of ranks | Start rank 0 (head)"
 DEPLOY = ("inventory.py", "deploy.py")
 
 
@@ -89,8 +91,9 @@ def test_dry_run_on_a_fresh_pair_plans_every_step_and_changes_nothing(run_pyinfr
     run = run_pyinfra(*DEPLOY, "--dry")
     assert run.returncode == 0, run.stderr[-4000:]
     planned = {op["name"] for op in run.data["plan"] if op["hosts_with_change"]}
-    for step in ("GPU clock ceiling locked", "CX7 link: netplan file", "Engine image: build", "Checkpoint: fetch",
-                 "Start rank 1 (worker)", "Start rank 0 (head)"):
+    for step in ("GPU clock ceiling | locked", "CX7 link | netplan file", "The engine image | build",
+                 "The model data | Checkpoint: fetch", "The pair of ranks | Start rank 1 (worker)",
+                 "The pair of ranks | Start rank 0 (head)"):
         assert any(name.startswith(step) for name in planned), (step, sorted(planned))
     # nothing changed on the Sparks
     assert addresses(sim_exec, "head", "enp1s0f0np0") == []
@@ -127,7 +130,7 @@ def test_second_run_changes_nothing_and_is_fast(run_pyinfra, sim_exec):
 def test_gpu_lock_reset_on_the_worker_is_repaired_alone(run_pyinfra, sim_exec):
     before = pair_ids(sim_exec)
     assert sim_exec("worker", "nvidia-smi -rgc").returncode == 0
-    drift = {"GPU clock ceiling locked at 2200 MHz": ["sim-worker"]}
+    drift = {"GPU clock ceiling | locked at 2200 MHz": ["sim-worker"]}
     assert planned_ops(run_pyinfra) == drift  # --dry shows exactly the drift first
     run = deploy(run_pyinfra)
     assert changed_ops(run) == drift, changed_ops(run)
@@ -139,7 +142,7 @@ def test_rank_container_removed_on_the_worker_restarts_both_in_order(run_pyinfra
     assert sim_exec("worker", ["docker", "rm", "-f", NAME]).returncode == 0
     run = deploy(run_pyinfra)
     changed = changed_ops(run)
-    assert "Start rank 1 (worker)" in changed and "Start rank 0 (head)" in changed, changed
+    assert START1 in changed and START0 in changed, changed
     head_after, worker_after = pair_ids(sim_exec)
     assert head_after != head_before and head_after.endswith("true") and worker_after.endswith("true")
     assert started_at(sim_exec, "worker") < started_at(sim_exec, "head")
@@ -148,12 +151,32 @@ def test_rank_container_removed_on_the_worker_restarts_both_in_order(run_pyinfra
 
 def test_link_address_removed_is_put_back(run_pyinfra, sim_exec):
     assert sim_exec("head", "ip addr del 192.168.101.1/24 dev enP2p1s0f0np0").returncode == 0
-    assert planned_ops(run_pyinfra) == {"CX7 link: netplan file and apply": ["sim-head"]}
+    assert planned_ops(run_pyinfra) == {"CX7 link | netplan file and apply": ["sim-head"]}
     run = deploy(run_pyinfra)
     assert addresses(sim_exec, "head", "enP2p1s0f0np0") == ["192.168.101.1/24"]
     changed = changed_ops(run)
     assert changed and all(hosts == ["sim-head"] for hosts in changed.values()), changed
-    assert all(name.startswith("CX7 link") for name in changed), changed
+    assert all(name.startswith("CX7 link | ") for name in changed), changed
+
+
+ANSI = __import__("re").compile(r"\x1b\[[0-9;]*m")
+
+
+def test_hand_edited_netplan_file_shows_its_diff_and_nothing_else(run_pyinfra, sim_exec):
+    path = "/etc/netplan/60-sparkfold-cx7.yaml"
+    before, ids = sim_exec("worker", ["cat", path]).stdout, pair_ids(sim_exec)
+    assert sim_exec("worker", f"echo '# edited by hand' >> {path}").returncode == 0
+    run = run_pyinfra(*DEPLOY, "--dry", "--diff")
+    assert run.returncode == 0, run.stderr[-4000:]
+    planned = {op["name"]: sorted(op["hosts_with_change"]) for op in run.data["plan"] if op["hosts_with_change"]}
+    assert len(planned) == 1 and list(planned.values()) == [["sim-worker"]], planned
+    assert "netplan" in next(iter(planned)).lower(), planned
+    err = ANSI.sub("", run.stderr)
+    assert path in err and any(line.strip() == "- # edited by hand" for line in err.splitlines()), err[-3000:]
+    assert sim_exec("worker", ["cat", path]).stdout.endswith("# edited by hand\n")  # --dry changed nothing
+    changed = changed_ops(deploy(run_pyinfra))
+    assert changed and all(hosts == ["sim-worker"] for hosts in changed.values()), changed
+    assert sim_exec("worker", ["cat", path]).stdout == before and pair_ids(sim_exec) == ids
 
 
 def group_data_dir(tmp_path, role: str, text: str):
@@ -168,8 +191,8 @@ def test_per_host_setting_in_group_data_changes_only_that_spark(run_pyinfra, sim
     extra = group_data_dir(tmp_path, "worker", "memguard_gib = 3.0\n")
     run = deploy(run_pyinfra, "--group-data", extra)
     changed = changed_ops(run)
-    assert changed and all(hosts == ["sim-worker"] and name.startswith("memguard") for name, hosts in changed.items()), \
-        changed
+    assert changed and all(hosts == ["sim-worker"] and name.startswith("Memguard | ")
+                           for name, hosts in changed.items()), changed
     assert "--floor-gib 3" in sim_exec("worker", "cat /etc/systemd/system/sparkfold-memguard.service").stdout
     assert "--floor-gib 2.5" in sim_exec("head", "cat /etc/systemd/system/sparkfold-memguard.service").stdout
     assert pair_ids(sim_exec) == before  # memguard is not part of a rank's spec
@@ -180,7 +203,7 @@ def test_per_host_rank_setting_recreates_the_pair_in_order(run_pyinfra, sim_exec
     head_before, worker_before = pair_ids(sim_exec)
     extra = group_data_dir(tmp_path, "worker", 'nccl_debug = "INFO"\n')
     run = deploy(run_pyinfra, "--group-data", extra)
-    assert "Start rank 1 (worker)" in changed_ops(run) and "Start rank 0 (head)" in changed_ops(run)
+    assert START1 in changed_ops(run) and START0 in changed_ops(run)
     head_after, worker_after = pair_ids(sim_exec)
     assert head_after != head_before and worker_after != worker_before  # the pair restarts together
     assert started_at(sim_exec, "worker") < started_at(sim_exec, "head")
@@ -203,7 +226,8 @@ def test_nfs_volume_options_changed_is_recreated_with_the_intended_options(run_p
                                "sparkfold-hf"]).returncode == 0
     run = deploy(run_pyinfra)
     assert json.loads(sim_exec("worker", inspect).stdout) == want
-    assert list(changed_ops(run)) == ["NFS: docker volume for the head's cache"], changed_ops(run)
+    assert list(changed_ops(run)) == [
+        "NFS share of the head's Hugging Face cache | docker volume of the head's cache"], changed_ops(run)
 
 
 # --- 4. bad input: refused before anything changes ----------------------------------------------------------------
@@ -233,6 +257,22 @@ def test_too_little_memory_is_refused_with_the_numbers(run_pyinfra, sim_exec, si
     # nothing was started or removed (rank 0 itself exits when its peer goes away, as the engine does)
     head_after, worker_after = pair_ids(sim_exec)
     assert head_after.split()[0] == head_before.split()[0] and worker_after == ""
+    deploy(run_pyinfra)
+    assert all(i.endswith("true") for i in pair_ids(sim_exec))
+
+
+def test_dry_with_too_little_memory_says_why_a_run_would_stop_and_changes_nothing(run_pyinfra, sim_exec, sim):
+    assert sim_exec("worker", ["docker", "rm", "-f", NAME]).returncode == 0  # rank stopped: the floor applies
+    sim.set_memavail("worker", 40)
+    try:
+        run = run_pyinfra(*DEPLOY, "--dry")
+    finally:
+        sim.set_memavail("worker", 118)
+    assert run.returncode == 0, run.stderr[-4000:]
+    warnings = [line for line in ANSI.sub("", run.stderr).splitlines() if "will fail: memory" in line]
+    assert warnings and all("sim-worker" in w for w in warnings), run.stderr[-3000:]
+    assert any("40.0 GiB" in w and "112" in w and "min_avail_gib" in w for w in warnings), warnings
+    assert container_id(sim_exec, "worker") == ""  # nothing was started
     deploy(run_pyinfra)
     assert all(i.endswith("true") for i in pair_ids(sim_exec))
 

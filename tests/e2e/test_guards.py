@@ -8,8 +8,7 @@ from __future__ import annotations
 import time
 
 import requests
-
-from test_deploy import API, NAME, changed_ops, chat, deploy, pair_ids
+from test_deploy import API, NAME, START0, START1, changed_ops, chat, deploy, pair_ids
 
 SUPERVISOR = "sparkfold-supervise.service"
 
@@ -46,7 +45,7 @@ def test_memguard_kills_the_rank_below_its_floor_and_the_deploy_brings_the_pair_
     log = sim_exec("worker", "cat /var/log/sim-systemd/sparkfold-memguard.service.log").stdout
     assert "kill" in log.lower(), log[-2000:]
     run = deploy(run_pyinfra)
-    assert "Start rank 1 (worker)" in changed_ops(run) and "Start rank 0 (head)" in changed_ops(run)
+    assert START1 in changed_ops(run) and START0 in changed_ops(run)
     assert chat()["choices"][0]["message"]["content"]
 
 

@@ -126,7 +126,8 @@ def test_init_d_scripts_ran(sim_exec, role):
 
 def test_memavail_can_be_lowered(sim, sim_exec):
     def meminfo(role):
-        fields = dict(line.split(":", 1) for line in ok(sim_exec(role, "cat /proc/meminfo", user="nvidia")).splitlines())
+        meminfo_text = ok(sim_exec(role, "cat /proc/meminfo", user="nvidia"))
+        fields = dict(line.split(":", 1) for line in meminfo_text.splitlines())
         return {k: int(v.split()[0]) for k, v in fields.items()}
 
     try:

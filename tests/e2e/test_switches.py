@@ -1,4 +1,4 @@
-"""The serving switches on the simulated pair: API_KEY, ABLIT and EAQ_V1_1, each on and back off.
+"""The serving switches on the simulated pair: SPARKFOLD_API_KEY, ABLIT and EAQ_V1_1, each on and back off.
 
 Runs after test_deploy.py (it starts from a converged, serving pair and leaves one).
 """
@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 
 import requests
-
 from test_deploy import API, NAME, changed_ops, chat, deploy, failing_deploy, pair_ids
 
 KEY_FILE = "/home/nvidia/.local/state/sparkfold/api-key"
@@ -19,7 +18,7 @@ def rank0_args(sim_exec) -> str:
 
 
 def test_api_key_on_then_off(run_pyinfra, sim_exec):
-    run = deploy(run_pyinfra, env={"API_KEY": "1"})
+    run = deploy(run_pyinfra, env={"SPARKFOLD_API_KEY": "1"})
     key = sim_exec("head", ["cat", KEY_FILE]).stdout.strip()
     assert len(key) == 64
     assert sim_exec("head", ["stat", "-c", "%a %U", KEY_FILE]).stdout.split() == ["600", "nvidia"]
@@ -29,7 +28,7 @@ def test_api_key_on_then_off(run_pyinfra, sim_exec):
     ok = requests.get(f"{API}/v1/models", headers={"Authorization": f"Bearer {key}"}, timeout=10)
     assert ok.status_code == 200 and ok.json()["data"][0]["id"] == "DeepSeek-V4.1-Flash-1017"
     # converged with the key: nothing changes, the key stays
-    assert changed_ops(deploy(run_pyinfra, env={"API_KEY": "1"})) == {}
+    assert changed_ops(deploy(run_pyinfra, env={"SPARKFOLD_API_KEY": "1"})) == {}
     assert sim_exec("head", ["cat", KEY_FILE]).stdout.strip() == key
     # off again: the pair is recreated without the key and the API is open
     deploy(run_pyinfra)
@@ -50,12 +49,12 @@ def test_ablit_with_a_token_serves_the_overlay_and_back_without_a_download(run_p
     assert "ABLIT overlay" in failing.stderr or "403" in failing.stderr or "token" in failing.stderr.lower()
     run = deploy(run_pyinfra, env={"ABLIT": "1", "HF_TOKEN": "hf_simtoken"})
     changed = changed_ops(run)
-    assert any(name.startswith("ABLIT overlay") for name in changed), changed
+    assert any(name.startswith("The model data | ABLIT overlay") for name in changed), changed
     assert "/ablit" in rank0_args(sim_exec)
     assert chat()["choices"][0]["message"]["content"]
     # back to stock: no checkpoint download, the stock blobs untouched, the stock snapshot served again
     run = deploy(run_pyinfra)
-    assert not any(name.startswith("Checkpoint: fetch") for name in changed_ops(run)), changed_ops(run)
+    assert not any(name.startswith("The model data | Checkpoint: fetch") for name in changed_ops(run)), changed_ops(run)
     assert "/ablit" not in rank0_args(sim_exec)
     assert sim_exec("head", blobs).stdout == stock_blobs
 
@@ -63,13 +62,14 @@ def test_ablit_with_a_token_serves_the_overlay_and_back_without_a_download(run_p
 def test_eaq_v1_1_switches_the_pack_and_back(run_pyinfra, sim_exec):
     before = pair_ids(sim_exec)
     run = deploy(run_pyinfra, env={"EAQ_V1_1": "1"})
-    assert any(name.startswith("Checkpoint: fetch") and "v1.1" in name for name in changed_ops(run)), changed_ops(run)
+    assert any(name.startswith("The model data | Checkpoint: fetch") and "v1.1" in name
+               for name in changed_ops(run)), changed_ops(run)
     assert "EAQ-v1.1-2.9-bpw" in rank0_args(sim_exec)
     worker_args = sim_exec("worker", ["docker", "inspect", "-f", "{{json .Args}}", NAME]).stdout
     assert "EAQ-v1.1-2.9-bpw" in worker_args
     assert pair_ids(sim_exec) != before
     assert chat()["choices"][0]["message"]["content"]
     run = deploy(run_pyinfra)
-    assert not any(name.startswith("Checkpoint: fetch") for name in changed_ops(run)), changed_ops(run)
+    assert not any(name.startswith("The model data | Checkpoint: fetch") for name in changed_ops(run)), changed_ops(run)
     assert "EAQ-v1.1-2.9-bpw" not in rank0_args(sim_exec)
     assert json.loads(requests.get(f"{API}/v1/models", timeout=10).text)["data"]

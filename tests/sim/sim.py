@@ -37,9 +37,9 @@ ENGINE_BASE = "sparkfold-sim/engine-base:bookworm"
 NETWORK = "sparkfold-sim-mgmt"
 CONTAINER = {r: f"sparkfold-sim-{r}" for r in ROLES}
 VOLUME = {r: f"sparkfold-sim-{r}-docker" for r in ROLES}
-SSH_PORT = {"head": int(os.environ.get("SPARKFOLD_SIM_HEAD_SSH_PORT", "2221")),
-            "worker": int(os.environ.get("SPARKFOLD_SIM_WORKER_SSH_PORT", "2222"))}
-API_PORT = int(os.environ.get("SPARKFOLD_SIM_API_PORT", "18888"))  # -> the head's 8888
+SSH_PORT = {"head": int(os.environ.get("SPARKSIM_HEAD_SSH_PORT", "2221")),
+            "worker": int(os.environ.get("SPARKSIM_WORKER_SSH_PORT", "2222"))}
+API_PORT = int(os.environ.get("SPARKSIM_API_PORT", "18888"))  # -> the head's 8888
 HEAD_API_PORT = 8888
 SSH_USER = "nvidia"
 

@@ -4,12 +4,15 @@ run_op(op, facts, executing=False, **kwargs) -> (commands as strings, host)
   facts: {FactClass or "module.Class": value} for facts called without arguments, or
          {FactClass: {"k=v, k2=v2": value}} keyed like pyinfra-testing (sorted kwargs) for facts with arguments.
 parse_fact(FactClass, output_lines, **kwargs) -> what process() returns (default() for empty output).
+run_fact(FactClass, **kwargs) -> the fact run in a local shell as pyinfra runs it (requires_command guard included).
 """
 
 from __future__ import annotations
 
+import subprocess
 from typing import Any
 
+from pyinfra.api.facts import _MISSING_COMMAND_MARKER
 from pyinfra.context import ctx_host, ctx_state
 
 
@@ -53,6 +56,9 @@ class FakeHost:
     def noop(self, description: str) -> None:
         self.noops.append(description)
 
+    def get_temp_filename(self, hash_key: str | None = None, hash_filename: bool = True, *, temp_directory=None):
+        return f"{temp_directory or '/tmp'}/pyinfra-{hash_key or 'temp'}"  # files.put uploads through it
+
 
 def run_op(op, facts: dict, executing: bool = False, data: dict | None = None, **kwargs) -> tuple[list[str], FakeHost]:
     state = _State(executing)
@@ -80,3 +86,17 @@ def parse_fact(cls, output, **kwargs):
     if not lines:
         return fact.default() if hasattr(fact, "default") else None
     return fact.process(lines)
+
+
+def run_fact(cls, **kwargs):
+    """Run a fact's command in a local `sh` the way pyinfra does: behind its requires_command guard, which gives
+    default() when the tool is missing. The command must exit 0 (facts never fail the host)."""
+    fact = cls()
+    command = _render(fact.command(**kwargs) if callable(fact.command) else fact.command)
+    tool = fact.requires_command(**kwargs)
+    if tool:
+        command = f"if command -v {tool} >/dev/null 2>&1; then ( {command} ); else echo '{_MISSING_COMMAND_MARKER}'; fi"
+    done = subprocess.run(["sh", "-c", command], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    return fact.default() if lines == [_MISSING_COMMAND_MARKER] else parse_fact(cls, lines, **kwargs)

@@ -7,10 +7,12 @@ import os
 
 from harness import run_op
 from hf_fixture import build_cache, model_files
-from operations import ablit, hf_cache, model_data
-from operations.facts.model_data import AblitShards, FileText, FreeBytes, HfPlan
 from test_model_data import settings
 from test_weights import local_fact, run_all
+
+from operations import ablit, hf_cache, model_data
+from operations.facts.files import DiskFree, FileText
+from operations.facts.model import AblitShards, HfPlan
 
 COMMIT = "e" * 40
 PLAN = {"python": "/v/bin/python", "repo": "Org/M", "revision": "main", "cache_dir": "/h/hub", "local_dir": "",
@@ -29,7 +31,7 @@ def test_refuses_without_token_before_anything():
 
 def test_current_pack_is_noop_and_other_overlay_revision_reapplies():
     facts = {HfPlan: {"complete": True, "commit": COMMIT}, FileText: f"{COMMIT} r1 w.safetensors",
-             AblitShards: {"s2": 10}, FreeBytes: 10**9}
+             AblitShards: {"s2": 10}, DiskFree: {"free_bytes": 10**9}}
     assert run_op(ablit.ablit_applied, facts, **kw())[0] == []
     cmds, _ = run_op(ablit.ablit_applied, facts, **kw(overlay_revision="r2"))
     assert "--entrypoint python3 img /overlay/apply_mia_exl3_wob.py" in cmds[1]
@@ -40,7 +42,7 @@ def test_current_pack_is_noop_and_other_overlay_revision_reapplies():
 def test_disk_check_counts_the_rewritten_shards():
     facts = {HfPlan: {"complete": True, "commit": COMMIT}, FileText: None, AblitShards: {"a": 6 * 2**30,
                                                                                          "b": 4 * 2**30},
-             FreeBytes: 2**30}
+             DiskFree: {"free_bytes": 2**30}}
     cmds, _ = run_op(ablit.ablit_applied, facts, **kw())
     assert len(cmds) == 1 and "needs 10.0 GiB free under /d/ablit" in cmds[0]
 
@@ -63,7 +65,7 @@ def test_apply_end_to_end_keeps_stock_untouched(tmp_path):
         return {HfPlan: {"complete": True, "commit": built["commit"]},
                 FileText: local_fact(FileText, path=f"{dst}/.sparkfold-source"),
                 AblitShards: local_fact(AblitShards, snapshot=str(built["snapshot"])),
-                FreeBytes: local_fact(FreeBytes, path=str(root))}
+                DiskFree: local_fact(DiskFree, path=str(root))}
 
     cmds, _ = run_op(ablit.ablit_applied, facts(), executing=True, **args)
     run_all(cmds, tmp_path)

@@ -7,12 +7,12 @@ import os
 import re
 import stat
 import subprocess
-from types import SimpleNamespace
 
 from harness import parse_fact, run_op, with_args
+from settings_factory import make_settings
 
 import operations.api_key as ak
-from operations.facts.api_key import ApiKeyFile
+from operations.facts.files import ApiKeyFile
 
 PATH = "/home/nvidia/.local/state/sparkfold/api-key"
 
@@ -103,23 +103,22 @@ def test_generation_command_for_real(tmp_path):
 
 
 def test_path_and_live_hint_never_show_the_key():
-    s = SimpleNamespace(state_dir="/home/nvidia/.local/state/sparkfold", api_key=True)
+    s = make_settings("head", api_key=True)
     assert ak.api_key_path(s) == PATH
     assert PATH in ak.live_hint(s)
-    assert "open" in ak.live_hint(SimpleNamespace(state_dir="/x", api_key=False))
+    assert "open" in ak.live_hint(make_settings("head", api_key=False))
 
 
 def test_deploy_only_on_the_head_with_api_key(monkeypatch):
     calls = []
     monkeypatch.setattr(ak, "api_key_present", lambda **kw: calls.append(kw))
-    base = dict(state_dir="/home/nvidia/.local/state/sparkfold", ssh_user="nvidia", is_head=True, api_key=True)
-    ak.deploy_api_key(SimpleNamespace(**base))
+    ak.api_key._inner(make_settings("head", api_key=True))
     assert calls == [{"name": f"API key present in {PATH} (head only)", "path": PATH, "owner": "nvidia",
                       "rotate": False}]
     calls.clear()
-    ak.deploy_api_key(SimpleNamespace(**base, rotate_api_key=True))
+    ak.api_key._inner(make_settings("head", api_key=True, rotate_api_key=True))
     assert calls[0]["rotate"] is True
     calls.clear()
-    ak.deploy_api_key(SimpleNamespace(**{**base, "api_key": False}))
-    ak.deploy_api_key(SimpleNamespace(**{**base, "is_head": False}))
+    ak.api_key._inner(make_settings("head", api_key=False))
+    ak.api_key._inner(make_settings("worker", api_key=True))
     assert calls == []

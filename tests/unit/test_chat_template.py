@@ -180,7 +180,8 @@ def test_parallel_calls_string_arguments_and_grouped_results():
 def test_images_in_user_turns_and_tool_results():
     png = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
     messages = [
-        {"role": "user", "content": [{"type": "text", "text": "Compare "}, png, {"type": "text", "text": " and "}, png]},
+        {"role": "user",
+         "content": [{"type": "text", "text": "Compare "}, png, {"type": "text", "text": " and "}, png]},
         {"role": "assistant", "content": None, "tool_calls": [_call({"name": "shot"}, "screenshot")]},
         {"role": "tool", "content": [{"type": "text", "text": "screen: "}, png]},
     ]

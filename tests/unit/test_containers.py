@@ -13,7 +13,10 @@ from harness import FakeHost, parse_fact, run_op
 from settings_factory import make_settings
 
 from operations import containers as c
-from operations.facts.containers import InfinibandDevices, MemAvailableGib, RankContainer, SpecRecord
+from operations.facts.docker import EngineCapabilities, RankContainer, SpecRecord
+from operations.facts.files import LinkTarget
+from operations.facts.host import MemInfo, mem_available_gib
+from operations.facts.network import InfinibandDevices, LinkRecord
 from operations.launch_spec import LABEL_HASH, rank_spec
 
 NAME = "dsv41-1017-exl3-tf"
@@ -24,7 +27,21 @@ SNAP = "/root/.cache/huggingface/hub/models--x--y/snapshots/r"
 
 def spec(role="head", **kw):
     s = make_settings(role, nccl_rails=1, **kw)
-    return rank_spec(s, "sparkfold/dsv41-tf:abc", RAILS, ("/hf", SNAP), {"serve": {"flags": {}}})
+    return rank_spec(s, "sparkfold/dsv41-tf:abc", RAILS, ("/hf", SNAP), {"serve": {"flags": {}}},
+                     rank_folder=f"/home/nvidia/.cache/sparkfold/rank-cache/r/rank{s.rank}")
+
+
+class FixedLaunch:
+    """A Launch whose answers are given (operations/launch.py reads them from facts)."""
+
+    def __init__(self, spec, problems=()):
+        self._spec, self._problems = spec, list(problems)
+
+    def spec(self):
+        return self._spec
+
+    def problems(self):
+        return list(self._problems)
 
 
 HEAD, WORKER = spec("head"), spec("worker")
@@ -39,7 +56,7 @@ def container(sp=None, running=True, managed=True, hash_=None, status=None, exit
 
 
 def facts(mine, record=None, mem=200.0):
-    return {RankContainer: mine, SpecRecord: record, MemAvailableGib: mem}
+    return {RankContainer: mine, SpecRecord: record, MemInfo: {"MemAvailable": int(mem * 2**30)}}
 
 
 def peer(theirs, record=None):
@@ -66,8 +83,8 @@ def test_rank_container_fact():
 def test_small_facts():
     assert parse_fact(SpecRecord, ["# Managed by sparkfold", "spec-hash=abc"], path="/x") == "abc"
     assert parse_fact(SpecRecord, [], path="/x") is None
-    assert parse_fact(MemAvailableGib, ["125829120"]) == pytest.approx(120.0)
-    assert parse_fact(MemAvailableGib, []) is None
+    assert mem_available_gib(parse_fact(MemInfo, ["MemAvailable:   125829120 kB"])) == pytest.approx(120.0)
+    assert mem_available_gib(parse_fact(MemInfo, [])) is None
     assert parse_fact(InfinibandDevices, ["yes"]) is True and parse_fact(InfinibandDevices, ["no"]) is False
 
 
@@ -97,7 +114,7 @@ def test_both_sparks_reach_the_same_verdict():
 
 def check(mine, theirs, problems=(), sp=HEAD, mem=200.0, executing=True):
     return run_op(c.launch_checked, facts(mine, mem=mem), executing=executing, container_name=NAME,
-                  peer=peer(theirs), spec=sp, problems=list(problems), min_avail_gib=112.0, here="head",
+                  peer=peer(theirs), launch=FixedLaunch(sp, problems), min_avail_gib=112.0, here="head",
                   there="worker")
 
 
@@ -120,8 +137,8 @@ def test_launch_checked_fails_on_flag_problems():
 
 def test_launch_checked_tolerates_missing_inputs_while_planning_only():
     missing = ["rank 0 cannot be launched yet: the link record (rails) missing"]
-    assert check({}, {}, missing, sp=lambda: None, executing=False)[0] == []
-    assert "cannot be launched yet" in check({}, {}, missing, sp=lambda: None, executing=True)[0][0]
+    assert check({}, {}, missing, sp=None, executing=False)[0] == []
+    assert "cannot be launched yet" in check({}, {}, missing, sp=None, executing=True)[0][0]
 
 
 def test_launch_checked_memory_only_when_the_rank_is_not_running():
@@ -134,17 +151,19 @@ def test_launch_checked_memory_only_when_the_rank_is_not_running():
 # --- spec_recorded -----------------------------------------------------------------------------------------------
 
 def test_spec_recorded_both_ways():
-    cmds, _ = run_op(c.spec_recorded, {SpecRecord: "old"}, path="/state/rank.spec", spec=HEAD)
+    cmds, _ = run_op(c.spec_recorded, {SpecRecord: "old"}, path="/state/rank.spec", launch=FixedLaunch(HEAD))
     assert len(cmds) == 1 and f"spec-hash={HEAD.spec_hash()}" in cmds[0] and "/state/rank.spec" in cmds[0]
-    assert run_op(c.spec_recorded, {SpecRecord: HEAD.spec_hash()}, path="/state/rank.spec", spec=HEAD)[0] == []
-    assert run_op(c.spec_recorded, {SpecRecord: None}, path="/p", spec=lambda: None)[0] == []
-    assert "exit 1" in run_op(c.spec_recorded, {SpecRecord: None}, executing=True, path="/p", spec=lambda: None)[0][0]
+    assert run_op(c.spec_recorded, {SpecRecord: HEAD.spec_hash()}, path="/state/rank.spec",
+                  launch=FixedLaunch(HEAD))[0] == []
+    assert run_op(c.spec_recorded, {SpecRecord: None}, path="/p", launch=FixedLaunch(None))[0] == []
+    assert "exit 1" in run_op(c.spec_recorded, {SpecRecord: None}, executing=True, path="/p",
+                              launch=FixedLaunch(None))[0][0]
 
 
 # --- stale_pair_removed ------------------------------------------------------------------------------------------
 
 def remove(mine, theirs, their_record, record=None, force=False, sp=HEAD):
-    return run_op(c.stale_pair_removed, facts(mine, record), executing=True, spec=sp,
+    return run_op(c.stale_pair_removed, facts(mine, record), executing=True, launch=FixedLaunch(sp),
                   peer=peer(theirs, their_record), here="head", there="worker", **{**COMMON, "force": force})
 
 
@@ -167,7 +186,7 @@ def test_a_running_supervisor_is_paused_only_when_the_pair_is_recreated():
     def run(head_hash, active):
         f = {**facts(container(HEAD, hash_=head_hash)), UnitState: {"enabled": "enabled", "active": active,
                                                                      "sha256": "x"}}
-        return run_op(c.stale_pair_removed, f, executing=True, spec=HEAD, peer=peer(container(WORKER),
+        return run_op(c.stale_pair_removed, f, executing=True, launch=FixedLaunch(HEAD), peer=peer(container(WORKER),
                       WORKER.spec_hash()), here="head", there="worker", pause_units=(unit,), **COMMON)[0]
 
     stale = run("older", "active")
@@ -201,7 +220,7 @@ def test_never_removes_a_foreign_container():
 
 def start(mine, theirs=None, their_record=None, executing=True, sp=WORKER, force=False):
     theirs = container(HEAD) if theirs is None else theirs
-    return run_op(c.rank_started, facts(mine), executing=executing, spec=sp, min_avail_gib=112.0,
+    return run_op(c.rank_started, facts(mine), executing=executing, launch=FixedLaunch(sp), min_avail_gib=112.0,
                   peer=peer(theirs, their_record or HEAD.spec_hash()),
                   **{**COMMON, "rank": 1, "peer_rank": 0, "force": force})
 
@@ -233,8 +252,8 @@ def test_rank_started_replaces_a_leftover():
 
 
 def test_rank_started_needs_a_spec_at_execute():
-    assert "exit 1" in start({}, sp=lambda: None)[0][0]
-    assert start({}, sp=lambda: None, executing=False)[0][0].startswith("docker run ...")
+    assert "exit 1" in start({}, sp=None)[0][0]
+    assert start({}, sp=None, executing=False)[0][0].startswith("docker run ...")
 
 
 # --- rank_stopped ------------------------------------------------------------------------------------------------
@@ -288,10 +307,12 @@ def test_memory_wait_command():
     assert bad.returncode == 1 and "rank 1 needs min_avail_gib = 1e+09 GiB" in bad.stderr
 
 
-# --- lifecycle: the deploy functions' call sites and launch inputs ------------------------------------------------
+# --- lifecycle: the deploy functions' call sites and the launch they give the operations ------------------------
 
 def _recording(monkeypatch):
     from types import SimpleNamespace
+
+    from settings_factory import make_pair
 
     from operations import lifecycle
     calls = []
@@ -306,66 +327,76 @@ def _recording(monkeypatch):
         monkeypatch.setattr(lifecycle.containers, kind, rec(kind))
     monkeypatch.setattr(lifecycle.health, "api_serving", rec("api_serving"))
     monkeypatch.setattr(lifecycle.files, "put", rec("put"))
-    hs, ws = make_settings("head"), make_settings("worker", home="/home/w")
+    hs, ws = make_pair(worker={"data_dir": "/home/w/.cache/sparkfold", "state_dir": "/home/w/.local/state/sparkfold"})
     head_host, worker_host = FakeHost({}, name="head"), FakeHost({}, name="worker")
-    monkeypatch.setattr(lifecycle, "pair_hosts", lambda: (head_host, worker_host))
-    monkeypatch.setattr(lifecycle, "settings_for", lambda h: hs if h is head_host else ws)
+    monkeypatch.setattr(lifecycle, "peer_host", lambda s: worker_host if s.is_head else head_host)
     return lifecycle, calls, hs, ws, head_host, worker_host
 
 
 CAPS = json.loads(subprocess.run([sys.executable, str(__import__("pathlib").Path(__file__).resolve().parents[2] /
                                                  "tests/sim/engine/bin/tensorfold-native"), "capabilities", "--json"],
                                  capture_output=True, text=True, check=True).stdout)
+RAILS2 = [dict(RAILS[0]), dict(RAILS[0], netdev="enP2p1s0f0np0", ibdev="roceP2p1s0f0")]
 
 
-def test_deploy_pair_on_each_host(monkeypatch):
+def state_of(s, rails=RAILS2, caps=CAPS, infiniband=True, linked=True):
+    """The facts a Launch reads on this Spark: the link record, where the served links lead, the image."""
+    from harness import with_args
+    p = s.layout
+    links = {f"path={p.served_link}, resolve=True": f"{p.model_folder}/snapshots/abc" if linked else None,
+             f"path={p.active_rank_link()}, resolve=True": f"{p.rank_cache}/abc/rank{s.rank}" if linked else None}
+    return {LinkRecord: {"rails": rails} if rails else None, LinkTarget: with_args(links),
+            EngineCapabilities: caps, InfinibandDevices: infiniband}
+
+
+def test_pair_on_each_host(monkeypatch):
     from pyinfra.context import ctx_host
     lifecycle, calls, hs, ws, head_host, worker_host = _recording(monkeypatch)
-    rails = [dict(RAILS[0]), dict(RAILS[0], netdev="enP2p1s0f0np0", ibdev="roceP2p1s0f0")]
     with ctx_host.use(head_host):
-        lifecycle.deploy_pair(hs, "img:1", lambda: rails, ("/hf", SNAP), lambda: CAPS)
+        lifecycle.pair._inner(hs)
     kinds = [k for k, _ in calls]
-    assert kinds == ["put", "launch_checked", "spec_recorded", "stale_pair_removed", "rank_started"]
-    start = calls[-1][1]
+    assert kinds == ["put", "launch_checked", "spec_recorded", "stale_pair_removed", "rank_started", "api_serving"]
+    start = calls[4][1]
     assert start["name"] == "Start rank 0 (head)" and start["peer"] is worker_host and start["peer_rank"] == 1
     assert start["peer_record"] == "/home/w/.local/state/sparkfold/rank.spec"
-    check = calls[1][1]
-    with ctx_host.use(FakeHost({InfinibandDevices: True}, name="head")):
-        built = check["spec"]()
+    launch = calls[1][1]["launch"]
+    with ctx_host.use(FakeHost(state_of(hs), name="head")):
+        built = launch.spec()
         assert built.argv[0] == "tensorfold-native" and "--device" in built.options
         assert built.inputs.get("chat_template")  # the project's template digest
-        assert check["problems"]() == []
+        assert (f"{hs.layout.rank_cache}/abc/rank0", "/rank-cache", True) in built.mounts
+        assert any(a.endswith("/hub/models--Mia-AiLab--DeepSeek-V4.1-Flash-1017-EXL3-EAQ-v1-2.9-bpw/snapshots/abc")
+                   for a in built.argv)
+        assert launch.problems() == []
     calls.clear()
     with ctx_host.use(worker_host):
-        lifecycle.deploy_pair(ws, "img:1", rails, ("sparkfold-hf", SNAP), None)
+        lifecycle.pair._inner(ws.replace(worker_weights="copy"))
     assert [k for k, _ in calls] == ["launch_checked", "spec_recorded", "stale_pair_removed", "rank_started"]
     assert calls[-1][1]["name"] == "Start rank 1 (worker)" and calls[-1][1]["force"] is False
-    with ctx_host.use(FakeHost({InfinibandDevices: False}, name="worker")):
-        assert calls[0][1]["spec"]().argv[0] == "tf-dsv41-lanes"
+    with ctx_host.use(FakeHost(state_of(ws, infiniband=False), name="worker")):
+        assert calls[0][1]["launch"].spec().argv[0] == "tf-dsv41-lanes"
 
 
-def test_deploy_pair_launch_problems(monkeypatch):
+def test_pair_launch_problems(monkeypatch):
     from pyinfra.context import ctx_host
     lifecycle, calls, hs, _ws, head_host, _w = _recording(monkeypatch)
     with ctx_host.use(head_host):
-        lifecycle.deploy_pair(hs.replace(extra_serve_args=["--kv-dtype", "fp8"]), "img:1", RAILS * 2,
-                              ("/hf", SNAP), CAPS)
-        lifecycle.deploy_pair(hs, "img:1", lambda: [], ("/hf", SNAP), lambda: {})
-    with ctx_host.use(FakeHost({InfinibandDevices: False}, name="head")):
-        assert calls[1][1]["problems"]() == ["--kv-dtype is not served by this engine image "
-                                             "(1.0.2-sparkfold-standin): remove --kv-dtype from extra_serve_args"]
-        later = [kw for k, kw in calls if k == "launch_checked"][1]
-        assert later["spec"]() is None
-        assert "the link record (rails), the image's capabilities missing" in later["problems"]()[0]
+        lifecycle.pair._inner(hs.replace(extra_serve_args=["--kv-dtype", "fp8"]))
+    launch = calls[1][1]["launch"]
+    with ctx_host.use(FakeHost(state_of(hs, infiniband=False), name="head")):
+        assert launch.problems() == ["--kv-dtype is not served by this engine image "
+                                     "(1.0.2-sparkfold-standin): remove --kv-dtype from extra_serve_args"]
+    with ctx_host.use(FakeHost(state_of(hs, rails=None, caps={}, infiniband=False), name="head")):
+        assert launch.spec() is None
+        assert "the link record (rails), the image's capabilities missing" in launch.problems()[0]
 
 
 def test_restart_health_and_stop(monkeypatch):
     from pyinfra.context import ctx_host
     lifecycle, calls, hs, ws, head_host, worker_host = _recording(monkeypatch)
     with ctx_host.use(head_host):
-        lifecycle.deploy_pair(hs.replace(restart=True), "img:1", RAILS * 2, ("/hf", SNAP), CAPS)  # restart.py
-        lifecycle.deploy_health(hs.replace(api_key=True))
-        lifecycle.deploy_stop(hs)
+        lifecycle.pair._inner(hs.replace(restart=True, api_key=True))  # restart.py
+        lifecycle.stopped._inner(hs)
     assert all(kw["force"] for k, kw in calls if k in ("stale_pair_removed", "rank_started"))
     serving = [kw for k, kw in calls if k == "api_serving"][0]
     assert serving["worker"] is worker_host and serving["started"]() is True and serving["planned"]() is True
@@ -375,6 +406,5 @@ def test_restart_health_and_stop(monkeypatch):
     assert len(stop) == 1 and stop[0]["rank"] == 0 and stop[0]["name"].startswith("Stop rank 0")
     calls.clear()
     with ctx_host.use(worker_host):
-        lifecycle.deploy_health(ws)
-        lifecycle.deploy_stop(ws)
+        lifecycle.stopped._inner(ws)
     assert [k for k, _ in calls] == ["rank_stopped"] and calls[0][1]["rank"] == 1

@@ -2,11 +2,19 @@
 the docker group."""
 
 import json
+from datetime import datetime, timedelta
 from pathlib import Path
+from types import SimpleNamespace
 
+from core_facts import merged, remote_file, run_put, unit
 from harness import parse_fact, run_op, with_args
+from pyinfra.facts.deb import DebPackages
+from pyinfra.facts.files import File
+from pyinfra.facts.server import Date, Groups, Os, Users, Which
+from pyinfra.operations import server
+
 from operations import docker_runtime as dr
-from operations.facts.docker_daemon import ContainerRuntimeTools, DaemonJson, DockerRuntimeInfo, UserGroups
+from operations.facts.docker import ContainerRuntimeTools, DaemonJson, DockerRuntimeInfo
 
 FIX = Path(__file__).parent / "fixtures" / "host"
 PATH = "path=/etc/docker/daemon.json"
@@ -34,15 +42,13 @@ def test_daemon_json_fact_missing_empty_malformed():
     assert parse_fact(DaemonJson, "##EXISTS##\n[1, 2]")["config"] is None
 
 
-def test_runtime_info_and_tools_and_groups():
+def test_runtime_info_and_tools():
     live = parse_fact(DockerRuntimeInfo, 'info=nvidia|{"io.containerd.runc.v2":{"path":"runc"},"nvidia":{"path":'
                                           '"nvidia-container-runtime"},"runc":{"path":"runc"}}')
     assert live == NVIDIA_LIVE
     assert parse_fact(DockerRuntimeInfo, "##UNREACHABLE##")["reachable"] is False
     tools = parse_fact(ContainerRuntimeTools, "docker=yes\nnvidia-container-runtime=no\n")
     assert tools == {"docker": True, "nvidia-container-runtime": False}
-    assert parse_fact(UserGroups, "nvidia adm sudo docker") == ["nvidia", "adm", "sudo", "docker"]
-    assert parse_fact(UserGroups, "##NO_USER##") is None
 
 
 # --- merge ---------------------------------------------------------------------------------------------------
@@ -60,45 +66,57 @@ def test_merge_keeps_every_other_key():
 
 # --- daemon_uses_nvidia --------------------------------------------------------------------------------------
 
+DAEMON = "/etc/docker/daemon.json"
+
+
+def daemon_op(daemon_json, live, text=None, dir_exists=True, running=True):
+    """daemon_uses_nvidia against the file's facts (`text` on disk) and docker.service running or not."""
+    facts = merged(daemon_facts(daemon_json, live), remote_file(DAEMON, text, dir_exists=dir_exists),
+                   unit("docker.service", running, True))
+    return run_put(dr.daemon_uses_nvidia, facts)
+
+
 def test_missing_file_is_written_and_docker_restarted_together():
-    cmds, _ = run_op(dr.daemon_uses_nvidia, daemon_facts({"exists": False, "config": {}, "error": None}, RUNC_LIVE))
+    cmds, uploads, _ = daemon_op({"exists": False, "config": {}, "error": None}, RUNC_LIVE, dir_exists=False)
     assert cmds[0] == "mkdir -p /etc/docker"
     assert not any("sparkfold-backup" in c for c in cmds)  # nothing to back up
-    upload = [c for c in cmds if c.startswith("FileUploadCommand")]
-    assert len(upload) == 1 and "/etc/docker/daemon.json" in upload[0]
-    assert cmds[-2] == "systemctl restart docker"
+    assert list(uploads) == [DAEMON] and json.loads(uploads[DAEMON]) == dr.merged_daemon_config({})
+    assert f"chmod 644 {DAEMON}" in cmds
+    assert cmds[-2] == "systemctl restart docker.service"
     assert "DefaultRuntime" in cmds[-1] and "exit 1" in cmds[-1]
+    # docker not running yet: started (with the new file) instead
+    cmds, _, _ = daemon_op({"exists": False, "config": {}, "error": None}, RUNC_LIVE, running=False)
+    assert cmds[-2] == "systemctl start docker.service"
 
 
-def test_user_file_is_merged_backed_up_and_restart_follows(monkeypatch):
-    written = {}
-    real = dr.FileUploadCommand
-
-    def capture(src, dest, *a, **k):
-        written[dest] = src.getvalue()
-        return real(src, dest, *a, **k)
-
-    monkeypatch.setattr(dr, "FileUploadCommand", capture)
-    current = parse_fact(DaemonJson, (FIX / "daemon-json-user.json").read_text())
-    cmds, _ = run_op(dr.daemon_uses_nvidia, daemon_facts(current, NVIDIA_LIVE))
+def test_user_file_is_merged_backed_up_and_restart_follows():
+    text = (FIX / "daemon-json-user.json").read_text()
+    current = parse_fact(DaemonJson, text)
+    cmds, uploads, _ = daemon_op(current, NVIDIA_LIVE, text=text)
     assert "cp -p /etc/docker/daemon.json /etc/docker/daemon.json.sparkfold-backup" in cmds
-    new = json.loads(written["/etc/docker/daemon.json"])
+    new = json.loads(uploads[DAEMON])
     assert new == dr.merged_daemon_config(current["config"]) and new["data-root"] == "/data/docker"
-    assert cmds.index("systemctl restart docker") > cmds.index("chmod 644 /etc/docker/daemon.json")
+    assert cmds.index("systemctl restart docker.service") > cmds.index(f"chmod 644 {DAEMON}")
 
 
 def test_converged_changes_nothing():
     config = dr.merged_daemon_config({"log-driver": "json-file"})
-    cmds, h = run_op(dr.daemon_uses_nvidia, daemon_facts({"exists": True, "config": config, "error": None},
-                                                         NVIDIA_LIVE))
+    cmds, _, h = daemon_op({"exists": True, "config": config, "error": None}, NVIDIA_LIVE,
+                           text=dr.render_daemon_json(config))
     assert cmds == [] and h.noops == ["docker uses the nvidia runtime"]
+
+
+def test_same_settings_in_another_layout_are_left_alone():
+    config = dr.merged_daemon_config({"log-driver": "json-file"})
+    cmds, _, _ = daemon_op({"exists": True, "config": config, "error": None}, NVIDIA_LIVE, text=json.dumps(config))
+    assert cmds == []  # compared parsed: the user's formatting is not rewritten
 
 
 def test_right_file_but_stale_daemon_restarts_only():
     config = dr.merged_daemon_config({})
-    cmds, _ = run_op(dr.daemon_uses_nvidia, daemon_facts({"exists": True, "config": config, "error": None},
-                                                         RUNC_LIVE))
-    assert cmds[0] == "systemctl restart docker" and len(cmds) == 2
+    cmds, uploads, _ = daemon_op({"exists": True, "config": config, "error": None}, RUNC_LIVE,
+                                 text=dr.render_daemon_json(config))
+    assert cmds[0] == "systemctl restart docker.service" and len(cmds) == 2 and uploads == {}
 
 
 def test_malformed_file_fails_and_is_never_written():
@@ -110,22 +128,49 @@ def test_malformed_file_fails_and_is_never_written():
 
 # --- packages and group --------------------------------------------------------------------------------------
 
+def apt_facts(tools, apt_index_age_s=None):
+    """ContainerRuntimeTools, and what apt.packages reads: installed packages, the apt index stamp and the date."""
+    now = datetime(2025, 6, 1, 12, 0, 0)
+    stamp = None if apt_index_age_s is None else {"mtime": now - timedelta(seconds=apt_index_age_s)}
+    return {ContainerRuntimeTools: tools, DebPackages: {}, Date: now,
+            File: with_args({"path=/var/lib/apt/periodic/update-success-stamp": stamp})}
+
+
 def test_runtime_installed_both_ways():
     have = {ContainerRuntimeTools: {"docker": True, "nvidia-container-runtime": True}}
     assert run_op(dr.runtime_installed, have)[0] == []
-    missing = {ContainerRuntimeTools: {"docker": True, "nvidia-container-runtime": False}}
-    cmds, _ = run_op(dr.runtime_installed, missing, install=True)
-    assert len(cmds) == 1 and "apt-get install -y -qq nvidia-container-toolkit" in cmds[0]
-    assert "docker.io" not in cmds[0].split("||")[0]
+    cmds, _ = run_op(dr.runtime_installed, apt_facts({"docker": True, "nvidia-container-runtime": False}),
+                     install=True)
+    assert cmds[0] == "apt-get update" and "touch /var/lib/apt/periodic/update-success-stamp" in cmds
+    assert "install nvidia-container-toolkit" in cmds[-1] and "docker.io" not in cmds[-1]
     cmds, _ = run_op(dr.runtime_installed, {ContainerRuntimeTools: {}}, install=False)
     assert "missing: docker.io, nvidia-container-toolkit" in cmds[0] and "docker_install = True" in cmds[0]
     assert "exit 1" in cmds[0]
 
 
-def test_user_in_group_both_ways():
-    facts = {UserGroups: with_args({"user=nvidia": ["nvidia", "sudo"]})}
-    assert run_op(dr.user_in_group, facts, user="nvidia")[0] == ["usermod -aG docker nvidia"]
-    facts = {UserGroups: with_args({"user=nvidia": ["nvidia", "docker"]})}
-    assert run_op(dr.user_in_group, facts, user="nvidia")[0] == []
-    facts = {UserGroups: with_args({"user=nvidia": None})}
-    assert "does not exist" in run_op(dr.user_in_group, facts, user="nvidia")[0][0]
+def test_runtime_install_skips_a_fresh_apt_index():
+    cmds, _ = run_op(dr.runtime_installed, apt_facts({"docker": True}, apt_index_age_s=60), install=True)
+    assert "apt-get update" not in cmds and len(cmds) == 1 and "install nvidia-container-toolkit" in cmds[0]
+    cmds, _ = run_op(dr.runtime_installed, apt_facts({"docker": True}, apt_index_age_s=dr.APT_CACHE_S + 60),
+                     install=True)
+    assert cmds[0] == "apt-get update"
+
+
+def group_facts(groups):
+    return {Users: {"nvidia": {"home": "/home/nvidia", "shell": "/bin/bash", "group": "nvidia", "groups": groups,
+                               "comment": "", "password": ""}},
+            Groups: ["nvidia", "sudo", "docker"], Os: "Linux",
+            Which: with_args({"command=usermod": "/usr/sbin/usermod"})}
+
+
+def test_user_in_group_both_ways(monkeypatch):
+    calls, core_user = [], server.user
+    monkeypatch.setattr(dr.server, "user", lambda **kw: calls.append(kw))
+    monkeypatch.setattr(dr, "runtime_installed", lambda **kw: None)
+    monkeypatch.setattr(dr, "daemon_uses_nvidia", lambda **kw: None)
+    dr.docker_runtime._inner(SimpleNamespace(ssh_user="nvidia", docker_install=True))
+    user = {k: v for k, v in calls[0].items() if k != "name"}
+    assert user == {"user": "nvidia", "groups": ["docker"], "append": True, "ensure_home": False}
+    cmds, _ = run_op(core_user, group_facts(["nvidia", "sudo"]), **user)
+    assert cmds == ["usermod -a -G docker nvidia"]  # other groups kept
+    assert run_op(core_user, group_facts(["nvidia", "docker"]), **user)[0] == []

@@ -81,7 +81,8 @@ def _local_only(hub, monkeypatch):
     # As if HF_ENDPOINT had been set before the import: nothing may leave 127.0.0.1 (huggingface_hub also
     # fetches a registry from constants.ENDPOINT on first use).
     monkeypatch.setattr(constants, "ENDPOINT", hub["url"])
-    monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE", hub["url"] + "/{repo_id}/resolve/{revision}/{filename}")
+    monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE",
+                        hub["url"] + "/{repo_id}/resolve/{revision}/{filename}")
     monkeypatch.delenv("HF_TOKEN", raising=False)
 
 
@@ -176,16 +177,19 @@ def test_engram_source_holds_the_tables_in_shards_47_and_48():
     config = json.loads(served(repos.ENGRAM, "config.json"))
     index = json.loads(served(repos.ENGRAM, "model.safetensors.index.json"))["weight_map"]
     for layer, rows, shard in zip(config["engram_layer_ids"], config["engram_num_embeddings"],
-                                  ("model-00047-of-00048.safetensors", "model-00048-of-00048.safetensors")):
+                                  ("model-00047-of-00048.safetensors", "model-00048-of-00048.safetensors"),
+                                  strict=True):
         data = served(repos.ENGRAM, shard)
         (n,) = struct.unpack("<Q", data[:8])
         header = json.loads(data[8:8 + n])
-        weight, scale = header[f"model.layers.{layer}.engram.embed.weight"], header[f"model.layers.{layer}.engram.embed.scale"]
+        weight = header[f"model.layers.{layer}.engram.embed.weight"]
+        scale = header[f"model.layers.{layer}.engram.embed.scale"]
         assert weight["shape"][0] == scale["shape"][0] == rows
         assert (weight["dtype"], scale["dtype"]) == ("F8_E4M3", "F8_E8M0")
         assert index[f"model.layers.{layer}.engram.embed.weight"] == shard
         read_safetensors(data)
-    others = [p for p in CATALOG[repos.ENGRAM]["files"] if p.endswith(".safetensors") and p not in SETTINGS["engram_files"]]
+    others = [p for p in CATALOG[repos.ENGRAM]["files"]
+              if p.endswith(".safetensors") and p not in SETTINGS["engram_files"]]
     assert len(others) >= 2
 
 

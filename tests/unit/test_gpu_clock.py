@@ -5,13 +5,15 @@ import subprocess
 from pathlib import Path
 
 from harness import parse_fact, run_op, with_args
+
 from operations import gpu_clock as gc
 from operations.facts.gpu import GpuClockState, parse_confirmation, query_command
 
 FIX = Path(__file__).parent / "fixtures" / "host"
 STANDIN = Path(__file__).resolve().parents[1] / "sim" / "standins" / "nvidia-smi"
 BOOT = "3f0c2a9e-1d2b-4c5e-8f7a-6b5c4d3e2f1a"
-KEY = "nvidia_smi=/usr/bin/nvidia-smi, record_path=/var/lib/sparkfold/gpu-clock.record"
+SMI = "/usr/bin/nvidia-smi"
+KEY = f"nvidia_smi={SMI}, record_path=/var/lib/sparkfold/gpu-clock.record"
 
 
 def fact_output(query: str, record: str | None, boot=BOOT) -> str:
@@ -53,7 +55,7 @@ def test_na_fields_and_failures():
     bad = parse_fact(GpuClockState, '##QUERY##\nField "clocks_event_reasons.applications_clocks_setting" is not '
                                     'a valid field to query.\n##QUERY_FAILED##\nboot_id=x\n')
     assert bad["smi"] is False and "not a valid field" in bad["error"]
-    none = parse_fact(GpuClockState, "##NO_NVIDIA_SMI##\nboot_id=x\n")
+    none = GpuClockState.default()  # what pyinfra returns when requires_command finds no nvidia-smi
     assert none["smi"] is False and "not installed" in none["error"]
 
 
@@ -80,23 +82,27 @@ def test_lock_drift_cases():
 
 def test_converged_lock_changes_nothing():
     facts = {GpuClockState: with_args({KEY: state(query=LOCKED_QUERY, record=RECORD_2200)})}
-    cmds, h = run_op(gc.gpu_clock_locked, facts, executing=True, mhz=2200)
+    cmds, h = run_op(gc.gpu_clock_locked, facts, executing=True, mhz=2200, nvidia_smi=SMI)
     assert cmds == [] and h.noops == ["GPU clock ceiling is 2200 MHz"]
 
 
 def test_reset_lock_is_relocked_and_verified():
     facts = {GpuClockState: with_args({KEY: state(record=RECORD_2200)})}
-    cmds, _ = run_op(gc.gpu_clock_locked, facts, executing=True, mhz=2200)
+    cmds, _ = run_op(gc.gpu_clock_locked, facts, executing=True, mhz=2200, nvidia_smi=SMI)
     assert len(cmds) == 2
     assert cmds[0].startswith("out=$(/usr/bin/nvidia-smi -lgc 0,2200 2>&1)")
     assert "gpuClkMax" in cmds[0] and "/var/lib/sparkfold/gpu-clock.record" in cmds[0]
     assert "--query-gpu=clocks.sm" in cmds[1] and "-gt 2215" in cmds[1]
 
 
-def test_no_nvidia_smi_fails_with_fix():
-    facts = {GpuClockState: with_args({KEY: parse_fact(GpuClockState, "##NO_NVIDIA_SMI##\nboot_id=x\n")})}
-    cmds, _ = run_op(gc.gpu_clock_locked, facts, mhz=2200)
+def test_no_nvidia_smi_fails_with_fix(caplog):
+    facts = {GpuClockState: with_args({KEY: GpuClockState.default()})}  # requires_command found no nvidia-smi
+    cmds, _ = run_op(gc.gpu_clock_locked, facts, executing=True, mhz=2200, nvidia_smi=SMI)
     assert len(cmds) == 1 and "nvidia-smi is not installed" in cmds[0] and "exit 1" in cmds[0]
+    # planning: the check rule warns with the fix, and the plan still shows the lock it would make
+    cmds, _ = run_op(gc.gpu_clock_locked, facts, executing=False, mhz=2200, nvidia_smi=SMI)
+    assert "will fail: GPU clock: cannot read the GPU with /usr/bin/nvidia-smi" in caplog.text
+    assert len(cmds) == 2 and "-lgc 0,2200" in cmds[0]
 
 
 def _run_lock(tmp_path, **standin_state):
@@ -138,13 +144,23 @@ def test_clamped_lock_fails_naming_the_applied_ceiling(tmp_path):
 # --- unit ----------------------------------------------------------------------------------------------------
 
 def test_unit_template():
-    text = gc.render_unit(2200)
+    text = gc.render_unit(2200, SMI)
     assert text.startswith("# Managed by sparkfold")
     for line in ("Type=oneshot", "RemainAfterExit=yes", "After=nvidia-persistenced.service",
                  "Wants=nvidia-persistenced.service", "ExecStart=/usr/bin/nvidia-smi -lgc 0,2200",
                  "WantedBy=multi-user.target"):
         assert line in text.splitlines()
-    pre = [l for l in text.splitlines() if l.startswith("ExecStartPre=")][0]
+    pre = [line for line in text.splitlines() if line.startswith("ExecStartPre=")][0]
     assert "timeout 60" in pre and "/dev/nvidia0" in pre and "/usr/bin/nvidia-smi -L" in pre
     assert "$" not in text and "%" not in text  # nothing systemd would expand
     assert "ExecStart=/usr/local/bin/nvidia-smi -lgc 0,1800" in gc.render_unit(1800, "/usr/local/bin/nvidia-smi")
+
+
+def test_deploy_persists_then_locks(monkeypatch):
+    from types import SimpleNamespace
+    calls = []
+    monkeypatch.setattr(gc, "unit_installed", lambda *a, **kw: calls.append(("unit", a, kw)))
+    monkeypatch.setattr(gc, "gpu_clock_locked", lambda **kw: calls.append(("lock", kw)))
+    gc.gpu_clock._inner(SimpleNamespace(gpu_clock_mhz=2100, nvidia_smi_path="/opt/bin/nvidia-smi"))
+    assert calls[0] == ("unit", ("sparkfold-gpu-clock.service", gc.render_unit(2100, "/opt/bin/nvidia-smi")), {})
+    assert calls[1] == ("lock", {"name": "locked at 2100 MHz", "mhz": 2100, "nvidia_smi": "/opt/bin/nvidia-smi"})

@@ -11,7 +11,7 @@ import pytest
 from harness import FakeHost, run_op
 
 from operations import health
-from operations.facts.containers import RankContainer
+from operations.facts.docker import RankContainer
 
 NAME = "DeepSeek-V4.1-Flash-1017"
 UP = {"exists": True, "running": True, "status": "running", "exit_code": 0, "labels": {}}

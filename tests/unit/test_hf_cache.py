@@ -8,10 +8,10 @@ import sys
 from types import SimpleNamespace
 
 import pytest
-
 from hf_fixture import build_cache, build_local, commit_of, model_files, siblings
+
 from operations import hf_cache
-from operations.facts.model_data import HfPlan
+from operations.facts.model import HfPlan
 from operations.remote import bundle, hf_fetch, hf_plan
 
 REPO = "Org/Tiny-Model"

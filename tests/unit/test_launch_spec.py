@@ -5,8 +5,10 @@ from __future__ import annotations
 import pytest
 from settings_factory import make_settings
 
-from operations.launch_spec import (API_KEY_FILE, CHAT_TEMPLATE, LABEL_HASH, LABEL_MANAGED, image_key, rail_problems,
-                                    rank_spec)
+from operations.launch_spec import LABEL_HASH, LABEL_MANAGED, image_key, rail_problems, rank_spec
+from operations.layout import InContainer
+
+API_KEY_FILE, CHAT_TEMPLATE = InContainer.API_KEY_FILE, InContainer.CHAT_TEMPLATE
 
 IMAGE = "sparkfold/dsv41-tf:0123456789ab"
 SNAP = "/root/.cache/huggingface/hub/models--Mia-AiLab--X/snapshots/abc"
@@ -20,14 +22,19 @@ CAPS = {"families": {"deepseek_v41": ["exl3-mul1"]}, "serve": {"flags": {"--chat
 NO_TEMPLATE_CAPS = {"families": {"deepseek_v41": ["exl3-mul1"]}, "serve": {"flags": {}}}
 
 
+def spec_of(s, *args, **kw):
+    """rank_spec with this rank's weight folder where the deploy's active-rank link would lead."""
+    return rank_spec(s, *args, rank_folder=f"{s.layout.rank_cache}/rank{s.rank}", **kw)
+
+
 def head(caps=CAPS, **kw):
     s = make_settings("head", **kw)
-    return rank_spec(s, IMAGE, HEAD_RAILS, ("/home/nvidia/.cache/huggingface", SNAP), caps)
+    return spec_of(s, IMAGE, HEAD_RAILS, ("/home/nvidia/.cache/huggingface", SNAP), caps)
 
 
 def worker(**kw):
     s = make_settings("worker", **kw)
-    return rank_spec(s, IMAGE, WORKER_RAILS, ("sparkfold-hf", SNAP), None)
+    return spec_of(s, IMAGE, WORKER_RAILS, ("sparkfold-hf", SNAP), None)
 
 
 def flag(argv, name):
@@ -158,7 +165,7 @@ def test_docker_options():
         i = o.index(pair[0]) if pair[0] != "--ulimit" else o.index(pair[1]) - 1
         assert o[i:i + 2] == pair, pair
     s = make_settings("head", container_name="tf2", docker_ulimits=["memlock=-1:-1"], oom_score_adj=500)
-    o2 = rank_spec(s, IMAGE, HEAD_RAILS, ("/hf", SNAP), CAPS, has_infiniband=False).options
+    o2 = spec_of(s, IMAGE, HEAD_RAILS, ("/hf", SNAP), CAPS, has_infiniband=False).options
     assert "--device" not in o2 and o2.count("--ulimit") == 1 and o2[o2.index("--oom-score-adj") + 1] == "500"
     assert o2[2] == "tf2"
 
@@ -191,9 +198,9 @@ def test_spec_hash_stable_and_changes_with_every_input():
     assert head().spec_hash() == base
     changed = {head(context=524288).spec_hash(), head(nccl_debug="WARN").spec_hash(),
                head(api_key=True).spec_hash(), head(oom_score_adj=0).spec_hash(),
-               rank_spec(make_settings("head"), IMAGE.replace("0123", "9999"), HEAD_RAILS, ("/home/nvidia/.cache/"
+               spec_of(make_settings("head"), IMAGE.replace("0123", "9999"), HEAD_RAILS, ("/home/nvidia/.cache/"
                          "huggingface", SNAP), CAPS).spec_hash(),
-               rank_spec(make_settings("head"), IMAGE, HEAD_RAILS, ("/home/nvidia/.cache/huggingface", SNAP), CAPS,
+               spec_of(make_settings("head"), IMAGE, HEAD_RAILS, ("/home/nvidia/.cache/huggingface", SNAP), CAPS,
                          template_digest="ab").spec_hash()}
     assert base not in changed and len(changed) == 6
 

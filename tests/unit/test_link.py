@@ -9,10 +9,19 @@ from pathlib import Path
 
 import pytest
 import yaml
+from core_facts import merged, remote_file, run_put
 from harness import parse_fact, run_op, with_args
 
 from operations import link
-from operations.facts.link import ZERO_GID, DefaultRouteDevice, IpAddresses, LinkRecord, NetplanFiles, PingOk, RoceDevices
+from operations.facts.network import (
+    ZERO_GID,
+    DefaultRouteDevice,
+    IpAddresses,
+    LinkRecord,
+    NetplanFiles,
+    PingOk,
+    RoceDevices,
+)
 from operations.util import MANAGED_HEADER
 
 FIX = Path(__file__).parent / "fixtures" / "link"
@@ -193,58 +202,65 @@ def test_plan_migration_refuses_an_unparseable_file():
 # --- netplan op ---------------------------------------------------------------------------------------------
 
 def netplan_facts(files, route="enP7s7"):
-    return {NetplanFiles: with_args({"directory=/etc/netplan": files}),
-            DefaultRouteDevice: route, IpAddresses: addrs()}
+    """NetplanFiles holding `files`, and the same files as files.put sees them (sha1 and mode)."""
+    facts = [{NetplanFiles: with_args({"directory=/etc/netplan": files}), DefaultRouteDevice: route,
+              IpAddresses: addrs()}, remote_file(OWN)]
+    facts += [remote_file(path, f["text"], mode=int(f["mode"])) for path, f in files.items()]
+    return merged(*facts)
 
 
-def test_netplan_writes_applies_and_guards_management(tmp_path):
-    commands, _ = run_op(link.netplan_link, netplan_facts({}), rails=RAILS, mtu=9000, netplan_file=OWN)
-    assert len(commands) == 3
-    assert OWN + ".sparkfold-tmp" in commands[0] and "chmod 600" in commands[0] and "mv -f" in commands[0]
-    assert "dhcp4: false" in commands[0] and "192.168.101.1/24" in commands[0]
-    assert commands[1] == "netplan generate && netplan apply"
-    assert "ip -4 -o addr show dev enP7s7" in commands[2] and "' inet 10.0.0.21/'" in commands[2]
-    assert "seq 20" in commands[2] and "exit 1" in commands[2]
-    # the command really writes the rendered text, mode 600
-    dest = tmp_path / "netplan" / "60-sparkfold-cx7.yaml"
-    subprocess.run(["sh", "-c", commands[0].replace("/etc/netplan", str(dest.parent))], check=True)
-    assert dest.read_text() == link.render_netplan(RAILS, 9000)
-    assert oct(dest.stat().st_mode & 0o777) == "0o600"
+def netplan(files, rails=RAILS, route="enP7s7"):
+    return run_put(link.netplan_link, netplan_facts(files, route), rails=rails, mtu=9000, netplan_file=OWN)
+
+
+def test_netplan_writes_applies_and_guards_management():
+    commands, uploads, _ = netplan({})
+    assert commands[0].startswith("FileUploadCommand") and commands[0].endswith(f", {OWN})")
+    assert uploads == {OWN: link.render_netplan(RAILS, 9000)}
+    assert "dhcp4: false" in uploads[OWN] and "192.168.101.1/24" in uploads[OWN]
+    assert commands[1] == f"chmod 600 {OWN}"
+    assert commands[2] == "netplan generate && netplan apply"
+    assert "ip -4 -o addr show dev enP7s7" in commands[3] and "' inet 10.0.0.21/'" in commands[3]
+    assert "seq 20" in commands[3] and "exit 1" in commands[3]
 
 
 def test_netplan_converged_yields_nothing():
     files = {OWN: {"mode": "600", "text": link.render_netplan(RAILS, 9000)}}
-    commands, host = run_op(link.netplan_link, netplan_facts(files), rails=RAILS, mtu=9000, netplan_file=OWN)
+    commands, _, host = netplan(files)
     assert commands == []
-    assert host.noops == [f"{OWN} is up to date"]
+    assert host.noops[-1] == f"{OWN} is up to date"
 
 
 def test_netplan_mode_only_fix_does_not_apply():
     files = {OWN: {"mode": "644", "text": link.render_netplan(RAILS, 9000)}}
-    commands, _ = run_op(link.netplan_link, netplan_facts(files), rails=RAILS, mtu=9000, netplan_file=OWN)
+    commands, _, _ = netplan(files)
     assert commands == [f"chmod 600 {OWN}"]
 
 
 def test_netplan_mtu_change_rewrites_and_applies():
     files = {OWN: {"mode": "600", "text": link.render_netplan(RAILS, 1500)}}
-    commands, _ = run_op(link.netplan_link, netplan_facts(files), rails=RAILS, mtu=9000, netplan_file=OWN)
-    assert "mtu: 9000" in commands[0] and commands[1] == "netplan generate && netplan apply"
+    commands, uploads, _ = netplan(files)
+    assert "mtu: 9000" in uploads[OWN] and commands[2] == "netplan generate && netplan apply"
 
 
 def test_netplan_migrates_nvidias_file_with_a_backup():
-    files = {"/etc/netplan/40-cx7.yaml": {"mode": "600", "text": fixture("40-cx7.yaml")},
+    other = "/etc/netplan/40-cx7.yaml"
+    files = {other: {"mode": "600", "text": fixture("40-cx7.yaml")},
              OWN: {"mode": "600", "text": link.render_netplan(RAILS, 9000)}}
-    commands, _ = run_op(link.netplan_link, netplan_facts(files), rails=RAILS, mtu=9000, netplan_file=OWN)
-    assert commands[0].startswith("cp -p /etc/netplan/40-cx7.yaml /etc/netplan/40-cx7.yaml.sparkfold-backup-$(date")
-    assert "enp1s0f1np1" in commands[0] and "rm " not in commands[0]
-    assert commands[1] == "netplan generate && netplan apply"  # our file is unchanged, but the other one changed
+    commands, uploads, _ = netplan(files)
+    assert commands[0].startswith(f"cp -p {other} {other}.sparkfold-backup-$(date")
+    assert list(uploads) == [other]
+    assert list(yaml.safe_load(uploads[other])["network"]["ethernets"]) == ["enp1s0f1np1"]
+    assert commands[1].startswith("FileUploadCommand") and commands[2] == f"chmod 600 {other}"  # its mode kept
+    assert not any(c.startswith("rm ") for c in commands)
+    assert commands[3] == "netplan generate && netplan apply"  # our file is unchanged, but the other one changed
 
 
 def test_netplan_migration_moves_a_file_of_only_our_netdevs(tmp_path):
     rails = [{"netdev": "enp1s0f0np0", "address": "192.168.100.1/24"},
              {"netdev": "enp1s0f1np1", "address": "192.168.101.1/24"}]
     files = {"/etc/netplan/40-cx7.yaml": {"mode": "600", "text": fixture("40-cx7.yaml")}}
-    commands, _ = run_op(link.netplan_link, netplan_facts(files), rails=rails, mtu=9000, netplan_file=OWN)
+    commands, _, _ = netplan(files, rails=rails)
     assert commands[0] == ("mv -n /etc/netplan/40-cx7.yaml "
                            "/etc/netplan/40-cx7.yaml.sparkfold-backup-$(date +%Y%m%d-%H%M%S)")
     # the command works: the file ends up under its backup name, nothing deleted
@@ -256,26 +272,27 @@ def test_netplan_migration_moves_a_file_of_only_our_netdevs(tmp_path):
 
 def test_netplan_refuses_unparseable_other_file():
     files = {"/etc/netplan/broken.yaml": {"mode": "600", "text": fixture("broken.yaml")}}
-    commands, _ = run_op(link.netplan_link, netplan_facts(files), rails=RAILS, mtu=9000, netplan_file=OWN)
+    commands, _, _ = netplan(files)
     assert len(commands) == 1 and "cannot parse /etc/netplan/broken.yaml" in commands[0]
     assert "exit 1" in commands[0]
 
 
 def test_netplan_no_guard_when_management_is_on_a_rail_or_absent():
     for route in (None, "enp1s0f0np0"):
-        commands, _ = run_op(link.netplan_link, netplan_facts({}, route=route), rails=RAILS, mtu=9000,
-                             netplan_file=OWN)
+        commands, _, _ = netplan({}, route=route)
         assert commands[-1] == "netplan generate && netplan apply"
 
 
-def test_migration_rewrite_command_runs(tmp_path):
+def test_migration_rewrite_keeps_a_backup_and_the_mode(tmp_path):
     other = tmp_path / "50-mixed.yaml"
     other.write_text(fixture("50-mixed.yaml"))
     other.chmod(0o600)
     moves, _ = link.plan_migration({str(other): {"mode": "600", "text": other.read_text()}}, OWN, ["enP2p1s0f0np0"])
-    subprocess.run(["sh", "-c", link.migration_commands(moves[0])[0].get_raw_value()], check=True)
-    assert yaml.safe_load(other.read_text())["network"]["ethernets"] == {"enP7s7": {"dhcp4": True}}
-    assert oct(other.stat().st_mode & 0o777) == "0o600"
+    migrate = types.SimpleNamespace(_inner=lambda: link.migration_commands(moves[0], "600"))
+    commands, uploads, _ = run_put(migrate, remote_file(str(other), other.read_text(), mode=600))
+    subprocess.run(["sh", "-c", commands[0]], check=True)  # the backup
+    assert commands[2] == f"chmod 600 {other}"
+    assert yaml.safe_load(uploads[str(other)])["network"]["ethernets"] == {"enP7s7": {"dhcp4": True}}
     backups = [p for p in tmp_path.iterdir() if ".sparkfold-backup-" in p.name]
     assert len(backups) == 1 and backups[0].read_text() == fixture("50-mixed.yaml")
 
@@ -298,6 +315,16 @@ def test_addresses_converged_and_failing():
     assert "sudo netplan apply" in commands[0]
 
 
+def test_addresses_warned_while_planning_only_when_no_apply_comes(caplog):
+    bad = addrs()
+    bad["enP2p1s0f0np0"] = {"mtu": 9000, "operstate": "UP", "ipv4": []}
+    args = dict(rails=RAILS, mtu=9000, netplan_file=OWN)
+    assert run_op(link.link_addresses, {IpAddresses: bad}, settled=False, **args)[0] == []
+    assert "will fail" not in caplog.text
+    assert run_op(link.link_addresses, {IpAddresses: bad}, settled=True, **args)[0] == []
+    assert "will fail: link addresses: enP2p1s0f0np0 lacks 192.168.101.1/24" in caplog.text
+
+
 def test_addresses_missing_netdev_names_link_rails():
     rails = [{"netdev": "enp9s0", "address": "192.168.100.1/24"}]
     commands, _ = run_op(link.link_addresses, {IpAddresses: addrs()}, executing=True, rails=rails, mtu=9000,
@@ -307,7 +334,7 @@ def test_addresses_missing_netdev_names_link_rails():
 
 def ping_facts(results):
     return {PingOk: with_args({f"address={p['address'].split('/')[0]}, netdev={r['netdev']}, size=8972": ok
-                               for r, p, ok in zip(RAILS, PEER, results)})}
+                               for r, p, ok in zip(RAILS, PEER, results, strict=True)})}
 
 
 def test_ping_converged_and_failing():
@@ -348,51 +375,58 @@ def test_roce_gids_uses_the_given_ibdev_and_reports_a_missing_device():
 RECORD_PATH = "/home/nvidia/.local/state/sparkfold/link.json"
 
 
-def record_facts(current):
-    return {IpAddresses: addrs(), RoceDevices: roce(), LinkRecord: with_args({f"path={RECORD_PATH}": current})}
+def record_facts(current, roce_devices=None, path=RECORD_PATH):
+    return merged({IpAddresses: addrs(), RoceDevices: roce() if roce_devices is None else roce_devices,
+                   LinkRecord: with_args({f"path={path}": current})}, remote_file(path, dir_exists=False))
 
 
 def test_record_written_when_different_and_not_when_equal():
-    commands, _ = run_op(link.link_recorded, record_facts(None), executing=True, rails=RAILS, path=RECORD_PATH)
-    assert len(commands) == 1 and "mkdir -p /home/nvidia/.local/state/sparkfold" in commands[0]
+    commands, uploads, _ = run_put(link.link_recorded, record_facts(None), executing=True, rails=RAILS,
+                                   path=RECORD_PATH)
+    assert commands[0] == "mkdir -p /home/nvidia/.local/state/sparkfold" and commands[1].startswith("FileUpload")
     want = link.link_record(RAILS, addrs(), roce())
     assert want["socket_ifname"] == "enp1s0f0np0" and want["rails"][1]["gid_index"] == 5
-    assert json.dumps(want, indent=2, sort_keys=True) in commands[0].replace("'\"'\"'", "'")
+    assert uploads[RECORD_PATH] == json.dumps(want, indent=2, sort_keys=True) + "\n"
     stale = json.loads(json.dumps(want))
     stale["rails"][0]["gid_index"] = 4
-    assert run_op(link.link_recorded, record_facts(stale), rails=RAILS, path=RECORD_PATH)[0] != []
-    commands, host = run_op(link.link_recorded, record_facts(want), executing=True, rails=RAILS, path=RECORD_PATH)
+    assert run_put(link.link_recorded, record_facts(stale), rails=RAILS, path=RECORD_PATH)[0] != []
+    commands, _, host = run_put(link.link_recorded, record_facts(want), executing=True, rails=RAILS,
+                                path=RECORD_PATH)
     assert commands == [] and host.noops
 
 
-def test_record_command_writes_the_json(tmp_path):
-    path = str(tmp_path / "state" / "link.json")
-    facts = {IpAddresses: addrs(), RoceDevices: roce(), LinkRecord: with_args({f"path={path}": None})}
-    commands, _ = run_op(link.link_recorded, facts, executing=True, rails=RAILS, path=path)
-    subprocess.run(["sh", "-c", commands[0]], check=True)
-    assert parse_fact(LinkRecord, Path(path).read_text()) == link.link_record(RAILS, addrs(), roce())
+def test_record_upload_is_the_json_the_fact_reads():
+    _, uploads, _ = run_put(link.link_recorded, record_facts(None), executing=True, rails=RAILS, path=RECORD_PATH)
+    assert parse_fact(LinkRecord, uploads[RECORD_PATH]) == link.link_record(RAILS, addrs(), roce())
 
 
-def test_record_waits_for_a_gid():
-    facts = {IpAddresses: addrs(), RoceDevices: {}, LinkRecord: with_args({f"path={RECORD_PATH}": None})}
-    assert run_op(link.link_recorded, facts, executing=False, rails=RAILS, path=RECORD_PATH)[0] == []
-    commands, _ = run_op(link.link_recorded, facts, executing=True, rails=RAILS, path=RECORD_PATH)
+def test_record_waits_for_a_gid(caplog):
+    facts = record_facts(None, roce_devices={})
+    assert run_put(link.link_recorded, facts, executing=False, rails=RAILS, path=RECORD_PATH)[0] == []
+    assert "will fail" not in caplog.text  # an apply in this run may still bring the GID
+    assert run_put(link.link_recorded, facts, rails=RAILS, path=RECORD_PATH, settled=True)[0] == []
+    assert "will fail: link record: cannot record the link" in caplog.text
+    commands, _, _ = run_put(link.link_recorded, facts, executing=True, rails=RAILS, path=RECORD_PATH)
     assert "cannot record the link" in commands[0]
 
 
 # --- deploy function ----------------------------------------------------------------------------------------
 
-def test_deploy_link_calls_each_op_once_with_settings(monkeypatch):
+@pytest.mark.parametrize("applies", [True, False])
+def test_link_calls_each_op_once_with_settings(monkeypatch, applies):
     calls = []
     for op in ("netplan_link", "link_addresses", "link_ping", "roce_gids", "link_recorded"):
-        monkeypatch.setattr(link, op, lambda _op=op, **kw: calls.append((_op, kw)))
-    s = types.SimpleNamespace(link_rails=RAILS, peer_link_rails=PEER, link_mtu=9000, link_netplan_file=OWN,
-                              state_dir="/home/nvidia/.local/state/sparkfold")
-    link.deploy_link(s)
+        monkeypatch.setattr(link, op, lambda _op=op, **kw: calls.append((_op, kw)) or types.SimpleNamespace(
+            changed=applies))
+    s = types.SimpleNamespace(link_rails=RAILS, peer=types.SimpleNamespace(link_rails=PEER), link_mtu=9000,
+                              link_netplan_file=OWN, layout=types.SimpleNamespace(link_record=RECORD_PATH))
+    link.link._inner(s)
     assert [c[0] for c in calls] == ["netplan_link", "link_addresses", "link_ping", "roce_gids", "link_recorded"]
     assert calls[0][1]["_sudo"] is True and calls[0][1]["netplan_file"] == OWN
-    assert calls[2][1]["peer_rails"] == PEER
-    assert calls[4][1]["path"] == RECORD_PATH
+    assert calls[2][1]["peer_rails"] == PEER and calls[2][1]["_sudo"] is True
+    assert calls[4][1]["path"] == RECORD_PATH and calls[4][1]["_sudo"] is False
+    # the checks an apply in this run changes are judged while planning only when nothing applies
+    assert [calls[i][1]["settled"] for i in (1, 3, 4)] == [not applies] * 3
 
 
 @pytest.mark.parametrize("name", ["60-sparkfold-cx7.yml", "sparkfold"])

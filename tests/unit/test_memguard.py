@@ -10,14 +10,16 @@ import sys
 import time
 from types import SimpleNamespace
 
-from harness import run_op
+from core_facts import run_put, unit
+from pyinfra.operations import systemd
 
 import operations.memguard as mg
-from operations.facts.systemd import UnitState
 from operations.remote import memguard as guard
 from operations.remote.memguard import RETRY_KILL_S, GuardState, decide
+from operations.util.units import REMOTE_SCRIPTS
 
 FLOOR = 2.5
+UNIT = "sparkfold-memguard.service"
 
 
 def test_above_floor_does_nothing_and_tracks_the_low_water_mark():
@@ -137,35 +139,26 @@ def _settings(**kw):
 
 def test_deploy_uploads_then_installs_enabled_running_restart_on_change(monkeypatch):
     calls = []
-    monkeypatch.setattr(mg.files, "put", lambda **kw: calls.append(("put", kw)))
-    monkeypatch.setattr(mg, "unit_installed", lambda **kw: calls.append(("unit", kw)))
-    monkeypatch.setattr(mg, "unit_off", lambda **kw: calls.append(("off", kw)))
-    mg.deploy_memguard(_settings())
+    monkeypatch.setattr(mg, "script_installed", lambda script: calls.append(("put", script)))
+    monkeypatch.setattr(mg, "unit_installed", lambda *a, **kw: calls.append(("unit", a, kw)))
+    monkeypatch.setattr(mg, "unit_off", lambda unit: calls.append(("off", unit)))
+    mg.memguard._inner(_settings())
     assert [c[0] for c in calls] == ["put", "unit"]
-    put, unit = calls[0][1], calls[1][1]
-    assert put["dest"] == "/usr/local/lib/sparkfold/memguard.py" and put["src"] == guard.__file__
-    assert put["mode"] == "755" and put["_sudo"] is True
-    assert unit["unit_name"] == "sparkfold-memguard.service" and unit["content"] == mg.render_unit("rank-c", 2.5)
-    assert (unit["enabled"], unit["running"], unit["restart_on_change"], unit["_sudo"]) == (True, True, True, True)
+    assert calls[0][1] == "memguard.py" and guard.__file__ == str(REMOTE_SCRIPTS / "memguard.py")
+    assert calls[1][1] == ("sparkfold-memguard.service", mg.render_unit("rank-c", 2.5))
+    assert calls[1][2] == {"restart_on_change": True}  # enabled and running: unit_installed's only state
 
     calls.clear()
-    mg.deploy_memguard(_settings(memguard=False))
-    assert [c[0] for c in calls] == ["off"] and calls[0][1]["unit_name"] == "sparkfold-memguard.service"
-
-
-def _unit_state(enabled, active, sha="ab"):
-    from harness import with_args
-    return {UnitState: with_args({"path=/etc/systemd/system/sparkfold-memguard.service, "
-                                  "unit=sparkfold-memguard.service": {"enabled": enabled, "active": active,
-                                                                      "sha256": sha}})}
+    mg.memguard._inner(_settings(memguard=False))
+    assert calls == [("off", "sparkfold-memguard.service")]
 
 
 def test_unit_off_stops_and_disables_a_present_unit():
-    commands, _ = run_op(mg.unit_off, _unit_state("enabled", "active"), unit_name="sparkfold-memguard.service")
+    commands, _, _ = run_put(systemd.service, unit(UNIT, True, True), service=UNIT, running=False, enabled=False)
     assert commands == ["systemctl stop sparkfold-memguard.service", "systemctl disable sparkfold-memguard.service"]
 
 
 def test_unit_off_is_a_noop_when_absent_or_already_off():
-    for enabled, active in (("", "inactive"), ("disabled", "inactive"), ("disabled", "failed")):
-        commands, host = run_op(mg.unit_off, _unit_state(enabled, active, None), unit_name="sparkfold-memguard.service")
-        assert commands == [] and host.noops
+    commands, _, host = run_put(systemd.service, unit(UNIT, False, False), service=UNIT, running=False,
+                                enabled=False)
+    assert commands == [] and host.noops

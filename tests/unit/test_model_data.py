@@ -6,26 +6,24 @@ import hashlib
 import os
 import subprocess
 import sys
-from types import SimpleNamespace
 
 import pytest
-
-from harness import _kwargs_key, parse_fact, run_op, with_args
+from harness import _kwargs_key, parse_fact, run_fact, run_op, with_args
 from hf_fixture import build_cache, model_files
+from pyinfra.facts.files import Sha256File
+from settings_factory import make_settings
+
 from operations import data_copy, model_data
 from operations.data_copy import listing_digest
-from operations.facts.model_data import (AblitShards, DirFiles, FileText, FolderCheck, FreeBytes, HfHubPython, HfPlan,
-                                         LinkTarget, PeerFolder, RankFolder)
-from pyinfra.facts.files import Sha256File
+from operations.facts.files import DirFiles, DiskFree, FileText, FolderCheck, LinkTarget, PeerFolder, first_line
+from operations.facts.model import AblitShards, HfHubPython, HfPlan, RankFolder
 
 COMMIT = "a" * 40
 
 
 def run_local(fact_cls, **kwargs):
     """Run a fact's command in a local shell and parse it as pyinfra would (empty output -> default)."""
-    done = subprocess.run(["sh", "-c", fact_cls().command(**kwargs)], capture_output=True, text=True, timeout=60)
-    assert done.returncode == 0, done.stderr
-    return parse_fact(fact_cls, done.stdout)
+    return run_fact(fact_cls, **kwargs)
 
 
 def table(*entries):
@@ -73,11 +71,11 @@ def test_rank_folder_sees_bins_partials_and_sidecar(tmp_path):
 def test_small_file_facts(tmp_path):
     (tmp_path / "side").write_text(COMMIT + "\n")
     os.symlink("snapshots/" + COMMIT, tmp_path / "link")
-    assert run_local(FileText, path=str(tmp_path / "side")) == COMMIT
+    assert first_line(run_local(FileText, path=str(tmp_path / "side"))) == COMMIT
     assert run_local(FileText, path=str(tmp_path / "nope")) is None
     assert run_local(LinkTarget, path=str(tmp_path / "link")) == "snapshots/" + COMMIT
     assert run_local(LinkTarget, path=str(tmp_path / "side")) is None
-    free = run_local(FreeBytes, path=str(tmp_path / "not" / "yet"))
+    free = run_local(DiskFree, path=str(tmp_path / "not" / "yet"))["free_bytes"]
     assert isinstance(free, int) and free > 0
 
 
@@ -152,13 +150,13 @@ SNAP = dict(python="/v/bin/python", repo="Org/M", revision="main", label="Checkp
 
 
 def test_snapshot_complete_fetches_nothing():
-    cmds, h = run_op(model_data.hf_snapshot, {HfPlan: complete_plan(), FreeBytes: 10}, **SNAP)
+    cmds, h = run_op(model_data.hf_snapshot, {HfPlan: complete_plan(), DiskFree: {"free_bytes": 10}}, **SNAP)
     assert cmds == [] and "nothing to fetch" in h.noops[0]
 
 
 def test_snapshot_missing_fetches_with_token_by_path():
     plan = complete_plan(complete=False, manifest=False, missing=[["model-1.safetensors", 150]], missing_bytes=150)
-    cmds, _ = run_op(model_data.hf_snapshot, {HfPlan: plan, FreeBytes: 10**6}, **SNAP)
+    cmds, _ = run_op(model_data.hf_snapshot, {HfPlan: plan, DiskFree: {"free_bytes": 10**6}}, **SNAP)
     assert len(cmds) == 1
     first_line = cmds[0].splitlines()[0]
     assert "HF_TOKEN_PATH=/s/hf-token" in first_line and "--expect-model-type deepseek_v41" in first_line
@@ -166,13 +164,14 @@ def test_snapshot_missing_fetches_with_token_by_path():
 
 
 def test_snapshot_wrong_model_type_fails():
-    cmds, _ = run_op(model_data.hf_snapshot, {HfPlan: complete_plan(model_type="llama"), FreeBytes: 10}, **SNAP)
+    cmds, _ = run_op(model_data.hf_snapshot, {HfPlan: complete_plan(model_type="llama"), DiskFree: {"free_bytes": 10}},
+                     **SNAP)
     assert "exit 1" in cmds[0] and "llama" in cmds[0]
 
 
 def test_snapshot_not_enough_disk_fails_before_writing():
     plan = complete_plan(complete=False, missing=[["x", 300 * 2**30]], missing_bytes=300 * 2**30)
-    cmds, _ = run_op(model_data.hf_snapshot, {HfPlan: plan, FreeBytes: 100 * 2**30}, **SNAP)
+    cmds, _ = run_op(model_data.hf_snapshot, {HfPlan: plan, DiskFree: {"free_bytes": 100 * 2**30}}, **SNAP)
     assert len(cmds) == 1 and "needs 300.0 GiB free under /h/hub" in cmds[0] and "has 100.0 GiB" in cmds[0]
 
 
@@ -322,14 +321,15 @@ def test_blob_sums_shell_matches_what_the_worker_checks(tmp_path):
 
 # ---- served path and the deploy function ----
 
-def settings(**over):
-    base = dict(is_head=True, ablit=False, hf_cache="/home/n/.cache/huggingface", data_dir="/home/n/.cache/sparkfold",
-                state_dir="/home/n/.local/state/sparkfold", active_model_repo="Org/M", active_model_revision="main",
-                hf_python="", hf_endpoint="", hf_token="", nfs_volume="sparkfold-hf", worker_weights="nfs",
-                engram_repo="deepseek-ai/E", engram_revision="main", engram_files=["config.json", "e.safetensors"],
-                kit_repo="b/kit", kit_revision="main", ablit_repo="d/ablit", ablit_revision="r" * 40,
-                ablit_file="w.safetensors", worker_link_ssh="nvidia@192.168.100.2")
-    return SimpleNamespace(**dict(base, **over))
+def settings(is_head=True, hf_token="", **over):
+    """Real Settings (home /home/n) with small repos, as the tests below name them."""
+    over = {"model_repo": "Org/M", "engram_repo": "deepseek-ai/E", "engram_files": ["config.json", "e.safetensors"],
+            "kit_repo": "b/kit", "ablit_repo": "d/ablit", "ablit_revision": "r" * 40, "ablit_file": "w.safetensors",
+            **over}
+    return make_settings("head" if is_head else "worker", environ={"HF_TOKEN": hf_token}, home="/home/n", **over)
+
+
+DEPLOY = model_data.model_data._inner  # the step itself, before `recorded` swaps the operations for recorders
 
 
 def test_served_model_path_stock_ablit_and_worker():
@@ -363,7 +363,7 @@ def recorded(monkeypatch):
 
 
 def test_deploy_head_order_and_names(recorded):
-    model_data.deploy_model_data(settings(), "sparkfold/dsv41-tf:abc")
+    DEPLOY(settings())
     ops = [c[0] for c in recorded]
     assert ops[:3] == ["hf_python_ready", "hf_token_file", "hf_snapshot"]
     assert ops.index("token_map_written") < ops.index("rank_file_written") < ops.index("folder_to_peer")
@@ -374,7 +374,7 @@ def test_deploy_head_order_and_names(recorded):
 
 
 def test_deploy_head_ablit_and_copy_mode(recorded):
-    model_data.deploy_model_data(settings(ablit=True, hf_token="t", worker_weights="copy"), "img")
+    DEPLOY(settings(ablit=True, hf_token="t", worker_weights="copy"))
     ops = [c[0] for c in recorded]
     overlay = [c[1] for c in recorded if c[0] == "hf_snapshot"][-1]
     assert overlay["require_token"] and overlay["include"] == ("w.safetensors", "apply_mia_exl3_wob.py")
@@ -385,6 +385,6 @@ def test_deploy_head_ablit_and_copy_mode(recorded):
 
 
 def test_deploy_worker_only_verifies(recorded):
-    model_data.deploy_model_data(settings(is_head=False), "img")
+    DEPLOY(settings(is_head=False))
     assert [c[0] for c in recorded] == ["both_sparks_reached"] + ["folder_verified"] * 3
     assert recorded[3][1]["folder"] == "/home/n/.cache/sparkfold/rank-cache/active-rank1"

@@ -6,10 +6,17 @@ import subprocess
 import types
 from pathlib import Path
 
+from core_facts import merged, remote_file, run_put, unit
 from harness import parse_fact, run_op, with_args
+from pyinfra.facts.deb import DebPackages
+from pyinfra.facts.files import File
+from pyinfra.operations import systemd
 
 from operations import nfs
-from operations.facts.nfs import DebInstalled, DockerVolumeInfo, ExportTable, FileContent, ServiceState, VolumeContainers
+from operations.facts.docker import DockerVolumeInfo, VolumeContainers
+from operations.facts.files import FileText
+from operations.facts.nfs import ExportTable
+from operations.facts.systemd import UnitState
 from operations.util import MANAGED_HEADER
 
 FIX = Path(__file__).parent / "fixtures" / "nfs"
@@ -24,8 +31,8 @@ def fixture(name):
 
 
 def run_sh(command) -> list[str]:
-    return subprocess.run(["sh", "-c", command.get_raw_value()], capture_output=True, text=True,
-                          check=True).stdout.splitlines()
+    text = command.get_raw_value() if hasattr(command, "get_raw_value") else str(command)
+    return subprocess.run(["sh", "-c", text], capture_output=True, text=True, check=True).stdout.splitlines()
 
 
 # --- facts --------------------------------------------------------------------------------------------------
@@ -41,20 +48,23 @@ def test_export_table_parses_exportfs_v():
 
 def test_file_text_exact_content_and_absence(tmp_path):
     path = tmp_path / "x.exports"
-    fact = FileContent()
+    fact = FileText()
     assert fact.process(run_sh(fact.command(path=str(path)))) is None
     path.write_text("a\n\nb\n")
     assert fact.process(run_sh(fact.command(path=str(path)))) == "a\n\nb\n"
 
 
-def test_deb_installed_and_service_state():
-    assert parse_fact(DebInstalled, "install ok installed") is True
-    assert parse_fact(DebInstalled, "deinstall ok config-files") is False
-    assert parse_fact(DebInstalled, "") is False
-    assert parse_fact(ServiceState, "active=active\nenabled=enabled") == {"active": "active", "enabled": "enabled"}
-    assert parse_fact(ServiceState, "active=inactive\nenabled=") == {"active": "inactive", "enabled": ""}
-    state = ServiceState()
-    assert state.process(run_sh(state.command(service="sparkfold-no-such-unit"))) in (
+def service(state):
+    """The part of UnitState the NFS service check reads."""
+    return {"active": state["active"], "enabled": state["enabled"]}
+
+
+def test_service_state():
+    running = service(parse_fact(UnitState, "active=active\nenabled=enabled"))
+    assert running == {"active": "active", "enabled": "enabled"}
+    assert service(parse_fact(UnitState, "active=inactive\nenabled=")) == {"active": "inactive", "enabled": ""}
+    state = UnitState()
+    assert service(state.process(run_sh(state.command(unit="sparkfold-no-such-unit")))) in (
         {"active": "", "enabled": ""}, {"active": "inactive", "enabled": ""}, {"active": "unknown", "enabled": ""})
 
 
@@ -71,55 +81,61 @@ def test_docker_volume_facts():
 def test_rendered_exports_lines():
     text = nfs.render_exports(CACHE, CLIENTS)
     assert text.splitlines()[0] == MANAGED_HEADER
-    assert [l for l in text.splitlines() if not l.startswith("#")] == [
+    assert [line for line in text.splitlines() if not line.startswith("#")] == [
         f"{CACHE} 192.168.100.2(ro,no_subtree_check)", f"{CACHE} 192.168.101.2(ro,no_subtree_check)"]
     assert nfs.render_exports("/data/my models", ["10.0.0.2"]).splitlines()[-1] == \
         '"/data/my models" 10.0.0.2(ro,no_subtree_check)'
 
 
-def export_facts(current, table):
-    return {FileContent: with_args({f"path={EXPORTS}": current}), ExportTable: table}
+def export_facts(current, table, dir_exists=True):
+    return merged(remote_file(EXPORTS, current, dir_exists=dir_exists), {ExportTable: table})
+
+
+def export(current, table, clients=CLIENTS, dir_exists=True):
+    return run_put(nfs.nfs_exported, export_facts(current, table, dir_exists), path=CACHE, clients=clients,
+                   exports_file=EXPORTS)
 
 
 def test_export_written_and_reloaded_when_missing():
-    commands, _ = run_op(nfs.nfs_exported, export_facts(None, []), path=CACHE, clients=CLIENTS, exports_file=EXPORTS)
-    assert len(commands) == 2
-    assert "mkdir -p /etc/exports.d" in commands[0] and f"{CACHE} 192.168.101.2(ro,no_subtree_check)" in commands[0]
-    assert "chmod 644" in commands[0]
-    assert commands[1] == "exportfs -ra"
+    commands, uploads, _ = export(None, [], dir_exists=False)
+    assert commands[0] == "mkdir -p /etc/exports.d" and commands[1].startswith("FileUploadCommand")
+    assert f"{CACHE} 192.168.101.2(ro,no_subtree_check)" in uploads[EXPORTS]
+    assert commands[2:] == [f"chmod 644 {EXPORTS}", "exportfs -ra"]
 
 
 def test_export_converged_yields_nothing():
     table = parse_fact(ExportTable, fixture("exportfs-v.txt"))
-    commands, host = run_op(nfs.nfs_exported, export_facts(nfs.render_exports(CACHE, CLIENTS), table),
-                            path=CACHE, clients=CLIENTS, exports_file=EXPORTS)
+    commands, _, host = export(nfs.render_exports(CACHE, CLIENTS), table)
     assert commands == [] and host.noops
 
 
 def test_export_reloaded_when_the_live_table_lacks_a_client():
     table = [e for e in parse_fact(ExportTable, fixture("exportfs-v.txt")) if e["client"] != "192.168.101.2"]
-    commands, _ = run_op(nfs.nfs_exported, export_facts(nfs.render_exports(CACHE, CLIENTS), table),
-                         path=CACHE, clients=CLIENTS, exports_file=EXPORTS)
+    commands, _, _ = export(nfs.render_exports(CACHE, CLIENTS), table)
     assert commands == ["exportfs -ra"]
 
 
 def test_export_rewritten_when_the_worker_address_changes():
     table = parse_fact(ExportTable, fixture("exportfs-v.txt"))
-    commands, _ = run_op(nfs.nfs_exported, export_facts(nfs.render_exports(CACHE, CLIENTS), table),
-                         path=CACHE, clients=["192.168.100.3"], exports_file=EXPORTS)
-    assert "192.168.100.3(ro,no_subtree_check)" in commands[0] and commands[-1] == "exportfs -ra"
+    commands, uploads, _ = export(nfs.render_exports(CACHE, CLIENTS), table, clients=["192.168.100.3"])
+    assert "192.168.100.3(ro,no_subtree_check)" in uploads[EXPORTS] and commands[-1] == "exportfs -ra"
 
 
-def test_server_package_and_service():
-    commands, _ = run_op(nfs.nfs_server_installed, {DebInstalled: with_args({"package=nfs-kernel-server": False})})
-    assert commands == ["apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y nfs-kernel-server"]
-    commands, _ = run_op(nfs.nfs_server_installed, {DebInstalled: with_args({"package=nfs-kernel-server": True})})
+def test_server_package_both_ways():
+    apt = {DebPackages: {}, File: with_args({"path=/var/lib/apt/periodic/update-success-stamp": None})}
+    commands, _ = run_op(nfs.nfs_server_installed, apt)
+    assert commands[0] == "apt-get update" and "install nfs-kernel-server" in commands[-1]
+    commands, host = run_op(nfs.nfs_server_installed, {DebPackages: {"nfs-kernel-server": ["1:2.6.4"]}})
+    assert commands == [] and host.noops  # no apt-get update on a converged run
+
+
+def test_server_service_both_ways():
+    commands, _, _ = run_put(systemd.service, unit("nfs-server.service", False, False), service=nfs.NFS_SERVICE,
+                             running=True, enabled=True)
+    assert commands == ["systemctl start nfs-server.service", "systemctl enable nfs-server.service"]
+    commands, _, _ = run_put(systemd.service, unit("nfs-server.service", True, True), service=nfs.NFS_SERVICE,
+                             running=True, enabled=True)
     assert commands == []
-    running = {"active": "active", "enabled": "enabled"}
-    assert run_op(nfs.nfs_server_running, {ServiceState: with_args({"service=nfs-server": running})})[0] == []
-    stopped = {"active": "inactive", "enabled": "disabled"}
-    commands, _ = run_op(nfs.nfs_server_running, {ServiceState: with_args({"service=nfs-server": stopped})})
-    assert commands == ["systemctl enable --now nfs-server"]
 
 
 # --- worker -------------------------------------------------------------------------------------------------
@@ -176,37 +192,42 @@ def test_foreign_volume_with_the_same_options_is_accepted():
 # --- deploy function ----------------------------------------------------------------------------------------
 
 def settings(**over):
+    rails = [{"netdev": "enp1s0f0np0", "address": "192.168.100.2/24"},
+             {"netdev": "enP2p1s0f0np0", "address": "192.168.101.2/24"}]
+    peer = types.SimpleNamespace(hf_cache=CACHE, link_rails=rails)
     base = dict(nfs=True, is_head=True, hf_cache=CACHE, nfs_exports_file=EXPORTS, nfs_volume="sparkfold-hf",
-                nfs_options=OPTIONS, head_link_ip="192.168.100.1",
-                peer_link_rails=[{"netdev": "enp1s0f0np0", "address": "192.168.100.2/24"},
-                                 {"netdev": "enP2p1s0f0np0", "address": "192.168.101.2/24"}])
+                nfs_options=OPTIONS, head_link_ip="192.168.100.1", peer=peer)
     base.update(over)
     return types.SimpleNamespace(**base)
 
 
 def record_calls(monkeypatch):
     calls = []
-    for op in ("nfs_server_installed", "nfs_server_running", "nfs_exported", "nfs_volume"):
+    for op in ("nfs_server_installed", "nfs_exported", "nfs_volume"):
         monkeypatch.setattr(nfs, op, lambda _op=op, **kw: calls.append((_op, kw)))
+    monkeypatch.setattr(nfs.systemd, "service", lambda **kw: calls.append(("service", kw)))
     monkeypatch.setattr(nfs.files, "directory", lambda **kw: calls.append(("directory", kw)))
     return calls
 
 
 def test_deploy_nfs_head_and_worker(monkeypatch):
     calls = record_calls(monkeypatch)
-    nfs.deploy_nfs(settings())
-    assert [c[0] for c in calls] == ["nfs_server_installed", "nfs_server_running", "directory", "nfs_exported"]
+    nfs.nfs._inner(settings())
+    assert [c[0] for c in calls] == ["nfs_server_installed", "service", "directory", "nfs_exported"]
+    assert calls[1][1]["service"] == "nfs-server" and calls[1][1]["running"] and calls[1][1]["enabled"]
     assert calls[3][1]["clients"] == CLIENTS and calls[3][1]["_sudo"] is True
+    assert calls[2][1]["_sudo"] is False  # the cache belongs to the ssh user
     calls.clear()
-    nfs.deploy_nfs(settings(is_head=False, hf_cache="/home/other/.cache/huggingface"), head_hf_cache=CACHE)
-    assert calls == [("nfs_volume", {"name": "NFS: docker volume for the head's cache", "volume": "sparkfold-hf",
-                                     "server_ip": "192.168.100.1", "export_path": CACHE, "options": OPTIONS})]
+    nfs.nfs._inner(settings(is_head=False, hf_cache="/home/other/.cache/huggingface"))
+    assert calls == [("nfs_volume", {"name": "docker volume of the head's cache", "volume": "sparkfold-hf",
+                                     "server_ip": "192.168.100.1", "export_path": CACHE, "options": OPTIONS,
+                                     "_sudo": False})]
 
 
 def test_deploy_nfs_off(monkeypatch):
     calls = record_calls(monkeypatch)
-    nfs.deploy_nfs(settings(nfs=False))
-    nfs.deploy_nfs(settings(nfs=False, is_head=False))
+    nfs.nfs._inner(settings(nfs=False))
+    nfs.nfs._inner(settings(nfs=False, is_head=False))
     assert calls == []
 
 

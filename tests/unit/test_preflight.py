@@ -1,14 +1,19 @@
 """Preflight: the host facts parse real outputs; each check passes silently or fails naming problem and fix."""
 
+import functools
 from pathlib import Path
 
+import harness
 import pytest
+from harness import parse_fact, with_args
 
-from harness import parse_fact, run_op, with_args
 from operations import preflight
-from operations.facts.host import (
-    DiskFree, DockerMemoryUse, DockerRootDir, HostTools, MemInfo, OsRelease, PathUsage, SshReachable, parse_size,
-)
+from operations.facts.docker import DockerMemoryUse, DockerRootDir, parse_size
+from operations.facts.files import DiskFree, PathUsage
+from operations.facts.host import HostTools, MemInfo, OsRelease, SshReachable
+
+# the checks judged as a run judges them; test_a_problem_while_planning_is_a_warning covers --dry
+run_op = functools.partial(harness.run_op, executing=True)
 
 FIX = Path(__file__).parent / "fixtures" / "host"
 GIB = 1024**3
@@ -177,7 +182,7 @@ def test_disk_uses_default_docker_root_when_docker_cannot_be_asked():
     facts[DockerRootDir] = ""
     cmds, h = run_op(preflight.disk_free, facts, **DISK_ARGS)
     assert cmds == []
-    assert ("operations.facts.host.DiskFree", {"path": "/var/lib/docker"}) in h.fact_calls
+    assert ("operations.facts.files.DiskFree", {"path": "/var/lib/docker"}) in h.fact_calls
 
 
 def test_tools_missing_and_installed_later():
@@ -206,12 +211,12 @@ def test_ssh_fact_command_is_batch_mode_with_timeout():
     assert "ssh -o BatchMode=yes -o ConnectTimeout=10 nvidia@spark-2 true" in cmd
 
 
-def test_deploy_preflight_passes_settings(monkeypatch):
+def test_preflight_passes_settings(monkeypatch):
     from settings_factory import make_settings
     calls = []
     for name in ("platform_supported", "memory_available", "disk_free", "tools_present", "peer_reachable"):
         monkeypatch.setattr(preflight, name, lambda _n=name, **kw: calls.append((_n, kw)))
-    preflight.deploy_preflight(make_settings("head"))
+    preflight.preflight._inner(make_settings("head"))
     got = dict(calls)
     assert got["platform_supported"]["allowed_arch"] == ["aarch64"]
     assert got["memory_available"]["own_containers"] == ["dsv41-1017-exl3-tf"]
@@ -220,5 +225,16 @@ def test_deploy_preflight_passes_settings(monkeypatch):
                for p in got["disk_free"]["held_paths"])
     assert got["peer_reachable"]["target"]
     calls.clear()
-    preflight.deploy_preflight(make_settings("worker"))
+    preflight.preflight._inner(make_settings("worker"))
     assert "peer_reachable" not in dict(calls)
+
+
+def test_a_problem_while_planning_is_a_warning_naming_the_spark_check_and_fix(caplog):
+    facts = {MemInfo: _mem(40.0), DockerMemoryUse: {"ok": True, "containers": []}}
+    with caplog.at_level("WARNING", logger="pyinfra"):
+        cmds, _ = harness.run_op(preflight.memory_available, facts, executing=False, min_avail_gib=112)
+    assert cmds == []  # --dry changes nothing and exits 0
+    assert any("spark: will fail: memory: only 40.0 GiB MemAvailable, need 112 GiB" in r.getMessage()
+               for r in caplog.records), caplog.text
+    cmds, _ = run_op(preflight.memory_available, facts, min_avail_gib=112)
+    assert len(cmds) == 1 and "exit 1" in cmds[0] and "only 40.0 GiB MemAvailable" in cmds[0]

@@ -1,20 +1,31 @@
+import json
+import shutil
+import subprocess
+import sys
+
 import pytest
+from settings_factory import ROOT, group_file, layers, load_one, make_pair, make_settings
 
 from operations import settings as S
-from settings_factory import make_pair, make_settings
+from operations.settings.sources import Layers
 
 
 def problems(**overrides):
     return S.validate(make_settings("head", **overrides))
 
 
-def test_registry_has_every_recipe_setting_with_a_meaning():
-    reg = S.registry()
+def load_problems(role="head", environ=None, **overrides):
+    return load_one(role, environ, **overrides)[1]
+
+
+def test_every_setting_is_in_all_py_with_a_meaning_and_a_typed_field():
+    meanings, defaults = S.meanings(), group_file("all")
     for name in ("context", "parallel", "thinking", "reasoning_effort", "drafts", "eaq_v1_1", "ablit", "api_key",
                  "host", "port", "served_name", "min_avail_gib", "memguard_gib", "spill_gib", "kv_shard", "pool"):
-        assert name in reg and reg[name].meaning, name
-    assert reg["context"].default == 1048576 and reg["port"].default == 8888
-    assert all(d.meaning for d in reg.values())
+        assert name in S.SETTING_NAMES and meanings[name], name
+    assert defaults["context"] == 1048576 and defaults["port"] == 8888
+    assert set(S.SETTING_NAMES) == set(defaults) and all(meanings[n] for n in S.SETTING_NAMES)
+    assert load_problems() == [] and load_problems("worker") == []
 
 
 def test_defaults_are_valid_for_both_sparks():
@@ -28,7 +39,8 @@ def test_derived_values():
     assert head.is_head and not worker.is_head and head.rank == 0 and worker.rank == 1
     assert head.head_link_ip == worker.head_link_ip == "192.168.100.1"
     assert head.worker_link_ip == "192.168.100.2" and head.worker_link_ssh == "nvidia@192.168.100.2"
-    assert head.worker_ssh_from_head == "nvidia@spark-b.local"
+    assert head.worker_ssh_from_head == worker.worker_ssh_from_head == "nvidia@spark-b.local"
+    assert head.peer is worker and worker.peer is head and worker.head is head and head.worker is worker
     assert head.hf_cache == "/home/nvidia/.cache/huggingface" and head.data_dir == "/home/nvidia/.cache/sparkfold"
     assert head.pool_positions == head.context
     assert head.api_base_url == "http://spark-a.local:8888"
@@ -48,16 +60,125 @@ def test_environment_overrides_use_the_recipe_names():
 def test_generic_environment_names_do_not_leak_in():
     s = make_settings(environ={"CONTAINER_NAME": "someone-else", "SPARKFOLD_LOG_KEEP": "3", "SPARKFOLD_PORT": "9001"})
     assert s.container_name == "dsv41-1017-exl3-tf" and s.log_keep == 3 and s.port == 9001
-    assert S.registry()["container_name"].env == "SPARKFOLD_CONTAINER_NAME"
-    assert S.registry()["context"].env == "CONTEXT"
+    assert S.env_names("container_name") == ("SPARKFOLD_CONTAINER_NAME",)
+    assert S.env_names("context") == ("CONTEXT", "SPARKFOLD_CONTEXT")
 
 
-def test_environment_beats_group_data_and_bad_env_value_names_the_variable():
-    assert make_settings(environ={"PORT": "9000"}, port=8000).port == 9000
-    with pytest.raises(S.SettingsError, match="environment variable CONTEXT"):
-        make_settings(environ={"CONTEXT": "lots"})
-    with pytest.raises(S.SettingsError, match="THINKING"):
-        make_settings(environ={"THINKING": "maybe"})
+def test_bare_host_port_and_api_key_are_not_read():
+    s = make_settings(environ={"HOST": "zsh-sets-this", "PORT": "9000", "API_KEY": "s3cret-value"})
+    assert (s.host, s.port, s.api_key) == ("0.0.0.0", 8888, False)
+    assert load_problems(environ={"HOST": "x", "PORT": "y", "API_KEY": "z"}) == []
+    s = make_settings(environ={"SPARKFOLD_HOST": "127.0.0.1", "SPARKFOLD_PORT": "9000", "SPARKFOLD_API_KEY": "1"})
+    assert (s.host, s.port, s.api_key) == ("127.0.0.1", 9000, True)
+
+
+def test_precedence_data_environment_site_role_file_all_py():
+    base = layers("head")
+    def value(environ=None, **layer):
+        merged = Layers(all={**base.all, **layer.get("all", {})}, group={**base.group, **layer.get("group", {})},
+                        site={**base.site, **layer.get("site", {})}, override=layer.get("override", {}))
+        return S.load(merged, environ or {}, "/home/nvidia")[0].context
+    assert value(all={"context": 4096}) == 4096
+    assert value(all={"context": 4096}, group={"context": 8192}) == 8192
+    assert value(group={"context": 8192}, site={"context": 16384}) == 16384
+    assert value({"CONTEXT": "32768"}, site={"context": 16384}) == 32768
+    assert value({"CONTEXT": "32768", "SPARKFOLD_CONTEXT": "65536"}) == 65536
+    assert value({"CONTEXT": "32768"}, override={"context": 131072}) == 131072  # --data beats the environment
+
+
+@pytest.mark.parametrize("environ, where", [
+    ({"CONTEXT": "abc"}, "context = 'abc' from environment variable CONTEXT is not a whole number"),
+    ({"THINKING": "maybe"}, "thinking = 'maybe' from environment variable THINKING is not a switch"),
+    ({"SPARKFOLD_ENGINE_ENV": "[1]"},
+     "engine_env = '[1]' from environment variable SPARKFOLD_ENGINE_ENV is not a mapping"),
+    ({"SPARKFOLD_EXTRA_SERVE_ARGS": "[1, "}, "from environment variable SPARKFOLD_EXTRA_SERVE_ARGS is not a list"),
+    ({"MEMGUARD_GIB": "nan"}, "memguard_gib = 'nan' from environment variable MEMGUARD_GIB is not a finite number"),
+])
+def test_a_wrong_type_from_the_environment_is_collected(environ, where):
+    found = load_problems(environ=environ)
+    assert any(where in p for p in found), found
+
+
+@pytest.mark.parametrize("layer, where", [
+    ("override", "thinking = 'maybe' from --data is not a switch"),
+    ("site", "thinking = 'maybe' from the site file is not a switch"),
+    ("group", "thinking = 'maybe' from group_data (role file) is not a switch"),
+    ("all", "thinking = 'maybe' from group_data/all.py is not a switch"),
+])
+def test_a_wrong_type_from_each_data_source_is_collected(layer, where):
+    base = layers("head")
+    parts = {"all": dict(base.all), "group": dict(base.group), "site": dict(base.site), "override": {}}
+    parts[layer]["thinking"] = "maybe"
+    parts[layer]["context"] = "lots"
+    s, found = S.load(Layers(**parts), {}, "/home/nvidia")
+    assert any(where in p for p in found), found
+    assert any("context = 'lots'" in p and "not a whole number" in p for p in found), found
+    if layer != "all":  # all.py's default stands in, so the rules can check the rest
+        assert s.thinking is True and s.context == 1048576
+
+
+@pytest.mark.parametrize("layer, where", [
+    ("all", "contxt in group_data/all.py is not a sparkfold setting: did you mean context?"),
+    ("group", "contxt in a group_data role file is not a sparkfold setting: did you mean context?"),
+    ("site", "contxt in the site file's data is not a sparkfold setting: did you mean context?"),
+    ("override", "contxt in --data is not a sparkfold setting: did you mean context?"),
+])
+def test_an_unknown_name_from_each_data_source_is_refused_with_a_suggestion(layer, where):
+    base = layers("head")
+    parts = {"all": dict(base.all), "group": dict(base.group), "site": dict(base.site), "override": {}}
+    parts[layer]["contxt"] = 524288
+    found = S.load(Layers(**parts), {}, "/home/nvidia")[1]
+    assert any(p.startswith(where) for p in found), found
+
+
+def test_an_unknown_environment_name_is_refused_with_a_suggestion():
+    found = load_problems(environ={"SPARKFOLD_CONTXT": "524288", "SPARKFOLD_SITE": "/x.yaml", "CONTXT": "1"})
+    assert found == ["environment variable SPARKFOLD_CONTXT is not a sparkfold setting: did you mean "
+                     "SPARKFOLD_CONTEXT?"]
+
+
+def test_a_setting_missing_from_all_py_is_named():
+    base = layers("head")
+    all_py = {k: v for k, v in base.all.items() if k != "port"}
+    found = S.load(Layers(all=all_py, group=base.group, site=base.site, override={}), {}, "/home/nvidia")[1]
+    assert any("group_data/all.py lacks port" in p for p in found), found
+
+
+def test_a_problem_both_sparks_share_is_listed_once():
+    head, worker = make_pair()
+    found = S.validate_all(head, worker, "a:22", "b:22",
+                           loaded=(["context = 'abc' from environment variable CONTEXT is not a whole number"],
+                                   ["context = 'abc' from environment variable CONTEXT is not a whole number",
+                                    "contxt in a group_data role file is not a sparkfold setting"]))
+    assert found == ["context = 'abc' from environment variable CONTEXT is not a whole number",
+                     "worker: contxt in a group_data role file is not a sparkfold setting"]
+
+
+def test_group_data_is_read_as_pyinfra_reads_it_so_expressions_work(tmp_path):
+    shutil.copytree(ROOT / "group_data", tmp_path / "group_data")
+    with open(tmp_path / "group_data" / "worker.py", "a") as f:
+        f.write("context = 2**19  # an expression, not a literal\n")
+    (tmp_path / "inv.py").write_text("head = [('spark-a', {'ssh_hostname': 'spark-a'})]\n"
+                                     "worker = [('spark-b', {'ssh_hostname': 'spark-b'})]\n")
+    # pyinfra's CLI loader patches gevent into the process: run it in a child of its own
+    script = f"""
+import json, types
+from pyinfra.context import ctx_state
+from pyinfra_cli.inventory import make_inventory
+from operations.context import layers_of
+from operations.settings import load
+with ctx_state.use(types.SimpleNamespace(current_exec_filename=None)):
+    inventory = make_inventory({str(tmp_path / "inv.py")!r}, override_data={{"parallel": 2}}, cwd={str(tmp_path)!r})
+out = {{}}
+for name in ("spark-a", "spark-b"):
+    s, found = load(layers_of(inventory.get_host(name)), {{}}, "/home/nvidia")
+    out[name] = [s.context, s.parallel, s.role, s.rank, found]
+print(json.dumps(out))
+"""
+    run = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, check=True)
+    out = json.loads(run.stdout.strip().splitlines()[-1])
+    assert out["spark-b"] == [524288, 2, "worker", 1, []]
+    assert out["spark-a"] == [1048576, 2, "head", 0, []]
 
 
 def test_pyinfra_data_strings_are_coerced():
@@ -110,14 +231,17 @@ def test_ablit_needs_a_token():
 
 def test_link_rules():
     rails = lambda *addrs: [{"netdev": f"enp1s0f{i}np{i}", "address": a} for i, a in enumerate(addrs)]
-    assert any("not in one subnet" in p for p in problems(peer_link_rails=rails("10.9.0.2/24", "192.168.101.2/24")))
-    assert any("both use 192.168.100.1" in p for p in problems(peer_link_rails=rails("192.168.100.1/24", "192.168.101.2/24")))
+
+    def with_peer(peer_rails, **head):
+        return S.validate(make_pair(head=head, worker={"link_rails": peer_rails})[0])
+    assert any("not in one subnet" in p for p in with_peer(rails("10.9.0.2/24", "192.168.101.2/24")))
+    assert any("both use 192.168.100.1" in p for p in with_peer(rails("192.168.100.1/24", "192.168.101.2/24")))
     assert any("private IPv4" in p for p in problems(link_rails=rails("8.8.8.8/24", "192.168.101.1/24")))
     assert any("private IPv4" in p for p in problems(link_rails=rails("169.254.1.1/16", "192.168.101.1/24")))
     assert any("IPv4 with a prefix" in p for p in problems(link_rails=rails("nonsense", "192.168.101.1/24")))
     assert any("different number of link rails" in p for p in problems(link_rails=rails("192.168.100.1/24")))
-    assert any("nccl_rails = 2" in p for p in problems(link_rails=rails("192.168.100.1/24"),
-                                                       peer_link_rails=rails("192.168.100.2/24")))
+    assert any("nccl_rails = 2" in p
+               for p in with_peer(rails("192.168.100.2/24"), link_rails=rails("192.168.100.1/24")))
     assert any("no link addresses" in p for p in problems(link_rails=[]))
 
 

@@ -15,7 +15,8 @@ def test_standin_token_map_matches_the_fake_checkpoint(tmp_path):
     (tmp_path / "tokenizer.json").write_text(json.dumps(repos.tokenizer_json()))
     (tmp_path / "config.json").write_text(json.dumps({"engram_compressed_vocab_size": repos.compressed_vocab_size()}))
     out = tmp_path / "map.json"
-    run = subprocess.run([sys.executable, str(ROOT / "tests/sim/engine/bin/make_token_map.py"), str(tmp_path), str(out)],
+    run = subprocess.run([sys.executable, str(ROOT / "tests/sim/engine/bin/make_token_map.py"),
+                          str(tmp_path), str(out)],
                          capture_output=True, text=True)
     assert run.returncode == 0, run.stderr
     assert json.loads(out.read_text()) == repos.compressed_token_map()

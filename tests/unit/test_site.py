@@ -1,7 +1,7 @@
 import pytest
+from settings_factory import ROOT
 
 from operations.site import SiteError, host_entries, read_site
-from settings_factory import ROOT
 
 
 def write(tmp_path, text):
@@ -15,8 +15,8 @@ def test_example_site_file_gives_both_hosts():
     name, data = entries["worker"]
     assert name == "spark-b.local" and data["ssh_hostname"] == "spark-b.local"
     assert data["link_rails"][0] == {"netdev": "enp1s0f0np0", "address": "192.168.100.2/24"}
-    assert data["peer_link_rails"][1]["address"] == "192.168.101.1/24"
-    assert entries["head"][1]["worker_reach_from_head"] == "spark-b.local"
+    assert entries["head"][1]["link_rails"][1]["address"] == "192.168.101.1/24"
+    assert data["reach_from_head"] == "spark-b.local" and "reach_from_head" not in entries["head"][1]
 
 
 def test_same_ssh_name_gets_port_in_host_name(tmp_path):

@@ -134,9 +134,9 @@ def _settings(**kw):
 
 def _record(monkeypatch):
     calls = []
-    monkeypatch.setattr(sv.files, "put", lambda **kw: calls.append(("put", kw)))
-    monkeypatch.setattr(sv, "unit_installed", lambda **kw: calls.append(("unit", kw)))
-    monkeypatch.setattr(sv, "unit_off", lambda **kw: calls.append(("off", kw)))
+    monkeypatch.setattr(sv, "script_installed", lambda script: calls.append(("put", script)))
+    monkeypatch.setattr(sv, "unit_installed", lambda *a, **kw: calls.append(("unit", a, kw)))
+    monkeypatch.setattr(sv, "unit_off", lambda unit: calls.append(("off", unit)))
     return calls
 
 
@@ -153,16 +153,24 @@ def test_unit_content():
 
 def test_deploy_installs_on_the_head_only_when_asked(monkeypatch):
     calls = _record(monkeypatch)
-    sv.deploy_supervise(_settings())
+    sv.supervision._inner(_settings())
     assert [c[0] for c in calls] == ["put", "unit"]
-    assert calls[0][1]["dest"] == "/usr/local/lib/sparkfold/supervise.py"
-    unit = calls[1][1]
-    assert unit["content"] == sv.render_unit("rank-c", "nvidia@192.168.100.2", "nvidia", 3, 60, 30)
-    assert (unit["enabled"], unit["running"], unit["restart_on_change"], unit["_sudo"]) == (True, True, True, True)
+    assert calls[0][1] == "supervise.py"
+    _, (unit_name, content), options = calls[1]
+    assert unit_name == "sparkfold-supervise.service"
+    assert content == sv.render_unit("rank-c", "nvidia@192.168.100.2", "nvidia", 3, 60, 30)
+    assert options == {"restart_on_change": True}
 
     calls.clear()
-    sv.deploy_supervise(_settings(is_head=False))
+    sv.supervision._inner(_settings(is_head=False))
     assert calls == []
 
-    sv.deploy_supervise(_settings(supervise=False))
-    assert [c[0] for c in calls] == ["off"] and calls[0][1]["unit_name"] == "sparkfold-supervise.service"
+    sv.supervision._inner(_settings(supervise=False))
+    assert calls == [("off", "sparkfold-supervise.service")]
+
+
+def test_supervisor_paused_on_the_head_only(monkeypatch):
+    calls = _record(monkeypatch)
+    sv.supervisor_paused._inner(_settings(supervise=False))
+    sv.supervisor_paused._inner(_settings(is_head=False))
+    assert calls == [("off", "sparkfold-supervise.service")]

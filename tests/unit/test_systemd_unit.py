@@ -1,80 +1,94 @@
-"""unit_installed: file + daemon-reload only on change, enable/start only when needed, restart when asked."""
+"""operations/util/units.py: a unit's file through files.put (path, mode 644, content), the unit through
+systemd.service; daemon-reload and the restart only when the file changed, enable/start only when needed."""
 
-import hashlib
+from io import StringIO
+from types import SimpleNamespace
 
 import pytest
+from core_facts import remote_file, run_put, unit
+from pyinfra.operations import files, systemd
 
-from harness import parse_fact, run_op, with_args
-from operations.facts.systemd import UnitState
-from operations.systemd_unit import unit_installed
+from operations.util import units
 
 UNIT = "sparkfold-test.service"
-KEY = f"path=/etc/systemd/system/{UNIT}, unit={UNIT}"
+PATH = f"/etc/systemd/system/{UNIT}"
 CONTENT = "[Service]\nType=oneshot\nExecStart=/bin/true\n\n[Install]\nWantedBy=multi-user.target\n"
-SHA = hashlib.sha256(CONTENT.encode()).hexdigest()
 
 
-def facts(enabled, active, sha):
-    return {UnitState: with_args({KEY: {"enabled": enabled, "active": active, "sha256": sha}})}
+@pytest.fixture
+def calls(monkeypatch):
+    """files.put / systemd.service recorded; `changed` is what the unit file's put reports."""
+    seen = {"changed": True, "ops": []}
+
+    def put(**kw):
+        seen["ops"].append(("put", kw))
+        return SimpleNamespace(changed=seen["changed"])
+
+    monkeypatch.setattr(files, "put", put)
+    monkeypatch.setattr(systemd, "service", lambda **kw: seen["ops"].append(("service", kw)))
+    return seen
 
 
-def test_fact_parses_systemctl_and_hash():
-    got = parse_fact(UnitState, f"enabled=enabled\nactive=active\nsha256={SHA}\n")
-    assert got == {"enabled": "enabled", "active": "active", "sha256": SHA}
-    unknown = parse_fact(UnitState, "enabled=\nactive=inactive\nsha256=\n")
-    assert unknown == {"enabled": "", "active": "inactive", "sha256": None}
+def test_changed_file_reloads_and_restarts_only_when_asked(calls):
+    units.unit_installed(UNIT, CONTENT)
+    (_, put), (_, service) = calls["ops"]
+    assert put["dest"] == PATH and put["mode"] == "644" and put["src"].getvalue() == CONTENT
+    assert service["service"] == UNIT and (service["running"], service["enabled"]) == (True, True)
+    assert service["daemon_reload"] is True and service["restarted"] is False
+    calls["ops"].clear()
+    units.unit_installed(UNIT, CONTENT, restart_on_change=True)
+    assert calls["ops"][1][1]["daemon_reload"] is True and calls["ops"][1][1]["restarted"] is True
 
 
-def test_fact_command_always_exits_zero():
-    import subprocess
-    cmd = UnitState().command(unit="no-such-unit.service", path="/nonexistent/no-such-unit.service")
-    done = subprocess.run(["sh", "-c", cmd], capture_output=True, text=True)
-    assert done.returncode == 0
-    got = parse_fact(UnitState, done.stdout)
-    assert got["sha256"] is None and got["enabled"] in ("", "not-found")
+def test_unchanged_file_neither_reloads_nor_restarts(calls):
+    calls["changed"] = False
+    units.unit_installed(UNIT, CONTENT, restart_on_change=True)
+    service = calls["ops"][1][1]
+    assert service["daemon_reload"] is False and service["restarted"] is False
 
 
-def test_new_unit_is_written_reloaded_enabled_started():
-    cmds, _ = run_op(unit_installed, facts("", "inactive", None), unit_name=UNIT, content=CONTENT)
-    assert cmds[0] == "mkdir -p /etc/systemd/system"
-    assert cmds[1].startswith("FileUploadCommand") and UNIT in cmds[1]
-    assert cmds[2:] == [f"chmod 644 /etc/systemd/system/{UNIT}", "systemctl daemon-reload",
-                        f"systemctl enable {UNIT}", f"systemctl start {UNIT}"]
+def test_unit_off_stops_and_disables(calls):
+    units.unit_off(UNIT, _sudo=True)
+    assert calls["ops"] == [("service", {"name": f"{UNIT} stopped and disabled (if present)", "service": UNIT,
+                                         "running": False, "enabled": False, "_sudo": True})]
 
 
-def test_converged_unit_changes_nothing():
-    cmds, h = run_op(unit_installed, facts("enabled", "active", SHA), unit_name=UNIT, content=CONTENT)
-    assert cmds == [] and h.noops
+def test_script_installed_uploads_the_remote_script(calls):
+    units.script_installed("memguard.py")
+    put = calls["ops"][0][1]
+    assert put["dest"] == "/usr/local/lib/sparkfold/memguard.py" and put["mode"] == "755"
+    assert put["src"] == str(units.REMOTE_SCRIPTS / "memguard.py")
 
 
-def test_changed_content_reloads_without_restart_by_default():
-    cmds, _ = run_op(unit_installed, facts("enabled", "active", "0" * 64), unit_name=UNIT, content=CONTENT)
-    assert "systemctl daemon-reload" in cmds
-    assert not any("restart" in c or "start" in c.split()[1:2] for c in cmds if c.startswith("systemctl"))
+# --- what the composed core operations do with the facts --------------------------------------------------------
+
+def test_new_unit_file_is_uploaded_with_mode_644():
+    cmds, uploads, _ = run_put(files.put, remote_file(PATH), src=StringIO(CONTENT), dest=PATH, mode="644")
+    assert uploads == {PATH: CONTENT}
+    assert cmds[0].startswith("FileUploadCommand") and cmds[1:] == [f"chmod 644 {PATH}"]
 
 
-def test_changed_content_restarts_when_asked():
-    cmds, _ = run_op(unit_installed, facts("enabled", "active", "0" * 64), unit_name=UNIT, content=CONTENT,
-                     restart_on_change=True)
-    assert cmds[-1] == f"systemctl restart {UNIT}"
-    assert cmds.index("systemctl daemon-reload") < cmds.index(f"systemctl restart {UNIT}")
+def test_converged_unit_file_yields_nothing():
+    cmds, _, _ = run_put(files.put, remote_file(PATH, CONTENT), src=StringIO(CONTENT), dest=PATH, mode="644")
+    assert cmds == []
+    cmds, _, _ = run_put(files.put, remote_file(PATH, CONTENT, mode=600), src=StringIO(CONTENT), dest=PATH,
+                         mode="644")
+    assert cmds == [f"chmod 644 {PATH}"]
 
 
-def test_same_content_no_reload_but_start_and_enable_when_drifted():
-    cmds, _ = run_op(unit_installed, facts("disabled", "failed", SHA), unit_name=UNIT, content=CONTENT,
-                     restart_on_change=True)
-    assert cmds == [f"systemctl enable {UNIT}", f"systemctl start {UNIT}"]
+def test_service_reloads_enables_starts_or_restarts():
+    cmds, _, _ = run_put(systemd.service, unit(UNIT, False, False), service=UNIT, running=True, enabled=True,
+                         daemon_reload=True, restarted=True)
+    assert cmds == ["systemctl daemon-reload", f"systemctl start {UNIT}", f"systemctl enable {UNIT}"]
+    cmds, _, _ = run_put(systemd.service, unit(UNIT, True, True), service=UNIT, running=True, enabled=True,
+                         daemon_reload=True, restarted=True)
+    assert cmds == ["systemctl daemon-reload", f"systemctl restart {UNIT}"]
+    cmds, _, host = run_put(systemd.service, unit(UNIT, True, True), service=UNIT, running=True, enabled=True)
+    assert cmds == [] and host.noops
 
 
-def test_disabled_and_stopped_when_asked():
-    cmds, _ = run_op(unit_installed, facts("enabled", "active", SHA), unit_name=UNIT, content=CONTENT,
-                     enabled=False, running=False)
-    assert cmds == [f"systemctl disable {UNIT}", f"systemctl stop {UNIT}"]
-    cmds, h = run_op(unit_installed, facts("disabled", "inactive", SHA), unit_name=UNIT, content=CONTENT,
-                     enabled=False, running=False)
-    assert cmds == [] and h.noops
-
-
-def test_bad_unit_name():
-    with pytest.raises(ValueError):
-        run_op(unit_installed, facts("", "", None), unit_name="etc/x.service", content=CONTENT)
+def test_service_off_both_ways():
+    cmds, _, _ = run_put(systemd.service, unit(UNIT, True, True), service=UNIT, running=False, enabled=False)
+    assert cmds == [f"systemctl stop {UNIT}", f"systemctl disable {UNIT}"]
+    cmds, _, host = run_put(systemd.service, unit(UNIT, False, False), service=UNIT, running=False, enabled=False)
+    assert cmds == [] and host.noops

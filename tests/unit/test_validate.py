@@ -76,7 +76,8 @@ class Fake(BaseHTTPRequestHandler):
             return self._send(400, {"error": {"message": "this engine has no vision"}})
         message, finish = self._answer(body, bad)
         prompt_chars = sum(len(self._text(m.get("content"))) for m in body["messages"])
-        completion = body.get("max_tokens", 16) if body.get("ignore_eos") else len(message.get("content") or "") // 4 + 1
+        completion = (body.get("max_tokens", 16) if body.get("ignore_eos")
+                      else len(message.get("content") or "") // 4 + 1)
         usage = None if "no-usage" in bad else {"prompt_tokens": prompt_chars // 4, "completion_tokens": completion}
         if "no-finish" in bad:
             finish = None

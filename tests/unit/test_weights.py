@@ -8,11 +8,12 @@ import subprocess
 import sys
 
 import pytest
-
-from harness import run_op
+from harness import run_fact, run_op
 from hf_fixture import build_cache, model_files
+
 from operations import weights
-from operations.facts.model_data import DirFiles, FileText, FreeBytes, HfPlan, LinkTarget, RankFolder
+from operations.facts.files import DirFiles, DiskFree, FileText, LinkTarget
+from operations.facts.model import HfPlan, RankFolder
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 COMMIT = "b" * 40
@@ -41,9 +42,7 @@ def run_all(commands, tmp_path):
 
 
 def local_fact(cls, **kwargs):
-    done = subprocess.run(["sh", "-c", cls().command(**kwargs)], capture_output=True, text=True, check=True)
-    lines = done.stdout.splitlines()
-    return cls().process(lines) if lines else cls.default()
+    return run_fact(cls, **kwargs)
 
 
 # ---- token map ----
@@ -78,7 +77,8 @@ def test_token_map_plans_before_the_checkpoint_exists_and_refuses_when_executing
 
 def test_rank_file_complete_is_noop():
     folder = {"bins": {0: ["rank0of2-0123456789abcdef0123.bin"]}, "partial": [], "source": COMMIT}
-    cmds, h = run_op(weights.rank_file_written, {HfPlan: plan(), RankFolder: folder, FreeBytes: 10**12}, **rank_kw())
+    cmds, h = run_op(weights.rank_file_written, {HfPlan: plan(), RankFolder: folder, DiskFree: {"free_bytes": 10**12}},
+                     **rank_kw())
     assert cmds == [] and "is current" in h.noops[0]
 
 
@@ -89,7 +89,8 @@ def test_rank_file_complete_is_noop():
     {"bins": {0: ["rank0of2-a.bin"]}, "partial": [], "source": "c" * 40},  # other source commit
 ])
 def test_rank_file_redone_after_clearing(folder):
-    cmds, _ = run_op(weights.rank_file_written, {HfPlan: plan(), RankFolder: folder, FreeBytes: 10**12}, **rank_kw())
+    cmds, _ = run_op(weights.rank_file_written, {HfPlan: plan(), RankFolder: folder, DiskFree: {"free_bytes": 10**12}},
+                     **rank_kw())
     assert cmds[0].startswith(f"mkdir -p /d/rank-cache/{COMMIT}/rank0 && rm -f ")
     assert "rank0of2-*.bin" in cmds[0] and ".rank0of2.partial" in cmds[0]
     assert "--entrypoint tf-dsv41-rank-cache img:1" in cmds[1] and cmds[1].split(" && ")[0].endswith(" /out 0 2")
@@ -98,13 +99,13 @@ def test_rank_file_redone_after_clearing(folder):
 def test_rank_file_disk_check():
     folder = {"bins": {}, "partial": [], "source": None}
     cmds, _ = run_op(weights.rank_file_written, {HfPlan: plan(total=200 * 2**30), RankFolder: folder,
-                                                 FreeBytes: 50 * 2**30}, **rank_kw(rank=1))
+                                                 DiskFree: {"free_bytes": 50 * 2**30}}, **rank_kw(rank=1))
     assert len(cmds) == 1 and "needs 105.0 GiB free" in cmds[0] and "rank 1's weight file" in cmds[0]
 
 
 def test_rank_file_from_ablit_pack_has_its_own_folder_and_source():
     folder = {"bins": {1: ["rank1of2-a.bin"]}, "partial": [], "source": COMMIT}  # the stock file
-    cmds, _ = run_op(weights.rank_file_written, {HfPlan: plan(), RankFolder: folder, FreeBytes: 10**12},
+    cmds, _ = run_op(weights.rank_file_written, {HfPlan: plan(), RankFolder: folder, DiskFree: {"free_bytes": 10**12}},
                      **rank_kw(rank=1, ablit_dir="/d/ablit", ablit_revision="r1"))
     assert f"/d/rank-cache/{COMMIT}-ablit/rank1" in cmds[0]
     assert f"-v /d/ablit/{COMMIT}:/model:ro" in cmds[1] and f"'{COMMIT}-ablit r1'" in cmds[1]
@@ -120,7 +121,7 @@ def test_rank_files_end_to_end_then_converged(tmp_path):
 
     def facts():
         return {HfPlan: p, RankFolder: local_fact(RankFolder, path=str(folder)),
-                FreeBytes: local_fact(FreeBytes, path=str(folder))}
+                DiskFree: local_fact(DiskFree, path=str(folder))}
 
     folder.mkdir(parents=True)
     (folder / ".rank0of2.partial").write_bytes(b"half")  # an interrupted run
@@ -142,11 +143,12 @@ def test_commit_link_both_ways():
     facts[LinkTarget] = "snapshots/" + "c" * 40  # the revision moved
     cmds, _ = run_op(weights.commit_link, facts, link="/h/hub/models--Org--M/sparkfold-current", plan_args=PLAN,
                      template="snapshots/{commit}")
-    assert cmds == [f"mkdir -p /h/hub/models--Org--M && ln -sfn snapshots/{COMMIT} /h/hub/models--Org--M/sparkfold-current"]
+    assert cmds == [f"mkdir -p /h/hub/models--Org--M && "
+                    f"ln -sfn snapshots/{COMMIT} /h/hub/models--Org--M/sparkfold-current"]
 
 
 def test_rank_sums_written_for_the_rank_file():
-    from operations.facts.model_data import FolderCheck
+    from operations.facts.files import FolderCheck
 
     folder = {"bins": {1: ["rank1of2-abc.bin"]}, "partial": [], "source": COMMIT}
     cmds, _ = run_op(weights.rank_sums_written, {HfPlan: plan(), RankFolder: folder, FolderCheck: None},
@@ -155,7 +157,7 @@ def test_rank_sums_written_for_the_rank_file():
 
 
 def test_rank_file_to_peer_targets_same_layout_and_link():
-    from operations.facts.model_data import PeerFolder
+    from operations.facts.files import PeerFolder
 
     facts = {HfPlan: plan(), DirFiles: {"rank1of2-abc.bin": [10, 1], "SHA256SUMS": [80, 1]},
              PeerFolder: {"reachable": True, "files": {}, "free": 10**9, "link": None}}

@@ -360,7 +360,7 @@ def engram_source() -> Repo:
         "model-00002-of-00048.safetensors": [tensor("model.layers.1.attn.wq_a.weight", "F8_E4M3", [HIDDEN, 64], seed)],
         "model-00046-of-00048.safetensors": [tensor("lm_head.weight", "BF16", [vocab, HIDDEN], seed)],
     }
-    for k, (layer, rows) in enumerate(zip(ENGRAM_LAYERS, ENGRAM_ROWS), start=47):
+    for k, (layer, rows) in enumerate(zip(ENGRAM_LAYERS, ENGRAM_ROWS, strict=True), start=47):
         shards[f"model-{k:05d}-of-00048.safetensors"] = [
             tensor(f"model.layers.{layer}.engram.embed.weight", "F8_E4M3", [rows, ENGRAM_HEAD_DIM], seed),
             tensor(f"model.layers.{layer}.engram.embed.scale", "F8_E8M0", [rows, ENGRAM_HEAD_DIM // 32], seed),
@@ -468,8 +468,8 @@ def kernel_kit() -> Repo:
     kit["tools/verify_kit.sh"] = VERIFY_KIT.encode()
     manifest = "".join(f"{hashlib.sha256(kit[p]).hexdigest()}  {p}\n" for p in sorted(kit))
     files = [gitattributes(), RepoFile("README.md", (
-        "# DeepSeek-V4.1-Flash TensorFold TP2 on 2x GB10 (simulated)\n\nThe kernel kit is the `kit/` folder: "
-        "download it whole (`--include 'kit/*'`) and run `kit/tools/verify_kit.sh`.\n").encode())]
+        b"# DeepSeek-V4.1-Flash TensorFold TP2 on 2x GB10 (simulated)\n\nThe kernel kit is the `kit/` folder: "
+        b"download it whole (`--include 'kit/*'`) and run `kit/tools/verify_kit.sh`.\n"))]
     files += [RepoFile(f"kit/{p}", kit[p]) for p in sorted(kit)]
     files.append(RepoFile("kit/MANIFEST", manifest.encode()))
     return make_repo(KIT, files)

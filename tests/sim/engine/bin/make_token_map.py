@@ -28,7 +28,7 @@ def byte_decoder():
             printable.append(b)
             chars.append(256 + extra)
             extra += 1
-    return {chr(c): b for b, c in zip(printable, chars)}
+    return {chr(c): b for b, c in zip(printable, chars, strict=True)}
 
 
 def decode(token, added, table):

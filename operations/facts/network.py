@@ -1,11 +1,15 @@
-"""Facts about the CX7 link: netdevs and addresses, the default route, netplan files, RoCE GIDs, DF pings,
-and the link record the deploy writes. Every command exits 0."""
+"""Facts about the network: netdevs and their addresses, the default route, netplan files, the RoCE devices and
+their GIDs, /dev/infiniband, do-not-fragment pings over the CX7 link, and the link record the deploy writes.
+
+Every command exits 0; those that only ask `ip` or `ping` declare it with requires_command.
+"""
 
 from __future__ import annotations
 
 import base64
 import binascii
 import json
+from typing import Any, TypedDict
 
 from pyinfra.api import FactBase, QuoteString, StringCommand
 
@@ -13,20 +17,29 @@ SYSFS_IB = "/sys/class/infiniband"
 ZERO_GID = "0000:0000:0000:0000:0000:0000:0000:0000"
 
 
-class IpAddresses(FactBase):
-    """{netdev: {"mtu": int, "operstate": str, "ipv4": ["a.b.c.d/prefix", ...]}} from `ip -j addr show`."""
+class NetdevDict(TypedDict):
+    mtu: int | None
+    operstate: str
+    ipv4: list[str]  # "a.b.c.d/prefix"
+
+
+class IpAddresses(FactBase[dict[str, NetdevDict]]):
+    """{netdev: its MTU, operstate and IPv4 addresses} from `ip -j addr show`: what the link step checks."""
 
     default = dict
 
-    def command(self):
+    def requires_command(self) -> str:
+        return "ip"
+
+    def command(self) -> str:
         return "ip -j addr show 2>/dev/null || echo '[]'"
 
-    def process(self, output):
+    def process(self, output: list[str]) -> dict[str, NetdevDict]:
         try:
             links = json.loads("".join(output))
         except ValueError:
             return {}
-        netdevs = {}
+        netdevs: dict[str, NetdevDict] = {}
         for link in links if isinstance(links, list) else []:
             name = link.get("ifname")
             if not name:
@@ -41,15 +54,16 @@ class IpAddresses(FactBase):
         return netdevs
 
 
-class DefaultRouteDevice(FactBase):
-    """The netdev of the IPv4 default route (the management network), or None."""
+class DefaultRouteDevice(FactBase[str | None]):
+    """The netdev of the IPv4 default route (the management network, never a rail), or None."""
 
-    default = lambda self: None  # noqa: E731
+    def requires_command(self) -> str:
+        return "ip"
 
-    def command(self):
+    def command(self) -> str:
         return "ip -j -4 route show default 2>/dev/null || echo '[]'"
 
-    def process(self, output):
+    def process(self, output: list[str]) -> str | None:
         try:
             routes = json.loads("".join(output))
         except ValueError:
@@ -60,12 +74,17 @@ class DefaultRouteDevice(FactBase):
         return None
 
 
-class NetplanFiles(FactBase):
-    """{path: {"mode": "600", "text": str}} for every *.yaml in a netplan directory (root-only: call with sudo)."""
+class NetplanFileDict(TypedDict):
+    mode: str  # octal, e.g. "600"
+    text: str  # "" when unreadable
+
+
+class NetplanFiles(FactBase[dict[str, NetplanFileDict]]):
+    """{path: mode and text} for every *.yaml in a netplan directory (root-only: call with sudo)."""
 
     default = dict
 
-    def command(self, directory="/etc/netplan"):
+    def command(self, directory: str = "/etc/netplan") -> StringCommand:
         # base64 keeps any file content on one line; a file that cannot be read prints an empty text
         glob = StringCommand(QuoteString(directory.rstrip("/")), "/*.yaml", _separator="")
         return StringCommand(
@@ -74,8 +93,8 @@ class NetplanFiles(FactBase):
             "base64 -w0 \"$f\" 2>/dev/null; echo; done; true",
         )
 
-    def process(self, output):
-        files = {}
+    def process(self, output: list[str]) -> dict[str, NetplanFileDict]:
+        files: dict[str, NetplanFileDict] = {}
         for line in output:
             parts = line.split(" ")
             if len(parts) < 2 or not parts[0].startswith("/"):
@@ -88,17 +107,27 @@ class NetplanFiles(FactBase):
         return files
 
 
-class RoceDevices(FactBase):
-    """RoCE devices and their GID tables, from /sys/class/infiniband.
+class GidDict(TypedDict):
+    gid: str
+    type: str  # "RoCE v2", "IB/RoCE v1"
+    ndev: str  # the netdev the GID belongs to
 
-    {ibdev: {"netdevs": [netdev, ...], "gids": {port: {index: {"gid": str, "type": str, "ndev": str}}}}}
+
+class RoceDeviceDict(TypedDict):
+    netdevs: list[str]
+    gids: dict[int, dict[int, GidDict]]  # port -> GID index -> entry
+
+
+class RoceDevices(FactBase[dict[str, RoceDeviceDict]]):
+    """{ibdev: its netdevs and GID tables} from /sys/class/infiniband: the RoCE v2 GID index the ranks use.
+
     Only populated (non-zero) GID entries are listed. The netdev mapping comes from the real mlx5 layout:
     /sys/class/net/<netdev>/device/infiniband/<ibdev> and /sys/class/infiniband/<ibdev>/device/net/<netdev>.
     """
 
     default = dict
 
-    def command(self, sysfs_ib=SYSFS_IB):
+    def command(self, sysfs_ib: str = SYSFS_IB) -> StringCommand:
         base = QuoteString(sysfs_ib.rstrip("/"))
 
         def glob(tail):
@@ -111,8 +140,8 @@ class RoceDevices(FactBase):
             "ls -1d", glob("/*/device/net/*"), "/sys/class/net/*/device/infiniband/*", "2>/dev/null; } || true",
         )
 
-    def process(self, output):
-        devices: dict = {}
+    def process(self, output: list[str]) -> dict[str, RoceDeviceDict]:
+        devices: dict[str, Any] = {}
 
         def device(name):
             return devices.setdefault(name, {"netdevs": [], "gids": {}})
@@ -153,35 +182,46 @@ class RoceDevices(FactBase):
         return devices
 
 
-class PingOk(FactBase):
-    """True when the peer answers a full-size do-not-fragment ping bound to one netdev."""
+class PingOk(FactBase[bool]):
+    """True when the peer answers a full-size do-not-fragment ping bound to one netdev (the MTU holds end to end)."""
 
-    default = lambda self: False  # noqa: E731
+    default = bool
 
-    def command(self, netdev, address, size):
+    def requires_command(self, netdev: str, address: str, size: int) -> str:
+        return "ping"
+
+    def command(self, netdev: str, address: str, size: int) -> StringCommand:
         return StringCommand(
             "ping -c 2 -W 2 -I", QuoteString(netdev), "-M do -s", int(size), QuoteString(address),
             ">/dev/null 2>&1 && echo ok || echo fail",
         )
 
-    def process(self, output):
+    def process(self, output: list[str]) -> bool:
         return any(line.strip() == "ok" for line in output)
 
 
-class LinkRecord(FactBase):
-    """The rails the deploy recorded in <state_dir>/link.json (a dict), or None when absent or unreadable.
+class LinkRecord(FactBase[dict[str, Any] | None]):
+    """The rails the deploy recorded in <state_dir>/link.json, or None when absent or unreadable:
+    {"rails": [{"netdev", "ibdev", "address" ("ip/prefix"), "gid_index", "mtu"}], "socket_ifname": netdev}."""
 
-    {"rails": [{"netdev", "ibdev", "address" ("ip/prefix"), "gid_index", "mtu"}], "socket_ifname": netdev}
-    """
-
-    default = lambda self: None  # noqa: E731
-
-    def command(self, path):
+    def command(self, path: str) -> StringCommand:
         return StringCommand("cat", QuoteString(path), "2>/dev/null || true")
 
-    def process(self, output):
+    def process(self, output: list[str]) -> dict[str, Any] | None:
         try:
             record = json.loads("\n".join(output))
         except ValueError:
             return None
         return record if isinstance(record, dict) else None
+
+
+class InfinibandDevices(FactBase[bool]):
+    """True when /dev/infiniband exists (the RDMA devices a rank container is given)."""
+
+    default = bool
+
+    def command(self) -> str:
+        return "test -d /dev/infiniband && echo yes || echo no"
+
+    def process(self, output: list[str]) -> bool:
+        return any(line.strip() == "yes" for line in output)

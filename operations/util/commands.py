@@ -1,4 +1,4 @@
-"""Small helpers shared by the operations."""
+"""Shell commands: quoting, and a command that fails the host with a message."""
 
 from __future__ import annotations
 

@@ -1,0 +1,374 @@
+"""Facts about Docker: the rank container and its spec record, images (here and on the worker) and what the engine
+inside says it can do, daemon.json and the live daemon's runtimes, the NVIDIA runtime's tools, the Docker root dir,
+running containers' memory, the NFS volume and its users.
+
+Every command exits 0: an absent container, image or volume (or an unreachable worker) is an answer. Facts that
+only ask docker declare it with requires_command, so a Spark without docker yet reads as the fact's default.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from typing import Any, TypedDict
+
+from pyinfra.api import FactBase, QuoteString, StringCommand
+
+from operations.util import sh
+
+from .host import HostTools
+
+DAEMON_JSON = "/etc/docker/daemon.json"
+
+# BatchMode: never prompt. accept-new: the worker's link address is new to the head on a first deploy.
+SSH_OPTIONS = ("-o", "BatchMode=yes", "-o", "ConnectTimeout=15", "-o", "StrictHostKeyChecking=accept-new")
+
+_UNITS = {
+    "b": 1, "kb": 1000, "mb": 1000**2, "gb": 1000**3, "tb": 1000**4,
+    "kib": 1024, "mib": 1024**2, "gib": 1024**3, "tib": 1024**4,
+}
+
+# One line of JSON with the parts of `docker container inspect` the lifecycle decides from.
+_CONTAINER_FORMAT = ('{"state":{{json .State}},"labels":{{json .Config.Labels}},"image":{{json .Config.Image}},'
+                     '"created":{{json .Created}}}')
+
+
+def parse_size(text: str) -> int | None:
+    """docker's human sizes ("1.5GiB", "512MiB", "0B", "3.2kB") -> bytes; None when unreadable."""
+    m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([KMGT]?i?B)\s*", text, re.IGNORECASE)
+    if not m:
+        return None
+    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+
+
+# --- the rank container ------------------------------------------------------------------------------------------
+
+class RankContainerDict(TypedDict, total=False):
+    exists: bool
+    running: bool
+    status: str
+    exit_code: int
+    oom_killed: bool
+    labels: dict[str, str]
+    image: str
+    created: str
+
+
+class RankContainer(FactBase[RankContainerDict]):
+    """The container named `container` as the lifecycle decides from it (state, labels, image), or {} when there is
+    none (or no docker yet)."""
+
+    @staticmethod
+    def default() -> RankContainerDict:
+        return {}
+
+    def requires_command(self, container: str) -> str:
+        return "docker"
+
+    def command(self, container: str) -> StringCommand:
+        return StringCommand("docker", "container", "inspect", "--format", QuoteString(_CONTAINER_FORMAT),
+                             QuoteString(container), "2>/dev/null", "||", "true")
+
+    def process(self, output: list[str]) -> RankContainerDict:
+        for line in output:
+            line = line.strip()
+            if not line.startswith("{"):
+                continue
+            data = json.loads(line)
+            state = data.get("state") or {}
+            return {
+                "exists": True,
+                "running": bool(state.get("Running")),
+                "status": state.get("Status", ""),
+                "exit_code": int(state.get("ExitCode") or 0),
+                "oom_killed": bool(state.get("OOMKilled")),
+                "labels": data.get("labels") or {},
+                "image": data.get("image", ""),
+                "created": data.get("created", ""),
+            }
+        return {}
+
+
+class SpecRecord(FactBase[str | None]):
+    """The spec hash this Spark's rank should run (written by the lifecycle before the pair decision), or None."""
+
+    def command(self, path: str) -> StringCommand:
+        return StringCommand("cat", QuoteString(path), "2>/dev/null", "||", "true")
+
+    def process(self, output: list[str]) -> str | None:
+        for line in output:
+            key, _, value = line.strip().partition("=")
+            if key == "spec-hash" and value:
+                return value
+        return None
+
+
+# --- images and the engine inside --------------------------------------------------------------------------------
+
+class ImageDict(TypedDict, total=False):
+    id: str
+    labels: dict[str, str]
+    layers: list[str]
+    repo_digests: list[str]
+    repo_tags: list[str]
+    size: int
+
+
+def summarize_inspect(output: list[str]) -> ImageDict:
+    """`docker image inspect` JSON → {id, labels, layers, repo_digests, repo_tags, size}; {} if absent/unreadable."""
+    try:
+        data = json.loads("\n".join(output))
+    except ValueError:
+        return {}
+    if not isinstance(data, list) or not data or not isinstance(data[0], dict):
+        return {}
+    image = data[0]
+    config = image.get("Config") or {}
+    return {
+        "id": image.get("Id") or "",
+        "labels": config.get("Labels") or {},
+        "layers": list((image.get("RootFS") or {}).get("Layers") or []),
+        "repo_digests": list(image.get("RepoDigests") or []),
+        "repo_tags": list(image.get("RepoTags") or []),
+        "size": int(image.get("Size") or 0),
+    }
+
+
+class DockerImageInfo(FactBase[ImageDict]):
+    """The image Docker holds under `image` (tag, id or name@digest) on this host, summarised; {} when absent."""
+
+    @staticmethod
+    def default() -> ImageDict:
+        return {}
+
+    def requires_command(self, image: str) -> str:
+        return "docker"
+
+    def command(self, image: str) -> str:
+        return f"docker image inspect {sh(image)} 2>/dev/null || true"
+
+    def process(self, output: list[str]) -> ImageDict:
+        return summarize_inspect(output)
+
+
+class PeerDockerImageInfo(FactBase[ImageDict]):
+    """The same summary for the worker's Docker, read from the head over ssh (`target` = user@worker-link-ip);
+    {} when the worker has no such image or cannot be reached yet (e.g. before the link is up in --dry)."""
+
+    @staticmethod
+    def default() -> ImageDict:
+        return {}
+
+    def requires_command(self, target: str, image: str) -> str:
+        return "ssh"
+
+    def command(self, target: str, image: str) -> str:
+        remote = sh("docker", "image", "inspect", image)
+        return f"{sh('ssh', *SSH_OPTIONS, target, remote)} 2>/dev/null || true"
+
+    def process(self, output: list[str]) -> ImageDict:
+        return summarize_inspect(output)
+
+
+def parse_capabilities(output: list[str]) -> dict[str, Any]:
+    """The `capabilities --json` document (one JSON object) as a dict; {} when no line parses as an object."""
+    for line in output:
+        line = line.strip()
+        if not line.startswith("{"):
+            continue  # anything the image prints before the document
+        try:
+            doc = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(doc, dict):
+            return doc
+    try:  # a pretty-printed document spans lines
+        doc = json.loads("\n".join(output))
+    except ValueError:
+        return {}
+    return doc if isinstance(doc, dict) else {}
+
+
+class EngineCapabilities(FactBase[dict[str, Any]]):
+    """`tensorfold-native capabilities --json` from inside `image` (no network, no GPU needed), parsed; {} when the
+    image is absent, so a plan on a fresh pair still works."""
+
+    default = dict
+
+    def requires_command(self, image: str) -> str:
+        return "docker"
+
+    def command(self, image: str) -> str:
+        ref = sh(image)
+        run = f"docker run --rm --network none --entrypoint tensorfold-native {ref} capabilities --json"
+        return f"if docker image inspect {ref} >/dev/null 2>&1; then {run} 2>/dev/null || true; fi"
+
+    def process(self, output: list[str]) -> dict[str, Any]:
+        return parse_capabilities(output)
+
+
+# --- the daemon and the NVIDIA runtime ---------------------------------------------------------------------------
+
+class DaemonJsonDict(TypedDict):
+    exists: bool
+    config: dict[str, Any] | None  # None when the file is not a JSON object
+    error: str | None  # the parser's complaint
+
+
+class DaemonJson(FactBase[DaemonJsonDict]):
+    """daemon.json parsed. A missing or empty file is config {} (dockerd's defaults); malformed JSON gives config
+    None and the parser's error, so the operation can refuse to touch the file."""
+
+    @staticmethod
+    def default() -> DaemonJsonDict:
+        return {"exists": False, "config": {}, "error": None}
+
+    def command(self, path: str = DAEMON_JSON) -> str:
+        q = shlex.quote(path)
+        return f"if [ -e {q} ]; then echo '##EXISTS##'; cat {q} 2>&1 || true; else echo '##ABSENT##'; fi"
+
+    def process(self, output: list[str]) -> DaemonJsonDict:
+        if not output or output[0].strip() != "##EXISTS##":
+            return self.default()
+        text = "\n".join(output[1:]).strip()
+        if not text:
+            return {"exists": True, "config": {}, "error": None}
+        try:
+            config = json.loads(text)
+        except ValueError as e:
+            return {"exists": True, "config": None, "error": str(e)}
+        if not isinstance(config, dict):
+            return {"exists": True, "config": None, "error": "the top level is not a JSON object"}
+        return {"exists": True, "config": config, "error": None}
+
+
+class DockerRuntimeDict(TypedDict):
+    reachable: bool
+    default_runtime: str
+    runtimes: list[str]  # sorted names
+
+
+class DockerRuntimeInfo(FactBase[DockerRuntimeDict]):
+    """The running daemon's runtimes, from `docker info`; reachable False when docker is missing or the daemon
+    does not answer."""
+
+    @staticmethod
+    def default() -> DockerRuntimeDict:
+        return {"reachable": False, "default_runtime": "", "runtimes": []}
+
+    def requires_command(self) -> str:
+        return "docker"
+
+    def command(self) -> str:
+        return ("if out=$(docker info --format '{{.DefaultRuntime}}|{{json .Runtimes}}' 2>/dev/null); "
+                "then echo \"info=$out\"; else echo '##UNREACHABLE##'; fi")
+
+    def process(self, output: list[str]) -> DockerRuntimeDict:
+        for line in output:
+            if line.startswith("info="):
+                default, _, runtimes = line[len("info="):].partition("|")
+                try:
+                    names = sorted(json.loads(runtimes or "{}"))
+                except ValueError:
+                    names = []
+                return {"reachable": True, "default_runtime": default.strip(), "runtimes": names}
+        return self.default()
+
+
+class ContainerRuntimeTools(HostTools):
+    """{tool: bool} for docker, dockerd and the NVIDIA container runtime's tools on the PATH."""
+
+    TOOLS = ("docker", "dockerd", "nvidia-container-runtime", "nvidia-container-runtime-hook", "nvidia-ctk")
+
+
+class DockerRootDir(FactBase[str]):
+    """Docker's root directory from `docker info`; "" when docker is missing or unreachable."""
+
+    default = str
+
+    def requires_command(self) -> str:
+        return "docker"
+
+    def command(self) -> str:
+        return "docker info --format '{{.DockerRootDir}}' 2>/dev/null || true"
+
+    def process(self, output: list[str]) -> str:
+        for line in output:
+            line = line.strip()
+            if line.startswith("/"):
+                return line
+        return ""
+
+
+class ContainerMemoryDict(TypedDict):
+    name: str
+    used_bytes: int | None
+    usage: str  # docker's raw "used / limit" text
+
+
+class DockerMemoryUseDict(TypedDict):
+    ok: bool  # False when docker is missing or its daemon unreachable (e.g. the user is not in group docker)
+    containers: list[ContainerMemoryDict]
+
+
+class DockerMemoryUse(FactBase[DockerMemoryUseDict]):
+    """Running containers and their memory use from `docker stats --no-stream`: who holds the memory."""
+
+    @staticmethod
+    def default() -> DockerMemoryUseDict:
+        return {"ok": False, "containers": []}
+
+    def requires_command(self) -> str:
+        return "docker"
+
+    def command(self) -> str:
+        return ("out=$(docker stats --no-stream --format '{{.Name}}\t{{.MemUsage}}' 2>/dev/null) "
+                "&& { echo '##DOCKER_STATS##'; printf '%s\\n' \"$out\"; } || echo '##DOCKER_UNREACHABLE##'")
+
+    def process(self, output: list[str]) -> DockerMemoryUseDict:
+        if not output or output[0].strip() != "##DOCKER_STATS##":
+            return self.default()
+        containers: list[ContainerMemoryDict] = []
+        for line in output[1:]:
+            if not line.strip():
+                continue
+            name, _, usage = line.partition("\t")
+            used = usage.split("/", 1)[0]
+            containers.append({"name": name.strip(), "used_bytes": parse_size(used), "usage": usage.strip()})
+        return {"ok": True, "containers": containers}
+
+
+# --- volumes -----------------------------------------------------------------------------------------------------
+
+class DockerVolumeInfo(FactBase[dict[str, Any] | None]):
+    """`docker volume inspect <name>`'s object (Driver, Options, Labels, ...), or None when absent."""
+
+    def requires_command(self, volume: str) -> str:
+        return "docker"
+
+    def command(self, volume: str) -> StringCommand:
+        return StringCommand("docker volume inspect", QuoteString(volume), "2>/dev/null || echo '[]'")
+
+    def process(self, output: list[str]) -> dict[str, Any] | None:
+        try:
+            data = json.loads("".join(output))
+        except ValueError:
+            return None
+        return data[0] if isinstance(data, list) and data and isinstance(data[0], dict) else None
+
+
+class VolumeContainers(FactBase[list[str]]):
+    """Names of the containers (running or not) that use a docker volume."""
+
+    default = list
+
+    def requires_command(self, volume: str) -> str:
+        return "docker"
+
+    def command(self, volume: str) -> StringCommand:
+        return StringCommand("docker ps -a --filter", QuoteString(f"volume={volume}"),
+                             "--format '{{.Names}}' 2>/dev/null || true")
+
+    def process(self, output: list[str]) -> list[str]:
+        return [line.strip() for line in output if line.strip()]

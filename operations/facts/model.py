@@ -1,0 +1,141 @@
+"""Facts about the model data the ranks load: a Hugging Face download's plan, the huggingface_hub a python sees, the
+ABLIT pack's shards, and a rank's weight-file folder. Every command exits 0; nothing large is read or hashed."""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from typing import TypedDict
+
+from pyinfra.api import FactBase
+
+from operations.remote import heredoc_command
+
+_RANK_FILE = re.compile(r"^(?:rank(\d)of2-[0-9a-f]+\.bin|\.rank(\d)of2\.partial)$")
+
+
+class HfPlanDict(TypedDict, total=False):
+    complete: bool  # every wanted file is in place
+    missing: list[list]  # [[path, size]] still to fetch
+    missing_bytes: int | None  # what a download still transfers
+    commit: str | None
+    total_bytes: int | None
+    offline: bool  # answered from the local manifest, without the Hub
+    model_type: str | None  # config.json's model_type
+    manifest: bool  # hf_fetch's .sparkfold-complete.json covers the request
+    error: str | None
+
+
+class HfPlan(FactBase[HfPlanDict]):
+    """hf_plan.py's answer for one repo/revision in a cache (cache_dir = <hf_cache>/hub) or a local_dir: what is
+    still to download, and the commit the revision names.
+
+    Runs with `python` when it exists, else python3 (the planner needs only the standard library, so --dry works
+    before the deploy has made the huggingface_hub venv). `token_path` is a file holding the token, never the token.
+    """
+
+    @staticmethod
+    def default() -> HfPlanDict:
+        return {"complete": False, "missing": [], "missing_bytes": None, "commit": None, "total_bytes": None,
+                "offline": True, "model_type": None, "manifest": False, "error": "no answer from the planner"}
+
+    def command(self, python: str, repo: str, revision: str, cache_dir: str = "", local_dir: str = "",
+                include: tuple[str, ...] = (), token_path: str = "", endpoint: str = "") -> str:
+        args = ["--repo", repo, "--revision", revision]
+        args += ["--cache-dir", cache_dir] if cache_dir else ["--local-dir", local_dir]
+        for pattern in include or ():
+            args += ["--include", pattern]
+        env = []
+        if endpoint:
+            env.append(f"HF_ENDPOINT={shlex.quote(endpoint)}")
+        if token_path:
+            env.append(f"HF_TOKEN_PATH={shlex.quote(token_path)}")
+        head = (f"PY={shlex.quote(python)}; command -v \"$PY\" >/dev/null 2>&1 || PY=python3; "
+                f"{' '.join(env)} \"$PY\" - {' '.join(shlex.quote(a) for a in args)}")
+        return heredoc_command(head, "hf_plan", "2>/dev/null || true")
+
+    def process(self, output: list[str]) -> HfPlanDict:
+        for line in reversed(output):
+            if line.startswith("{"):
+                try:
+                    return json.loads(line)
+                except ValueError:
+                    break
+        return self.default()
+
+
+class HfHubPython(FactBase[str | None]):
+    """huggingface_hub's version as `python` sees it: "1.2.3", "" when it does not import, None when there is no
+    such python (pyinfra's requires_command then gives the default)."""
+
+    def requires_command(self, python: str) -> str:
+        return shlex.quote(python)
+
+    def command(self, python: str) -> str:
+        return (f"{shlex.quote(python)} -c 'import huggingface_hub as h; print(\"#HUB \" + h.__version__)' "
+                "2>/dev/null || echo '#HUB '")
+
+    def process(self, output: list[str]) -> str | None:
+        for line in output:
+            if line.startswith("#HUB"):
+                return line[4:].strip()
+        return None
+
+
+class AblitShards(FactBase[dict[str, int]]):
+    """{shard file: size} of the pack's shards that hold layers 10-35's attn.wo_b (what the overlay rewrites): the
+    space an ABLIT pack needs."""
+
+    default = dict
+
+    def requires_command(self, snapshot: str) -> str:
+        return "python3"
+
+    def command(self, snapshot: str) -> str:
+        code = ("import json,os,re,sys;d=sys.argv[1];"
+                "m=json.load(open(os.path.join(d,'model.safetensors.index.json')))['weight_map'];"
+                "r=re.compile(r'layers\\.(1[0-9]|2[0-9]|3[0-5])\\.attn\\.wo_b');"
+                "[print('#S',f,os.stat(os.path.join(d,f)).st_size) for f in sorted({v for k,v in m.items() "
+                "if r.search(k)})]")
+        return f"python3 -c {shlex.quote(code)} {shlex.quote(snapshot)} 2>/dev/null || true"
+
+    def process(self, output: list[str]) -> dict[str, int]:
+        out = {}
+        for line in output:
+            parts = line.split(" ")
+            if len(parts) == 3 and parts[0] == "#S" and parts[2].isdigit():
+                out[parts[1]] = int(parts[2])
+        return out
+
+
+class RankFolderDict(TypedDict):
+    bins: dict[int, list[str]]  # rank -> its rank<R>of2-<hash>.bin files
+    partial: list[int]  # ranks with an interrupted .rank<R>of2.partial
+    source: str | None  # the .sparkfold-source sidecar: what the files were built from
+
+
+class RankFolder(FactBase[RankFolderDict]):
+    """A weight-file folder's rank files, interrupted builds and source sidecar: whether a rank's file is current."""
+
+    @staticmethod
+    def default() -> RankFolderDict:
+        return {"bins": {}, "partial": [], "source": None}
+
+    def command(self, path: str) -> str:
+        q = shlex.quote(path)
+        return (f"ls -A {q} 2>/dev/null | sed 's/^/#F /'; "
+                f"echo \"#SOURCE $(cat {q}/.sparkfold-source 2>/dev/null)\"")
+
+    def process(self, output: list[str]) -> RankFolderDict:
+        out = self.default()
+        for line in output:
+            if line.startswith("#SOURCE "):
+                out["source"] = line[8:].strip() or None
+                continue
+            m = _RANK_FILE.match(line[3:]) if line.startswith("#F ") else None
+            if m and m.group(1) is not None:
+                out["bins"].setdefault(int(m.group(1)), []).append(line[3:])
+            elif m:
+                out["partial"].append(int(m.group(2)))
+        return out

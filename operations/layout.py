@@ -1,0 +1,167 @@
+"""Where everything lives on a Spark, written once: operations, the launch spec, preflight, the docs and the tests
+read their paths here.
+
+`Layout` holds one Spark's roots (its Hugging Face cache, data_dir and state_dir, resolved against that Spark's
+home) and derives every path below them. System-wide paths sparkfold owns and the paths inside the rank
+containers are constants.
+"""
+
+from __future__ import annotations
+
+import posixpath
+from dataclasses import dataclass
+
+from .hf_cache import repo_folder_name  # hf_cache.py also runs on the head on its own: the name lives there
+
+# --- system-wide paths sparkfold owns (root) ---
+UNIT_DIR = "/etc/systemd/system"
+SCRIPT_DIR = "/usr/local/lib/sparkfold"  # memguard and the supervisor, uploaded from operations/remote/
+SYSTEM_STATE_DIR = "/var/lib/sparkfold"
+GPU_CLOCK_RECORD = f"{SYSTEM_STATE_DIR}/gpu-clock.record"  # the driver's confirmation of the last -lgc, boot id
+DOCKER_DAEMON_JSON = "/etc/docker/daemon.json"
+
+# --- unit names ---
+GPU_CLOCK_UNIT = "sparkfold-gpu-clock.service"
+MEMGUARD_UNIT = "sparkfold-memguard.service"
+SUPERVISOR_UNIT = "sparkfold-supervise.service"
+
+# --- names inside a Hugging Face cache repo folder and data_dir ---
+SERVED_LINK = "sparkfold-current"  # <repo folder>/sparkfold-current -> snapshots/<commit>: the served snapshot
+ABLIT_CURRENT = "current"  # <data_dir>/ablit/current -> <commit>: the applied ABLIT pack
+TOKEN_MAP_FILE = "dsv41_token_map.json"
+
+
+class InContainer:
+    """Paths inside the rank containers (fixed by the container contract in docs/architecture.md)."""
+
+    HF = "/root/.cache/huggingface"
+    ABLIT = "/model-ablit"
+    KIT = "/kit"
+    ENGRAM = "/engram"
+    RANK_CACHE = "/rank-cache"
+    TOKEN_MAP_DIR = "/token-map"
+    TOKEN_MAP = f"/token-map/{TOKEN_MAP_FILE}"
+    CACHE = "/cache"
+    API_KEY_FILE = "/etc/sparkfold/api-key"
+    CHAT_TEMPLATE = "/etc/sparkfold/chat_template.jinja"
+
+
+def unit_path(unit_name: str) -> str:
+    return f"{UNIT_DIR}/{unit_name}"
+
+
+def script_path(script: str) -> str:
+    return f"{SCRIPT_DIR}/{script}"
+
+
+@dataclass(frozen=True)
+class Layout:
+    """One Spark's folders and files. hf_cache, data_dir and state_dir are absolute (settings resolve them)."""
+
+    hf_cache: str
+    data_dir: str
+    state_dir: str
+    rank: int
+    model_repo: str  # the repo this Spark serves (the EAQ v1 or v1.1 pack)
+
+    # --- the Hugging Face cache (the head exports hub/ to the worker) ---
+    @property
+    def hub(self) -> str:
+        return f"{self.hf_cache}/hub"
+
+    def repo_folder(self, repo_id: str) -> str:
+        return f"{self.hub}/{repo_folder_name(repo_id)}"
+
+    @property
+    def model_folder(self) -> str:
+        return self.repo_folder(self.model_repo)
+
+    @property
+    def served_link(self) -> str:
+        return f"{self.model_folder}/{SERVED_LINK}"
+
+    # --- data_dir: kit, Engram tables, token map, weight files, logs ---
+    @property
+    def engram(self) -> str:
+        return f"{self.data_dir}/engram"
+
+    @property
+    def kit_src(self) -> str:
+        return f"{self.data_dir}/kit-src"
+
+    @property
+    def kit(self) -> str:
+        return f"{self.data_dir}/kit"
+
+    @property
+    def token_map_dir(self) -> str:
+        return f"{self.data_dir}/token-map"
+
+    @property
+    def token_map(self) -> str:
+        return f"{self.token_map_dir}/{TOKEN_MAP_FILE}"
+
+    @property
+    def rank_cache(self) -> str:
+        return f"{self.data_dir}/rank-cache"
+
+    def active_rank_link(self, rank: int | None = None) -> str:
+        """The folder the launch step mounts as /rank-cache (a link to the current weight folder of that rank)."""
+        return f"{self.rank_cache}/active-rank{self.rank if rank is None else rank}"
+
+    @property
+    def ablit(self) -> str:
+        return f"{self.data_dir}/ablit"
+
+    @property
+    def ablit_current(self) -> str:
+        return f"{self.ablit}/{ABLIT_CURRENT}"
+
+    @property
+    def overlay(self) -> str:
+        return f"{self.data_dir}/ablit-overlay"
+
+    @property
+    def cache_root(self) -> str:
+        """Per-image writable caches of the ranks (/cache)."""
+        return f"{self.data_dir}/cache"
+
+    @property
+    def logs(self) -> str:
+        return f"{self.data_dir}/logs"
+
+    @property
+    def chat_template(self) -> str:
+        return f"{self.data_dir}/chat_template.jinja"
+
+    def build_dir(self, digest: str) -> str:
+        return f"{self.data_dir}/build/{digest}"
+
+    # --- state_dir: keys, records, the download venv ---
+    @property
+    def venv(self) -> str:
+        return f"{self.state_dir}/venv"
+
+    @property
+    def hf_token(self) -> str:
+        return f"{self.state_dir}/hf-token"
+
+    @property
+    def api_key(self) -> str:
+        return f"{self.state_dir}/api-key"
+
+    @property
+    def link_record(self) -> str:
+        return f"{self.state_dir}/link.json"
+
+    @property
+    def spec_record(self) -> str:
+        return f"{self.state_dir}/rank.spec"
+
+    @property
+    def run_lock(self) -> str:
+        return f"{self.state_dir}/run.lock"
+
+    def relative_to_cache(self, path: str) -> str:
+        """`path` (inside hf_cache) as the container sees it under InContainer.HF."""
+        return f"{InContainer.HF}/{posixpath.relpath(path, self.hf_cache)}"

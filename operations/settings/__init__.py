@@ -1,0 +1,9 @@
+"""sparkfold's settings: typed fields (model), where their values come from (sources), the rules (rules)."""
+
+from .model import PASSTHROUGH_PREFIXES, PROJECT_ROOT, SETTING_NAMES, Rail, Settings, pair
+from .rules import MAX_CONTEXT, PAIR_SETTINGS, PREBUILT_REFERENCE, validate, validate_all, validate_pair
+from .sources import Layers, env_names, load, meanings
+
+__all__ = ["MAX_CONTEXT", "PAIR_SETTINGS", "PASSTHROUGH_PREFIXES", "PREBUILT_REFERENCE", "PROJECT_ROOT",
+           "SETTING_NAMES", "Layers", "Rail", "Settings", "env_names", "pair", "load", "meanings", "validate",
+           "validate_all", "validate_pair"]

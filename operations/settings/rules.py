@@ -1,0 +1,172 @@
+"""The rules every Spark's settings must satisfy, each problem naming the setting and the fix.
+
+`validate` checks one Spark, `validate_pair` compares the two, `validate_all` is the one list deploy.py prints
+before any operation exists (a problem the two Sparks share is listed once).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+
+from .model import PASSTHROUGH_PREFIXES, Settings
+
+# The engine's window: dsv41's max_position_embeddings.
+MAX_CONTEXT = 1_048_576
+REASONING_EFFORTS = ("", "low", "medium", "high", "xhigh")
+# Settings both ranks must agree on (the pair is one server).
+PAIR_SETTINGS = (
+    "context", "pool", "parallel", "drafts", "master_port", "gpu_clock_mhz", "link_mtu", "nccl_rails",
+    "nccl_channels", "engine_image", "engine_context", "base_image", "tf_repo", "tf_ref", "tools_ref",
+    "prebuilt_image", "eaq_v1_1", "ablit", "container_name", "model_repo", "model_revision", "model_repo_v1_1",
+    "model_revision_v1_1", "kv_shard", "spill_gib", "engine_env",
+)
+
+_HEX = re.compile(r"^[0-9a-f]+$")
+# prebuilt_image: a reference pinned by digest (operations/image.py splits it with the same pattern)
+PREBUILT_REFERENCE = re.compile(r"(?P<name>[^@\s]+)@(?P<digest>sha256:[0-9a-f]{64})")
+_ULIMIT = re.compile(r"^[a-z]+=-?\d+(:-?\d+)?$")
+
+
+def _check_range(problems, s, name, low, high, fix=""):
+    value = getattr(s, name)
+    if not (low <= value <= high):
+        problems.append(f"{name} = {value!r} is outside {low}..{high}{': ' + fix if fix else ''}")
+
+
+def validate(s: Settings) -> list[str]:
+    """Every problem with one Spark's settings, each naming the setting and the fix."""
+    p: list[str] = []
+    if s.context < 4096 or s.context > MAX_CONTEXT or s.context & (s.context - 1):
+        p.append(f"context = {s.context} must be a power of two from 4096 to {MAX_CONTEXT} (e.g. 524288 or 1048576)")
+    if s.pool and s.pool != s.context:
+        p.append(f"pool = {s.pool} must equal context ({s.context}) or be 0: rank 1's pool is rank 0's context")
+    _check_range(p, s, "parallel", 1, 4, "the engine serves at most 4 streams at once")
+    _check_range(p, s, "max_tokens", 1, s.context, "lower max_tokens or raise context")
+    if s.reasoning_effort not in REASONING_EFFORTS:
+        p.append(f"reasoning_effort = {s.reasoning_effort!r} must be one of low, medium, high, xhigh (or empty)")
+    _check_range(p, s, "port", 1, 65535)
+    _check_range(p, s, "master_port", 1024, 65535)
+    if s.port == s.master_port:
+        p.append(f"master_port = {s.master_port} must differ from port: the rendezvous and the API need two ports")
+    if not s.served_name.strip():
+        p.append("served_name is empty: set the model id the API serves")
+    if not 0 < s.memguard_gib < s.min_avail_gib:
+        p.append(f"memguard_gib = {s.memguard_gib} must be above 0 and below min_avail_gib ({s.min_avail_gib})")
+    if s.spill_gib < 0 or s.kv_shard < 0:
+        p.append("spill_gib and kv_shard must be 0 (off) or positive")
+    try:
+        ipaddress.ip_address(s.host)
+    except ValueError:
+        if not re.match(r"^[A-Za-z0-9.-]+$", s.host):
+            p.append(f"host = {s.host!r} is not an address to bind: use 0.0.0.0, 127.0.0.1 or this Spark's address")
+    for arg in s.extra_serve_args:
+        if not isinstance(arg, str):
+            p.append(f"extra_serve_args: {arg!r} is not a string: write each argument as a string")
+    for key in s.engine_env:
+        if not key.startswith(PASSTHROUGH_PREFIXES):
+            p.append(f"engine_env: {key} is not an engine variable (TENSORFOLD_*, TF_DS_*, TF_FILL_*, TF_SPILL_*)")
+    if s.ablit and not s.hf_token:
+        p.append("ablit needs your Hugging Face token: accept the overlay's terms on its model page, create a read "
+                 "token, then run with HF_TOKEN=hf_... in the environment (or set ablit to false)")
+    if s.worker_weights not in ("nfs", "copy"):
+        p.append(f"worker_weights = {s.worker_weights!r} must be 'nfs' or 'copy'")
+    elif s.worker_weights == "nfs" and not s.nfs:
+        p.append("worker_weights = 'nfs' needs nfs = true: set nfs true, or worker_weights 'copy' for a local copy")
+    if s.prebuilt_image and not PREBUILT_REFERENCE.fullmatch(s.prebuilt_image):
+        p.append(f"prebuilt_image = {s.prebuilt_image!r} must be a reference pinned by digest: name@sha256:<64 hex>")
+    for name, lengths in (("tf_ref", (7, 40)), ("tools_ref", (7, 40)), ("zig_sha256", (64, 64))):
+        value = getattr(s, name)
+        if not (_HEX.match(value) and lengths[0] <= len(value) <= lengths[1]):
+            p.append(f"{name} = {value!r} must be {lengths[0]}-{lengths[1]} lower-case hex characters")
+    for name in ("hf_cache", "data_dir", "state_dir", "link_netplan_file", "nfs_exports_file"):
+        if not str(getattr(s, name)).startswith("/"):
+            p.append(f"{name} = {getattr(s, name)!r} must be an absolute path (or empty for the default)")
+    if not s.link_netplan_file.startswith("/etc/netplan/") or not s.link_netplan_file.endswith(".yaml"):
+        p.append(f"link_netplan_file = {s.link_netplan_file!r} must be a .yaml file in /etc/netplan/")
+    if not s.nfs_exports_file.startswith("/etc/exports.d/") or not s.nfs_exports_file.endswith(".exports"):
+        p.append(f"nfs_exports_file = {s.nfs_exports_file!r} must be a .exports file in /etc/exports.d/")
+    for u in s.docker_ulimits:
+        if not _ULIMIT.match(str(u)):
+            p.append(f"docker_ulimits: {u!r} must look like memlock=-1:-1")
+    _check_range(p, s, "link_mtu", 1280, 9216)
+    _check_range(p, s, "gpu_clock_mhz", 300, 4000)
+    _check_range(p, s, "nccl_rails", 1, 2, "1 uses the first twin only, 2 both")
+    _check_range(p, s, "nccl_channels", 1, 64)
+    _check_range(p, s, "wait_timeout", 10, 86400)
+    _check_range(p, s, "stop_timeout", 1, 3600)
+    _check_range(p, s, "log_keep", 1, 1000)
+    _check_range(p, s, "supervise_retries", 1, 100)
+    _check_range(p, s, "supervise_backoff_s", 1, 3600)
+    if not re.match(r"^https?://[^/\s]+$", s.api_base_url):
+        p.append(f"api_url = {s.api_url!r} must be like http://spark-a.local:8888 (how this machine reaches rank 0)")
+    p.extend(_validate_rails(s))
+    return p
+
+
+def _validate_rails(s: Settings) -> list[str]:
+    p: list[str] = []
+    who = s.role or "this Spark"
+    peer_rails = s.peer.link_rails if s.peer else ()
+    if not s.link_rails:
+        return [f"{who} has no link addresses: list its CX7 netdevs and addresses under `link:` in the site file"]
+    if len(s.link_rails) > 2:
+        p.append(f"{who}: at most two link rails (the two PCIe twins of the cabled port), not {len(s.link_rails)}")
+    if len(s.link_rails) < s.nccl_rails:
+        p.append(f"nccl_rails = {s.nccl_rails} but {who} lists {len(s.link_rails)} link rail(s): add the twin or "
+                 "set nccl_rails 1")
+    if peer_rails and len(peer_rails) != len(s.link_rails):
+        p.append("the head and the worker list a different number of link rails: address the same twins on both")
+    netdevs = [r.get("netdev", "") for r in s.link_rails]
+    if len(set(netdevs)) != len(netdevs):
+        p.append(f"{who}: a link netdev is listed twice ({', '.join(netdevs)})")
+    for i, rail in enumerate(s.link_rails):
+        if not re.match(r"^[A-Za-z0-9_.-]{1,15}$", str(rail.get("netdev", ""))):
+            p.append(f"{who} link rail {i}: netdev {rail.get('netdev')!r} is not an interface name")
+        try:
+            mine = ipaddress.ip_interface(str(rail.get("address", "")))
+        except ValueError:
+            p.append(f"{who} link rail {i}: address {rail.get('address')!r} must be IPv4 with a prefix, e.g. "
+                     "192.168.100.1/24")
+            continue
+        if mine.version != 4 or not mine.ip.is_private or mine.ip.is_loopback or mine.ip.is_link_local:
+            p.append(f"{who} link rail {i}: {mine} must be a private IPv4 address (e.g. 192.168.100.1/24), not "
+                     "loopback or link-local")
+        if i < len(peer_rails):
+            try:
+                peer = ipaddress.ip_interface(str(peer_rails[i].get("address", "")))
+            except ValueError:
+                continue
+            if peer.ip == mine.ip:
+                p.append(f"link rail {i}: the head and the worker both use {mine.ip}: give each Spark its own address")
+            elif peer.network != mine.network:
+                p.append(f"link rail {i}: {mine} and the peer's {peer} are not in one subnet: use the same subnet "
+                         "on both ends of a rail")
+    return p
+
+
+def validate_pair(head: Settings, worker: Settings) -> list[str]:
+    """Problems that only show when the two Sparks' settings are compared."""
+    p: list[str] = []
+    for name in PAIR_SETTINGS:
+        a, b = getattr(head, name), getattr(worker, name)
+        if a != b:
+            p.append(f"{name} differs between the head ({a!r}) and the worker ({b!r}): the ranks are one server, "
+                     "set it for both (group_data/all.py) instead of per host")
+    return p
+
+
+def merge_problems(head: list[str], worker: list[str]) -> list[str]:
+    """One list: a problem both Sparks have (a value from the environment or all.py) once, the others prefixed."""
+    return ([m if m in worker else f"head: {m}" for m in head] + [f"worker: {m}" for m in worker if m not in head])
+
+
+def validate_all(head: Settings, worker: Settings, head_target: str, worker_target: str,
+                 loaded: tuple[list[str], list[str]] = ([], [])) -> list[str]:
+    """All problems of a pair: `loaded` (what reading each Spark's settings met), then the rules."""
+    problems = merge_problems(loaded[0] + validate(head), loaded[1] + validate(worker))
+    problems += validate_pair(head, worker)
+    if head_target == worker_target:
+        problems.append(f"the head and the worker are the same machine ({head_target}): the site file must name "
+                        "two Sparks")
+    return problems

@@ -1,0 +1,260 @@
+"""Where a Spark's settings come from, merged once, every problem collected (never raised).
+
+Precedence, highest first: `--data` > the environment > the site file > group_data/<role>.py > group_data/all.py.
+pyinfra merges the data sources itself (host.data); the environment is put between `--data` and the site file.
+Environment names: SPARKFOLD_<NAME> for every setting, and the shell recipe's own names for the settings in
+RECIPE_ENV (CONTEXT=524288). Generic names (HOST, PORT, API_KEY) are not read: shells and users set them for other
+reasons.
+"""
+
+from __future__ import annotations
+
+import ast
+import difflib
+import io
+import json
+import math
+import shlex
+import tokenize
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .model import PASSTHROUGH_PREFIXES, PROJECT_ROOT, SETTING_NAMES, Rail, Settings
+
+ALL_PY = PROJECT_ROOT / "group_data" / "all.py"
+# The shell recipe's variables, read under their own names; none of them is a common shell variable.
+RECIPE_ENV = frozenset((
+    "context", "parallel", "thinking", "reasoning_effort", "drafts", "eaq_v1_1", "ablit", "min_avail_gib",
+    "memguard_gib", "spill_gib", "kv_shard", "pool", "served_name",
+))
+ENV_PREFIX = "SPARKFOLD_"
+# SPARKFOLD_* variables that are not settings: the site file's path.
+ENV_META = frozenset(("SPARKFOLD_SITE",))
+# Keys the site file and group_data/<role>.py put in a host's data besides settings (inventory.py, operations/site.py).
+HOST_KEYS = frozenset(("role", "rank", "link_rails", "ssh_hostname", "ssh_user", "ssh_port", "ssh_key",
+                       "reach_from_head"))
+
+_HINTS = typing.get_type_hints(Settings)
+
+
+def env_names(name: str) -> tuple[str, ...]:
+    """The environment variables that set `name`, in rising precedence."""
+    own = f"{ENV_PREFIX}{name.upper()}"
+    return (name.upper(), own) if name in RECIPE_ENV else (own,)
+
+
+def meanings(path: Path = ALL_PY) -> dict[str, str]:
+    """name -> the trailing comment of its line in group_data/all.py (the one-line meaning)."""
+    source = path.read_text()
+    comments: dict[int, str] = {}
+    for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+        if tok.type == tokenize.COMMENT:
+            comments[tok.start[0]] = tok.string.lstrip("#").strip()
+    found: dict[str, str] = {}
+    for node in ast.parse(source).body:
+        if isinstance(node, ast.Assign):
+            targets = node.targets
+        elif isinstance(node, ast.AnnAssign):
+            targets = [node.target]
+        else:
+            continue
+        for target in targets:
+            if isinstance(target, ast.Name):
+                found[target.id] = comments.get(node.end_lineno or node.lineno, "")
+    return found
+
+
+@dataclass(frozen=True)
+class Layers:
+    """One Spark's pyinfra data, by source: pyinfra's host.data is these merged, later ones winning."""
+
+    all: Mapping[str, Any]  # group_data/all.py
+    group: Mapping[str, Any]  # group_data/<role>.py
+    site: Mapping[str, Any]  # the site file: the Spark's entry and `data:`
+    override: Mapping[str, Any]  # pyinfra's --data
+
+    def merged(self) -> dict[str, Any]:
+        return {**self.all, **self.group, **self.site, **self.override}
+
+    def source_of(self, name: str) -> str:
+        for where, layer in (("--data", self.override), ("the site file", self.site),
+                             ("group_data (role file)", self.group), ("group_data/all.py", self.all)):
+            if name in layer:
+                return where
+        return "the default"
+
+
+def suggestion(name: str, known: typing.Iterable[str]) -> str:
+    close = difflib.get_close_matches(name, list(known), n=1, cutoff=0.6)
+    return f": did you mean {close[0]}?" if close else ""
+
+
+def unknown_names(layers: Layers, environ: Mapping[str, str]) -> list[str]:
+    """Every name that is not a setting, from each source, with the closest known name."""
+    known = set(SETTING_NAMES)
+    problems = []
+    for where, layer, allowed in (("group_data/all.py", layers.all, set()),
+                                  ("a group_data role file", layers.group, {"role", "rank"}),
+                                  ("the site file's data", layers.site, HOST_KEYS),
+                                  ("--data", layers.override, HOST_KEYS)):
+        for name in layer:
+            if name in known or name in allowed or name.startswith("_") or (name.startswith("ssh_") and
+                                                                            where != "group_data/all.py"):
+                continue
+            problems.append(f"{name} in {where} is not a sparkfold setting{suggestion(name, known)} "
+                            "(`python -m operations.settings` lists them)")
+    missing = [n for n in SETTING_NAMES if n not in layers.all]
+    if missing:
+        problems.append(f"group_data/all.py lacks {', '.join(missing)}: restore their defaults from git")
+    env_known = {var: name for name in SETTING_NAMES for var in env_names(name)}
+    for var in environ:
+        if var.startswith(ENV_PREFIX) and var not in env_known and var not in ENV_META:
+            close = suggestion(var, list(env_known) + sorted(ENV_META))
+            problems.append(f"environment variable {var} is not a sparkfold setting{close}")
+    return problems
+
+
+class _Bad(ValueError):
+    """A value that does not fit its setting's type."""
+
+
+def _switch(value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    text = str(value).strip().lower() if isinstance(value, str) else None
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off", ""):
+        return False
+    raise _Bad("a switch: use true or false (1 or 0)")
+
+
+def _number(kind: type, value: Any) -> int | float:
+    if isinstance(value, bool):
+        raise _Bad(f"a {kind.__name__}")
+    try:
+        number = kind(value.strip() if isinstance(value, str) else value)
+    except (TypeError, ValueError):
+        raise _Bad(f"a {'whole number' if kind is int else 'number'}") from None
+    if kind is int and isinstance(value, float) and not value.is_integer():
+        raise _Bad("a whole number")
+    if kind is float and not math.isfinite(number):
+        raise _Bad("a finite number")
+    return number
+
+
+def _string_list(value: Any) -> list[str]:
+    if isinstance(value, str):
+        text = value.strip()
+        try:
+            value = json.loads(text) if text.startswith("[") else shlex.split(text)
+        except ValueError:
+            raise _Bad('a list: write a JSON list (["a", "b"]) or words separated by spaces') from None
+    if not isinstance(value, (list, tuple)):
+        raise _Bad('a list, e.g. ["a", "b"]')
+    return list(value)  # items are checked by the rules (each argument must be a string)
+
+
+def _string_map(value: Any) -> dict[str, str]:
+    if isinstance(value, str):
+        try:
+            value = json.loads(value) if value.strip() else {}
+        except ValueError:
+            raise _Bad('a mapping: write a JSON object ({"TF_DS_X": "1"})') from None
+    if not isinstance(value, Mapping):
+        raise _Bad('a mapping, e.g. {"TF_DS_X": "1"}')
+    return {str(k): str(v) for k, v in value.items()}
+
+
+def coerce(name: str, value: Any) -> Any:
+    """`value` as the type of setting `name`; raises _Bad naming what it should be."""
+    kind = _HINTS[name]
+    if kind is bool:
+        return _switch(value)
+    if kind in (int, float):
+        return _number(kind, value)
+    if kind is str:
+        if value is None:
+            return ""
+        if not isinstance(value, (str, int, float)) or isinstance(value, bool):
+            raise _Bad("text")
+        return str(value)
+    if kind == list[str]:
+        return _string_list(value)
+    if kind == dict[str, str]:
+        return _string_map(value)
+    raise TypeError(f"no coercion for {name}: {kind}")
+
+
+def _fallback(name: str, default: Any) -> Any:
+    """all.py's default, or the type's empty value when that is wrong too."""
+    try:
+        return coerce(name, default)
+    except _Bad:
+        return _HINTS[name]()
+
+
+def _rails(value: Any) -> tuple[Rail, ...]:
+    rails = []
+    for r in value or ():
+        if isinstance(r, Mapping):
+            rails.append(Rail(netdev=str(r.get("netdev", "")), address=str(r.get("address", "")),
+                              ibdev=r.get("ibdev") or None))
+    return tuple(rails)
+
+
+def load(layers: Layers, environ: Mapping[str, str], home: str) -> tuple[Settings, list[str]]:
+    """One Spark's Settings (without its peer) and every problem met reading them (unknown names, wrong types).
+
+    A value that does not fit keeps the default, so the rules can still check the rest. `home`: the ssh user's
+    home on that Spark (a fact), against which empty path settings resolve.
+    """
+    data = layers.merged()
+    problems = unknown_names(layers, environ)
+    values: dict[str, Any] = {}
+    for name in SETTING_NAMES:
+        value, where = data.get(name), layers.source_of(name)
+        for var in env_names(name):
+            if var in environ and name not in layers.override:
+                value, where = environ[var], f"environment variable {var}"
+        try:
+            values[name] = coerce(name, value)
+        except _Bad as bad:
+            shown = "(hidden)" if "key" in name or "token" in name else repr(value)
+            problems.append(f"{name} = {shown} from {where} is not {bad}")
+            values[name] = _fallback(name, layers.all.get(name))
+    engine_env = dict(values["engine_env"])
+    engine_env.update({k: v for k, v in environ.items() if k.startswith(PASSTHROUGH_PREFIXES)})
+    values["engine_env"] = engine_env
+
+    home = home.rstrip("/") or "/root"
+    role = str(data.get("role", ""))
+    values.update(
+        hf_cache=values["hf_cache"] or f"{home}/.cache/huggingface",
+        data_dir=values["data_dir"] or f"{home}/.cache/sparkfold",
+        state_dir=values["state_dir"] or f"{home}/.local/state/sparkfold",
+    )
+    try:
+        rank = int(data.get("rank", 0 if role == "head" else 1))
+    except (TypeError, ValueError):
+        problems.append(f"rank = {data.get('rank')!r} in group_data must be 0 (head) or 1 (worker)")
+        rank = 0 if role == "head" else 1
+    settings = Settings(
+        **values,
+        role=role,
+        rank=rank,
+        link_rails=_rails(data.get("link_rails")),
+        ssh_hostname=str(data.get("ssh_hostname", "")),
+        ssh_user=str(data.get("ssh_user") or "root"),
+        ssh_port=int(data.get("ssh_port") or 22),
+        reach_from_head=str(data.get("reach_from_head") or ""),
+        home=home,
+        hf_token=environ.get("HF_TOKEN", ""),
+    )
+    return settings, problems
+

@@ -1,0 +1,42 @@
+"""The one way sparkfold installs a systemd unit, uploads the script a unit runs, or turns a unit off: files through
+files.put (so `--dry --diff` shows them), units through systemd.service. Call these inside a @deploy step."""
+
+from __future__ import annotations
+
+import hashlib
+from io import StringIO
+from pathlib import Path
+
+from pyinfra.operations import files, systemd
+
+from ..layout import script_path, unit_path
+
+REMOTE_SCRIPTS = Path(__file__).resolve().parents[1] / "remote"  # operations/remote/: uploaded to SCRIPT_DIR
+
+
+def script_sha256(script: str) -> str:
+    """sha256 of operations/remote/<script>. A unit that runs the script names it, so a new script changes the unit
+    file, which restarts the unit (restart_on_change)."""
+    return hashlib.sha256((REMOTE_SCRIPTS / script).read_bytes()).hexdigest()
+
+
+def script_installed(script: str) -> None:
+    """operations/remote/<script> at SCRIPT_DIR/<script>, mode 755."""
+    files.put(name=f"script {script_path(script)}", src=str(REMOTE_SCRIPTS / script), dest=script_path(script),
+              mode="755")
+
+
+def unit_installed(unit_name: str, text: str, restart_on_change: bool = False) -> None:
+    """UNIT_DIR/<unit_name> holds `text` (mode 644) and the unit is enabled and running. daemon-reload runs only when
+    the file changed, and then a running unit is restarted only with restart_on_change (a guard picks up its new
+    ExecStart; a oneshot like the GPU clock lock is not re-run)."""
+    unit = files.put(name=f"unit file {unit_path(unit_name)}", src=StringIO(text), dest=unit_path(unit_name),
+                     mode="644")
+    systemd.service(name=f"{unit_name} enabled and running", service=unit_name, running=True, enabled=True,
+                    daemon_reload=unit.changed, restarted=restart_on_change and unit.changed)
+
+
+def unit_off(unit_name: str, **op_args: object) -> None:
+    """A unit sparkfold installed earlier is stopped and disabled when present; its file stays."""
+    op_args.setdefault("name", f"{unit_name} stopped and disabled (if present)")
+    systemd.service(service=unit_name, running=False, enabled=False, **op_args)  # type: ignore[arg-type]
