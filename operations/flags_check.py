@@ -1,7 +1,10 @@
-"""Check rank 0's serve argv against the image's `capabilities --json` before anything is stopped.
+"""Check rank 0's serve argv, and the settings that need a ported engine feature, against the image's
+`capabilities --json` before anything is stopped.
 
 The document lists the flags the image serves (`serve.flags`: flag -> {} or {"values": [...]}) but not whether a
-flag takes a value, so the kinds come from the table below (the engine's serve flag table).
+flag takes a value, so the kinds come from the table below (the engine's serve flag table). It lists the
+environment variables the engine reads in `env` (a list of names): a setting that works only through such a
+variable is allowed when the image lists it there.
 """
 
 from __future__ import annotations
@@ -38,6 +41,14 @@ SETTING_OF_FLAG = {
 
 FAMILY = "deepseek_v41"
 FORMAT = "exl3-mul1"
+
+# Settings that only a patched engine honours (the recipe's spill v2 and KV sharding ports, which this project does
+# not carry): setting -> (the variable both ranks are given, what it turns on). Passed only when the image lists the
+# variable in `capabilities["env"]`; otherwise a non-zero value is refused before launch.
+PORTED_SETTINGS = {
+    "spill_gib": ("TF_SPILL_GIB", "spill v2"),
+    "kv_shard": ("TF_DS_KV_SHARD", "KV sharding"),
+}
 
 
 def _fix(flag: str) -> str:
@@ -102,4 +113,26 @@ def check_serve_argv(argv: list[str], capabilities: dict | None) -> list[str]:
         extra = positionals[1:] if positionals else []
         problems.append("rank 0's command needs exactly one model path" +
                         (f"; unexpected argument(s) {extra}: remove them from extra_serve_args" if extra else ""))
+    return problems
+
+
+def engine_reads(capabilities: dict | None, variable: str) -> bool:
+    """The image lists `variable` among the environment variables its engine reads (`capabilities["env"]`)."""
+    listed = (capabilities or {}).get("env") or []
+    return isinstance(listed, list) and variable in listed
+
+
+def check_ported_settings(s, capabilities: dict | None) -> list[str]:
+    """Every non-zero setting of PORTED_SETTINGS that this image does not advertise; [] when fine (or when there is
+    no document: check_serve_argv reports that)."""
+    if not capabilities:
+        return []
+    version = capabilities.get("version") or "unknown version"
+    problems = []
+    for name, (variable, feature) in PORTED_SETTINGS.items():
+        value = getattr(s, name)
+        if value and not engine_reads(capabilities, variable):
+            problems.append(f"{name} = {value} asks for {feature}, but this engine image ({version}) does not read "
+                            f"{variable} (not in its capabilities env): set {name} = 0, or build an image whose "
+                            f"engine carries the {feature} patches and lists {variable}")
     return problems

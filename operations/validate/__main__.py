@@ -1,5 +1,6 @@
 """python -m operations.validate --base-url URL [--api-key-file F] [--model ID] CHECK...
-python -m operations.validate compare A.json B.json"""
+python -m operations.validate compare A.json B.json
+python -m operations.validate [--base-url URL] exact record FILE | exact compare A.json B.json"""
 
 from __future__ import annotations
 
@@ -7,9 +8,9 @@ import argparse
 import os
 import sys
 
-from operations.validate import bench, context, image, text, tools
-from operations.validate.client import Client, CouldNotRun, HttpError, api_key_from
-from operations.validate.result import FAIL, NOT_RUN, Result, exit_code
+from operations.validate import anthropic, bench, context, exact, image, prompt_reuse, smoke, text, tools
+from operations.validate.client import Client, CouldNotRun, connect
+from operations.validate.result import NOT_RUN, Result, attempt, exit_code
 
 CHECKS = {
     "text": text.check_text,
@@ -20,17 +21,22 @@ CHECKS = {
     "long": context.check_long,
     "needle": context.check_needle,
     "end-of-turn": text.check_end_of_turn,
+    "smoke": smoke.check_smoke,
+    "prompt-reuse": prompt_reuse.check_prompt_reuse,
+    "anthropic": anthropic.check_anthropic,
     "bench": bench.check_bench,
 }
-# `all`: the correctness checks (bench and needle take long; ask for them by name)
-ALL = ["text", "thinking-on", "thinking-off", "tools", "image", "long", "end-of-turn"]
+# `all`: the quick correctness checks. By name only: bench and needle (long), prompt-reuse (timing), anthropic (a
+# route many servers lack) and `exact` (a record to keep).
+ALL = ["text", "thinking-on", "thinking-off", "tools", "image", "long", "end-of-turn", "smoke"]
 
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m operations.validate", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("checks", nargs="+", metavar="CHECK",
-                   help=f"{', '.join(CHECKS)}, all ({', '.join(ALL)}), or: compare A.json B.json")
+                   help=f"{', '.join(CHECKS)}, all ({', '.join(ALL)}), or: compare A.json B.json, "
+                        "exact record FILE, exact compare A.json B.json")
     p.add_argument("--base-url", default=os.environ.get("API_URL"), help="server base URL (or API_URL)")
     p.add_argument("--api-key-file", help="file holding the API key (else the API_KEY variable)")
     p.add_argument("--model", help="model id (default: the first of /v1/models)")
@@ -38,23 +44,16 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--think-tokens", type=int, default=4096, help="max_tokens of the thinking-on check")
     p.add_argument("--long-tokens", type=int, default=32000, help="size of the long prompt (approx. tokens)")
     p.add_argument("--needle-tokens", type=int, default=195000, help="size of the needle context (approx. tokens)")
+    p.add_argument("--needle-depth", type=float, default=0.6, help="needle: where the passphrase sits (0 start, 1 end)")
+    p.add_argument("--reuse-tokens", type=int, default=16000, help="prompt-reuse: first turn size (approx. tokens)")
     p.add_argument("--repeat", type=int, default=1, help="end-of-turn: times each prompt is asked")
     p.add_argument("--max-cut", type=int, default=0, help="end-of-turn: replies allowed to hit max_tokens")
-    p.add_argument("--prefill-tokens", type=int, default=4096, help="bench: prompt size (approx. tokens)")
-    p.add_argument("--decode-tokens", type=int, default=256, help="bench: tokens generated per stream")
-    p.add_argument("--streams", type=int, default=4, help="bench: concurrent streams")
-    p.add_argument("--out", help="bench: write the JSON record here (else stdout)")
-    p.add_argument("--tolerance", type=float, default=10.0, help="compare: allowed drop in percent")
+    bench.add_arguments(p)
     return p
 
 
 def run_check(name: str, client: Client, args) -> Result:
-    try:
-        return CHECKS[name](client, args)
-    except CouldNotRun as e:
-        return Result(name, NOT_RUN, str(e))
-    except HttpError as e:
-        return Result(name, FAIL, str(e))
+    return attempt(name, CHECKS[name], client, args)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -66,6 +65,10 @@ def main(argv: list[str] | None = None) -> int:
         result = bench.run_compare(args.checks[1], args.checks[2], args.tolerance)
         print(result.line())
         return result.status
+    if args.checks[0] == "exact":
+        result = attempt("exact", exact.run, args.checks[1:], args)
+        print(result.line())
+        return result.status
     names = [n for c in args.checks for n in (ALL if c == "all" else [c])]
     unknown = [n for n in names if n not in CHECKS]
     if unknown or not args.base_url:
@@ -73,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return NOT_RUN
     try:
-        client = Client(args.base_url, api_key_from(args.api_key_file), args.model, args.timeout)
+        client = connect(args)
     except (CouldNotRun, OSError) as e:
         print(f"NOT RUN: {e}", file=sys.stderr)
         return NOT_RUN

@@ -1,19 +1,49 @@
-"""bench: prefill, decode and multi-stream figures from the server's usage counts and our timing, as JSON;
-compare: two such records side by side, flagging drops beyond a tolerance."""
+"""bench: the recipe's measurements against a running server. A prefill sweep over prompt sizes (counted by the
+server's usage.prompt_tokens) and decode at 1-4 concurrent streams on prose and code prompts, at each temperature,
+thinking on and off. Prints a progress line per measurement, then the tables; the record is versioned JSON.
+compare: two records figure by figure, failing when a figure moved the wrong way by more than a tolerance.
+
+Figures (docs/validate.md, "bench records and compare"):
+- prefill tok/s: usage.prompt_tokens over the wall time of a 1-token, non-streamed request;
+- decode, per stream: (completion_tokens - 1) over the time after the stream's first delta;
+- decode, total: the streams' tokens after their first, over the time from the first first delta to the last end;
+- TTFT: the time to a stream's first content or reasoning delta (mean of the streams; the largest is kept too).
+"""
 
 from __future__ import annotations
 
+import argparse
 import json
+import os
+import secrets
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TextIO
 
-from operations.validate.client import THINKING_OFF, Client
-from operations.validate.context import paragraphs
+from operations.validate.client import THINKING_OFF, THINKING_ON, Client, HttpError
+from operations.validate.context import CHARS_PER_TOKEN, paragraphs
 from operations.validate.result import FAIL, NOT_RUN, PASS, UNVERIFIED, Result
+from operations.validate.sse import StreamError
 
 KIND = "sparkfold-bench"
-STORY = "Write a long story about a lighthouse keeper and the storm of the century."
-# (path in the record, True when higher is better)
+VERSION = 2
+READABLE_VERSIONS = (1, 2)  # version 1: the headline figures only (prefill, decode, multi)
+
+PROMPTS = {
+    "prose": "Write a long story about a lighthouse keeper and the storm of the century.",
+    "code": "Write a complete Python module implementing a thread-safe LRU cache with expiry, type hints, "
+            "docstrings and unit tests.",
+}
+DEFAULT_PREFILL_SIZES = [4096, 8192, 16384, 32768, 65536, 131072, 262144]
+DEFAULT_STREAMS = [1, 2, 3, 4]
+DEFAULT_TEMPERATURES = [0.0, 0.7]
+DEFAULT_THINKING = [False, True]
+# The recipe's reference condition: its published figures are prose, temperature 0, thinking off.
+HEADLINE = ("prose", 0.0, False)
+SEED = 7
+
+# Headline figures, in every record version: (path in the record, True when higher is better).
 FIGURES = [
     (("prefill", "tok_s"), True),
     (("decode", "tok_s"), True),
@@ -21,77 +51,310 @@ FIGURES = [
     (("multi", "tok_s_total"), True),
     (("multi", "tok_s_per_stream"), True),
 ]
+# Figures of each decode run and each prefill size (version 2).
+DECODE_FIGURES = [("tok_s_total", True), ("tok_s_per_stream", True), ("ttft_s", False)]
+PREFILL_FIGURES = [("tok_s", True)]
 
 
 class NoUsage(Exception):
-    pass
+    """The server's replies lack what a figure is computed from (usage counts, streamed deltas): exit code 3."""
 
 
-def _decode(client: Client, tokens: int):
-    reply = client.chat_stream([{"role": "user", "content": STORY}], max_tokens=tokens, temperature=0, seed=7,
-                               ignore_eos=True, **THINKING_OFF)
-    completion = reply.usage.get("completion_tokens")
-    if not completion:
-        raise NoUsage("the streamed reply carried no usage.completion_tokens")
-    return reply, completion
+# --- command line ---------------------------------------------------------------------------------------------
+
+def _list(text: str, item, what: str) -> list:
+    try:
+        values = [item(w.strip()) for w in text.split(",") if w.strip()]
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"{text!r}: {e}") from None
+    if not values:
+        raise argparse.ArgumentTypeError(f"{text!r}: give at least one {what}")
+    return values
 
 
-def measure(client: Client, prefill_tokens: int, decode_tokens: int, streams: int) -> dict:
-    prompt = "\n\n".join(paragraphs(prefill_tokens)) + "\n\nSummarise the text above in one word."
-    pre = client.chat([{"role": "user", "content": prompt}], max_tokens=1, temperature=0, **THINKING_OFF)
-    prompt_tokens = pre.usage.get("prompt_tokens")
+def _size(word: str) -> int:
+    """4096, 4K or 4k (K = 1024 tokens)."""
+    n = int(word[:-1]) * 1024 if word[-1:] in ("K", "k") else int(word)
+    if not 16 <= n <= 1_048_576:
+        raise ValueError(f"{word} is not a prompt size from 16 to 1024K tokens")
+    return n
+
+
+def _streams(word: str) -> int:
+    n = int(word)
+    if not 1 <= n <= 16:
+        raise ValueError(f"{word} streams: give 1 to 16")
+    return n
+
+
+def _temperature(word: str) -> float:
+    t = float(word)
+    if not 0 <= t <= 2:
+        raise ValueError(f"temperature {word} is outside 0..2")
+    return t
+
+
+def _switch(word: str) -> bool:
+    if word.lower() not in ("on", "off"):
+        raise ValueError(f"{word}: write on or off")
+    return word.lower() == "on"
+
+
+def _prompt(word: str) -> str:
+    if word not in PROMPTS:
+        raise ValueError(f"{word}: the prompts are {', '.join(PROMPTS)}")
+    return word
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """bench's and compare's options (python -m operations.validate ... bench | compare A B)."""
+    p.add_argument("--prefill-sizes", "--prefill-tokens", dest="prefill_sizes", metavar="N,N,...",
+                   type=lambda t: _list(t, _size, "size"), default=DEFAULT_PREFILL_SIZES,
+                   help="bench: prompt sizes of the prefill sweep, in tokens as the server counts them "
+                        "(default 4K,8K,16K,32K,64K,128K,256K)")
+    p.add_argument("--decode-tokens", type=int, default=256, help="bench: tokens generated per stream (256)")
+    p.add_argument("--streams", metavar="N,N,...", type=lambda t: _list(t, _streams, "stream count"),
+                   default=DEFAULT_STREAMS, help="bench: concurrent streams of the decode runs (default 1,2,3,4)")
+    p.add_argument("--temperatures", metavar="T,T,...", type=lambda t: _list(t, _temperature, "temperature"),
+                   default=DEFAULT_TEMPERATURES, help="bench: decode temperatures (default 0,0.7)")
+    p.add_argument("--thinking", metavar="off,on", type=lambda t: _list(t, _switch, "of on/off"),
+                   default=DEFAULT_THINKING, help="bench: decode with thinking off and/or on (default off,on)")
+    p.add_argument("--prompts", metavar="prose,code", type=lambda t: _list(t, _prompt, "prompt"),
+                   default=list(PROMPTS), help="bench: decode prompts (default prose,code)")
+    p.add_argument("--out", help="bench: write the JSON record to this file (else it follows the tables on stdout)")
+    p.add_argument("--tolerance", type=float, default=10.0, help="compare: allowed change in percent (10)")
+
+
+# --- measuring ------------------------------------------------------------------------------------------------
+
+def _say(progress: TextIO, line: str) -> None:
+    print(f"bench: {line}", file=progress, flush=True)
+
+
+def _condition(prompt: str, temperature: float, thinking: bool) -> str:
+    return f"{prompt}, temperature {temperature:g}, thinking {'on' if thinking else 'off'}"
+
+
+def _prefill_prompt(tokens: int, chars_per_token: float) -> str:
+    """About `tokens` tokens at `chars_per_token` characters each. A fresh first line: no prompt shares a prefix
+    with another, so no cached prefix shortens a prefill."""
+    head, tail = f"Reference {secrets.token_hex(6)}.\n\n", "\n\nSummarise the text above in one word."
+    chars = max(1, round(tokens * chars_per_token) - len(head) - len(tail))
+    return head + "\n\n".join(paragraphs(chars // CHARS_PER_TOKEN + 1))[:chars] + tail
+
+
+def _prefill(client: Client, prompt: str) -> dict:
+    reply = client.chat([{"role": "user", "content": prompt}], max_tokens=1, temperature=0, **THINKING_OFF)
+    prompt_tokens = reply.usage.get("prompt_tokens")
     if not prompt_tokens:
         raise NoUsage("the reply carried no usage.prompt_tokens")
+    row: dict[str, Any] = {"prompt_tokens": prompt_tokens, "seconds": round(reply.seconds, 4),
+                           "tok_s": round(prompt_tokens / max(reply.seconds, 1e-6), 2)}
+    server_prefill = (reply.body.get("tensorfold") or {}).get("prefill_s")
+    if isinstance(server_prefill, (int, float)):
+        row["server_prefill_s"] = server_prefill
+    return row
 
-    one, completion = _decode(client, decode_tokens)
-    ttft = one.ttft_s if one.ttft_s is not None else one.seconds
-    decode_s = max(one.seconds - ttft, 1e-6)
 
+def _stream(client: Client, prompt: str, tokens: int, temperature: float, thinking: bool) -> dict:
     start = time.monotonic()
+    reply = client.chat_stream([{"role": "user", "content": prompt}], max_tokens=tokens, temperature=temperature,
+                               seed=SEED, ignore_eos=True, **(THINKING_ON if thinking else THINKING_OFF))
+    completion = reply.usage.get("completion_tokens")
+    if not completion:
+        raise NoUsage("the streamed reply carried no usage.completion_tokens (stream_options.include_usage)")
+    if reply.ttft_s is None:
+        raise NoUsage("the stream carried no content or reasoning delta: no time to first token")
+    return {"start": start, "first": start + reply.ttft_s, "end": start + reply.seconds, "ttft": reply.ttft_s,
+            "completion": completion,
+            "rate": max(completion - 1, 1) / max(reply.seconds - reply.ttft_s, 1e-6)}
+
+
+def _decode(client: Client, prompt: str, tokens: int, temperature: float, thinking: bool, streams: int) -> dict:
     with ThreadPoolExecutor(max_workers=streams) as pool:
-        runs = list(pool.map(lambda _: _decode(client, decode_tokens), range(streams)))
-    wall = max(time.monotonic() - start, 1e-6)
-    total = sum(c for _, c in runs)
-    return {
-        "kind": KIND, "version": 1, "base_url": client.base, "model": client.model,
+        runs = list(pool.map(lambda _: _stream(client, prompt, tokens, temperature, thinking), range(streams)))
+    after_first = sum(max(r["completion"] - 1, 1) for r in runs)
+    window = max(max(r["end"] for r in runs) - min(r["first"] for r in runs), 1e-6)
+    ttfts = [r["ttft"] for r in runs]
+    return {"completion_tokens": sum(r["completion"] for r in runs),
+            "seconds": round(max(r["end"] for r in runs) - min(r["start"] for r in runs), 4),
+            "tok_s_total": round(after_first / window, 2),
+            "tok_s_per_stream": round(sum(r["rate"] for r in runs) / streams, 2),
+            "ttft_s": round(sum(ttfts) / streams, 4), "ttft_max_s": round(max(ttfts), 4)}
+
+
+def _headlines(record: dict) -> None:
+    """The version-1 figures (prefill, decode, multi), from the smallest prefill size and the reference condition:
+    one stream for decode, the most streams for multi."""
+    sweep = [r for r in record["prefill_sweep"] if "tok_s" in r]
+    if sweep:
+        first = min(sweep, key=lambda r: r["size"])
+        record["prefill"] = {k: first[k] for k in ("prompt_tokens", "seconds", "tok_s")}
+    runs = [r for r in record["decode_runs"] if "tok_s_total" in r]
+    if not runs:
+        return
+    conditions = [(r["prompt"], r["temperature"], r["thinking"]) for r in runs]
+    condition = HEADLINE if HEADLINE in conditions else conditions[0]
+    chosen = [r for r, c in zip(runs, conditions, strict=True) if c == condition]
+    one = min(chosen, key=lambda r: r["streams"])
+    many = max(chosen, key=lambda r: r["streams"])
+    record["decode"] = {"condition": _condition(one["prompt"], one["temperature"], one["thinking"]),
+                        "streams": one["streams"], "completion_tokens": one["completion_tokens"],
+                        "ttft_s": one["ttft_s"], "seconds": one["seconds"], "tok_s": one["tok_s_total"]}
+    record["multi"] = {"streams": many["streams"], "completion_tokens": many["completion_tokens"],
+                       "seconds": many["seconds"], "tok_s_total": many["tok_s_total"],
+                       "tok_s_per_stream": many["tok_s_per_stream"]}
+
+
+def _write(path: str, record: dict) -> None:
+    """Replace `path` in one step, so an interrupted run leaves the last complete state."""
+    tmp = f"{path}.partial"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(json.dumps(record, indent=2) + "\n")
+    os.replace(tmp, path)
+
+
+def measure(client: Client, args, progress: TextIO | None = None) -> dict:
+    """The whole matrix as a record. An HTTP error answer or a broken stream is kept as that measurement's `error`
+    and the run goes on; missing usage raises NoUsage; an unreachable server raises CouldNotRun."""
+    progress = progress or sys.stderr
+    sizes = sorted(args.prefill_sizes)
+    conditions = [(p, t, th) for p in args.prompts for t in args.temperatures for th in args.thinking]
+    record: dict[str, Any] = {
+        "kind": KIND, "version": VERSION, "complete": False, "base_url": client.base, "model": client.model,
         "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "prefill": {"prompt_tokens": prompt_tokens, "seconds": round(pre.seconds, 4),
-                    "tok_s": round(prompt_tokens / max(pre.seconds, 1e-6), 2)},
-        "decode": {"completion_tokens": completion, "ttft_s": round(ttft, 4), "seconds": round(one.seconds, 4),
-                   "tok_s": round(max(completion - 1, 1) / decode_s, 2)},
-        "multi": {"streams": streams, "completion_tokens": total, "seconds": round(wall, 4),
-                  "tok_s_total": round(total / wall, 2), "tok_s_per_stream": round(total / wall / streams, 2)},
+        "settings": {"prefill_sizes": sizes, "decode_tokens": args.decode_tokens, "streams": list(args.streams),
+                     "prompts": list(args.prompts), "temperatures": list(args.temperatures),
+                     "thinking": list(args.thinking), "seed": SEED},
+        "prefill_sweep": [], "decode_runs": [], "errors": [],
     }
+
+    def save() -> None:
+        if args.out:
+            _write(args.out, record)
+
+    def failed(entry: dict, what: str, error: Exception) -> None:
+        entry["error"] = str(error)
+        record["errors"].append(f"{what}: {error}")
+        _say(progress, f"{what}: FAILED: {error}")
+        save()
+
+    _say(progress, f"{client.model} at {client.base}: {len(sizes)} prefill size(s), "
+                   f"{len(conditions) * len(args.streams)} decode run(s) of {args.decode_tokens} tokens a stream")
+    # The server's tokens per character of the filler text, so each prompt is its size as the server counts it.
+    probe = _prefill_prompt(min(sizes), CHARS_PER_TOKEN)
+    chars_per_token = len(probe) / _prefill(client, probe)["prompt_tokens"]
+    for size in sizes:
+        entry: dict[str, Any] = {"size": size}
+        record["prefill_sweep"].append(entry)
+        try:
+            entry.update(_prefill(client, _prefill_prompt(size, chars_per_token)))
+        except (HttpError, StreamError) as e:
+            failed(entry, f"prefill {size}", e)
+            continue
+        _say(progress, f"prefill {size}: {entry['prompt_tokens']} prompt tokens in {entry['seconds']:.2f} s, "
+                       f"{entry['tok_s']:.1f} tok/s")
+        save()
+
+    for prompt, temperature, thinking in conditions:
+        for streams in args.streams:
+            entry = {"prompt": prompt, "temperature": temperature, "thinking": thinking, "streams": streams}
+            record["decode_runs"].append(entry)
+            what = f"decode {_condition(prompt, temperature, thinking)}, {streams} stream(s)"
+            try:
+                # a fresh first line per run: the streams of one run share a prompt, runs do not
+                text = f"Request {secrets.token_hex(4)}. {PROMPTS[prompt]}"
+                entry.update(_decode(client, text, args.decode_tokens, temperature, thinking, streams))
+            except (HttpError, StreamError) as e:
+                failed(entry, what, e)
+                continue
+            _say(progress, f"{what}: {entry['tok_s_total']:.1f} tok/s total, {entry['tok_s_per_stream']:.1f} "
+                           f"per stream, TTFT {_ms(entry['ttft_s'])}")
+            save()
+    record["complete"] = True
+    _headlines(record)
+    return record
+
+
+# --- tables ---------------------------------------------------------------------------------------------------
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1000:.0f} ms" if seconds < 1 else f"{seconds:.2f} s"
+
+
+def tables(record: dict) -> str:
+    """The record as the recipe lays out its figures: a prefill table, then a decode table per condition."""
+    out = ["## prefill", "", "| prompt tokens | seconds | tok/s |", "|---:|---:|---:|"]
+    for r in record.get("prefill_sweep") or []:
+        if "error" in r:
+            out.append(f"| ({r['size']:,}) | failed | {r['error'][:60]} |")
+        else:
+            out.append(f"| {r['prompt_tokens']:,} | {r['seconds']:.2f} | {r['tok_s']:,.1f} |")
+    shown: list[tuple] = []
+    for r in record.get("decode_runs") or []:
+        key = (r["prompt"], r["temperature"], r["thinking"])
+        if key not in shown:
+            shown.append(key)
+            out += ["", f"## decode: {_condition(*key)}", "",
+                    "| streams | total tok/s | per-stream tok/s | TTFT |", "|---:|---:|---:|---:|"]
+        if "error" in r:
+            out.append(f"| {r['streams']} | failed | | {r['error'][:60]} |")
+        else:
+            out.append(f"| {r['streams']} | {r['tok_s_total']:.1f} | {r['tok_s_per_stream']:.1f} | "
+                       f"{_ms(r['ttft_s'])} |")
+    return "\n".join(out)
 
 
 def check_bench(client: Client, args) -> Result:
     try:
-        record = measure(client, args.prefill_tokens, args.decode_tokens, args.streams)
+        record = measure(client, args)
     except NoUsage as e:
-        return Result("bench", UNVERIFIED, f"{e}: figures need the server's token counts")
-    text = json.dumps(record, indent=2)
+        return Result("bench", UNVERIFIED, f"{e}: figures need the server's token counts and streamed deltas")
+    print(tables(record), flush=True)
     if args.out:
-        with open(args.out, "w", encoding="utf-8") as f:
-            f.write(text + "\n")
+        _write(args.out, record)
     else:
-        print(text)
-    return Result("bench", PASS, f"prefill {record['prefill']['tok_s']} tok/s, decode {record['decode']['tok_s']} "
-                                 f"tok/s, {args.streams} streams {record['multi']['tok_s_total']} tok/s"
-                                 + (f" -> {args.out}" if args.out else ""), record)
+        print(json.dumps(record, indent=2), flush=True)
+    where = f" -> {args.out}" if args.out else ""
+    if record["errors"]:
+        return Result("bench", FAIL, f"{len(record['errors'])} measurement(s) failed, first: {record['errors'][0]}"
+                                     f"{where}", record)
+    decode, multi = record.get("decode") or {}, record.get("multi") or {}
+    return Result("bench", PASS, f"prefill {record['prefill']['tok_s']} tok/s at {record['prefill']['prompt_tokens']} "
+                                 f"tokens, decode {decode.get('tok_s')} tok/s, {multi.get('streams')} streams "
+                                 f"{multi.get('tok_s_total')} tok/s total{where}", record)
 
 
-def _get(record: dict, path: tuple[str, str]):
-    value = (record.get(path[0]) or {}).get(path[1])
-    return value if isinstance(value, (int, float)) else None
+# --- compare --------------------------------------------------------------------------------------------------
+
+def _number(value) -> float | None:
+    return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def figures(record: dict) -> dict[str, tuple[float | None, bool]]:
+    """Every comparable figure of a record: name -> (value or None, True when higher is better)."""
+    out: dict[str, tuple[float | None, bool]] = {}
+    for (section, key), higher in FIGURES:
+        out[f"{section}.{key}"] = (_number((record.get(section) or {}).get(key)), higher)
+    for r in record.get("prefill_sweep") or []:
+        for key, higher in PREFILL_FIGURES:
+            out[f"prefill@{r.get('size')}.{key}"] = (_number(r.get(key)), higher)
+    for r in record.get("decode_runs") or []:
+        run = f"decode@{r.get('prompt')},t{r.get('temperature')},thinking-{'on' if r.get('thinking') else 'off'}," \
+              f"x{r.get('streams')}"
+        for key, higher in DECODE_FIGURES:
+            out[f"{run}.{key}"] = (_number(r.get(key)), higher)
+    return out
 
 
 def compare(a: dict, b: dict, tolerance_pct: float) -> dict:
     """Each figure of A and B with B's change in percent; `worse` lists figures that moved the wrong way by more
-    than the tolerance."""
+    than the tolerance (lower tok/s, higher TTFT). A figure only one record has is listed without a change."""
+    fa, fb = figures(a), figures(b)
     rows, worse = {}, []
-    for path, higher_better in FIGURES:
-        va, vb = _get(a, path), _get(b, path)
-        name = ".".join(path)
+    for name in list(fa) + [n for n in fb if n not in fa]:
+        va, higher_better = fa.get(name, (None, fb[name][1]))
+        vb = fb.get(name, (None, higher_better))[0]
         if va is None or vb is None or va == 0:
             rows[name] = {"a": va, "b": vb, "change_pct": None}
             continue
@@ -107,6 +370,9 @@ def _load(path: str) -> dict:
         record = json.load(f)
     if not isinstance(record, dict) or record.get("kind") != KIND:
         raise ValueError(f"{path} is not a {KIND} record")
+    if record.get("version") not in READABLE_VERSIONS:
+        raise ValueError(f"{path}: record version {record.get('version')!r} is not one this tool reads "
+                         f"({', '.join(map(str, READABLE_VERSIONS))})")
     return record
 
 

@@ -1,11 +1,11 @@
 """Long prompts: a long document whose last paragraph number must be read back, and a passphrase (needle) hidden
-at 60% depth of generated prose. Sizes are in approximate tokens (4 characters each)."""
+at a depth of generated prose (60% unless --needle-depth). Sizes are in approximate tokens (4 characters each)."""
 
 from __future__ import annotations
 
 import secrets
 
-from operations.validate.client import THINKING_OFF, Client
+from operations.validate.client import THINKING_OFF, Client, CouldNotRun
 from operations.validate.result import FAIL, PASS, Result
 
 CHARS_PER_TOKEN = 4
@@ -59,9 +59,14 @@ def needle_prompt(tokens: int, secret: str, depth: float = 0.6) -> str:
 
 def check_needle(client: Client, args) -> Result:
     secret = f"violet-harbor-{secrets.randbelow(9000) + 1000}"  # new each run: no cached answer can pass
-    reply = client.chat([{"role": "user", "content": needle_prompt(args.needle_tokens, secret)}],
-                        max_tokens=2048, temperature=0, seed=1234, **THINKING_OFF)
+    if not 0 <= args.needle_depth <= 1:
+        raise CouldNotRun(f"--needle-depth {args.needle_depth}: give a fraction from 0 (start) to 1 (end)")
+    prompt = needle_prompt(args.needle_tokens, secret, args.needle_depth)
+    reply = client.chat([{"role": "user", "content": prompt}], max_tokens=2048, temperature=0, seed=1234,
+                        **THINKING_OFF)
     note, data = _usage_note(reply)
+    where = f"at {args.needle_depth:.0%} depth"
+    data["depth"] = args.needle_depth
     if secret in reply.content:
-        return Result("needle", PASS, f"found {secret}; {note}", data)
-    return Result("needle", FAIL, f"{secret} not in {reply.content[:80]!r}; {note}", data)
+        return Result("needle", PASS, f"found {secret} {where}; {note}", data)
+    return Result("needle", FAIL, f"{secret} ({where}) not in {reply.content[:80]!r}; {note}", data)

@@ -8,6 +8,16 @@ from operations.validate.client import THINKING_OFF, THINKING_ON, Client
 from operations.validate.result import FAIL, PASS, UNVERIFIED, Result
 
 GREEDY = {"temperature": 0, "seed": 1234}
+# Template and special-token text that must never reach a reply: DeepSeek's own (model/chat_template.jinja), then the
+# ChatML and Llama end markers a wrongly configured engine or template lets through.
+CONTROL_MARKERS = (
+    "<｜end▁of▁sentence｜>", "<｜begin▁of▁sentence｜>", "<｜User｜>", "<｜Assistant｜>", "<｜deepseek_image｜>",
+    "｜DSML｜", "<think>", "</think>", "<|im_end|>", "<|im_start|>", "<|endoftext|>", "<|eot_id|>",
+)
+
+
+def leaked_markers(text: str) -> list[str]:
+    return [m for m in CONTROL_MARKERS if m in text]
 
 
 def check_text(client: Client, args) -> Result:
@@ -67,11 +77,19 @@ def check_end_of_turn(client: Client, args) -> Result:
     reasons = [r.finish_reason for r in replies]
     cut = reasons.count("length")
     stopped = reasons.count("stop")
-    data = {"prompts": len(prompts), "stop": stopped, "length": cut}
+    leaks = [leaked_markers(r.content) for r in replies]
+    leaked = sorted({m for found in leaks for m in found})
+    data = {"prompts": len(prompts), "stop": stopped, "length": cut, "leaked": leaked}
+    problems = []
     if cut > args.max_cut:
-        return Result("end-of-turn", FAIL, f"{cut} of {len(prompts)} replies ran into max_tokens "
-                                           f"(finish_reason length; at most {args.max_cut} allowed)", data)
+        problems.append(f"{cut} of {len(prompts)} replies ran into max_tokens "
+                        f"(finish_reason length; at most {args.max_cut} allowed)")
+    if leaked:
+        problems.append(f"control text in {sum(map(bool, leaks))} of {len(prompts)} replies: {', '.join(leaked)}")
+    if problems:
+        return Result("end-of-turn", FAIL, "; ".join(problems), data)
     if stopped + cut < len(prompts):
         return Result("end-of-turn", UNVERIFIED,
                       f"finish_reason missing or unexpected: {sorted(set(map(str, reasons)))}", data)
-    return Result("end-of-turn", PASS, f"{stopped} of {len(prompts)} ended their turn (finish_reason stop)", data)
+    return Result("end-of-turn", PASS, f"{stopped} of {len(prompts)} ended their turn (finish_reason stop), "
+                                       "no control text in content", data)

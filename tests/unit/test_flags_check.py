@@ -9,7 +9,7 @@ from pathlib import Path
 
 from settings_factory import make_settings
 
-from operations.flags_check import check_serve_argv
+from operations.flags_check import check_ported_settings, check_serve_argv
 from operations.launch_spec import rank0_argv
 
 STANDIN = Path(__file__).resolve().parents[2] / "tests" / "sim" / "engine" / "bin" / "tensorfold-native"
@@ -100,3 +100,34 @@ def test_against_the_standin_engines_document():
     assert check_serve_argv(a, caps) == []
     assert check_serve_argv(a + ["--vision"], caps) == [
         "--vision is not served by this engine image (1.0.2-sparkfold-standin): remove --vision from extra_serve_args"]
+
+
+def test_ported_settings_off_need_nothing():
+    assert check_ported_settings(make_settings("head"), doc()) == []
+
+
+def test_ported_settings_the_image_does_not_read_are_refused_with_the_fix():
+    problems = check_ported_settings(make_settings("head", spill_gib=64, kv_shard=2), doc())
+    assert problems == [
+        "spill_gib = 64 asks for spill v2, but this engine image (1.0.2) does not read TF_SPILL_GIB (not in its "
+        "capabilities env): set spill_gib = 0, or build an image whose engine carries the spill v2 patches and lists "
+        "TF_SPILL_GIB",
+        "kv_shard = 2 asks for KV sharding, but this engine image (1.0.2) does not read TF_DS_KV_SHARD (not in its "
+        "capabilities env): set kv_shard = 0, or build an image whose engine carries the KV sharding patches and "
+        "lists TF_DS_KV_SHARD",
+    ]
+
+
+def test_ported_settings_the_image_advertises_pass():
+    caps = dict(doc(), env=["TENSORFOLD_API_KEY", "TF_SPILL_GIB", "TF_DS_KV_SHARD"])
+    assert check_ported_settings(make_settings("head", spill_gib=64, kv_shard=2), caps) == []
+    only_spill = dict(doc(), env=["TF_SPILL_GIB"])
+    assert [p.split(" ")[0] for p in check_ported_settings(make_settings("head", spill_gib=64, kv_shard=2),
+                                                             only_spill)] == ["kv_shard"]
+    assert check_ported_settings(make_settings("head", spill_gib=64), None) == []  # check_serve_argv reports it
+
+
+def test_the_standin_engine_reads_neither_ported_variable():
+    out = subprocess.run([sys.executable, str(STANDIN), "capabilities", "--json"], capture_output=True, text=True,
+                         check=True).stdout
+    assert len(check_ported_settings(make_settings("head", spill_gib=8, kv_shard=2), json.loads(out))) == 2

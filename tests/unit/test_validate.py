@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import json
-import re
 import struct
-import threading
 import zlib
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+from validate_fake import png_colour as _png_colour
+from validate_fake import serving
 
 from operations.validate.__main__ import main
 from operations.validate.bench import compare
@@ -22,142 +20,10 @@ SMALL = ["--long-tokens", "2000", "--needle-tokens", "3000", "--prefill-tokens",
          "--streams", "3"]
 
 
-def _png_colour(url: str) -> tuple[int, int, int]:
-    """The first pixel of a data-URL PNG made by make_png (decoded for real: the fake only says red when it is)."""
-    import base64
-    data = base64.b64decode(url.split(",", 1)[1])
-    assert data[:8] == b"\x89PNG\r\n\x1a\n"
-    pos, idat = 8, b""
-    while pos < len(data):
-        (length,) = struct.unpack(">I", data[pos:pos + 4])
-        kind, body = data[pos + 4:pos + 8], data[pos + 8:pos + 8 + length]
-        (crc,) = struct.unpack(">I", data[pos + 8 + length:pos + 12 + length])
-        assert crc == zlib.crc32(kind + body) & 0xFFFFFFFF
-        if kind == b"IDAT":
-            idat += body
-        pos += 12 + length
-    raw = zlib.decompress(idat)
-    return tuple(raw[1:4])
-
-
-class Fake(BaseHTTPRequestHandler):
-    def log_message(self, *args):
-        pass
-
-    def _send(self, status, body, content_type="application/json"):
-        data = body if isinstance(body, bytes) else json.dumps(body).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", content_type)
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def _authorised(self):
-        key = self.server.require_key
-        return not key or self.headers.get("Authorization") == f"Bearer {key}"
-
-    def do_GET(self):
-        self.server.requests.append(("GET", self.path, None))
-        if not self._authorised():
-            return self._send(401, {"error": {"message": "A valid API key is required"}})
-        if self.path == "/v1/models":
-            return self._send(200, {"object": "list", "data": [{"id": "fake-model", "object": "model"}]})
-        self._send(404, {"error": {"message": "unknown path"}})
-
-    def do_POST(self):
-        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        self.server.requests.append(("POST", self.path, body))
-        if not self._authorised():
-            return self._send(401, {"error": {"message": "A valid API key is required"}})
-        if self.path != "/v1/chat/completions":
-            return self._send(404, {"error": {"message": "unknown path"}})
-        bad = self.server.bad
-        if "image" in bad and self._images(body):
-            return self._send(400, {"error": {"message": "this engine has no vision"}})
-        message, finish = self._answer(body, bad)
-        prompt_chars = sum(len(self._text(m.get("content"))) for m in body["messages"])
-        completion = (body.get("max_tokens", 16) if body.get("ignore_eos")
-                      else len(message.get("content") or "") // 4 + 1)
-        usage = None if "no-usage" in bad else {"prompt_tokens": prompt_chars // 4, "completion_tokens": completion}
-        if "no-finish" in bad:
-            finish = None
-        if body.get("stream"):
-            return self._stream(message, finish, usage, completion if body.get("ignore_eos") else None)
-        reply = {"object": "chat.completion", "model": body["model"],
-                 "choices": [{"index": 0, "message": {"role": "assistant", **message}, "finish_reason": finish}]}
-        if usage:
-            reply["usage"] = usage
-        self._send(200, reply)
-
-    @staticmethod
-    def _text(content):
-        if isinstance(content, str):
-            return content
-        return "".join(p.get("text", "") for p in content or [] if isinstance(p, dict))
-
-    @staticmethod
-    def _images(body):
-        return [p["image_url"]["url"] for m in body["messages"] if isinstance(m.get("content"), list)
-                for p in m["content"] if p.get("type") == "image_url"]
-
-    def _answer(self, body, bad):
-        prompt = "\n".join(self._text(m.get("content")) for m in body["messages"])
-        thinking = (body.get("chat_template_kwargs") or {}).get("enable_thinking", True)
-        finish, message = "stop", {}
-        if body.get("tools"):
-            tags = "urgent, finance, q3" if "tools" in bad else ["urgent", "finance", "q3"]
-            call = {"id": "c1", "type": "function",
-                    "function": {"name": "add_tags", "arguments": json.dumps({"doc_id": 42, "tags": tags})}}
-            return {"content": None, "tool_calls": [call]}, "tool_calls"
-        if self._images(body):
-            message["content"] = "Red." if _png_colour(self._images(body)[0]) == (220, 20, 20) else "Blue."
-        elif "secret passphrase is" in prompt:
-            secret = re.search(r"secret passphrase is (\S+)\.", prompt).group(1)
-            message["content"] = "I do not know." if "needle" in bad else secret
-        elif "number of the last paragraph" in prompt:
-            last = max(int(n) for n in re.findall(r"Paragraph (\d+)\.", prompt))
-            message["content"] = "1" if "long" in bad else str(last)
-        elif "capital of France" in prompt:
-            message["content"] = "" if "text" in bad else "Paris."
-        elif prompt.startswith("Write a") and "eot" in bad:
-            message["content"], finish = "def f(x):\n    return x * x\n" * 40, "length"
-        else:
-            message["content"] = "Hello there, here you go."
-        if thinking and "thinking-on" not in bad:
-            message["reasoning_content"] = "Let me think about it."
-        if not thinking and "thinking-off" in bad:
-            message["reasoning_content"] = "I thought anyway."
-        if thinking and "thinking-leak" in bad:
-            message["content"] = "<think>oops</think>" + message["content"]
-        return message, finish
-
-    def _stream(self, message, finish, usage, tokens):
-        self.send_response(200)
-        self.send_header("Content-Type", "text/event-stream")
-        self.end_headers()
-        pieces = ["tok "] * tokens if tokens else (message.get("content") or "").split(" ")
-        chunks = [{"choices": [{"index": 0, "delta": {"role": "assistant"}}]}]
-        chunks += [{"choices": [{"index": 0, "delta": {"content": p}}]} for p in pieces]
-        chunks.append({"choices": [{"index": 0, "delta": {}, "finish_reason": finish}]})
-        if usage:
-            chunks.append({"choices": [], "usage": usage})
-        for chunk in chunks:
-            self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
-        self.wfile.write(b"data: [DONE]\n\n")
-        self.wfile.flush()
-        self.close_connection = True
-
-
 @pytest.fixture
 def server():
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Fake)
-    httpd.bad, httpd.require_key, httpd.requests = set(), None, []
-    thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.01}, daemon=True)
-    thread.start()
-    httpd.url = f"http://127.0.0.1:{httpd.server_address[1]}"
-    yield httpd
-    httpd.shutdown()
-    httpd.server_close()
+    with serving() as httpd:
+        yield httpd
 
 
 def run(server, *checks, extra=()):
@@ -189,7 +55,7 @@ def test_all_runs_the_correctness_checks_and_reports_the_worst(server, capsys):
     server.bad = {"tools"}
     assert run(server, "all") == FAIL
     out = capsys.readouterr().out
-    assert out.count("PASS ") == 7 + 6 and "FAIL tools:" in out
+    assert out.count("PASS ") == 8 + 7 and "FAIL tools:" in out  # ALL gained smoke
 
 
 def test_requests_carry_thinking_switch_model_and_tool_schema(server):
@@ -236,27 +102,6 @@ def test_end_of_turn_without_finish_reason_is_unverified(server):
 def test_end_of_turn_max_cut_allows_some_cuts(server):
     server.bad = {"eot"}
     assert run(server, "end-of-turn", extra=["--max-cut", "8"]) == PASS
-
-
-def test_bench_writes_figures_and_compare_flags_a_drop(server, tmp_path, capsys):
-    a = tmp_path / "a.json"
-    assert run(server, "bench", extra=["--out", str(a)]) == PASS
-    record = json.loads(a.read_text())
-    assert record["kind"] == "sparkfold-bench"
-    assert record["prefill"]["prompt_tokens"] > 400 and record["prefill"]["tok_s"] > 0
-    assert record["decode"]["completion_tokens"] == 16 and record["decode"]["tok_s"] > 0
-    assert record["multi"]["streams"] == 3 and record["multi"]["completion_tokens"] == 48
-    posts = [b for m, _, b in server.requests if m == "POST"]
-    assert sum(1 for b in posts if b.get("stream")) == 1 + 3
-
-    assert main(["compare", str(a), str(a)]) == PASS
-    slow = dict(record, decode=dict(record["decode"], tok_s=record["decode"]["tok_s"] * 0.5))
-    b = tmp_path / "b.json"
-    b.write_text(json.dumps(slow))
-    capsys.readouterr()
-    assert main(["compare", str(a), str(b)]) == FAIL
-    report = json.loads(capsys.readouterr().out.rsplit("\nFAIL", 1)[0])
-    assert report["worse"] == ["decode.tok_s"] and report["figures"]["decode.tok_s"]["change_pct"] == -50.0
 
 
 def test_bench_without_usage_is_unverified(server):

@@ -1,0 +1,132 @@
+"""The agent-facing checks (tools in five parts, needle depth, end-of-turn leaks, smoke, anthropic, prompt-reuse)
+against the fake server: right, then wrong in exactly the way each part looks for."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from validate_fake import serving
+
+from operations.validate.__main__ import main
+from operations.validate.result import FAIL, NOT_RUN, PASS, UNVERIFIED
+from operations.validate.text import CONTROL_MARKERS, leaked_markers
+
+KEY = "k" * 64
+
+
+@pytest.fixture
+def server():
+    with serving() as httpd:
+        yield httpd
+
+
+def run(server, *checks, extra=()):
+    return main(["--base-url", server.url, "--needle-tokens", "3000", "--reuse-tokens", "2000", *extra, *checks])
+
+
+@pytest.mark.parametrize("check", ["tools", "smoke", "anthropic", "prompt-reuse", "end-of-turn", "needle"])
+def test_each_new_check_passes_against_a_good_server(server, check, capsys):
+    assert run(server, check) == PASS
+    assert capsys.readouterr().out.startswith(f"PASS {check}:")
+
+
+@pytest.mark.parametrize("fault, status, says", [
+    ("tools", FAIL, "call FAIL: tags came back as str"),  # the model's typing: the streamed call has it too
+    ("tools-stream-object", FAIL, "stream FAIL: tool call 0: arguments streamed as a JSON dict, not a string"),
+    ("no-done", FAIL, "stream FAIL: the stream ended without data: [DONE]"),
+    ("tools-result", FAIL, "result FAIL: the answer does not use the result"),
+    ("required-ignored", FAIL, "required FAIL: tool_choice required but no tool call"),
+    ("none-ignored", FAIL, "none FAIL: tool_choice none but the reply calls a tool"),
+    ("tool-choice-400", UNVERIFIED, "required UNCHECKED: the server does not support tool_choice 'required'"),
+])
+def test_tools_parts_each_catch_their_fault(server, fault, status, says, capsys):
+    server.bad = {fault}
+    assert run(server, "tools") == status
+    out = capsys.readouterr().out
+    assert says in out
+    wrong_parts = 2 if fault == "tools" else 1
+    assert out.count("FAIL") + out.count("UNCHECKED") == 1 + wrong_parts  # the check's label, the parts at fault
+
+
+def test_tools_result_turn_sends_the_call_and_its_result_back(server):
+    run(server, "tools")
+    posts = [b for m, _, b in server.requests if m == "POST"]
+    turn = next(b for b in posts if any(m["role"] == "tool" for m in b["messages"]))
+    assistant, result = turn["messages"][1:]
+    assert assistant["tool_calls"][0]["id"] == result["tool_call_id"]
+    assert [b["tool_choice"] for b in posts] == ["auto", "auto", "auto", "required", "none"]
+    assert posts[1]["stream"] is True
+
+
+def test_needle_depth_places_the_passphrase(server):
+    assert run(server, "needle", extra=["--needle-depth", "0.2"]) == PASS
+    prompt = server.requests[-1][2]["messages"][0]["content"]
+    assert 0.15 < prompt.index("secret passphrase is") / len(prompt) < 0.25
+    assert run(server, "needle", extra=["--needle-depth", "1.5"]) == NOT_RUN
+
+
+def test_end_of_turn_fails_on_leaked_control_text(server, capsys):
+    server.bad = {"eot-leak"}
+    assert run(server, "end-of-turn") == FAIL
+    assert "control text in 8 of 8 replies: <｜end▁of▁sentence｜>" in capsys.readouterr().out
+
+
+def test_every_control_marker_is_caught():
+    for marker in CONTROL_MARKERS:
+        assert leaked_markers(f"fine {marker} text") == [marker]
+    assert leaked_markers("plain <b>html</b> and a | pipe") == []
+
+
+@pytest.mark.parametrize("fault, status, says", [
+    ("no-health", PASS, "health ok: /v1/models 200"),
+    ("health-down", FAIL, "health FAIL: HTTP 503"),
+    ("stop-ignored", FAIL, "stop FAIL: the stop string '7' is in the reply"),
+    ("no-done", FAIL, "stream FAIL: the stream ended without data: [DONE]"),
+    ("stream-error", FAIL, "stream FAIL: error in the stream"),
+])
+def test_smoke_parts_each_catch_their_fault(server, fault, status, says, capsys):
+    server.bad = {fault}
+    assert run(server, "smoke") == status
+    assert says in capsys.readouterr().out
+
+
+def test_smoke_sends_a_stop_string(server):
+    run(server, "smoke")
+    assert [b.get("stop") for m, _, b in server.requests if m == "POST"] == [["7"], None]
+    assert ("GET", "/health", None) in server.requests
+
+
+@pytest.mark.parametrize("fault, status, says", [
+    ("no-anthropic", NOT_RUN, "NOT RUN anthropic: the server has no Anthropic Messages route"),
+    ("anthropic-shape", FAIL, "content is not a list of typed blocks"),
+    ("anthropic-no-stop", FAIL, "stop_reason None"),
+])
+def test_anthropic_catches_each_fault(server, fault, status, says, capsys):
+    server.bad = {fault}
+    assert run(server, "anthropic") == status
+    assert says in capsys.readouterr().out
+
+
+def test_anthropic_sends_its_key_as_x_api_key_and_a_version(server, monkeypatch):
+    server.require_key = KEY
+    monkeypatch.setenv("API_KEY", KEY)
+    assert run(server, "anthropic") == PASS
+    headers = {k.lower(): v for k, v in server.headers[-1].items()}
+    assert headers["x-api-key"] == KEY and "authorization" not in headers
+    assert headers["anthropic-version"] == "2023-06-01"
+    assert server.requests[-1][2]["messages"][0]["role"] == "user"
+
+
+@pytest.mark.parametrize("fault, status, says", [
+    ("", PASS, r"turn 2 reused 2\d{3} of \d+ prompt tokens"),
+    ("reuse-hidden", PASS, r"turn 2 answered [\d.]+x sooner"),
+    ("reuse-metrics-only", PASS, r"/metrics tensorfold_cached_tokens_total rose by 2\d{3}"),
+    ("no-reuse", FAIL, r"turn 2 was not reused: TTFT 0\.\d+ s then 0\.\d+ s"),
+])
+def test_prompt_reuse_takes_any_evidence_and_fails_without(server, fault, status, says, capsys):
+    server.bad = {fault}
+    assert run(server, "prompt-reuse") == status
+    assert re.search(says, capsys.readouterr().out)
+    first, second = [b for m, _, b in server.requests if m == "POST"]
+    assert second["messages"][0] == first["messages"][0] and len(second["messages"]) == 3
