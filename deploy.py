@@ -13,6 +13,7 @@ from operations.memguard import memguard
 from operations.model_data import model_data
 from operations.nfs import nfs
 from operations.preflight import preflight
+from operations.run_lock import locked, unlocked
 from operations.supervise import supervision
 from operations.sync import both_sparks_reached
 
@@ -20,6 +21,9 @@ from operations.sync import both_sparks_reached
 s, problems = current_settings()
 if problems:
     raise DeployError("the settings need fixing before anything is changed:\n  - " + "\n  - ".join(problems))
+
+# one run at a time on each Spark (released at the end; a run that died leaves a lock the next run takes over)
+locked(s=s)
 
 # 2-5. host preparation
 preflight(s=s)
@@ -44,3 +48,5 @@ pair(s=s)
 
 # 11. the optional supervisor (head), started once the pair serves
 supervision(s=s, _sudo=True)
+
+unlocked(s=s)

@@ -3,10 +3,13 @@
 # The supervisor (if installed) is stopped first so it does not start the pair again; deploy.py starts it again.
 from operations.context import current_settings
 from operations.lifecycle import stopped
+from operations.run_lock import locked, unlocked
 from operations.supervise import supervisor_paused
 
 # stopping needs only the container name and paths: it goes ahead even when other settings need fixing
 s, _problems = current_settings()
 
+locked(s=s)
 supervisor_paused(s=s, _sudo=True)
 stopped(s=s)
+unlocked(s=s)

@@ -5,7 +5,7 @@
 # An empty path ("") means "under the ssh user's home on that Spark" (resolved per host).
 
 # --- serving (the recipe's settings table) ---
-context = 1048576  # most positions one request may use (power of two, at most 1048576)
+context = 1048576  # positions in the pool all streams share (power of two, at most 1048576)
 parallel = 4  # requests served at once (1-4 for this engine)
 thinking = True  # think first unless a request turns it off
 reasoning_effort = ""  # default reasoning effort: "", low, medium, high or xhigh
@@ -81,6 +81,7 @@ nccl_debug = ""  # NCCL_DEBUG for both ranks when set
 # --- host preparation ---
 gpu_clock_mhz = 2200  # GPU clock ceiling locked on both Sparks (nvidia-smi -lgc 0,<MHz>)
 docker_install = True  # install docker/nvidia-container-toolkit when missing (apt)
+docker_restart_ok = False  # True lets a daemon.json change restart Docker while other containers run (it stops them)
 
 # --- launch and lifecycle ---
 container_name = "dsv41-1017-exl3-tf"  # rank container name on both Sparks

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import posixpath
 
-from pyinfra import host
+from pyinfra import host, logger
 from pyinfra.api import StringCommand, deploy, operation
 
 from operations.facts.files import ApiKeyFile
@@ -23,6 +23,14 @@ _NEW_KEY = "python3 -c 'import secrets; print(secrets.token_hex(32))'"
 
 def api_key_path(s) -> str:
     return s.layout.api_key
+
+
+def open_api_note(s) -> str:
+    """The plain warning for rank 0 answering the network without a key ("" when loopback-only or keyed)."""
+    if s.api_key or s.host in ("127.0.0.1", "::1", "localhost"):
+        return ""
+    return (f"the API has no key and listens on {s.host}:{s.port}: anyone who reaches this Spark on that port can "
+            "use it. Fix: SPARKFOLD_API_KEY=1 (or api_key = true in group_data/all.py); docs/security.md")
 
 
 def live_hint(s) -> str:
@@ -65,6 +73,9 @@ def api_key_present(path: str, owner: str, rotate: bool = False):
 @deploy("The API key")
 def api_key(s: Settings) -> None:
     """Head, with api_key on: a random key in a 0600 file (rotated on request)."""
+    note = open_api_note(s) if s.is_head else ""
+    if note:
+        logger.warning(f"the head ({s.ssh_hostname}): {note}")  # by --dry and every run, before any change
     if not (s.api_key and s.is_head):
         return
     rotate = s.rotate_api_key

@@ -19,6 +19,7 @@ from pyinfra.api import StringCommand, operation
 
 from .facts.docker import RankContainer, SpecRecord
 from .facts.host import MemInfo, mem_available_gib
+from .facts.network import PortListeners
 from .facts.systemd import UnitState
 from .launch_spec import LABEL_HASH, LABEL_MANAGED, ContainerSpec
 from .layout import unit_path
@@ -111,9 +112,11 @@ def start_commands(spec: ContainerSpec, min_avail_gib: float):
 # --- operations -------------------------------------------------------------------------------------------------
 
 @operation()
-def launch_checked(container_name: str, peer, launch: Launch, min_avail_gib: float, here: str, there: str):
+def launch_checked(container_name: str, peer, launch: Launch, min_avail_gib: float, here: str, there: str,
+                   ports: tuple[int, ...] = ()):
     """Refuse before anything is touched: a foreign container with our name (here or on the peer), launch problems
-    (rank 0's flags against the image, the link record), too little memory to start a rank that is not running."""
+    (rank 0's flags against the image, the link record), and, for a rank that is not running, too little memory or
+    one of `ports` (the API's, the rendezvous') held by another process."""
     mine = host.get_fact(RankContainer, container=container_name)
     theirs = peer.get_fact(RankContainer, container=container_name)
     refusals = [m for m in (unmanaged(here, container_name, mine), unmanaged(there, container_name, theirs)) if m]
@@ -132,6 +135,15 @@ def launch_checked(container_name: str, peer, launch: Launch, min_avail_gib: flo
                           f"min_avail_gib = {min_avail_gib:g} GiB: stop what else uses memory there, or lower "
                           "min_avail_gib")
     if (yield from check_failed("memory", memory)):
+        return
+    held = []
+    for port in ports if not (mine and mine.get("running")) else ():
+        holders = host.get_fact(PortListeners, port=port)
+        if holders:
+            held.append(f"port {port} is held by {', '.join(holders)} on the {here}, so the rank could "
+                        f"not listen there: stop it (`sudo ss -ltnp 'sport = :{port}'` names it) or choose another "
+                        "port (port / master_port)")
+    if (yield from check_failed("ports", held)):
         return
     host.noop(f"the {here}'s launch checks pass")
 

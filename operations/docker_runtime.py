@@ -8,13 +8,13 @@ import copy
 import json
 from io import StringIO
 
-from pyinfra import host
+from pyinfra import host, logger
 from pyinfra.api import StringCommand, deploy, operation
 from pyinfra.operations import apt, files, server, systemd
 
-from operations.facts.docker import ContainerRuntimeTools, DaemonJson, DockerRuntimeInfo
+from operations.facts.docker import ContainerRuntimeTools, DaemonJson, DockerRuntimeInfo, RunningContainers
 from operations.layout import DOCKER_DAEMON_JSON
-from operations.util import fail_command, sh
+from operations.util import check_failed, fail_command, sh
 
 NVIDIA_RUNTIME = {"path": "nvidia-container-runtime", "runtimeArgs": []}
 RESTART_WAIT_S = 60  # dockerd can take a while to come back with many containers
@@ -70,8 +70,18 @@ def runtime_installed(install: bool = True):
     yield from apt.packages._inner(packages=missing, update=True, cache_time=APT_CACHE_S)
 
 
+def restart_problem(running: dict[str, bool], restart_ok: bool) -> str | None:
+    """The refusal of a Docker restart that would stop containers sparkfold does not own, unless allowed."""
+    others = sorted(name for name, ours in running.items() if not ours)
+    if not others or restart_ok:
+        return None
+    return (f"daemon.json needs a Docker restart, which would stop these containers that are not sparkfold's: "
+            f"{', '.join(others)}. Fix: stop them yourself at a good moment, or set docker_restart_ok = true "
+            "(SPARKFOLD_DOCKER_RESTART_OK=1 for one run) to let the deploy restart Docker anyway")
+
+
 @operation()
-def daemon_uses_nvidia(path: str = DOCKER_DAEMON_JSON):
+def daemon_uses_nvidia(path: str = DOCKER_DAEMON_JSON, restart_ok: bool = False):
     """daemon.json has runtimes.nvidia and default-runtime nvidia (merged); the daemon runs with it.
     Custom: the file is merged with the user's keys (core would replace it), backed up, and docker is restarted
     only when the parsed file differs or the running daemon still uses another default runtime."""
@@ -88,6 +98,11 @@ def daemon_uses_nvidia(path: str = DOCKER_DAEMON_JSON):
     if not file_changes and not daemon_stale:
         host.noop("docker uses the nvidia runtime")
         return
+    running = host.get_fact(RunningContainers) if live["reachable"] else {}
+    if running:
+        logger.warning(f"{host.name}: restarting Docker for the nvidia runtime stops: {', '.join(sorted(running))}")
+    if (yield from check_failed("a Docker restart", [restart_problem(running, restart_ok)])):
+        return
     if file_changes:
         if current["exists"]:
             # the user's file is merged, not owned: keep the last pre-sparkfold version next to it
@@ -101,7 +116,7 @@ def daemon_uses_nvidia(path: str = DOCKER_DAEMON_JSON):
 def docker_runtime(s) -> None:
     """Every operation needs root."""
     runtime_installed(name="docker and the NVIDIA container runtime installed", install=s.docker_install)
-    daemon_uses_nvidia(name="docker uses the nvidia runtime by default")
+    daemon_uses_nvidia(name="docker uses the nvidia runtime by default", restart_ok=s.docker_restart_ok)
     # takes effect on the user's next login (pyinfra's next connection)
     server.user(name=f"{s.ssh_user} in group docker", user=s.ssh_user, groups=["docker"], append=True,
                 ensure_home=False)

@@ -132,9 +132,11 @@ def smoke_test(base_url: str, served_name: str, api_key: str = "") -> tuple[bool
     return True, lines
 
 
-def live_lines(served_name: str, port: int, base_url: str, api_key_file: str = "") -> list[str]:
+def live_lines(served_name: str, port: int, base_url: str, api_key_file: str = "", open_note: str = "") -> list[str]:
     lines = [f"✔ {served_name} is now LIVE! on port {port}",
              f"  OpenAI API: {base_url}/v1 (model: {served_name})"]
+    if open_note:
+        lines.append(f"  ⚠ {open_note}")
     if api_key_file:
         lines.append(f"  API key: in {api_key_file} on the head (send it as Authorization: Bearer <key>)")
     return lines
@@ -177,7 +179,8 @@ def ranks_down(head, worker, container_name: str) -> str | None:
     return None
 
 
-def _wait_and_smoke(state, host, worker, base_url, served_name, port, container_name, api_key_file, timeout):
+def _wait_and_smoke(state, host, worker, base_url, served_name, port, container_name, api_key_file, timeout,
+                    open_note=""):
     api_key = read_api_key(host, api_key_file)
     report: list[str] = []
     problem = wait_for_api(base_url, served_name, api_key, timeout,
@@ -191,7 +194,7 @@ def _wait_and_smoke(state, host, worker, base_url, served_name, port, container_
         return False
     for line in report:
         host.log(f"smoke test {line}")
-    for line in live_lines(served_name, port, base_url, api_key_file):
+    for line in live_lines(served_name, port, base_url, api_key_file, open_note):
         host.log(line)
     return True
 
@@ -203,14 +206,15 @@ def _fail_with_logs(state, host, worker, container_name, message):
 
 @operation()
 def api_serving(base_url: str, served_name: str, port: int, container_name: str, worker, api_key_file: str,
-                wait_timeout: float, started: Callable[[], bool], planned: Callable[[], bool] = lambda: False):
+                wait_timeout: float, started: Callable[[], bool], planned: Callable[[], bool] = lambda: False,
+                open_note: str = ""):
     """Head: after a (re)start, wait for the API and smoke-test the pair; otherwise check it once and log LIVE.
 
     started: true when the pair was (re)started in this run (evaluated at execute time).
     planned: the plan's prediction of that (evaluated while planning).
     """
     wait = FunctionCommand(_wait_and_smoke, (worker, base_url, served_name, port, container_name, api_key_file,
-                                             wait_timeout), {})
+                                             wait_timeout, open_note), {})
     if not state.is_executing:
         if planned():
             yield wait
@@ -223,7 +227,7 @@ def api_serving(base_url: str, served_name: str, port: int, container_name: str,
     down = ranks_down(host, worker, container_name)
     problem = down or models_listed(base_url, served_name, read_api_key(host, api_key_file))
     if problem is None:
-        for line in live_lines(served_name, port, base_url, api_key_file):
+        for line in live_lines(served_name, port, base_url, api_key_file, open_note):
             logger.info(line)
         host.noop(f"{served_name} serves at {base_url}/v1")
         return

@@ -18,7 +18,7 @@ from pyinfra import host
 from .context import peer_host
 from .facts.files import LinkTarget
 from .facts.network import InfinibandDevices, LinkRecord
-from .flags_check import check_serve_argv
+from .flags_check import check_ported_settings, check_serve_argv
 from .image import image_ref, read_capabilities
 from .launch_spec import ContainerSpec, rail_problems, rank0_argv, rank_spec
 from .layout import InContainer
@@ -96,4 +96,5 @@ class Launch:
         problems = rail_problems(found["rails"], self.s.nccl_rails)
         if self.s.is_head:
             problems += check_serve_argv(rank0_argv(self.s, found["model"][1], found["caps"]), found["caps"])
+            problems += check_ported_settings(self.s, found["caps"])
         return problems

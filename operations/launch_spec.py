@@ -10,6 +10,7 @@ import hashlib
 import json
 from dataclasses import dataclass, field
 
+from .flags_check import PORTED_SETTINGS, engine_reads
 from .layout import InContainer as C
 from .settings import PASSTHROUGH_PREFIXES
 
@@ -105,12 +106,16 @@ def _link_env(s, rails: list[dict]) -> dict[str, str]:
     return env
 
 
-def _engine_env(s) -> dict[str, str]:
+def _engine_env(s, capabilities: dict | None) -> dict[str, str]:
+    """The user's engine variables, and each non-zero ported setting as its variable when the image reads it.
+
+    capabilities None: this Spark does not read the document (the worker); the head's launch check
+    (`check_ported_settings`) refuses the pair before a rank starts when the image does not read the variable."""
     env = {k: str(v) for k, v in sorted(s.engine_env.items()) if k.startswith(PASSTHROUGH_PREFIXES)}
-    if s.spill_gib > 0:
-        env["TF_SPILL_GIB"] = str(s.spill_gib)
-    if s.kv_shard > 0:
-        env["TF_DS_KV_SHARD"] = str(s.kv_shard)
+    for name, (variable, _feature) in PORTED_SETTINGS.items():
+        value = getattr(s, name)
+        if value > 0 and (capabilities is None or engine_reads(capabilities, variable)):
+            env[variable] = str(value)
     return env
 
 
@@ -153,17 +158,20 @@ def rank_spec(s, image_ref: str, rails: list[dict], model_mount: tuple[str, str]
 
     rails: the link step's record for this Spark, rail 0 first: [{"netdev", "ibdev", "address", "gid_index", "mtu"}].
     model_mount: (host dir or docker volume holding the Hugging Face cache, snapshot path inside the container).
-    capabilities: the image's `capabilities --json` document (decides how the chat template is given).
+    capabilities: the image's `capabilities --json` document (decides how the chat template is given and which
+        ported settings reach the engine); None on the worker, which does not read it.
     rank_folder: this rank's weight folder (the target of its active-rank link).
     has_infiniband: /dev/infiniband exists on this Spark.
     template_digest: sha256 of the chat template file, so a new template recreates rank 0.
     """
     p = s.layout
     source, snapshot = model_mount
-    engine_env = _engine_env(s)
+    engine_env = _engine_env(s, capabilities)
     env = {"HF_HUB_OFFLINE": "1", "TENSORFOLD_NO_UPDATE_CHECK": "1", "TF_DS_REPLAY_FLOOR": "1",
            **_link_env(s, rails)}
-    mounts = [(source, C.HF, True), (p.kit, C.KIT, True), (p.engram, C.ENGRAM, True),
+    # the worker's NFS volume holds only the head's hub/ folder (docker volume names never start with /)
+    hf_target = C.HF if source.startswith("/") else f"{C.HF}/hub"
+    mounts = [(source, hf_target, True), (p.kit, C.KIT, True), (p.engram, C.ENGRAM, True),
               (rank_folder, C.RANK_CACHE, True), (p.token_map_dir, C.TOKEN_MAP_DIR, True),
               (cache_dir(s, image_ref), C.CACHE, False)]
     inputs = {}

@@ -8,6 +8,7 @@ from pyinfra.api import deploy
 from pyinfra.operations import files
 
 from . import containers, health
+from .api_key import open_api_note
 from .context import peer_host
 from .launch import CHAT_TEMPLATE, Launch
 from .layout import SUPERVISOR_UNIT
@@ -27,7 +28,7 @@ def pair(s: Settings) -> None:
     containers.launch_checked(
         name="Check the launch (container ownership, rank 0's flags, link record, memory)",
         container_name=s.container_name, peer=peer, launch=launch, min_avail_gib=s.min_avail_gib, here=here,
-        there=there)
+        there=there, ports=(s.port, s.master_port) if s.is_head else ())
     containers.spec_recorded(name="Record the wanted rank spec", path=p.spec_record, launch=launch)
     common: dict[str, Any] = dict(
         container_name=s.container_name, rank=s.rank, launch=launch, peer=peer, peer_rank=s.the_peer.rank,
@@ -45,7 +46,7 @@ def pair(s: Settings) -> None:
             name="Rank 0's API: wait, smoke test through both ranks, LIVE",
             base_url=s.api_base_url, served_name=s.served_name, port=s.port, container_name=s.container_name,
             worker=peer, api_key_file=p.api_key if s.api_key else "", wait_timeout=s.wait_timeout,
-            started=rank0.did_change, planned=lambda: bool(rank0.will_change))
+            started=rank0.did_change, planned=lambda: bool(rank0.will_change), open_note=open_api_note(s))
 
 
 @deploy("Stop both ranks")

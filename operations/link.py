@@ -19,6 +19,7 @@ from pyinfra.operations import files as core_files
 from operations.facts.network import DefaultRouteDevice, IpAddresses, LinkRecord, NetplanFiles, PingOk, RoceDevices
 from operations.util import check_failed, fail_command
 from operations.util.net import ip_of
+from operations.util.owned import owned_or_absent
 from operations.util.templates import render
 
 ROCE_PORT = 1
@@ -297,6 +298,7 @@ def link(s) -> None:
     rails = [dict(r) for r in s.link_rails]
     peer_rails = [dict(r) for r in s.peer.link_rails]
     mtu = int(s.link_mtu)
+    owned_or_absent(name=f"{s.link_netplan_file} is sparkfold's or free", path=s.link_netplan_file, _sudo=True)
     netplan = netplan_link(name="netplan file and apply", rails=rails, mtu=mtu, netplan_file=s.link_netplan_file,
                            _sudo=True)
     settled = not netplan.changed  # the checks below read what an apply in this run changes

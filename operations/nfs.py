@@ -1,5 +1,8 @@
-"""The head's read-only NFS export of its Hugging Face cache (nfs-kernel-server, an /etc/exports.d file,
-`exportfs -ra` on change) and the worker's docker volume of type nfs that mounts it."""
+"""The head's read-only NFS export of its Hugging Face cache's hub/ folder (nfs-kernel-server, an /etc/exports.d
+file, `exportfs -ra` on change) and the worker's docker volume of type nfs that mounts it.
+
+Only hub/ is exported: the cache's top folder also holds the token `hf auth login` writes, which the worker never
+needs."""
 
 from __future__ import annotations
 
@@ -13,9 +16,11 @@ from pyinfra.operations import apt, files, systemd
 
 from operations.docker_runtime import APT_CACHE_S
 from operations.facts.docker import DockerVolumeInfo, VolumeContainers
+from operations.facts.files import FileText
 from operations.facts.nfs import ExportTable
 from operations.util import fail_command, sh
 from operations.util.net import ip_of
+from operations.util.owned import foreign_file_problem, owned_or_absent
 from operations.util.templates import render
 
 NFS_PACKAGE = "nfs-kernel-server"
@@ -101,11 +106,26 @@ def nfs_volume(volume: str, server_ip: str, export_path: str, options: str):
     yield create
 
 
+@operation()
+def nfs_unexported(exports_file: str):
+    """nfs = false: this project's exports file removed and the export table reloaded; a file at that path that
+    sparkfold did not write is left alone."""
+    text = host.get_fact(FileText, path=exports_file)
+    if text is None or foreign_file_problem(exports_file, text):
+        host.noop(f"no sparkfold export in {exports_file}")
+        return
+    yield StringCommand(sh("rm", "-f", exports_file))
+    yield StringCommand("exportfs -ra")
+
+
 @deploy("NFS share of the head's Hugging Face cache")
 def nfs(s) -> None:
     """The export on the head, the volume on the worker; nothing when s.nfs is False. The server, its unit and the
     exports file need root; the cache folder and the docker volume belong to the ssh user (_sudo=False)."""
     if not s.nfs:
+        if s.is_head:
+            nfs_unexported(name=f"{s.nfs_exports_file} removed (nfs is off)", exports_file=s.nfs_exports_file,
+                           _sudo=True)
         return
     if s.is_head:
         clients = [ip_of(r["address"]) for r in s.peer.link_rails]
@@ -113,9 +133,10 @@ def nfs(s) -> None:
         systemd.service(name=f"{NFS_SERVICE} enabled and running", service=NFS_SERVICE, running=True, enabled=True,
                         _sudo=True)
         # the export must exist before exportfs; created as the ssh user, who owns the cache
-        files.directory(name="Hugging Face cache folder", path=s.hf_cache, present=True, _sudo=False)
-        nfs_exported(name="the cache exported to the worker", path=s.hf_cache, clients=clients,
+        files.directory(name="Hugging Face cache hub folder", path=s.layout.hub, present=True, _sudo=False)
+        owned_or_absent(name=f"{s.nfs_exports_file} is sparkfold's or free", path=s.nfs_exports_file, _sudo=True)
+        nfs_exported(name="the cache's hub/ exported to the worker", path=s.layout.hub, clients=clients,
                      exports_file=s.nfs_exports_file, _sudo=True)
     else:
         nfs_volume(name="docker volume of the head's cache", volume=s.nfs_volume, server_ip=s.head_link_ip,
-                   export_path=s.peer.hf_cache, options=s.nfs_options, _sudo=False)
+                   export_path=s.head.layout.hub, options=s.nfs_options, _sudo=False)

@@ -372,3 +372,23 @@ class VolumeContainers(FactBase[list[str]]):
 
     def process(self, output: list[str]) -> list[str]:
         return [line.strip() for line in output if line.strip()]
+
+
+class RunningContainers(FactBase[dict[str, bool]]):
+    """The running containers: {name: True when it carries sparkfold's managed label}."""
+
+    default = dict
+
+    def requires_command(self) -> str:
+        return "docker"
+
+    def command(self) -> str:
+        return "docker ps --format '{{.Names}} {{.Label \"sparkfold.managed\"}}' 2>/dev/null || true"
+
+    def process(self, output: list[str]) -> dict[str, bool]:
+        found = {}
+        for line in output:
+            name, _, label = line.strip().partition(" ")
+            if name:
+                found[name] = label.strip() == "1"
+        return found

@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import re
 from typing import Any, TypedDict
 
 from pyinfra.api import FactBase, QuoteString, StringCommand
@@ -225,3 +226,28 @@ class InfinibandDevices(FactBase[bool]):
 
     def process(self, output: list[str]) -> bool:
         return any(line.strip() == "yes" for line in output)
+
+
+_SS_USER = re.compile(r'users:\(\("([^"]+)",pid=(\d+)')
+
+
+class PortListeners(FactBase[list[str]]):
+    """Who listens on TCP `port` (`ss -ltnp`): "name (pid N)" per socket, or "a process" when ss may not name it
+    (another user's process, seen without root); [] when the port is free."""
+
+    default = list
+
+    def requires_command(self, port: int) -> str:
+        return "ss"
+
+    def command(self, port: int) -> StringCommand:
+        return StringCommand("ss -ltnpH", QuoteString(f"sport = :{int(port)}"), "2>/dev/null || true")
+
+    def process(self, output: list[str]) -> list[str]:
+        found = []
+        for line in output:
+            if not line.strip().startswith("LISTEN"):
+                continue
+            m = _SS_USER.search(line)
+            found.append(f"{m.group(1)} (pid {m.group(2)})" if m else "a process")
+        return found

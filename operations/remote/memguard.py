@@ -73,10 +73,23 @@ def mem_available_gib(path: str = "/proc/meminfo") -> float:
     raise RuntimeError(f"no MemAvailable in {path}")
 
 
-def container_running(name: str) -> bool:
-    result = subprocess.run(["docker", "inspect", "-f", "{{.State.Running}}", name],
+MANAGED_LABEL = "sparkfold.managed"  # the label sparkfold's rank containers carry (operations/launch_spec.py)
+
+
+def running_rank(name: str) -> tuple[str | None, bool]:
+    """(container id, whether it runs) of `name` when it is sparkfold's rank; (None, False) when absent or stopped.
+    A container by that name without the managed label is someone else's: (None, False) and a log line, never a
+    kill. The kill goes to the id read here, so a container renamed in between is not hit."""
+    fmt = "{{.Id}} {{.State.Running}} {{index .Config.Labels \"" + MANAGED_LABEL + "\"}}"
+    result = subprocess.run(["docker", "inspect", "--type", "container", "-f", fmt, name],
                             capture_output=True, text=True, timeout=10)
-    return result.returncode == 0 and result.stdout.strip() == "true"
+    parts = result.stdout.split(maxsplit=2)  # a missing label prints "<no value>"
+    if result.returncode != 0 or len(parts) != 3 or parts[1] != "true":
+        return None, False
+    if parts[2].strip() != "1":
+        log(f"{name} runs but lacks the label {MANAGED_LABEL}=1: not sparkfold's, left alone")
+        return None, False
+    return parts[0], True
 
 
 def log(message: str) -> None:
@@ -107,17 +120,17 @@ def main(argv: list[str] | None = None) -> int:
     state, written = GuardState(), None
     while not stop:
         avail = mem_available_gib(args.meminfo)
-        running = None
+        running, target = None, None
         if avail < args.floor_gib:
             try:
-                running = container_running(args.container)
+                target, running = running_rank(args.container)
             except (OSError, subprocess.SubprocessError) as e:
                 log(f"docker inspect {args.container} failed: {e}")
         decision = decide(avail, args.floor_gib, running, state, time.monotonic())
         state = decision.state
-        if decision.kill:
+        if decision.kill and target:
             log(f"docker kill {args.container}: {decision.reason}")
-            result = subprocess.run(["docker", "kill", args.container], capture_output=True, text=True, timeout=30)
+            result = subprocess.run(["docker", "kill", target], capture_output=True, text=True, timeout=30)
             if result.returncode != 0:
                 log(f"docker kill failed: {result.stderr.strip()}")
         elif decision.reason:

@@ -96,6 +96,7 @@ class Settings:
     # --- host preparation ---
     gpu_clock_mhz: int
     docker_install: bool
+    docker_restart_ok: bool
     # --- launch and lifecycle ---
     container_name: str
     docker_ulimits: list[str]

@@ -7,9 +7,12 @@ before any operation exists (a problem the two Sparks share is listed once).
 from __future__ import annotations
 
 import ipaddress
+import posixpath
 import re
+from dataclasses import fields
 
 from .model import PASSTHROUGH_PREFIXES, Settings
+from .shapes import shape_problems
 
 # The engine's window: dsv41's max_position_embeddings.
 MAX_CONTEXT = 1_048_576
@@ -79,13 +82,22 @@ def validate(s: Settings) -> list[str]:
         value = getattr(s, name)
         if not (_HEX.match(value) and lengths[0] <= len(value) <= lengths[1]):
             p.append(f"{name} = {value!r} must be {lengths[0]}-{lengths[1]} lower-case hex characters")
-    for name in ("hf_cache", "data_dir", "state_dir", "link_netplan_file", "nfs_exports_file"):
-        if not str(getattr(s, name)).startswith("/"):
-            p.append(f"{name} = {getattr(s, name)!r} must be an absolute path (or empty for the default)")
-    if not s.link_netplan_file.startswith("/etc/netplan/") or not s.link_netplan_file.endswith(".yaml"):
-        p.append(f"link_netplan_file = {s.link_netplan_file!r} must be a .yaml file in /etc/netplan/")
-    if not s.nfs_exports_file.startswith("/etc/exports.d/") or not s.nfs_exports_file.endswith(".exports"):
-        p.append(f"nfs_exports_file = {s.nfs_exports_file!r} must be a .exports file in /etc/exports.d/")
+    p.extend(shape_problems({f.name: getattr(s, f.name) for f in fields(s)}))
+    # files sparkfold owns live directly in the folder their tool reads, never elsewhere on the Spark
+    for name, folder, suffix in (("link_netplan_file", "/etc/netplan", ".yaml"),
+                                 ("nfs_exports_file", "/etc/exports.d", ".exports")):
+        path = getattr(s, name)
+        if posixpath.dirname(path) != folder or not path.endswith(suffix) or path == folder + "/" + suffix:
+            p.append(f"{name} = {path!r} must be a {suffix} file in {folder}/ (directly, e.g. "
+                     f"{folder}/60-sparkfold{suffix})")
+    # the API key travels by file, never on a command line or in an environment value docker inspect shows
+    for arg in s.extra_serve_args:
+        if isinstance(arg, str) and arg.split("=", 1)[0] in ("--api-key", "--api-key-file"):
+            p.append(f"extra_serve_args: {arg.split('=', 1)[0]} is not allowed: set api_key = true (sparkfold keeps "
+                     "the key in a 0600 file on the head and gives rank 0 --api-key-file)")
+    if "TENSORFOLD_API_KEY" in s.engine_env:
+        p.append("engine_env: TENSORFOLD_API_KEY is not allowed: set api_key = true instead (the key stays in a "
+                 "0600 file; an environment value shows in docker inspect)")
     for u in s.docker_ulimits:
         if not _ULIMIT.match(str(u)):
             p.append(f"docker_ulimits: {u!r} must look like memlock=-1:-1")

@@ -141,6 +141,8 @@ def _number(kind: type, value: Any) -> int | float:
         number = kind(value.strip() if isinstance(value, str) else value)
     except (TypeError, ValueError):
         raise _Bad(f"a {'whole number' if kind is int else 'number'}") from None
+    except OverflowError:  # int(inf)
+        raise _Bad("a finite whole number") from None
     if kind is int and isinstance(value, float) and not value.is_integer():
         raise _Bad("a whole number")
     if kind is float and not math.isfinite(number):

@@ -10,6 +10,7 @@ from pathlib import Path
 from pyinfra.operations import files, systemd
 
 from ..layout import script_path, unit_path
+from .owned import owned_or_absent
 
 REMOTE_SCRIPTS = Path(__file__).resolve().parents[1] / "remote"  # operations/remote/: uploaded to SCRIPT_DIR
 
@@ -30,6 +31,7 @@ def unit_installed(unit_name: str, text: str, restart_on_change: bool = False) -
     """UNIT_DIR/<unit_name> holds `text` (mode 644) and the unit is enabled and running. daemon-reload runs only when
     the file changed, and then a running unit is restarted only with restart_on_change (a guard picks up its new
     ExecStart; a oneshot like the GPU clock lock is not re-run)."""
+    owned_or_absent(name=f"{unit_path(unit_name)} is sparkfold's or free", path=unit_path(unit_name))
     unit = files.put(name=f"unit file {unit_path(unit_name)}", src=StringIO(text), dest=unit_path(unit_name),
                      mode="644")
     systemd.service(name=f"{unit_name} enabled and running", service=unit_name, running=True, enabled=True,

@@ -277,6 +277,19 @@ def test_dry_with_too_little_memory_says_why_a_run_would_stop_and_changes_nothin
     assert all(i.endswith("true") for i in pair_ids(sim_exec))
 
 
+def test_a_port_another_process_holds_is_refused_naming_it(run_pyinfra, sim_exec):
+    assert run_pyinfra("inventory.py", "stop.py", "-y").returncode == 0
+    assert sim_exec("head", "setsid python3 -m http.server 8888 >/dev/null 2>&1 </dev/null & sleep 1").returncode == 0
+    try:
+        run = failing_deploy(run_pyinfra)
+        assert "port 8888 is held by python3 (pid " in run.stderr, run.stderr[-3000:]
+        assert pair_ids(sim_exec) == ("", "")  # neither rank was started
+    finally:
+        sim_exec("head", "pkill -f 'http.server 8888'")
+    deploy(run_pyinfra)
+    assert all(i.endswith("true") for i in pair_ids(sim_exec))
+
+
 def test_two_sparks_with_the_same_link_address_are_refused(run_pyinfra, sim_exec, site_file, tmp_path):
     before = pair_ids(sim_exec)
     bad = tmp_path / "sparks.yaml"
@@ -328,3 +341,37 @@ def test_restart_recreates_both_in_order_even_when_nothing_changed(run_pyinfra, 
     assert started_at(sim_exec, "worker") < started_at(sim_exec, "head")
     assert chat()["choices"][0]["message"]["content"]
     assert changed_ops(deploy(run_pyinfra)) == {}
+
+
+# --- 6. one run at a time -----------------------------------------------------------------------------------------
+
+def test_two_deploys_started_together_one_converges_the_other_refuses(site_file, sim_exec, run_pyinfra):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    assert sim_exec("worker", ["docker", "rm", "-f", NAME]).returncode == 0  # give the runs something to do
+    env = dict(os.environ, SPARKFOLD_SITE=str(site_file), PYINFRA_PROGRESS="off")
+    root = Path(__file__).resolve().parents[2]
+    runs = [subprocess.Popen([sys.executable, "-m", "pyinfra", *DEPLOY, "-y"], cwd=root, env=env, text=True,
+                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            for _ in range(2)]
+    results = [(r.wait(timeout=1800), r.stderr.read()) for r in runs]
+    codes = sorted(code for code, _ in results)
+    assert codes[0] == 0 and codes[1] != 0, [(c, e[-2000:]) for c, e in results]
+    loser = next(err for code, err in results if code != 0)
+    assert "another sparkfold run holds" in loser and "run.lock" in loser, loser[-3000:]
+    assert all(i.endswith("true") for i in pair_ids(sim_exec))  # the winner restarted the pair
+    assert sim_exec("head", "test -e /home/nvidia/.local/state/sparkfold/run.lock").returncode != 0  # released
+    assert changed_ops(deploy(run_pyinfra)) == {}  # nothing was left half-done
+
+
+def test_a_stale_lock_is_taken_over_with_a_warning(run_pyinfra, sim_exec):
+    lock = "/home/nvidia/.local/state/sparkfold/run.lock"
+    stale = "run=deadbeef0000\nholder=ann@gone (pid 1)\nsince=2026-01-01T00:00:00+0000\npid=999999\n"
+    assert sim_exec("worker", f"printf '{stale}' > {lock}", user="nvidia").returncode == 0
+    run = deploy(run_pyinfra)
+    assert "taking over the stale run lock" in run.stderr and "ann@gone" in run.stderr, run.stderr[-3000:]
+    assert changed_ops(run) == {}
+    assert sim_exec("worker", f"test -e {lock}").returncode != 0

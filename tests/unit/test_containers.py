@@ -141,6 +141,29 @@ def test_launch_checked_tolerates_missing_inputs_while_planning_only():
     assert "cannot be launched yet" in check({}, {}, missing, sp=None, executing=True)[0][0]
 
 
+def test_launch_checked_refuses_a_port_another_process_holds_only_before_a_start():
+    from operations.facts.network import PortListeners
+
+    def run(mine, holders):
+        f = {**facts(mine), PortListeners: holders}
+        return run_op(c.launch_checked, f, executing=True, container_name=NAME, peer=peer({}),
+                      launch=FixedLaunch(HEAD), min_avail_gib=112.0, here="head", there="worker", ports=(8888,))[0]
+
+    cmds = run({}, ["python3 (pid 4242)"])
+    assert len(cmds) == 1 and "port 8888 is held by python3 (pid 4242) on the head" in cmds[0] and "exit 1" in cmds[0]
+    assert run({}, []) == []  # free
+    assert run(container(HEAD), ["tensorfold-nati (pid 7)"]) == []  # our running rank holds it
+
+
+def test_port_listeners_fact_names_the_process():
+    from operations.facts.network import PortListeners
+    line = 'LISTEN 0      5      0.0.0.0:8888      0.0.0.0:*    users:(("python3",pid=4242,fd=3))'
+    assert parse_fact(PortListeners, [line], port=8888) == ["python3 (pid 4242)"]
+    assert parse_fact(PortListeners, ["LISTEN 0 5 0.0.0.0:8888 0.0.0.0:*"], port=8888) == ["a process"]
+    assert parse_fact(PortListeners, [], port=8888) == []
+    assert "sport = :8888" in PortListeners().command(port=8888).get_raw_value()
+
+
 def test_launch_checked_memory_only_when_the_rank_is_not_running():
     cmds, _ = check({}, {}, mem=40.0)
     assert "only 40.0 GiB" in cmds[0] and "min_avail_gib = 112" in cmds[0]

@@ -14,7 +14,7 @@ from pyinfra.facts.server import Date, Groups, Os, Users, Which
 from pyinfra.operations import server
 
 from operations import docker_runtime as dr
-from operations.facts.docker import ContainerRuntimeTools, DaemonJson, DockerRuntimeInfo
+from operations.facts.docker import ContainerRuntimeTools, DaemonJson, DockerRuntimeInfo, RunningContainers
 
 FIX = Path(__file__).parent / "fixtures" / "host"
 PATH = "path=/etc/docker/daemon.json"
@@ -22,8 +22,12 @@ NVIDIA_LIVE = {"reachable": True, "default_runtime": "nvidia", "runtimes": ["io.
 RUNC_LIVE = {"reachable": True, "default_runtime": "runc", "runtimes": ["io.containerd.runc.v2", "runc"]}
 
 
-def daemon_facts(daemon_json, live):
-    return {DaemonJson: with_args({PATH: daemon_json}), DockerRuntimeInfo: live}
+def daemon_facts(daemon_json, live, running=None):
+    return {DaemonJson: with_args({PATH: daemon_json}), DockerRuntimeInfo: live,
+            RunningContainers: {NAME: True} if running is None else running}
+
+
+NAME = "dsv41-1017-exl3-tf"
 
 
 # --- facts ---------------------------------------------------------------------------------------------------
@@ -119,6 +123,25 @@ def test_right_file_but_stale_daemon_restarts_only():
     assert cmds[0] == "systemctl restart docker.service" and len(cmds) == 2 and uploads == {}
 
 
+def test_a_restart_that_would_stop_other_containers_is_refused_unless_allowed(caplog):
+    running = {NAME: True, "grafana": False, "jupyter": False}
+    # the file is right, the daemon still runs another default runtime: only a restart is needed
+    config = dr.merged_daemon_config({})
+    facts = merged(daemon_facts({"exists": True, "config": config, "error": None}, RUNC_LIVE, running),
+                   remote_file(DAEMON, dr.render_daemon_json(config)), unit("docker.service", True, True))
+    cmds, _, _ = run_put(dr.daemon_uses_nvidia, facts, executing=True)
+    assert len(cmds) == 1 and "exit 1" in cmds[0]
+    assert "would stop these containers that are not sparkfold" in cmds[0] and ": grafana, jupyter." in cmds[0]
+    assert "docker_restart_ok = true" in cmds[0]
+    with caplog.at_level("WARNING", logger="pyinfra"):
+        run_put(dr.daemon_uses_nvidia, facts, executing=False)
+    assert "restarting Docker for the nvidia runtime stops: dsv41-1017-exl3-tf, grafana, jupyter" in caplog.text
+    assert "will fail: a Docker restart" in caplog.text
+    cmds, _, _ = run_put(dr.daemon_uses_nvidia, facts, executing=True, restart_ok=True)
+    assert any("restart docker.service" in c for c in cmds)  # allowed: the restart goes ahead
+    assert dr.restart_problem({NAME: True}, False) is None  # only our own rank would stop
+
+
 def test_malformed_file_fails_and_is_never_written():
     bad = parse_fact(DaemonJson, (FIX / "daemon-json-bad.json").read_text())
     cmds, _ = run_op(dr.daemon_uses_nvidia, daemon_facts(bad, RUNC_LIVE))
@@ -168,7 +191,7 @@ def test_user_in_group_both_ways(monkeypatch):
     monkeypatch.setattr(dr.server, "user", lambda **kw: calls.append(kw))
     monkeypatch.setattr(dr, "runtime_installed", lambda **kw: None)
     monkeypatch.setattr(dr, "daemon_uses_nvidia", lambda **kw: None)
-    dr.docker_runtime._inner(SimpleNamespace(ssh_user="nvidia", docker_install=True))
+    dr.docker_runtime._inner(SimpleNamespace(ssh_user="nvidia", docker_install=True, docker_restart_ok=False))
     user = {k: v for k, v in calls[0].items() if k != "name"}
     assert user == {"user": "nvidia", "groups": ["docker"], "append": True, "ensure_home": False}
     cmds, _ = run_op(core_user, group_facts(["nvidia", "sudo"]), **user)

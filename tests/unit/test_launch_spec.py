@@ -124,6 +124,11 @@ def test_rank1_follows_context_master_port_drafts_parallel():
     assert flag(a, "--parallel") == "2"
 
 
+def test_pool_is_only_the_recipes_name_for_rank1s_pool_of_context_positions():
+    assert worker(context=524288, pool=524288).argv == worker(context=524288).argv
+    assert "--pool" not in head(context=524288, pool=524288).argv  # rank 0's pool is its --context
+
+
 def test_rank1_env_uses_the_workers_own_gid_index():
     e = worker().env
     assert e["NCCL_IB_GID_INDEX"] == "5" == e["TF_RDMA_GID_INDEX"]
@@ -141,14 +146,23 @@ def test_nccl_channels_and_debug():
     assert e["NCCL_MIN_NCHANNELS"] == "8" == e["NCCL_MAX_NCHANNELS"] and e["NCCL_DEBUG"] == "INFO"
 
 
-def test_engine_env_spill_and_kv_shard_go_to_both_ranks():
+def test_engine_env_spill_and_kv_shard_go_to_both_ranks_when_the_image_reads_them():
     env = {"TF_DS_STREAMS": "4", "TF_FILL_X": "2", "TENSORFOLD_SEED_SALT": "7", "TF_SPILL_DIR": "/cache/s",
            "OTHER": "no"}
-    for spec in (head(engine_env=env, spill_gib=32, kv_shard=2), worker(engine_env=env, spill_gib=32, kv_shard=2)):
+    ported = dict(CAPS, env=["TF_SPILL_GIB", "TF_DS_KV_SHARD"])
+    for spec in (head(caps=ported, engine_env=env, spill_gib=32, kv_shard=2),
+                 worker(engine_env=env, spill_gib=32, kv_shard=2)):  # the worker trusts the head's launch check
         assert spec.env["TF_DS_STREAMS"] == "4" and spec.env["TF_FILL_X"] == "2"
         assert spec.env["TENSORFOLD_SEED_SALT"] == "7" and spec.env["TF_SPILL_DIR"] == "/cache/s"
         assert spec.env["TF_SPILL_GIB"] == "32" and spec.env["TF_DS_KV_SHARD"] == "2"
         assert "OTHER" not in spec.env
+
+
+def test_ported_settings_are_not_passed_to_an_image_that_does_not_read_them():
+    e = head(caps=dict(CAPS, env=["TF_SPILL_GIB"]), spill_gib=32, kv_shard=2).env
+    assert e["TF_SPILL_GIB"] == "32" and "TF_DS_KV_SHARD" not in e
+    e = head(spill_gib=32, kv_shard=2).env  # CAPS lists no env
+    assert "TF_SPILL_GIB" not in e and "TF_DS_KV_SHARD" not in e
 
 
 def test_engine_env_switch_overrides_reach_rank1_flags():
@@ -173,7 +187,7 @@ def test_docker_options():
 def test_mounts_read_only_except_the_cache():
     h, w = head(), worker()
     assert ("/home/nvidia/.cache/huggingface", "/root/.cache/huggingface", True) in h.mounts
-    assert ("sparkfold-hf", "/root/.cache/huggingface", True) in w.mounts
+    assert ("sparkfold-hf", "/root/.cache/huggingface/hub", True) in w.mounts  # the volume is the head's hub/
     assert ("/home/nvidia/.cache/sparkfold/rank-cache/rank0", "/rank-cache", True) in h.mounts
     assert ("/home/nvidia/.cache/sparkfold/rank-cache/rank1", "/rank-cache", True) in w.mounts
     writable = [m for m in h.mounts if not m[2]]
@@ -187,7 +201,7 @@ def test_run_argv_labels_env_mounts_then_image_and_argv():
     words = spec.run_argv()
     assert words[:2] == ["docker", "run"]
     assert f"{LABEL_MANAGED}=1" in words and f"{LABEL_HASH}={spec.spec_hash()}" in words
-    assert "type=volume,src=sparkfold-hf,dst=/root/.cache/huggingface,readonly" in words
+    assert "type=volume,src=sparkfold-hf,dst=/root/.cache/huggingface/hub,readonly" in words
     assert "type=bind,src=/home/nvidia/.cache/sparkfold/cache/0123456789ab,dst=/cache" in words
     i = words.index(IMAGE)
     assert words[i + 1:] == spec.argv

@@ -415,12 +415,14 @@ def test_record_waits_for_a_gid(caplog):
 @pytest.mark.parametrize("applies", [True, False])
 def test_link_calls_each_op_once_with_settings(monkeypatch, applies):
     calls = []
-    for op in ("netplan_link", "link_addresses", "link_ping", "roce_gids", "link_recorded"):
+    for op in ("owned_or_absent", "netplan_link", "link_addresses", "link_ping", "roce_gids", "link_recorded"):
         monkeypatch.setattr(link, op, lambda _op=op, **kw: calls.append((_op, kw)) or types.SimpleNamespace(
             changed=applies))
     s = types.SimpleNamespace(link_rails=RAILS, peer=types.SimpleNamespace(link_rails=PEER), link_mtu=9000,
                               link_netplan_file=OWN, layout=types.SimpleNamespace(link_record=RECORD_PATH))
     link.link._inner(s)
+    owned = calls.pop(0)  # a foreign file at the netplan path is refused before anything writes it
+    assert owned[0] == "owned_or_absent" and owned[1]["path"] == OWN and owned[1]["_sudo"] is True
     assert [c[0] for c in calls] == ["netplan_link", "link_addresses", "link_ping", "roce_gids", "link_recorded"]
     assert calls[0][1]["_sudo"] is True and calls[0][1]["netplan_file"] == OWN
     assert calls[2][1]["peer_rails"] == PEER and calls[2][1]["_sudo"] is True

@@ -73,18 +73,20 @@ def test_mem_available_is_read_in_gib(tmp_path):
     assert guard.mem_available_gib(str(meminfo)) == 3.0
 
 
-def _fake_docker(tmp_path, running="true"):
+def _fake_docker(tmp_path, running="true", label="1"):
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     log = tmp_path / "docker.log"
     docker = bin_dir / "docker"
-    docker.write_text(f"#!/bin/sh\necho \"$@\" >> {log}\n[ \"$1\" = inspect ] && echo {running}\nexit 0\n")
+    # docker inspect's answer for the format memguard asks: id, running, the managed label ("<no value>" if absent)
+    docker.write_text(f"#!/bin/sh\necho \"$@\" >> {log}\n[ \"$1\" = inspect ] && echo cid123 {running} '{label}'\n"
+                      "exit 0\n")
     docker.chmod(0o755)
     return bin_dir, log
 
 
-def _run_script(tmp_path, avail_kib, running, seconds=0.4):
-    bin_dir, log = _fake_docker(tmp_path, running)
+def _run_script(tmp_path, avail_kib, running, seconds=0.4, label="1"):
+    bin_dir, log = _fake_docker(tmp_path, running, label)
     meminfo = tmp_path / "meminfo"
     meminfo.write_text(f"MemAvailable: {avail_kib} kB\n")
     state_file = tmp_path / "state" / "memguard.low"
@@ -102,8 +104,8 @@ def _run_script(tmp_path, avail_kib, running, seconds=0.4):
 def test_script_kills_once_and_records_the_low(tmp_path):
     rc, stderr, docker_calls, state_file = _run_script(tmp_path, 2 * 1024 * 1024, "true")
     assert rc == 0
-    assert docker_calls.count("kill rank") == 1
-    assert "inspect -f {{.State.Running}} rank" in docker_calls
+    assert docker_calls.count("kill cid123") == 1  # by the id it inspected, not by name
+    assert "inspect --type container -f {{.Id}} {{.State.Running}}" in docker_calls and docker_calls.count(" rank\n")
     assert "docker kill rank: MemAvailable 2.00 GiB is below the floor" in stderr
     assert state_file.read_text().startswith("2.00 ")
     assert "guard ends; lowest MemAvailable 2.00 GiB" in stderr
@@ -117,6 +119,12 @@ def test_script_leaves_a_stopped_container_and_ample_memory_alone(tmp_path):
     _, _, calls, state_file = _run_script(tmp_path / "b", 50 * 1024 * 1024, "true")
     assert calls == ""  # above the floor docker is not even asked
     assert state_file.read_text().startswith("50.00 ")
+
+
+def test_script_never_kills_a_container_that_is_not_sparkfolds(tmp_path):
+    _, stderr, calls, _ = _run_script(tmp_path, 2 * 1024 * 1024, "true", label="<no value>")
+    assert "inspect" in calls and "kill" not in calls
+    assert "lacks the label sparkfold.managed=1: not sparkfold's, left alone" in stderr
 
 
 # --- the deploy ---------------------------------------------------------------------------------------------

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import subprocess
-import types
 from pathlib import Path
 
 from core_facts import merged, remote_file, run_put, unit
@@ -11,6 +10,7 @@ from harness import parse_fact, run_op, with_args
 from pyinfra.facts.deb import DebPackages
 from pyinfra.facts.files import File
 from pyinfra.operations import systemd
+from settings_factory import make_pair
 
 from operations import nfs
 from operations.facts.docker import DockerVolumeInfo, VolumeContainers
@@ -191,19 +191,15 @@ def test_foreign_volume_with_the_same_options_is_accepted():
 
 # --- deploy function ----------------------------------------------------------------------------------------
 
-def settings(**over):
-    rails = [{"netdev": "enp1s0f0np0", "address": "192.168.100.2/24"},
-             {"netdev": "enP2p1s0f0np0", "address": "192.168.101.2/24"}]
-    peer = types.SimpleNamespace(hf_cache=CACHE, link_rails=rails)
-    base = dict(nfs=True, is_head=True, hf_cache=CACHE, nfs_exports_file=EXPORTS, nfs_volume="sparkfold-hf",
-                nfs_options=OPTIONS, head_link_ip="192.168.100.1", peer=peer)
-    base.update(over)
-    return types.SimpleNamespace(**base)
+def settings(is_head=True, **over):
+    """Real settings of the example pair; `over` applies to the Spark asked for."""
+    head, worker = make_pair(**{"head" if is_head else "worker": over})
+    return head if is_head else worker
 
 
 def record_calls(monkeypatch):
     calls = []
-    for op in ("nfs_server_installed", "nfs_exported", "nfs_volume"):
+    for op in ("nfs_server_installed", "owned_or_absent", "nfs_exported", "nfs_volume", "nfs_unexported"):
         monkeypatch.setattr(nfs, op, lambda _op=op, **kw: calls.append((_op, kw)))
     monkeypatch.setattr(nfs.systemd, "service", lambda **kw: calls.append(("service", kw)))
     monkeypatch.setattr(nfs.files, "directory", lambda **kw: calls.append(("directory", kw)))
@@ -213,22 +209,36 @@ def record_calls(monkeypatch):
 def test_deploy_nfs_head_and_worker(monkeypatch):
     calls = record_calls(monkeypatch)
     nfs.nfs._inner(settings())
-    assert [c[0] for c in calls] == ["nfs_server_installed", "service", "directory", "nfs_exported"]
+    assert [c[0] for c in calls] == ["nfs_server_installed", "service", "directory", "owned_or_absent", "nfs_exported"]
     assert calls[1][1]["service"] == "nfs-server" and calls[1][1]["running"] and calls[1][1]["enabled"]
-    assert calls[3][1]["clients"] == CLIENTS and calls[3][1]["_sudo"] is True
+    assert calls[3][1]["path"] == "/etc/exports.d/sparkfold.exports"  # a foreign exports file is never replaced
+    assert calls[4][1]["clients"] == CLIENTS and calls[4][1]["_sudo"] is True
     assert calls[2][1]["_sudo"] is False  # the cache belongs to the ssh user
+    # only hub/ is exported: the cache's top folder holds the token `hf auth login` writes
+    assert calls[2][1]["path"] == calls[4][1]["path"] == f"{CACHE}/hub"
     calls.clear()
     nfs.nfs._inner(settings(is_head=False, hf_cache="/home/other/.cache/huggingface"))
     assert calls == [("nfs_volume", {"name": "docker volume of the head's cache", "volume": "sparkfold-hf",
-                                     "server_ip": "192.168.100.1", "export_path": CACHE, "options": OPTIONS,
+                                     "server_ip": "192.168.100.1", "export_path": f"{CACHE}/hub", "options": OPTIONS,
                                      "_sudo": False})]
 
 
-def test_deploy_nfs_off(monkeypatch):
+def test_deploy_nfs_off_removes_only_the_owned_export(monkeypatch):
     calls = record_calls(monkeypatch)
-    nfs.nfs._inner(settings(nfs=False))
-    nfs.nfs._inner(settings(nfs=False, is_head=False))
-    assert calls == []
+    nfs.nfs._inner(settings(nfs=False, worker_weights="copy"))
+    nfs.nfs._inner(settings(nfs=False, worker_weights="copy", is_head=False))
+    assert calls == [("nfs_unexported", {"name": f"{EXPORTS} removed (nfs is off)", "exports_file": EXPORTS,
+                                         "_sudo": True})]
+
+
+def test_nfs_unexported_both_ways():
+    def run(text):
+        return run_op(nfs.nfs_unexported, {FileText: with_args({f"path={EXPORTS}": text})}, executing=True,
+                      exports_file=EXPORTS)[0]
+
+    assert run(MANAGED_HEADER + "\n/x 10.0.0.2(ro)\n") == [f"rm -f {EXPORTS}", "exportfs -ra"]
+    assert run(None) == []  # nothing to remove
+    assert run("/srv 10.0.0.0/24(rw)\n") == []  # someone else's file at that path stays
 
 
 def test_sim_exportfs_standin_round_trip(tmp_path):

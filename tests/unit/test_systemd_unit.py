@@ -25,25 +25,27 @@ def calls(monkeypatch):
         return SimpleNamespace(changed=seen["changed"])
 
     monkeypatch.setattr(files, "put", put)
+    monkeypatch.setattr(units, "owned_or_absent", lambda **kw: seen["ops"].append(("owned", kw)))
     monkeypatch.setattr(systemd, "service", lambda **kw: seen["ops"].append(("service", kw)))
     return seen
 
 
 def test_changed_file_reloads_and_restarts_only_when_asked(calls):
     units.unit_installed(UNIT, CONTENT)
-    (_, put), (_, service) = calls["ops"]
+    (_, owned), (_, put), (_, service) = calls["ops"]
+    assert owned["path"] == PATH  # a foreign file at the unit's path is refused before the put
     assert put["dest"] == PATH and put["mode"] == "644" and put["src"].getvalue() == CONTENT
     assert service["service"] == UNIT and (service["running"], service["enabled"]) == (True, True)
     assert service["daemon_reload"] is True and service["restarted"] is False
     calls["ops"].clear()
     units.unit_installed(UNIT, CONTENT, restart_on_change=True)
-    assert calls["ops"][1][1]["daemon_reload"] is True and calls["ops"][1][1]["restarted"] is True
+    assert calls["ops"][2][1]["daemon_reload"] is True and calls["ops"][2][1]["restarted"] is True
 
 
 def test_unchanged_file_neither_reloads_nor_restarts(calls):
     calls["changed"] = False
     units.unit_installed(UNIT, CONTENT, restart_on_change=True)
-    service = calls["ops"][1][1]
+    service = calls["ops"][2][1]
     assert service["daemon_reload"] is False and service["restarted"] is False
 
 

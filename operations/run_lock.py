@@ -1,0 +1,115 @@
+"""One run at a time on each Spark: a lock file in state_dir, taken by the first operation of a run and released by
+the last.
+
+The lock records the run id, who runs it (user@controller and its pid), when it started, and the pid of the ssh
+session the run holds open on that Spark. When that session is gone (the run ended without releasing, was killed, or
+lost its connection), the lock is stale: the next run takes it over with a warning. The head is locked before the
+worker, so of two runs started together exactly one proceeds.
+
+Taking and releasing the lock is bookkeeping, not a change to the Spark: the operations run it through the
+connection while executing and yield nothing, so a converged run still reports no changes.
+"""
+
+from __future__ import annotations
+
+import getpass
+import os
+import socket
+import time
+import uuid
+
+from pyinfra import host, logger, state
+from pyinfra.api import FactBase, QuoteString, StringCommand, deploy, operation
+
+from .settings import Settings
+from .util import check_failed, sh
+
+RUN_ID = uuid.uuid4().hex[:12]  # one per controller process: both Sparks see the same run
+HOLDER = f"{getpass.getuser()}@{socket.gethostname()} (pid {os.getpid()})"
+
+
+class RunLock(FactBase[dict[str, str] | None]):
+    """The lock file's fields ({"run", "holder", "since", "pid", "alive": "1"/"0"}), or None when there is none.
+    alive is "1" while the ssh session that took it still exists (pid 0: not known, counted as alive)."""
+
+    def command(self, path: str) -> StringCommand:
+        p = QuoteString(path)
+        return StringCommand(
+            "if [ -f", p, "]; then cat", p, "; pid=$(sed -n 's/^pid=//p'", p, ");",
+            'if [ "${pid:-0}" = 0 ] || [ -d "/proc/$pid" ]; then echo alive=1; else echo alive=0; fi; fi; true')
+
+    def process(self, output: list[str]) -> dict[str, str] | None:
+        fields = dict(line.split("=", 1) for line in output if "=" in line)
+        return fields if "run" in fields else None
+
+
+def _take_command(path: str, force: bool) -> str:
+    """Write the lock atomically: a hard link fails when the file exists (force: replace a stale one)."""
+    tmp = f"{path}.{RUN_ID}"
+    # the ssh session process (sshd, or sshd-session on newer OpenSSH) lives as long as this run's connection
+    find_session = ('p=$$; while [ "$p" -gt 1 ]; do case "$(cat /proc/$p/comm 2>/dev/null)" in '
+                    'sshd|sshd-session) break;; esac; p=$(awk \'{print $4}\' /proc/$p/stat 2>/dev/null || echo 1); '
+                    'done; [ "$p" -gt 1 ] || p=0')
+    body = (f"printf 'run=%s\\nholder=%s\\nsince=%s\\npid=%s\\n' {sh(RUN_ID)} {sh(HOLDER)} "
+            f"{sh(time.strftime('%Y-%m-%dT%H:%M:%S%z'))} \"$p\" > {sh(tmp)}")
+    if force:
+        place = f"mv -f {sh(tmp)} {sh(path)}"
+    else:
+        place = f"{{ ln {sh(tmp)} {sh(path)}; rc=$?; rm -f {sh(tmp)}; exit $rc; }}"
+    return f"{find_session}; mkdir -p {sh(os.path.dirname(path))} && {body} && {place}"
+
+
+def holder_problem(path: str, lock: dict[str, str] | None) -> str | None:
+    """The refusal while another live run holds the lock."""
+    if not lock or lock.get("run") == RUN_ID or lock.get("alive") != "1":
+        return None
+    return (f"another sparkfold run holds {path}: {lock.get('holder', '?')}, run {lock.get('run')}, since "
+            f"{lock.get('since', '?')}. Wait for it to end; if it is gone and this persists, remove {path}")
+
+
+@operation()
+def run_locked(path: str):
+    """Take this Spark's run lock (while executing), or refuse because another live run holds it."""
+    lock = host.get_fact(RunLock, path=path)
+    if (yield from check_failed("one run at a time", [holder_problem(path, lock)])):
+        return
+    if lock and lock.get("run") == RUN_ID:
+        host.noop(f"this run holds {path}")
+        return
+    stale = lock is not None and lock.get("alive") != "1"
+    if lock is not None and stale:
+        logger.warning(f"{host.name}: taking over the stale run lock {path} of {lock.get('holder')} (run "
+                       f"{lock.get('run')}, since {lock.get('since')}): that run is gone")
+    if state.is_executing:
+        ok, output = host.run_shell_command(StringCommand(_take_command(path, force=stale)))
+        if not ok:  # another run took it between the read and the write
+            again = host.get_fact(RunLock, path=path)
+            yield from check_failed("one run at a time", [holder_problem(path, again) or
+                                                          f"could not take {path}: {output.stderr}"])
+            return
+    host.noop(f"{path} taken for run {RUN_ID}")
+
+
+@operation()
+def run_unlocked(path: str):
+    """Release this run's lock (while executing); a lock of another run is left alone."""
+    lock = host.get_fact(RunLock, path=path)
+    if state.is_executing and lock and lock.get("run") == RUN_ID:
+        host.run_shell_command(StringCommand(f"rm -f {sh(path)}"))
+    host.noop(f"{path} released")
+    if False:  # an operation is a generator; this one changes nothing pyinfra should count
+        yield
+
+
+@deploy("One run at a time")
+def locked(s: Settings) -> None:
+    """The head's lock first, then the worker's: a second run refuses on the head and touches nothing."""
+    if s.is_head:
+        run_locked(name="the head's run lock", path=s.layout.run_lock)
+    if not s.is_head:
+        run_locked(name="the worker's run lock", path=s.layout.run_lock)
+
+
+@deploy("Run lock released")
+def unlocked(s: Settings) -> None:
+    run_unlocked(name="this run's lock released", path=s.layout.run_lock)

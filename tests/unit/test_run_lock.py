@@ -1,0 +1,95 @@
+"""The run lock: its fact, the refusal while another live run holds it, take-over of a stale one, and the take and
+release commands run for real in a shell."""
+
+from __future__ import annotations
+
+import subprocess
+
+from harness import FakeHost, parse_fact, run_op, with_args
+from pyinfra.context import ctx_host, ctx_state
+
+from operations import run_lock as rl
+
+PATH = "/home/nvidia/.local/state/sparkfold/run.lock"
+OTHER = {"run": "0123456789ab", "holder": "ann@laptop (pid 7)", "since": "2026-12-03T08:00:00+0000", "pid": "4242"}
+
+
+def sh(command: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["sh", "-c", command], capture_output=True, text=True)
+
+
+def test_fact_reads_the_fields_and_whether_the_session_lives(tmp_path):
+    lock = tmp_path / "run.lock"
+    assert rl.RunLock().process(sh(rl.RunLock().command(path=str(lock)).get_raw_value()).stdout.splitlines()) is None
+    lock.write_text("run=abc\nholder=me@here (pid 1)\nsince=now\npid=999999999\n")
+    got = rl.RunLock().process(sh(rl.RunLock().command(path=str(lock)).get_raw_value()).stdout.splitlines())
+    assert got == {"run": "abc", "holder": "me@here (pid 1)", "since": "now", "pid": "999999999", "alive": "0"}
+    lock.write_text("run=abc\npid=1\n")  # pid 1 always exists
+    assert parse_fact(rl.RunLock, sh(rl.RunLock().command(path=str(lock)).get_raw_value()).stdout,
+                      path=str(lock))["alive"] == "1"
+
+
+def test_take_is_atomic_and_force_replaces_a_stale_lock(tmp_path):
+    lock = str(tmp_path / "state" / "run.lock")
+    assert sh(rl._take_command(lock, force=False)).returncode == 0
+    first = open(lock).read()
+    assert f"run={rl.RUN_ID}\n" in first and f"holder={rl.HOLDER}\n" in first and "pid=" in first
+    assert sh(rl._take_command(lock, force=False)).returncode != 0  # held: a second take fails
+    assert open(lock).read() == first and sorted(p.name for p in (tmp_path / "state").iterdir()) == ["run.lock"]
+    open(lock, "w").write("run=dead\npid=999999999\n")
+    assert sh(rl._take_command(lock, force=True)).returncode == 0 and f"run={rl.RUN_ID}" in open(lock).read()
+
+
+class ShellHost(FakeHost):
+    """A FakeHost whose connection runs commands in a local shell (the lock is taken through it)."""
+
+    def __init__(self, facts, lock_path):
+        super().__init__(facts)
+        self.commands: list[str] = []
+
+    def run_shell_command(self, command):
+        self.commands.append(command.get_raw_value())
+        result = sh(command.get_raw_value())
+        return result.returncode == 0, type("Out", (), {"stderr": result.stderr})()
+
+
+def locked_run(tmp_path, lock, executing):
+    path = str(tmp_path / "run.lock")
+    facts = {rl.RunLock: with_args({f"path={path}": lock})}
+    host = ShellHost(facts, path)
+    state = type("S", (), {"is_executing": executing, "config": type("C", (), {"DIFF": False})()})()
+    with ctx_state.use(state), ctx_host.use(host):
+        commands = list(rl.run_locked._inner(path=path))
+    return commands, host, path
+
+
+def test_a_live_lock_of_another_run_is_refused_naming_the_holder(tmp_path, caplog):
+    commands, host, _ = locked_run(tmp_path, dict(OTHER, alive="1"), executing=True)
+    assert len(commands) == 1 and "exit 1" in commands[0].get_raw_value() and host.commands == []
+    assert "another sparkfold run holds" in commands[0].get_raw_value() and "ann@laptop (pid 7)" in \
+        commands[0].get_raw_value()
+    with caplog.at_level("WARNING", logger="pyinfra"):
+        commands, host, _ = locked_run(tmp_path, dict(OTHER, alive="1"), executing=False)
+    assert commands == [] and "will fail: one run at a time" in caplog.text
+
+
+def test_a_free_or_stale_lock_is_taken_while_executing_only_and_reports_no_change(tmp_path, caplog):
+    commands, host, path = locked_run(tmp_path, None, executing=False)
+    assert commands == [] and host.commands == []  # --dry takes nothing
+    commands, host, path = locked_run(tmp_path, None, executing=True)
+    assert commands == [] and f"run={rl.RUN_ID}" in open(path).read()  # taken, and no change counted
+    with caplog.at_level("WARNING", logger="pyinfra"):
+        commands, host, path = locked_run(tmp_path, dict(OTHER, alive="0"), executing=True)
+    assert commands == [] and "taking over the stale run lock" in caplog.text and "mv -f" in host.commands[0]
+
+
+def test_release_removes_only_this_runs_lock(tmp_path):
+    path = str(tmp_path / "run.lock")
+    for lock, removed in ((dict(OTHER, run=rl.RUN_ID, alive="1"), True), (dict(OTHER, alive="1"), False)):
+        open(path, "w").write("x\n")
+        host = ShellHost({rl.RunLock: with_args({f"path={path}": lock})}, path)
+        state = type("S", (), {"is_executing": True})()
+        with ctx_state.use(state), ctx_host.use(host):
+            assert list(rl.run_unlocked._inner(path=path)) == []
+        assert (not (tmp_path / "run.lock").exists()) is removed
+    assert run_op(rl.run_unlocked, {rl.RunLock: with_args({f"path={path}": None})}, path=path)[0] == []
