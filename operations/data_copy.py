@@ -15,6 +15,7 @@ from pyinfra.api import operation
 
 from operations.facts.files import DirFiles, DiskFree, FolderCheck, PeerFolder
 from operations.util import check_failed
+from operations.util.progress import progress_command
 
 MARKER = ".sparkfold-verified"
 SUMS_STATE = ".sparkfold-sums.state"
@@ -123,10 +124,13 @@ def folder_to_peer(src: str, target: str, dest: str, what: str, link: str = "", 
     q = shlex.quote
     if differing or not head:
         yield f"{SSH} {q(target)} {q('mkdir -p ' + q(dest))}"
-        words = ["rsync", "-a", "--partial", "--info=progress2", *extra_rsync]
+        words = ["rsync", "-a", "--partial", *extra_rsync]
         words += [f"--exclude={e}" for e in ("/.cache/", MARKER, "*.incomplete")]
         words += ["-e", SSH, src.rstrip("/") + "/", f"{target}:{dest.rstrip('/')}/"]
-        yield " ".join(q(w) for w in words)
+        # progress: the worker's copy measured over ssh (its size at the start says how much a resume keeps)
+        yield progress_command(f"{what} to the worker", " ".join(q(w) for w in words),
+                               probe=f"{SSH} {q(target)} {q(f'du -sb {q(dest)} 2>/dev/null | cut -f1')}",
+                               total=sum(v[0] for v in head.values()))
     if link and not link_ok:
         yield f"{SSH} {q(target)} {q(f'ln -sfn {q(link_to)} {q(link)}')}"
 

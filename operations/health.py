@@ -168,6 +168,19 @@ def log_tails(head, worker, container_name: str, lines: int = LOG_LINES) -> str:
     return "\n".join(parts)
 
 
+def load_status(head, worker, container_name: str) -> str:
+    """One progress line's tail while the ranks load: unified memory in use and the newest log line of each rank."""
+    parts = []
+    for rank, h in ((0, head), (1, worker)):
+        out = _shell(h, StringCommand(
+            "awk '/^MemTotal:/ {t=$2} /^MemAvailable:/ {a=$2} END {printf \"%.1f of %.1f GiB in use\\n\", "
+            "(t-a)/1048576, t/1048576}' /proc/meminfo;", "docker", "logs", "--tail", "1",
+            QuoteString(container_name), "2>&1", "|", "tail", "-n", "1", "||", "true"))
+        memory, last = (out + ["?", ""])[:2]
+        parts.append(f"rank {rank}: {memory}" + (f", log: {last.strip()[:120]}" if last.strip() else ""))
+    return "; ".join(parts)
+
+
 def ranks_down(head, worker, container_name: str) -> str | None:
     for rank, h in ((0, head), (1, worker)):
         c = h.get_fact(RankContainer, container=container_name)
@@ -185,7 +198,7 @@ def _wait_and_smoke(state, host, worker, base_url, served_name, port, container_
     report: list[str] = []
     problem = wait_for_api(base_url, served_name, api_key, timeout,
                            lambda: ranks_down(host, worker, container_name),
-                           progress=lambda m: host.log(m))
+                           progress=lambda m: host.log(f"{m}; {load_status(host, worker, container_name)}"))
     if problem is None:
         ok, report = smoke_test(base_url, served_name, api_key)
         problem = None if ok else "; ".join(report)

@@ -21,6 +21,7 @@ from operations import image_hash as content
 from operations.facts.docker import SSH_OPTIONS, DockerImageInfo, EngineCapabilities, PeerDockerImageInfo
 from operations.settings import PREBUILT_REFERENCE, Settings
 from operations.util import check_failed, fail_command, sh
+from operations.util.progress import progress_command
 
 HASH_LABEL = "sparkfold.image-hash"
 ENGINE_FAMILY = ("deepseek_v41", "exl3-mul1")  # model_type and format the served checkpoint needs
@@ -113,7 +114,8 @@ def engine_image_built(image: str, image_hash: str, context_dir: str, files: lis
     for name, value in sorted({**build_args, "IMAGE_HASH": image_hash}.items()):
         words += ["--build-arg", f"{name}={value}"]
     words += ["--label", f"{HASH_LABEL}={image_hash}", "-t", image, build_dir]
-    yield sh(*words)
+    # the newest build step (the classic builder's "Step N/M", BuildKit's "#N [k/m]") every few seconds
+    yield progress_command(f"build {image}", sh(*words), latest=r"^(Step [0-9]+/[0-9]+|#[0-9]+ \[)")
 
 
 @operation()
@@ -130,14 +132,9 @@ def engine_image_shipped(image: str, worker_ssh: str):
     if (yield from check_failed("the image on the worker", missing, settled=False)):
         return
     img = sh(image)
-    load = _ssh(worker_ssh, "docker load")
-    # Progress: pv prints a percentage per line (pyinfra shows whole lines); without pv, dd reports the byte count.
-    yield (
-        f"size=$(docker image inspect -f '{{{{.Size}}}}' {img}) && "
-        f"echo \"sparkfold: sending {image} ($size bytes) to {worker_ssh}\" && "
-        f"if command -v pv >/dev/null 2>&1; then docker save {img} | pv -f -n -i 10 -s \"$size\" | {load}; "
-        f"else docker save {img} | dd bs=1M | {load}; fi"
-    )
+    # the bytes relayed from docker save to the worker's docker load, every few seconds
+    yield progress_command(f"ship {image} to the worker", relay=(f"docker save {img}", _ssh(worker_ssh, "docker load")),
+                           total=here.get("size") or 0)
     fmt = sh(_IDENTITY_FORMAT)
     remote = _ssh(worker_ssh, sh("docker", "image", "inspect", "-f", _IDENTITY_FORMAT, image))
     mismatch = fail_command(f"after shipping, the worker's {image} still differs from the head's; check the worker's"

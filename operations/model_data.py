@@ -30,6 +30,7 @@ from operations.data_copy import (
 )
 from operations.facts.files import FolderCheck
 from operations.facts.model import HfHubPython, HfPlan, HfPlanDict
+from operations.hf_cache import repo_folder_name
 from operations.image import image_ref
 from operations.layout import ABLIT_CURRENT, InContainer
 from operations.model_paths import hub_python
@@ -37,6 +38,7 @@ from operations.remote import heredoc_command
 from operations.settings import Settings
 from operations.sync import both_sparks_reached
 from operations.util import check_failed, fail_command
+from operations.util.progress import progress_command
 
 MODEL_TYPE = "deepseek_v41"
 BLOB_SUMS = ".sparkfold-SHA256SUMS"  # the checkpoint's LFS blobs, for the worker copy's check
@@ -147,8 +149,11 @@ def hf_snapshot(python: str, repo: str, revision: str, label: str, cache_dir: st
         words += ["--expect-model-type", expect_model_type]
     env = [f"HF_TOKEN_PATH={q(token_path)}"] if has_token else []
     env += [f"HF_ENDPOINT={q(endpoint)}"] if endpoint else []
-    yield heredoc_command(f"mkdir -p {q(dest)} && {' '.join(env)} {q(python)} - {' '.join(q(w) for w in words)}",
-                          "hf_fetch")
+    fetch = heredoc_command(f"mkdir -p {q(dest)} && {' '.join(env)} {q(python)} - {' '.join(q(w) for w in words)}",
+                            "hf_fetch")
+    # the download's own folder: local_dir's real files, or the repo's folder (blobs, partials) in the cache
+    yield progress_command(f"{label} download", fetch, size_of=local_dir or f"{cache_dir}/{repo_folder_name(repo)}",
+                           total=plan.get("total_bytes") or 0)
 
 
 def _plan(args: dict) -> HfPlanDict:

@@ -21,6 +21,7 @@ from operations.facts.model import HfPlan, RankFolder
 from operations.hf_cache import repo_folder_name
 from operations.model_paths import checkpoint_plan_args
 from operations.util import fail_command
+from operations.util.progress import progress_command
 
 TOKEN_MAP = "dsv41_token_map.json"
 TOKEN_MAP_TOOL = "/opt/tensorfold/tools/dsv41-zig/inputs/make_token_map.py"
@@ -119,8 +120,9 @@ def rank_file_written(image_ref: str, rank: int, plan_args: dict, hf_cache: str,
     # a partial or stray file from an interrupted run: clear the folder of this rank's files, then write again
     yield (f"mkdir -p {q(folder)} && rm -f {q(folder)}/rank{rank}of2-*.bin {q(folder)}/.rank{rank}of2.partial "
            f"{q(folder)}/{SOURCE} {q(folder)}/SHA256SUMS {q(folder)}/.sparkfold-sums.state")
-    yield (tool_run(image_ref, [mount, (folder, "/out", False)], RANK_TOOL, model, "/out", str(rank), "2")
-           + f" && printf '%s\\n' {q(want)} > {q(folder)}/{SOURCE}")
+    write = tool_run(image_ref, [mount, (folder, "/out", False)], RANK_TOOL, model, "/out", str(rank), "2")
+    yield progress_command(f"rank {rank}'s weight file", write, size_of=folder, total=int(total / 2))
+    yield f"printf '%s\\n' {q(want)} > {q(folder)}/{SOURCE}"
 
 
 @operation()

@@ -6,7 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 _HERE = Path(__file__).resolve().parent
-_PARTS = {"hf_plan": ["hf_cache", "hf_plan"], "hf_fetch": ["hf_cache", "hf_plan", "hf_fetch"]}
+_PARTS = {"hf_plan": ["hf_cache", "hf_plan"], "hf_fetch": ["hf_cache", "hf_plan", "hf_fetch"],
+          "progress": ["progress"]}
 _DELIMITER = "SPARKFOLD_PY_EOF"
 
 

@@ -68,7 +68,9 @@ def _finite(value: Any) -> bool:
 Shape = tuple[Callable[[Any], bool], str]
 PATH: Shape = (clean_path, "an absolute path of letters, digits and . _ - + @ / (no quotes, spaces, commas, colons "
                            "or ..)")
-OPTIONAL_PATH: Shape = (lambda v: v == "" or clean_path(v), "empty (the default) or " + PATH[1])
+_COMMAND = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*$")
+PROGRAM: Shape = (lambda v: v == "" or clean_path(v) or bool(_COMMAND.match(v)),
+                  "empty (the default), a program name on PATH such as python3, or " + PATH[1])
 DOCKER_NAME: Shape = (lambda v: bool(_DOCKER_NAME.match(v)), "letters, digits and _ . - (Docker's name rule), "
                                                               "starting with a letter or digit")
 REPO: Shape = (lambda v: bool(_REPO_ID.match(v)), "a Hugging Face repo id like org/name")
@@ -79,7 +81,7 @@ OPTIONAL_URL: Shape = (lambda v: v == "" or bool(_URL.match(v)), "empty or " + U
 SHAPES: dict[str, Shape] = {
     "hf_cache": PATH, "data_dir": PATH, "state_dir": PATH,
     "link_netplan_file": PATH, "nfs_exports_file": PATH,
-    "nvidia_smi_path": PATH, "hf_python": OPTIONAL_PATH,
+    "nvidia_smi_path": PATH, "hf_python": PROGRAM,
     "container_name": DOCKER_NAME, "nfs_volume": DOCKER_NAME,
     "served_name": (lambda v: bool(_MODEL_ID.match(v)), "a model id: letters, digits and . - _ / :"),
     "engine_image": (lambda v: bool(_IMAGE_NAME.match(v)), "a Docker image name (lower case, no tag), e.g. "

@@ -100,3 +100,15 @@ def run_fact(cls, **kwargs):
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     return fact.default() if lines == [_MISSING_COMMAND_MARKER] else parse_fact(cls, lines, **kwargs)
+
+
+def unwrap_progress(text: str) -> tuple[str, str, list[str]]:
+    """(label, the command it runs, its options) of an operations.util.progress wrapper rendered to text."""
+    import shlex
+
+    head = text[: text.rindex(" <<'SPARKFOLD_PY_EOF'\n")]  # the progress script follows the last marker
+    words = shlex.split(head)
+    assert words[:2] == ["python3", "-"], words[:2]
+    rest = words[3:]
+    inner = rest.pop(0) if rest and not rest[0].startswith("--") else ""
+    return words[2], inner, rest

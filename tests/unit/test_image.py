@@ -8,7 +8,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from harness import parse_fact, run_op, with_args
+from harness import parse_fact, run_op, unwrap_progress, with_args
 from pyinfra.facts.docker import DockerImage
 from settings_factory import make_settings
 
@@ -163,10 +163,12 @@ def test_build_uploads_the_context_and_builds(have):
         f"FileUploadCommand(/ctl/zig/apply-patches.sh, {d}/apply-patches.sh)",
         f"FileUploadCommand(/ctl/zig/patches/0001-a.patch, {d}/patches/0001-a.patch)",
     ]
-    assert commands[4] == (
+    label, docker_build, options = unwrap_progress(commands[4])  # the build shows its newest step while it runs
+    assert docker_build == (
         "docker build --build-arg BASE_IMAGE=nvcr.io/nvidia/pytorch:26.07-py3 --build-arg IMAGE_HASH=0123456789ab"
         f" --build-arg TF_REF=fbbc971 --label sparkfold.image-hash=0123456789ab -t {TAG} {d}"
     )
+    assert label == f"build {TAG}" and "--latest" in options
     assert len(commands) == 5
 
 
@@ -192,9 +194,10 @@ def test_ship_streams_and_verifies(there):
     commands, _ = ship(BUILT, there, executing=True)
     assert len(commands) == 2
     send, verify = commands
-    assert f"docker save {TAG} | pv -f -n -i 10 -s \"$size\" | ssh -o BatchMode=yes" in send
-    assert f"else docker save {TAG} | dd bs=1M | ssh " in send
-    assert f"{WORKER} 'docker load'" in send
+    label, _, options = unwrap_progress(send)  # relayed by the progress runner, which counts the bytes
+    source, sink = options[options.index("--relay") + 1:options.index("--relay") + 3]
+    assert source == f"docker save {TAG}" and sink.startswith("ssh -o BatchMode=yes")
+    assert sink.endswith(f"{WORKER} 'docker load'") and label == f"ship {TAG} to the worker"
     assert "docker image inspect -f" in verify and WORKER in verify and "exit 1" in verify
 
 

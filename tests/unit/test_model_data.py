@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 import pytest
-from harness import _kwargs_key, parse_fact, run_fact, run_op, with_args
+from harness import _kwargs_key, parse_fact, run_fact, run_op, unwrap_progress, with_args
 from hf_fixture import build_cache, model_files
 from pyinfra.facts.files import Sha256File
 from settings_factory import make_settings
@@ -266,9 +266,11 @@ def test_folder_to_peer_in_step_is_noop():
 def test_folder_to_peer_copies_differences_resumably():
     cmds, _ = run_op(data_copy.folder_to_peer, {DirFiles: ENGRAM, PeerFolder: _peer({})}, executing=True, **PEER)
     assert cmds[0] == "ssh -o BatchMode=yes nvidia@10.0.0.2 'mkdir -p /w/engram'"
-    assert cmds[1].startswith("rsync -a --partial --info=progress2 ")
-    assert "-e 'ssh -o BatchMode=yes' /d/engram/ nvidia@10.0.0.2:/w/engram/" in cmds[1]
-    assert "--exclude=/.cache/" in cmds[1]
+    label, rsync, options = unwrap_progress(cmds[1])  # the worker's copy measured over ssh while it runs
+    assert rsync.startswith("rsync -a --partial ") and label.endswith("to the worker")
+    assert "-e 'ssh -o BatchMode=yes' /d/engram/ nvidia@10.0.0.2:/w/engram/" in rsync
+    assert "--exclude=/.cache/" in rsync
+    assert "du -sb /w/engram" in options[options.index("--probe") + 1]
 
 
 def test_folder_to_peer_checks_worker_space_and_reachability():
@@ -280,7 +282,7 @@ def test_folder_to_peer_checks_worker_space_and_reachability():
     assert "cannot reach" in cmds[0]
     # planning on a fresh pair: the link is not up yet, the copy is still planned
     cmds, _ = run_op(data_copy.folder_to_peer, {DirFiles: {}, PeerFolder: _peer({}, reachable=False)}, **PEER)
-    assert cmds[1].startswith("rsync ")
+    assert unwrap_progress(cmds[1])[1].startswith("rsync ")
 
 
 def test_folder_to_peer_fixes_only_the_link():

@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 import pytest
-from harness import run_fact, run_op
+from harness import run_fact, run_op, unwrap_progress
 from hf_fixture import build_cache, model_files
 
 from operations import weights
@@ -93,7 +93,10 @@ def test_rank_file_redone_after_clearing(folder):
                      **rank_kw())
     assert cmds[0].startswith(f"mkdir -p /d/rank-cache/{COMMIT}/rank0 && rm -f ")
     assert "rank0of2-*.bin" in cmds[0] and ".rank0of2.partial" in cmds[0]
-    assert "--entrypoint tf-dsv41-rank-cache img:1" in cmds[1] and cmds[1].split(" && ")[0].endswith(" /out 0 2")
+    label, write, options = unwrap_progress(cmds[1])  # the folder's size shown while the file is written
+    assert "--entrypoint tf-dsv41-rank-cache img:1" in write and write.endswith(" /out 0 2")
+    assert label == "rank 0's weight file"
+    assert options[options.index("--size-of") + 1] == f"/d/rank-cache/{COMMIT}/rank0"
 
 
 def test_rank_file_disk_check():
@@ -108,7 +111,7 @@ def test_rank_file_from_ablit_pack_has_its_own_folder_and_source():
     cmds, _ = run_op(weights.rank_file_written, {HfPlan: plan(), RankFolder: folder, DiskFree: {"free_bytes": 10**12}},
                      **rank_kw(rank=1, ablit_dir="/d/ablit", ablit_revision="r1"))
     assert f"/d/rank-cache/{COMMIT}-ablit/rank1" in cmds[0]
-    assert f"-v /d/ablit/{COMMIT}:/model:ro" in cmds[1] and f"'{COMMIT}-ablit r1'" in cmds[1]
+    assert f"-v /d/ablit/{COMMIT}:/model:ro" in unwrap_progress(cmds[1])[1] and f"'{COMMIT}-ablit r1'" in cmds[2]
 
 
 def test_rank_files_end_to_end_then_converged(tmp_path):

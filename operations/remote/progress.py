@@ -1,0 +1,158 @@
+"""Run a long command on a Spark and print one progress line every --every seconds while it runs.
+
+pyinfra shows a command's output only at the end unless asked (operations/util/progress.LiveCommand asks), and
+tools such as rsync redraw one line with carriage returns. This runner keeps the command's own output in a log
+(shown when it fails) and prints plain lines of its own: what is done of the total, the rate and the time left
+(--size-of a folder, or --probe a command that prints a byte count), the newest line matching --latest (a build
+step), or the bytes it relays itself (--relay FROM TO: FROM's stdout into TO's stdin, e.g. docker save | docker load).
+The first line says how much was already there, so a resumed download or copy says so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+GIB = 1024**3
+
+
+def folder_bytes(path: str) -> int:
+    """Bytes of the regular files under `path` (links not followed; 0 when absent)."""
+    total = 0
+    for root, _dirs, files in os.walk(path):
+        for name in files:
+            try:
+                st = os.lstat(os.path.join(root, name))
+            except OSError:
+                continue
+            if not os.path.islink(os.path.join(root, name)):
+                total += st.st_size
+    return total
+
+
+def probe_bytes(command: str) -> int | None:
+    try:
+        out = subprocess.run(["sh", "-c", command], capture_output=True, text=True, timeout=60).stdout.split()
+        return int(out[0]) if out else None
+    except (subprocess.SubprocessError, ValueError, OSError):
+        return None
+
+
+def size(n: float) -> str:
+    return f"{n / GIB:.1f} GiB" if n >= GIB else f"{n / 1024**2:.0f} MiB"
+
+
+def clock(seconds: float) -> str:
+    seconds = int(seconds)
+    return f"{seconds // 3600} h {seconds % 3600 // 60:02d} min" if seconds >= 3600 else \
+        f"{seconds // 60} min {seconds % 60:02d} s" if seconds >= 60 else f"{seconds} s"
+
+
+def amount_line(label: str, done: int, total: int, start_bytes: int, elapsed: float) -> str:
+    """'<label>: 12.3 of 196.0 GiB (6 %), 250 MiB/s, about 12 min left, 3 min 10 s elapsed'."""
+    parts = [size(done) + (f" of {size(total)} ({100 * done // total} %)" if total else "")]
+    rate = (done - start_bytes) / elapsed if elapsed > 0 else 0
+    if rate > 0:
+        parts.append(f"{rate / 1024**2:.0f} MiB/s")
+        if total > done:
+            parts.append(f"about {clock((total - done) / rate)} left")
+    parts.append(f"{clock(elapsed)} elapsed")
+    return f"{label}: " + ", ".join(parts)
+
+
+class Relay:
+    """FROM's stdout copied into TO's stdin, counting the bytes."""
+
+    def __init__(self, source: str, sink: str):
+        self.bytes = 0
+        self.src = subprocess.Popen(["sh", "-c", source], stdout=subprocess.PIPE)
+        self.dst = subprocess.Popen(["sh", "-c", sink], stdin=subprocess.PIPE)
+        self.thread = threading.Thread(target=self._copy, daemon=True)
+        self.thread.start()
+
+    def _copy(self) -> None:
+        assert self.src.stdout and self.dst.stdin
+        while chunk := self.src.stdout.read(1 << 20):
+            self.dst.stdin.write(chunk)
+            self.bytes += len(chunk)
+        self.dst.stdin.close()
+
+    def poll(self) -> int | None:
+        if self.thread.is_alive() or self.dst.poll() is None:
+            return None
+        return self.src.wait() or self.dst.returncode
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description="run a long command, printing a progress line every --every seconds")
+    p.add_argument("label")
+    p.add_argument("command", nargs="?", default="", help="the shell command to run (not with --relay)")
+    p.add_argument("--every", type=float, default=10.0)
+    p.add_argument("--size-of", help="a folder whose size is the progress")
+    p.add_argument("--probe", help="a shell command printing the bytes done")
+    p.add_argument("--total", type=int, default=0, help="bytes when done")
+    p.add_argument("--latest", help="a regex: show the newest output line that matches")
+    p.add_argument("--relay", nargs=2, metavar=("FROM", "TO"))
+    args = p.parse_args(argv)
+
+    def measure() -> int | None:
+        if relay is not None:
+            return relay.bytes
+        if args.size_of:
+            return folder_bytes(args.size_of)
+        return probe_bytes(args.probe) if args.probe else None
+
+    log = tempfile.NamedTemporaryFile("w+", prefix="sparkfold-progress-", delete=False)
+    relay = Relay(*args.relay) if args.relay else None
+    proc = None if relay else subprocess.Popen(["sh", "-c", args.command], stdout=log, stderr=subprocess.STDOUT)
+    start, pattern, latest = time.monotonic(), re.compile(args.latest) if args.latest else None, ""
+    first = measure()
+    start_bytes = first or 0
+    if first:
+        print(f"{args.label}: {size(first)} already there" + (f" of {size(args.total)}" if args.total else ""),
+              flush=True)
+    else:
+        print(f"{args.label}: started", flush=True)
+    next_line = start + args.every
+    while True:
+        rc = relay.poll() if relay else proc.poll()  # type: ignore[union-attr]
+        if rc is not None:
+            break
+        time.sleep(0.5)
+        now = time.monotonic()
+        if now < next_line:
+            continue
+        next_line = now + args.every
+        if pattern:
+            with open(log.name, errors="replace") as f:
+                for line in f.read().replace("\r", "\n").splitlines():
+                    if pattern.search(line):
+                        latest = line.strip()
+            print(f"{args.label}: {latest or 'starting'} ({clock(now - start)} elapsed)", flush=True)
+            continue
+        done = measure()
+        if done is None:
+            print(f"{args.label}: {clock(now - start)} elapsed", flush=True)
+        else:
+            print(amount_line(args.label, done, args.total, start_bytes, now - start), flush=True)
+    elapsed = time.monotonic() - start
+    with open(log.name, errors="replace") as f:
+        tail = f.read().replace("\r", "\n").splitlines()[-30:]
+    os.unlink(log.name)
+    if rc != 0:
+        print(f"{args.label}: failed after {clock(elapsed)}; its last output:", file=sys.stderr)
+        print("\n".join(tail), file=sys.stderr)
+        return rc
+    done = measure()
+    print(f"{args.label}: done in {clock(elapsed)}" + (f", {size(done)}" if done else ""), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
