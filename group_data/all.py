@@ -90,6 +90,8 @@ oom_score_adj = 1000  # the kernel OOM killer picks the server before the deskto
 wait_timeout = 1800  # seconds to wait for rank 0's API after a start
 stop_timeout = 30  # seconds docker stop waits before killing a rank
 log_keep = 10  # saved rank logs kept per Spark
+log_lines = 100  # lines of each rank's log logs.py prints (live, or the newest saved log)
+status_plan = True  # status.py also counts the operations a deploy would change (runs deploy.py --dry; slower)
 api_url = ""  # base URL this machine uses to reach rank 0 ("" = http://<head ssh host>:<port>)
 memguard = True  # run the memory watchdog on both Sparks
 supervise = False  # install the systemd unit that supervises the pair (backoff, then gives up)

@@ -138,7 +138,7 @@ def launch_checked(container_name: str, peer, launch: Launch, min_avail_gib: flo
         return
     held = []
     for port in ports if not (mine and mine.get("running")) else ():
-        holders = host.get_fact(PortListeners, port=port)
+        holders = host.get_fact(PortListeners, port=port, _sudo=True)  # root: ss names other users' processes
         if holders:
             held.append(f"port {port} is held by {', '.join(holders)} on the {here}, so the rank could "
                         f"not listen there: stop it (`sudo ss -ltnp 'sport = :{port}'` names it) or choose another "

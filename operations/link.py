@@ -16,7 +16,15 @@ from pyinfra import host
 from pyinfra.api import StringCommand, deploy, operation
 from pyinfra.operations import files as core_files
 
-from operations.facts.network import DefaultRouteDevice, IpAddresses, LinkRecord, NetplanFiles, PingOk, RoceDevices
+from operations.facts.network import (
+    DefaultRouteDevice,
+    IpAddresses,
+    LinkRecord,
+    NetplanFiles,
+    PingOk,
+    RoceDevices,
+    SshServerAddress,
+)
 from operations.util import check_failed, fail_command
 from operations.util.net import ip_of
 from operations.util.owned import owned_or_absent
@@ -107,6 +115,33 @@ def address_problems(rails: list[dict], addrs: dict, mtu: int, netplan_file: str
         if live["mtu"] != mtu:
             problems.append(f"{netdev} has MTU {live['mtu']}, not {mtu}: run `sudo netplan apply` "
                             f"(or set link_mtu to the same value on both Sparks)")
+    return problems
+
+
+def rail_hazards(rails: list[dict], addrs: dict, default_dev: str | None, ssh_address: str | None) -> list[str]:
+    """Why addressing these rails could cut this Spark off: a rail on the default route's netdev or on the address
+    the deploy's ssh arrives on, or a rail subnet that overlaps another interface's."""
+    problems = []
+    netdevs = {r["netdev"] for r in rails}
+    for rail in rails:
+        netdev, mine = rail["netdev"], ipaddress.ip_interface(rail["address"])
+        live = [ipaddress.ip_interface(a) for a in (addrs.get(netdev) or {}).get("ipv4", [])]
+        if netdev == default_dev:
+            problems.append(f"{netdev} carries this Spark's default route (the management network), so it is not a "
+                            "CX7 link rail: list the cabled CX7 port's netdevs in link_rails (`ip -br link`; they "
+                            "look like enp1s0f0np0 / enP2p1s0f0np0)")
+        elif ssh_address and any(str(a.ip) == ssh_address for a in live):
+            problems.append(f"{netdev} holds {ssh_address}, the address this deploy reaches the Spark on over ssh: "
+                            "re-addressing it would cut the connection; list the CX7 netdevs in link_rails instead")
+        for other, info in sorted(addrs.items()):
+            if other in netdevs or other == "lo":
+                continue
+            for text in info.get("ipv4", []):
+                theirs = ipaddress.ip_interface(text)
+                if theirs.network.overlaps(mine.network):
+                    problems.append(f"{mine.network} (link rail {netdev}) overlaps {theirs.network} on {other}: "
+                                    "routes to one would go to the other; give the link rails a subnet of their own "
+                                    "(e.g. 192.168.100.0/24 and 192.168.101.0/24)")
     return problems
 
 
@@ -224,6 +259,16 @@ def netplan_link(rails: list[dict], mtu: int, netplan_file: str):
 
 
 @operation()
+def rails_safe(rails: list[dict]):
+    """Check, before any network change: no rail is the management netdev, the ssh path, or in a subnet that overlaps
+    another interface's."""
+    problems = rail_hazards(rails, host.get_fact(IpAddresses), host.get_fact(DefaultRouteDevice),
+                            host.get_fact(SshServerAddress))
+    if not (yield from check_failed("link rails", problems)):
+        host.noop("no rail touches the management network or another interface's subnet")
+
+
+@operation()
 def link_addresses(rails: list[dict], mtu: int, netplan_file: str, settled: bool = False):
     """Check: every rail netdev has its address and the link MTU. settled: no netplan apply in this run."""
     problems = address_problems(rails, host.get_fact(IpAddresses), int(mtu), netplan_file)
@@ -298,6 +343,7 @@ def link(s) -> None:
     rails = [dict(r) for r in s.link_rails]
     peer_rails = [dict(r) for r in s.peer.link_rails]
     mtu = int(s.link_mtu)
+    rails_safe(name="no rail on the management network", rails=rails)
     owned_or_absent(name=f"{s.link_netplan_file} is sparkfold's or free", path=s.link_netplan_file, _sudo=True)
     netplan = netplan_link(name="netplan file and apply", rails=rails, mtu=mtu, netplan_file=s.link_netplan_file,
                            _sudo=True)

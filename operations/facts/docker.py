@@ -53,6 +53,8 @@ class RankContainerDict(TypedDict, total=False):
     labels: dict[str, str]
     image: str
     created: str
+    started_at: str  # State.StartedAt (RFC 3339); docker's zero time when it never started
+    finished_at: str  # State.FinishedAt
 
 
 class RankContainer(FactBase[RankContainerDict]):
@@ -86,6 +88,8 @@ class RankContainer(FactBase[RankContainerDict]):
                 "labels": data.get("labels") or {},
                 "image": data.get("image", ""),
                 "created": data.get("created", ""),
+                "started_at": state.get("StartedAt", ""),
+                "finished_at": state.get("FinishedAt", ""),
             }
         return {}
 
@@ -392,3 +396,43 @@ class RunningContainers(FactBase[dict[str, bool]]):
             if name:
                 found[name] = label.strip() == "1"
         return found
+
+
+# --- the rank's log ----------------------------------------------------------------------------------------------
+
+class RankLogTailDict(TypedDict):
+    source: str  # "live" (running), "stopped" (a container that exited), "saved" (<log_dir>), "none"
+    path: str | None  # the saved log read
+    lines: list[str]
+
+
+class RankLogTail(FactBase[RankLogTailDict]):
+    """The newest `lines` lines of this Spark's rank log: `docker logs --timestamps` while the container exists, else
+    the newest saved <log_dir>/*-rank<R>*.log.gz (containers.save_log_command writes them). Reads only."""
+
+    @staticmethod
+    def default() -> RankLogTailDict:
+        return {"source": "none", "path": None, "lines": []}
+
+    def command(self, container: str, log_dir: str, rank: int, lines: int) -> str:
+        saved = f'"$d"/*-rank{int(rank)}.log.gz "$d"/*-rank{int(rank)}.*.log.gz'
+        return (f"n={int(lines)}; c={sh(container)}; d={sh(log_dir)}; "
+                "if command -v docker >/dev/null 2>&1 && "
+                "r=$(docker container inspect --format '{{.State.Running}}' \"$c\" 2>/dev/null); then "
+                "if [ \"$r\" = true ]; then echo '#LIVE'; else echo '#STOPPED'; fi; "
+                "docker logs --tail \"$n\" --timestamps \"$c\" 2>&1; "
+                f"else f=$(ls -1t {saved} 2>/dev/null | head -n 1); "
+                "if [ -n \"$f\" ]; then echo \"#SAVED $f\"; gzip -dc \"$f\" 2>/dev/null | tail -n \"$n\"; "
+                "else echo '#NONE'; fi; fi; true")
+
+    def process(self, output: list[str]) -> RankLogTailDict:
+        if not output:
+            return self.default()
+        first, rest = output[0].strip(), list(output[1:])
+        if first == "#LIVE":
+            return {"source": "live", "path": None, "lines": rest}
+        if first == "#STOPPED":
+            return {"source": "stopped", "path": None, "lines": rest}
+        if first.startswith("#SAVED "):
+            return {"source": "saved", "path": first[len("#SAVED "):], "lines": rest}
+        return self.default()

@@ -251,3 +251,13 @@ class PortListeners(FactBase[list[str]]):
             m = _SS_USER.search(line)
             found.append(f"{m.group(1)} (pid {m.group(2)})" if m else "a process")
         return found
+
+
+class SshServerAddress(FactBase[str | None]):
+    """The address of this Spark that the run's ssh connection arrived on (SSH_CONNECTION's third field)."""
+
+    def command(self) -> str:
+        return 'echo "${SSH_CONNECTION:-}" | cut -d" " -f3'
+
+    def process(self, output: list[str]) -> str | None:
+        return output[0].strip() or None if output else None

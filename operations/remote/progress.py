@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -66,13 +67,33 @@ def amount_line(label: str, done: int, total: int, start_bytes: int, elapsed: fl
     return f"{label}: " + ", ".join(parts)
 
 
+class Gone(Exception):
+    """The run that started us is gone (its connection closed): stop the work instead of finishing unseen."""
+
+
+def say(line: str) -> None:
+    try:
+        print(line, flush=True)
+    except (BrokenPipeError, OSError):
+        raise Gone() from None
+
+
+def stop_group(proc: subprocess.Popen | None) -> None:
+    """End a command and everything it started (rsync and its ssh, docker save, ...)."""
+    if proc is not None and proc.poll() is None:
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+
+
 class Relay:
     """FROM's stdout copied into TO's stdin, counting the bytes."""
 
     def __init__(self, source: str, sink: str):
         self.bytes = 0
-        self.src = subprocess.Popen(["sh", "-c", source], stdout=subprocess.PIPE)
-        self.dst = subprocess.Popen(["sh", "-c", sink], stdin=subprocess.PIPE)
+        self.src = subprocess.Popen(["sh", "-c", source], stdout=subprocess.PIPE, start_new_session=True)
+        self.dst = subprocess.Popen(["sh", "-c", sink], stdin=subprocess.PIPE, start_new_session=True)
         self.thread = threading.Thread(target=self._copy, daemon=True)
         self.thread.start()
 
@@ -82,6 +103,10 @@ class Relay:
             self.dst.stdin.write(chunk)
             self.bytes += len(chunk)
         self.dst.stdin.close()
+
+    def stop(self) -> None:
+        stop_group(self.src)
+        stop_group(self.dst)
 
     def poll(self) -> int | None:
         if self.thread.is_alive() or self.dst.poll() is None:
@@ -101,6 +126,31 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--relay", nargs=2, metavar=("FROM", "TO"))
     args = p.parse_args(argv)
 
+    log = tempfile.NamedTemporaryFile("w+", prefix="sparkfold-progress-", delete=False)
+    relay = Relay(*args.relay) if args.relay else None
+    proc = None if relay else subprocess.Popen(["sh", "-c", args.command], stdout=log, stderr=subprocess.STDOUT,
+                                               start_new_session=True)
+
+    def stop(*_: object) -> None:
+        if relay:
+            relay.stop()
+        stop_group(proc)
+        sys.exit(1)
+
+    # a run that is interrupted (its connection closed: SIGHUP, or a print that finds no reader) takes its work
+    # down with it, so a later run never races a copy or a download left running unseen
+    signal.signal(signal.SIGHUP, stop)
+    signal.signal(signal.SIGTERM, stop)
+    try:
+        return watch(args, relay, proc, log.name)
+    except Gone:
+        stop()
+    return 1
+
+
+def watch(args: argparse.Namespace, relay: Relay | None, proc: subprocess.Popen | None, log_name: str) -> int:
+    """Print the progress lines until the command ends; its exit status."""
+
     def measure() -> int | None:
         if relay is not None:
             return relay.bytes
@@ -108,20 +158,16 @@ def main(argv: list[str] | None = None) -> int:
             return folder_bytes(args.size_of)
         return probe_bytes(args.probe) if args.probe else None
 
-    log = tempfile.NamedTemporaryFile("w+", prefix="sparkfold-progress-", delete=False)
-    relay = Relay(*args.relay) if args.relay else None
-    proc = None if relay else subprocess.Popen(["sh", "-c", args.command], stdout=log, stderr=subprocess.STDOUT)
     start, pattern, latest = time.monotonic(), re.compile(args.latest) if args.latest else None, ""
     first = measure()
     start_bytes = first or 0
     if first:
-        print(f"{args.label}: {size(first)} already there" + (f" of {size(args.total)}" if args.total else ""),
-              flush=True)
+        say(f"{args.label}: {size(first)} already there" + (f" of {size(args.total)}" if args.total else ""))
     else:
-        print(f"{args.label}: started", flush=True)
+        say(f"{args.label}: started")
     next_line = start + args.every
     while True:
-        rc = relay.poll() if relay else proc.poll()  # type: ignore[union-attr]
+        rc = relay.poll() if relay else proc.poll() if proc else 0
         if rc is not None:
             break
         time.sleep(0.5)
@@ -130,27 +176,27 @@ def main(argv: list[str] | None = None) -> int:
             continue
         next_line = now + args.every
         if pattern:
-            with open(log.name, errors="replace") as f:
+            with open(log_name, errors="replace") as f:
                 for line in f.read().replace("\r", "\n").splitlines():
                     if pattern.search(line):
                         latest = line.strip()
-            print(f"{args.label}: {latest or 'starting'} ({clock(now - start)} elapsed)", flush=True)
+            say(f"{args.label}: {latest or 'starting'} ({clock(now - start)} elapsed)")
             continue
         done = measure()
         if done is None:
-            print(f"{args.label}: {clock(now - start)} elapsed", flush=True)
+            say(f"{args.label}: {clock(now - start)} elapsed")
         else:
-            print(amount_line(args.label, done, args.total, start_bytes, now - start), flush=True)
+            say(amount_line(args.label, done, args.total, start_bytes, now - start))
     elapsed = time.monotonic() - start
-    with open(log.name, errors="replace") as f:
+    with open(log_name, errors="replace") as f:
         tail = f.read().replace("\r", "\n").splitlines()[-30:]
-    os.unlink(log.name)
+    os.unlink(log_name)
     if rc != 0:
         print(f"{args.label}: failed after {clock(elapsed)}; its last output:", file=sys.stderr)
         print("\n".join(tail), file=sys.stderr)
         return rc
     done = measure()
-    print(f"{args.label}: done in {clock(elapsed)}" + (f", {size(done)}" if done else ""), flush=True)
+    say(f"{args.label}: done in {clock(elapsed)}" + (f", {size(done)}" if done else ""))
     return 0
 
 

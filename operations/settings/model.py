@@ -104,6 +104,8 @@ class Settings:
     wait_timeout: int
     stop_timeout: int
     log_keep: int
+    log_lines: int
+    status_plan: bool
     api_url: str
     memguard: bool
     supervise: bool

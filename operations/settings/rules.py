@@ -108,6 +108,7 @@ def validate(s: Settings) -> list[str]:
     _check_range(p, s, "wait_timeout", 10, 86400)
     _check_range(p, s, "stop_timeout", 1, 3600)
     _check_range(p, s, "log_keep", 1, 1000)
+    _check_range(p, s, "log_lines", 1, 100000)
     _check_range(p, s, "supervise_retries", 1, 100)
     _check_range(p, s, "supervise_backoff_s", 1, 3600)
     if not re.match(r"^https?://[^/\s]+$", s.api_base_url):

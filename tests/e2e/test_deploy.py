@@ -300,6 +300,20 @@ def test_two_sparks_with_the_same_link_address_are_refused(run_pyinfra, sim_exec
     assert pair_ids(sim_exec) == before
 
 
+def test_a_rail_on_the_management_network_is_refused_before_any_network_change(run_pyinfra, sim_exec, site_file,
+                                                                              tmp_path):
+    before, netplan = pair_ids(sim_exec), sim_exec("head", "cat /etc/netplan/60-sparkfold-cx7.yaml").stdout
+    bad = tmp_path / "sparks.yaml"
+    bad.write_text(site_file.read_text().replace("netdev: enP2p1s0f0np0, address: 192.168.101.1/24",
+                                                 "netdev: eth0, address: 192.168.101.1/24", 1))
+    run = run_pyinfra(*DEPLOY, "-y", env={"SPARKFOLD_SITE": str(bad)})
+    assert run.returncode != 0
+    assert "eth0 carries this Spark's default route" in run.stderr, run.stderr[-3000:]
+    assert sim_exec("head", "cat /etc/netplan/60-sparkfold-cx7.yaml").stdout == netplan
+    assert "192.168.101.1" not in sim_exec("head", "ip -br addr show dev eth0").stdout
+    assert changed_ops(run) == {} and pair_ids(sim_exec) == before
+
+
 def test_unknown_extra_serve_flag_is_refused_before_the_pair_is_touched(run_pyinfra, sim_exec):
     before = pair_ids(sim_exec)
     run = failing_deploy(run_pyinfra, env={"SPARKFOLD_EXTRA_SERVE_ARGS": "--no-such-flag 3"})

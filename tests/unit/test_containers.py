@@ -74,7 +74,8 @@ def test_rank_container_fact():
                        "labels": {"sparkfold.managed": "1"}, "image": "img:1", "created": "2026"})
     got = parse_fact(RankContainer, [line], container=NAME)
     assert got == {"exists": True, "running": False, "status": "exited", "exit_code": 137, "oom_killed": True,
-                   "labels": {"sparkfold.managed": "1"}, "image": "img:1", "created": "2026"}
+                   "labels": {"sparkfold.managed": "1"}, "image": "img:1", "created": "2026", "started_at": "",
+                   "finished_at": ""}
     assert parse_fact(RankContainer, [], container=NAME) == {}
     assert parse_fact(RankContainer, ["null"], container=NAME) == {}
     assert "|| true" in RankContainer().command(container=NAME).get_raw_value()

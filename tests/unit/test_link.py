@@ -415,12 +415,15 @@ def test_record_waits_for_a_gid(caplog):
 @pytest.mark.parametrize("applies", [True, False])
 def test_link_calls_each_op_once_with_settings(monkeypatch, applies):
     calls = []
-    for op in ("owned_or_absent", "netplan_link", "link_addresses", "link_ping", "roce_gids", "link_recorded"):
+    for op in ("rails_safe", "owned_or_absent", "netplan_link", "link_addresses", "link_ping", "roce_gids",
+               "link_recorded"):
         monkeypatch.setattr(link, op, lambda _op=op, **kw: calls.append((_op, kw)) or types.SimpleNamespace(
             changed=applies))
     s = types.SimpleNamespace(link_rails=RAILS, peer=types.SimpleNamespace(link_rails=PEER), link_mtu=9000,
                               link_netplan_file=OWN, layout=types.SimpleNamespace(link_record=RECORD_PATH))
     link.link._inner(s)
+    safe = calls.pop(0)  # before any network change: no rail on the management network
+    assert safe[0] == "rails_safe" and safe[1]["rails"] == RAILS
     owned = calls.pop(0)  # a foreign file at the netplan path is refused before anything writes it
     assert owned[0] == "owned_or_absent" and owned[1]["path"] == OWN and owned[1]["_sudo"] is True
     assert [c[0] for c in calls] == ["netplan_link", "link_addresses", "link_ping", "roce_gids", "link_recorded"]
@@ -450,3 +453,36 @@ def test_sim_netplan_standin_reads_the_template_like_yaml():
         assert module.parse_yaml(text) == yaml.safe_load(text)
     with pytest.raises(module.YamlError):
         module.parse_yaml(fixture("broken.yaml"))
+
+
+# --- never strand a Spark: a rail on the management network is refused ------------------------------------------
+
+MGMT = {"eth0": {"mtu": 1500, "operstate": "UP", "ipv4": ["10.20.0.5/24"]},
+        "enp1s0f0np0": {"mtu": 9000, "operstate": "UP", "ipv4": []},
+        "enP2p1s0f0np0": {"mtu": 9000, "operstate": "UP", "ipv4": []}}
+
+
+def test_rail_hazards_both_ways():
+    ok = link.rail_hazards(RAILS, MGMT, "eth0", "10.20.0.5")
+    assert ok == []
+    on_mgmt = [{"netdev": "eth0", "address": "192.168.100.1/24"}]
+    assert "carries this Spark's default route" in link.rail_hazards(on_mgmt, MGMT, "eth0", None)[0]
+    addrs = dict(MGMT, eth1={"mtu": 1500, "operstate": "UP", "ipv4": ["10.30.0.7/24"]})
+    via_ssh = [{"netdev": "eth1", "address": "10.30.0.7/24"}]
+    assert "the address this deploy reaches the Spark on over ssh" in link.rail_hazards(via_ssh, addrs, "eth0",
+                                                                                        "10.30.0.7")[0]
+    overlapping = [{"netdev": "enp1s0f0np0", "address": "10.20.0.200/16"}]
+    found = link.rail_hazards(overlapping, MGMT, "eth0", None)
+    assert len(found) == 1 and "10.20.0.0/16 (link rail enp1s0f0np0) overlaps 10.20.0.0/24 on eth0" in found[0]
+
+
+def test_rails_safe_refuses_before_any_change(caplog):
+    from operations.facts.network import SshServerAddress
+    facts = {IpAddresses: MGMT, DefaultRouteDevice: "eth0", SshServerAddress: "10.20.0.5"}
+    assert run_op(link.rails_safe, facts, executing=True, rails=RAILS)[0] == []
+    bad = [{"netdev": "eth0", "address": "192.168.100.1/24"}]
+    cmds, _ = run_op(link.rails_safe, facts, executing=True, rails=bad)
+    assert len(cmds) == 1 and "exit 1" in cmds[0] and "default route" in cmds[0]
+    with caplog.at_level("WARNING", logger="pyinfra"):
+        assert run_op(link.rails_safe, facts, executing=False, rails=bad)[0] == []
+    assert "will fail: link rails: eth0 carries this Spark" in caplog.text

@@ -212,6 +212,7 @@ def test_pyinfra_data_strings_are_coerced():
     ({"nccl_rails": 3}, "nccl_rails = 3"),
     ({"host": "not a host!"}, "host = 'not a host!'"),
     ({"max_tokens": 0}, "max_tokens = 0"),
+    ({"log_lines": 0}, "log_lines = 0"),
     ({"api_url": "spark-a:8888"}, "api_url = 'spark-a:8888'"),
     ({"extra_serve_args": [5]}, "extra_serve_args: 5 is not a string"),
 ])

@@ -1,0 +1,492 @@
+"""status.py: both Sparks in one table, read-only.
+
+The rows are pure over fact values: `build_rows` takes each Spark's facts (`SparkFacts`), the API probe and the
+deploy plan's count, and each row builder decides one line of the table; `render_table` prints rows and
+`not_serving` is the exit verdict. `gather` reads the facts through the Sparks' Host objects (the head's run reads
+the worker's through the worker's Host, as operations/health.py does) and yields nothing, so no operation exists.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, TypedDict
+
+from pyinfra.context import ctx_host
+from pyinfra.facts.files import File
+
+from .data_copy import MARKER, SUMS_STATE, listing_digest
+from .facts.docker import DockerVolumeInfo, RankContainer, RankContainerDict
+from .facts.files import FolderCheck, FolderCheckDict, LinkTarget
+from .facts.gpu import GpuClockState, GpuClockStateDict
+from .facts.host import MemInfo, mem_available_gib
+from .facts.model import HfPlan, HfPlanDict, RankFolder, RankFolderDict
+from .facts.network import IpAddresses, PingOk, RoceDevices
+from .facts.systemd import UnitState, UnitStateDict
+from .gpu_clock import lock_drift
+from .health import models_listed, read_api_key
+from .launch import Launch
+from .launch_spec import LABEL_HASH
+from .layout import GPU_CLOCK_RECORD, MEMGUARD_UNIT, SUPERVISOR_UNIT, unit_path
+from .link import rails_from_facts
+from .model_data import BLOB_SUMS, fetch_summary
+from .model_paths import checkpoint_plan_args
+from .settings import Settings
+from .util.net import ip_of
+
+PLAN_TIMEOUT_S = 900  # deploy.py --dry reads every fact of both Sparks once
+_MARKS = {True: "✔", False: "✘", None: "·"}
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+@dataclass(frozen=True)
+class Row:
+    spark: str  # "head", "worker" or "pair"
+    item: str
+    state: str  # a word or two
+    detail: str = ""
+    ok: bool | None = None  # None: information only
+
+
+class SparkFacts(TypedDict, total=False):
+    """One Spark's fact values, as `gather` reads them (a missing key reads as "not known")."""
+
+    container: RankContainerDict
+    want_hash: str | None  # Launch(s).spec().spec_hash(); None when the spec cannot be built
+    spec_note: str  # why it cannot
+    gpu: GpuClockStateDict
+    gpu_record_mtime: datetime | None  # the lock record's mtime (UTC)
+    addrs: dict[str, Any]  # IpAddresses
+    roce: dict[str, Any]  # RoceDevices
+    pings: list[bool]  # PingOk per rail, to the peer's address of the same rail
+    meminfo: dict[str, int]
+    checkpoint: HfPlanDict  # head
+    nfs_volume: dict[str, Any] | None  # worker with worker_weights = "nfs"
+    checkpoint_copy: FolderCheckDict | None  # worker with worker_weights = "copy"
+    engram: FolderCheckDict | None
+    kit: FolderCheckDict | None
+    weights_link: str | None  # readlink of the active-rank link
+    weights: RankFolderDict
+    weights_check: FolderCheckDict | None  # worker: its copy verified against SHA256SUMS
+    units: dict[str, UnitStateDict]
+
+
+class ApiProbe(TypedDict):
+    problem: str | None  # None: /v1/models lists the served model
+    latency_ms: float | None
+    key_on: bool  # api_key = true
+    key_read: bool  # the key file on the head gave a key
+
+
+class PlanCount(TypedDict):
+    changes: dict[str, int]  # host name -> operations a deploy would change
+    conditional: dict[str, int]  # host name -> operations that may change
+    error: str | None  # why the plan could not be read
+
+
+# --- time ---------------------------------------------------------------------------------------------------------
+
+def parse_time(text: str | None) -> datetime | None:
+    """docker's RFC 3339 time (nanoseconds, Z) as an aware UTC datetime; None for empty or docker's zero time."""
+    if not text or text.startswith("0001-01-01"):
+        return None
+    m = re.fullmatch(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d+))?(Z|[+-]\d\d:\d\d)?", text.strip())
+    if not m:
+        return None
+    fraction = f".{m.group(2)[:6]}" if m.group(2) else ""
+    zone = "+00:00" if m.group(3) in (None, "Z") else m.group(3)
+    return datetime.fromisoformat(m.group(1) + fraction + zone).astimezone(UTC)
+
+
+def ago(then: datetime, now: datetime) -> str:
+    seconds = max(0, int((now - then).total_seconds()))
+    days, rest = divmod(seconds, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, seconds = divmod(rest, 60)
+    if days:
+        return f"{days} d {hours} h"
+    if hours:
+        return f"{hours} h {minutes} min"
+    return f"{minutes} min" if minutes else f"{seconds} s"
+
+
+def when(then: datetime | None, now: datetime) -> str:
+    if then is None:
+        return "?"
+    if then.tzinfo is None:  # pyinfra's File fact gives naive UTC
+        then = then.replace(tzinfo=UTC)
+    return f"{then.astimezone(UTC):%Y-%m-%d %H:%M} UTC ({ago(then, now)} ago)"
+
+
+# --- rows (pure) --------------------------------------------------------------------------------------------------
+
+def spec_word(container: Mapping[str, Any], want_hash: str | None) -> str:
+    """current / stale against the wanted spec, unknown when it cannot be built, - without a container."""
+    if not container:
+        return "-"
+    if not want_hash:
+        return "unknown"
+    return "current" if (container.get("labels") or {}).get(LABEL_HASH) == want_hash else "stale"
+
+
+def rank_row(role: str, rank: int, name: str, container: Mapping[str, Any], want_hash: str | None,
+             spec_note: str, now: datetime) -> Row:
+    item = f"rank {rank}"
+    spec = spec_word(container, want_hash)
+    spec_text = f"spec {spec}" + (f" ({spec_note})" if spec == "unknown" and spec_note else "")
+    if not container:
+        return Row(role, item, "absent", f"no container {name}" + (f"; {spec_note}" if spec_note else ""), False)
+    image = f"image {container.get('image') or '?'}"
+    if container.get("running"):
+        started = when(parse_time(container.get("started_at")), now)
+        return Row(role, item, "running", f"since {started}; {spec_text}; {image}", spec != "stale")
+    oom = ", killed by the OOM killer" if container.get("oom_killed") else ""
+    ended = parse_time(container.get("finished_at"))
+    at = f" at {when(ended, now)}" if ended else ""
+    return Row(role, item, container.get("status") or "stopped",
+               f"exit code {container.get('exit_code')}{oom}{at}; {spec_text}; {image}", False)
+
+
+def api_row(base_url: str, served_name: str, api: ApiProbe) -> Row:
+    key = "key off"
+    if api["key_on"]:
+        key = "key on" if api["key_read"] else "key on, but the key file on the head gave no key"
+    if api["problem"] is None:
+        ms = f" in {api['latency_ms']:.0f} ms" if api["latency_ms"] is not None else ""
+        return Row("head", "API", "answers", f"model {served_name} at {base_url}/v1{ms}; {key}", True)
+    return Row("head", "API", "no answer", f"{api['problem']}; {key}", False)
+
+
+def gpu_row(role: str, st: GpuClockStateDict | None, mhz: int, record_mtime: datetime | None,
+            now: datetime) -> Row:
+    if not st or not st.get("smi"):
+        error = (st["error"] if st else "") or "no answer"
+        return Row(role, "GPU clock", "unreadable", f"nvidia-smi: {error}", False)
+    applied = f"last applied {when(record_mtime, now)}" if record_mtime else "never applied (no record)"
+    clocks = ", ".join(f"GPU {g['index']} at {g['clocks_sm']} MHz" for g in st["gpus"] if g["clocks_sm"] is not None)
+    drift = lock_drift(st, mhz)
+    if drift is None:
+        return Row(role, "GPU clock", "locked",
+                   f"ceiling {mhz} MHz, recorded this boot; {applied}" + (f"; {clocks}" if clocks else ""), True)
+    return Row(role, "GPU clock", "not locked", f"{drift}; wanted ceiling {mhz} MHz; {applied}", False)
+
+
+def rail_rows(role: str, rails: Sequence[Mapping[str, Any]], peer_rails: Sequence[Mapping[str, Any]],
+              addrs: Mapping[str, Any], roce: Mapping[str, Any], pings: Sequence[bool], mtu: int) -> list[Row]:
+    if not rails:
+        return [Row(role, "link", "unknown", "no link rails in the site file", False)]
+    rows = []
+    records = rails_from_facts([dict(r) for r in rails], dict(addrs), dict(roce))
+    for i, record in enumerate(records):
+        netdev, address = record["netdev"], record["address"]
+        live = addrs.get(netdev)
+        bad = []
+        if live is None:
+            where = f"{netdev} missing"
+            bad.append(where)
+        else:
+            where = f"{netdev} {address}"
+            if address not in live.get("ipv4", []):
+                where += " (not on the netdev)"
+                bad.append("address")
+        mtu_text = f"MTU {record['mtu'] or '?'}" + (f" (want {mtu})" if record["mtu"] != mtu else "")
+        if record["mtu"] != mtu:
+            bad.append("mtu")
+        if record["gid_index"] is None:
+            bad.append("gid")
+            gid_text = f"no RoCE v2 GID ({record['ibdev'] or 'no RoCE device'})"
+        else:
+            gid_text = f"GID index {record['gid_index']} ({record['ibdev']})"
+        parts = [where, mtu_text, gid_text]
+        if i < len(peer_rails):
+            answers = i < len(pings) and pings[i]
+            parts.append(f"peer {ip_of(peer_rails[i]['address'])} " + ("answers" if answers else "no reply"))
+            if not answers:
+                bad.append("ping")
+        rows.append(Row(role, f"link rail {i}", "down" if bad else "up", ", ".join(parts), not bad))
+    return rows
+
+
+def memory_row(role: str, meminfo: Mapping[str, int], min_avail_gib: float, rank_running: bool) -> Row:
+    avail = mem_available_gib(dict(meminfo))
+    if avail is None:
+        return Row(role, "memory", "unknown", "/proc/meminfo was not read", None)
+    total = meminfo.get("MemTotal")
+    of = f" of {total / 2**30:.1f} GiB" if total else ""
+    if rank_running:
+        return Row(role, "memory", f"{avail:.1f} GiB", f"MemAvailable{of}", None)
+    enough = avail >= min_avail_gib
+    need = f"a rank needs min_avail_gib = {min_avail_gib:g} GiB to start"
+    return Row(role, "memory", f"{avail:.1f} GiB", f"MemAvailable{of}; {need}", enough)
+
+
+def marker_verified(check: Mapping[str, Any] | None) -> bool:
+    """folder_verified's marker matches the folder as it is (the list's sha256 and the files' sizes/mtimes)."""
+    return bool(check and check.get("sums_sha")
+                and check.get("marker") == listing_digest(check["files"], check["names"], check["sums_sha"]))
+
+
+def sums_current(check: Mapping[str, Any] | None, names: Sequence[str]) -> bool:
+    """checksums_written's state file matches `names` as they are (the head's Engram list)."""
+    return bool(check and check.get("sums_sha") and sorted(check["names"]) == sorted(names)
+                and check.get("marker") == listing_digest(check["files"], names))
+
+
+def folder_row(role: str, item: str, path: str, check: Mapping[str, Any] | None, sums: str, verified: bool) -> Row:
+    if check is None:
+        return Row(role, item, "missing", f"no {path}", False)
+    if not check.get("sums_sha"):
+        return Row(role, item, "unchecked", f"no {sums} in {path}", False)
+    files = len([n for n in check["names"] if n in check["files"]])
+    detail = f"{files} of {len(check['names'])} files of {sums} in {path}"
+    return Row(role, item, "verified" if verified else "not verified", detail, verified)
+
+
+def checkpoint_row(s: Settings, f: SparkFacts) -> Row:
+    role = s.role or "?"
+    if s.is_head:
+        plan = f.get("checkpoint") or {}
+        detail = fetch_summary("", plan, s.active_model_repo, s.active_model_revision, s.layout.hub).lstrip(": ")
+        if plan.get("complete"):
+            return Row(role, "checkpoint", "complete", detail, True)
+        return Row(role, "checkpoint", "unknown" if plan.get("error") else "incomplete", detail, False)
+    if s.worker_weights == "nfs":
+        volume = f.get("nfs_volume")
+        if volume:
+            return Row(role, "checkpoint", "via NFS", f"the head's cache through docker volume {s.nfs_volume}", True)
+        return Row(role, "checkpoint", "no volume", f"docker volume {s.nfs_volume} is missing", False)
+    copy = f.get("checkpoint_copy")
+    return folder_row(role, "checkpoint", s.layout.model_folder, copy, BLOB_SUMS, marker_verified(copy))
+
+
+def weights_row(role: str, rank: int, link: str, target: str | None, folder: Mapping[str, Any] | None,
+                check: Mapping[str, Any] | None, verify: bool) -> Row:
+    item = "weight file"
+    if not target:
+        return Row(role, item, "missing", f"no {link}", False)
+    folder = folder or {}
+    bins = (folder.get("bins") or {}).get(rank, [])
+    partial = rank in (folder.get("partial") or [])
+    if len(bins) != 1 or partial:
+        what = "an interrupted build" if partial else f"{len(bins)} rank{rank} files"
+        return Row(role, item, "incomplete", f"{what} in {link} -> {target}", False)
+    if verify:
+        verified = marker_verified(check)
+        return Row(role, item, "verified" if verified else "not verified", f"{bins[0]} in {link} -> {target}",
+                   verified)
+    return Row(role, item, "ready", f"{bins[0]} in {link} -> {target}", True)
+
+
+def unit_row(role: str, unit: str, st: Mapping[str, Any] | None, setting: str, wanted: bool) -> Row:
+    st = st or {}
+    installed = bool(st.get("enabled"))
+    active = st.get("active") or "unknown"
+    state = active if installed else "not installed"
+    running = active in ("active", "activating", "reloading")
+    detail = (f"enabled: {st.get('enabled')}; " if installed else "") + f"{setting} = {str(wanted).lower()}"
+    return Row(role, unit.removesuffix(".service"), state, detail, running == wanted)
+
+
+def count_changes(plan: Sequence[Mapping[str, Any]]) -> tuple[dict[str, int], dict[str, int]]:
+    """deploy.py --dry --json's plan: (host -> operations that change, host -> operations that may change)."""
+    changes: dict[str, int] = {}
+    conditional: dict[str, int] = {}
+    for op in plan:
+        for name in op.get("hosts_with_change") or []:
+            changes[name] = changes.get(name, 0) + 1
+        for name in op.get("hosts_with_conditional_change") or []:
+            conditional[name] = conditional.get(name, 0) + 1
+    return changes, conditional
+
+
+def plan_row(plan: PlanCount, names: Mapping[str, str]) -> Row:
+    """names: role -> inventory host name."""
+    if plan["error"]:
+        return Row("pair", "deploy", "unknown", f"deploy.py --dry: {plan['error']}", None)
+    counts = {role: plan["changes"].get(name, 0) for role, name in names.items()}
+    maybe = {role: plan["conditional"].get(name, 0) for role, name in names.items()}
+    total = sum(counts.values())
+    detail = ", ".join(f"{role} {n}" for role, n in counts.items()) + " operations would change"
+    if any(maybe.values()):
+        detail += " (" + ", ".join(f"{role} {n}" for role, n in maybe.items()) + " may change)"
+    return Row("pair", "deploy", "converged" if total == 0 else f"{total} to change",
+               detail + "; pyinfra inventory.py deploy.py --dry shows them", total == 0)
+
+
+def build_rows(hs: Settings, ws: Settings, head: SparkFacts, worker: SparkFacts, api: ApiProbe,
+               plan: PlanCount | None, now: datetime, host_names: Mapping[str, str] | None = None) -> list[Row]:
+    """The table: the ranks, the API, the deploy plan, then per Spark the GPU lock, the link, memory, data, units.
+    host_names: role -> inventory name (the plan counts by host name)."""
+    sparks = ((hs, head), (ws, worker))
+    rows = [rank_row(s.role, s.rank, s.container_name, f.get("container") or {}, f.get("want_hash"),
+                     f.get("spec_note", ""), now) for s, f in sparks]
+    rows.append(api_row(hs.api_base_url, hs.served_name, api))
+    if plan is not None:
+        rows.append(plan_row(plan, host_names or {"head": "head", "worker": "worker"}))
+    for s, f in sparks:
+        rows.append(gpu_row(s.role, f.get("gpu"), s.gpu_clock_mhz, f.get("gpu_record_mtime"), now))
+    for s, f in sparks:
+        rows += rail_rows(s.role, s.link_rails, s.the_peer.link_rails, f.get("addrs") or {}, f.get("roce") or {},
+                          f.get("pings") or [], s.link_mtu)
+    for s, f in sparks:
+        running = bool((f.get("container") or {}).get("running"))
+        rows.append(memory_row(s.role, f.get("meminfo") or {}, s.min_avail_gib, running))
+    for s, f in sparks:
+        p = s.layout
+        rows.append(checkpoint_row(s, f))
+        engram = f.get("engram")
+        rows.append(folder_row(s.role, "Engram tables", p.engram, engram, "SHA256SUMS",
+                               sums_current(engram, s.engram_files) if s.is_head else marker_verified(engram)))
+        kit = f.get("kit")
+        rows.append(folder_row(s.role, "kit", p.kit, kit, "MANIFEST", marker_verified(kit)))
+        rows.append(weights_row(s.role, s.rank, p.active_rank_link(), f.get("weights_link"), f.get("weights"),
+                                f.get("weights_check"), verify=not s.is_head))
+    for s, f in sparks:
+        units = f.get("units") or {}
+        rows.append(unit_row(s.role, MEMGUARD_UNIT, units.get(MEMGUARD_UNIT), "memguard", s.memguard))
+        if s.is_head:
+            rows.append(unit_row(s.role, SUPERVISOR_UNIT, units.get(SUPERVISOR_UNIT), "supervise", s.supervise))
+    return rows
+
+
+def not_serving(containers: Mapping[int, Mapping[str, Any]], api: ApiProbe) -> str | None:
+    """None while rank 0's API lists the model; else one line saying why the pair is not serving."""
+    if api["problem"] is None:
+        return None
+    reasons = []
+    for rank, c in sorted(containers.items()):
+        if not c:
+            reasons.append(f"rank {rank} has no container")
+        elif not c.get("running"):
+            reasons.append(f"rank {rank} is not running (exit code {c.get('exit_code')})")
+    return "; ".join(reasons + [api["problem"]])
+
+
+def render_table(rows: Sequence[Row]) -> str:
+    """Rows as aligned text columns: mark, Spark, item, state, detail."""
+    header = Row("SPARK", "ITEM", "STATE", "DETAIL")
+    cells = [(" ", header)] + [(_MARKS[r.ok], r) for r in rows]
+    w_spark = max(len(r.spark) for _, r in cells)
+    w_item = max(len(r.item) for _, r in cells)
+    w_state = max(len(r.state) for _, r in cells)
+    lines = [f"{mark} {r.spark:<{w_spark}}  {r.item:<{w_item}}  {r.state:<{w_state}}  {r.detail}".rstrip()
+             for mark, r in cells]
+    return "\n".join(lines)
+
+
+# --- reading the Sparks (the head's run) --------------------------------------------------------------------------
+
+def _fact(h: Any, cls: type, **kwargs: Any) -> Any:
+    # a fact that fails (e.g. sudo refused) reads as its default instead of failing the run
+    return h.get_fact(cls, _ignore_errors=True, **kwargs)
+
+
+def wanted_hash(h: Any, s: Settings) -> tuple[str | None, str]:
+    """(the spec hash this Spark's rank should run, "") or (None, why it cannot be built)."""
+    try:
+        with ctx_host.use(h):
+            launch = Launch(s)
+            spec = launch.spec()
+            if spec is None:
+                return None, "; ".join(launch.problems()) or "its inputs are missing"
+            return spec.spec_hash(), ""
+    except Exception as e:  # settings with problems: the rest of the table still shows
+        return None, f"the spec cannot be built ({type(e).__name__}: {e})"
+
+
+def spark_facts(h: Any, s: Settings) -> SparkFacts:
+    p = s.layout
+    f: SparkFacts = {"container": _fact(h, RankContainer, container=s.container_name)}
+    f["want_hash"], f["spec_note"] = wanted_hash(h, s)
+    f["gpu"] = _fact(h, GpuClockState, nvidia_smi=s.nvidia_smi_path, record_path=GPU_CLOCK_RECORD)
+    record = _fact(h, File, path=GPU_CLOCK_RECORD)
+    f["gpu_record_mtime"] = record.get("mtime") if isinstance(record, dict) else None
+    f["addrs"], f["roce"] = _fact(h, IpAddresses), _fact(h, RoceDevices)
+    # sudo: binding ping to a netdev (-I) needs CAP_NET_RAW, as in the link step
+    f["pings"] = [bool(_fact(h, PingOk, netdev=r["netdev"], address=ip_of(peer["address"]),
+                             size=int(s.link_mtu) - 28, _sudo=True))
+                  for r, peer in zip(s.link_rails, s.the_peer.link_rails, strict=False)]
+    f["meminfo"] = _fact(h, MemInfo)
+    f["engram"] = _fact(h, FolderCheck, path=p.engram, sums="SHA256SUMS", marker=SUMS_STATE if s.is_head else MARKER)
+    f["kit"] = _fact(h, FolderCheck, path=p.kit, sums="MANIFEST", marker=MARKER)
+    f["weights_link"] = _fact(h, LinkTarget, path=p.active_rank_link())
+    f["weights"] = _fact(h, RankFolder, path=p.active_rank_link())
+    units = [MEMGUARD_UNIT, SUPERVISOR_UNIT] if s.is_head else [MEMGUARD_UNIT]
+    f["units"] = {u: _fact(h, UnitState, unit=u, path=unit_path(u)) for u in units}
+    if s.is_head:
+        f["checkpoint"] = _fact(h, HfPlan, **checkpoint_plan_args(s))
+    else:
+        f["weights_check"] = _fact(h, FolderCheck, path=p.active_rank_link(), sums="SHA256SUMS", marker=MARKER)
+        if s.worker_weights == "nfs":
+            f["nfs_volume"] = _fact(h, DockerVolumeInfo, volume=s.nfs_volume)
+        else:
+            f["checkpoint_copy"] = _fact(h, FolderCheck, path=p.model_folder, sums=BLOB_SUMS, marker=MARKER)
+    return f
+
+
+def probe_api(head: Any, s: Settings) -> ApiProbe:
+    """GET /v1/models from this machine (with the key from the head's key file when api_key is on), timed."""
+    key = read_api_key(head, s.layout.api_key) if s.api_key else ""
+    start = time.monotonic()
+    problem = models_listed(s.api_base_url, s.served_name, key)
+    return {"problem": problem, "latency_ms": (time.monotonic() - start) * 1000, "key_on": s.api_key,
+            "key_read": bool(key)}
+
+
+def dry_run_argv(argv: Sequence[str]) -> list[str]:
+    """This pyinfra command line with deploy.py in status.py's place, as a --dry --json plan (prompts dropped)."""
+    args = []
+    for arg in argv[1:]:
+        if arg in ("-y", "--yes", "--dry", "--json"):
+            continue
+        if os.path.basename(arg) == "status.py":
+            arg = os.path.join(os.path.dirname(arg), "deploy.py")
+        args.append(arg)
+    return [sys.executable, "-m", "pyinfra", *args, "--dry", "--json"]
+
+
+def read_plan(stdout: str, stderr: str, returncode: int) -> PlanCount:
+    """The counts from deploy.py --dry --json's output, or why there are none."""
+    try:
+        plan = json.loads(stdout)["plan"] if returncode == 0 else None
+    except (ValueError, KeyError, TypeError):
+        plan = None
+    if not isinstance(plan, list):
+        said = [ln.strip() for ln in _ANSI.sub("", stderr).splitlines() if ln.strip()]
+        return {"changes": {}, "conditional": {}, "error": (said[-1] if said else f"exit status {returncode}")[:300]}
+    changes, conditional = count_changes(plan)
+    return {"changes": changes, "conditional": conditional, "error": None}
+
+
+def deploy_plan(argv: Sequence[str]) -> PlanCount:
+    """Run deploy.py --dry --json from this machine with this run's command line and environment."""
+    try:
+        done = subprocess.run(dry_run_argv(argv), capture_output=True, text=True, timeout=PLAN_TIMEOUT_S,
+                              stdin=subprocess.DEVNULL, env=os.environ.copy())
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return {"changes": {}, "conditional": {}, "error": f"{type(e).__name__}: {e}"}
+    return read_plan(done.stdout, done.stderr, done.returncode)
+
+
+@dataclass(frozen=True)
+class Report:
+    rows: list[Row]
+    verdict: str | None  # None: serving
+
+
+def gather(head: Any, worker: Any, hs: Settings, ws: Settings, argv: Sequence[str] | None) -> Report:
+    """Read both Sparks (and, with argv, the deploy plan) and build the table. argv: this run's command line."""
+    facts = spark_facts(head, hs), spark_facts(worker, ws)
+    api = probe_api(head, hs)
+    plan = deploy_plan(argv) if argv is not None else None
+    rows = build_rows(hs, ws, facts[0], facts[1], api, plan, datetime.now(UTC),
+                      {"head": head.name, "worker": worker.name})
+    containers = {hs.rank: facts[0].get("container") or {}, ws.rank: facts[1].get("container") or {}}
+    return Report(rows, not_serving(containers, api))

@@ -1,0 +1,85 @@
+"""Progress on the simulated pair: a copy to the worker slowed down on the link reports while it runs, at pyinfra's
+default verbosity, in plain lines; a copy interrupted half-way resumes and says how much was already there.
+
+Runs after test_deploy.py and test_guards.py (file order) and leaves a converged, serving pair.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from test_deploy import DEPLOY, changed_ops, deploy
+
+ROOT = Path(__file__).resolve().parents[2]
+ENGRAM = "/home/nvidia/.cache/sparkfold/engram"
+PROBE = f"{ENGRAM}/progress-probe.bin"
+RAIL0 = "enp1s0f0np0"  # the head's side of rail 0, which the copies to the worker take
+STEP = "Engram tables to the worker:"
+AMOUNT = re.compile(r"(\d+(?:\.\d+)?) (MiB|GiB)")
+
+
+def start_deploy(site_file) -> subprocess.Popen:
+    env = dict(os.environ, SPARKFOLD_SITE=str(site_file), PYINFRA_PROGRESS="off")
+    return subprocess.Popen([sys.executable, "-m", "pyinfra", *DEPLOY, "-y"], cwd=ROOT, env=env, text=True,
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            start_new_session=True)
+
+
+def mib(line: str) -> float:
+    m = AMOUNT.search(line)
+    assert m, line
+    return float(m.group(1)) * (1024 if m.group(2) == "GiB" else 1)
+
+
+def slow_link(sim_exec, on: bool):
+    if on:  # about 0.5 MB/s: a 24 MiB file takes most of a minute
+        assert sim_exec("head", f"tc qdisc add dev {RAIL0} root tbf rate 4mbit burst 32kbit latency 400ms") \
+            .returncode == 0
+    else:
+        sim_exec("head", f"tc qdisc del dev {RAIL0} root")
+
+
+def test_a_slow_copy_reports_while_it_runs_and_a_resumed_copy_says_what_was_there(site_file, sim_exec, run_pyinfra):
+    assert sim_exec("head", f"head -c 24M /dev/urandom > {PROBE} && chown nvidia: {PROBE}").returncode == 0
+    slow_link(sim_exec, True)
+    try:
+        # 1. a run interrupted half-way through the copy (as a user would, with ^C or a lost terminal)
+        run = start_deploy(site_file)
+        seen: list[tuple[float, str]] = []
+        assert run.stderr is not None
+        for line in run.stderr:
+            seen.append((time.monotonic(), line.rstrip("\n")))
+            if sum(STEP in text and " of " in text for _, text in seen) >= 2:
+                break
+        os.killpg(run.pid, signal.SIGKILL)
+        run.wait()
+        progress = [(t, text) for t, text in seen if STEP in text and " of " in text]
+        assert len(progress) >= 2, "\n".join(text for _, text in seen[-40:])
+        assert progress[1][0] - progress[0][0] >= 5  # they came while the copy ran, not at its end
+        assert all("\r" not in text for _, text in seen)
+        had = mib(progress[-1][1])
+        # the runner notices its reader is gone at its next line and ends the copy; rsync keeps its partial file
+        time.sleep(12)
+
+        # 2. the next run resumes: its first line says how much was already there, and it ends
+        run = start_deploy(site_file)
+        assert run.stderr is not None
+        lines = [line.rstrip("\n") for line in run.stderr]
+        assert run.wait() == 0, "\n".join(lines[-60:])
+    finally:
+        slow_link(sim_exec, False)
+    mine = [text for text in lines if STEP in text]
+    assert "already there" in mine[0], mine
+    assert mib(mine[0]) >= had * 0.8, (had, mine[0])  # what the interrupted copy had was not sent again
+    assert "done in" in mine[-1], mine
+    assert sim_exec("worker", f"test $(stat -c %s {PROBE}) -eq {24 * 1024 * 1024}").returncode == 0  # all of it
+    # back to the pair's own files (the probe is not one of the Engram tables)
+    for role in ("head", "worker"):
+        sim_exec(role, f"rm -f {PROBE}")
+    assert changed_ops(deploy(run_pyinfra)) == {}

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# What the simulated pair needs on this machine (a fresh Debian machine, as root): Docker, debootstrap, ssh, rsync,
+# a running dockerd, and the project's venv. Used by .ci/run and tests/sim/try.sh.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+
+export DEBIAN_FRONTEND=noninteractive
+if ! command -v dockerd >/dev/null || ! command -v debootstrap >/dev/null || ! command -v rsync >/dev/null \
+    || ! command -v ssh >/dev/null; then
+  apt-get update -qq
+  apt-get install -y -qq docker.io debootstrap openssh-client rsync >/dev/null
+fi
+
+if ! docker info >/dev/null 2>&1; then
+  setsid dockerd >/tmp/sparkfold-dockerd.log 2>&1 < /dev/null &
+  for _ in $(seq 60); do docker info >/dev/null 2>&1 && break; sleep 1; done
+  docker info >/dev/null 2>&1 || { echo "dockerd did not start:"; tail -20 /tmp/sparkfold-dockerd.log; exit 1; }
+fi
+
+[ -x .venv/bin/python ] || python3 -m venv .venv
+.venv/bin/pip install -q -e ".[test]"

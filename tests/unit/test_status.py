@@ -1,0 +1,428 @@
+"""status.py's table: rows built from fact values (pure), the rendering, the verdict, the deploy plan's count, and
+the facts gathered through a Spark's Host."""
+
+from __future__ import annotations
+
+import json
+import sys
+from datetime import UTC, datetime
+
+import pytest
+from harness import FakeHost
+from settings_factory import make_pair
+
+from operations import status as st
+from operations.data_copy import listing_digest
+from operations.facts.docker import DockerVolumeInfo, RankContainer
+from operations.facts.files import FolderCheck, LinkTarget
+from operations.facts.gpu import GpuClockState
+from operations.facts.host import MemInfo
+from operations.facts.model import HfPlan, RankFolder
+from operations.facts.network import IpAddresses, PingOk, RoceDevices
+from operations.facts.systemd import UnitState
+from operations.launch_spec import LABEL_HASH
+from operations.layout import MEMGUARD_UNIT, SUPERVISOR_UNIT
+from operations.link import ipv4_mapped_gid
+from operations.util.net import ip_of
+
+NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
+HASH = {0: "0" * 32, 1: "1" * 32}
+GIB = 2**30
+IMAGE = "sparkfold/dsv41-tf:0123456789ab"
+COMMIT = "c" * 40
+SUMS_SHA = "5" * 64
+
+
+def container(rank: int, running: bool = True, label: str | None = None, **changes) -> dict:
+    c = {"exists": True, "running": running, "status": "running" if running else "exited", "exit_code": 0,
+         "oom_killed": False, "labels": {"sparkfold.managed": "1", LABEL_HASH: label or HASH[rank]},
+         "image": IMAGE, "created": "2026-03-01T09:29:58Z", "started_at": "2026-03-01T09:30:00.123456789Z",
+         "finished_at": "0001-01-01T00:00:00Z"}
+    return {**c, **changes}
+
+
+GPU_LOCKED = {"smi": True, "error": "", "boot_id": "boot-1", "record_boot_id": "boot-1",
+              "gpus": [{"index": 0, "bus_id": "0000000f:01:00.0", "name": "NVIDIA GB10", "clocks_sm": 2171,
+                        "clocks_max_sm": 3003, "apps_clocks_reason": "Not Active"}],
+              "recorded": {"0000000f:01:00.0": (0, 2200)}}
+
+
+def verified(names: list[str]) -> dict:
+    files = {n: [100, 1700000000] for n in names}
+    return {"files": files, "sums_sha": SUMS_SHA, "names": names,
+            "marker": listing_digest(files, names, SUMS_SHA)}
+
+
+def sums_written(names: list[str]) -> dict:
+    files = {n: [100, 1700000000] for n in names}
+    return {"files": {**files, "SHA256SUMS": [80, 1700000001]}, "sums_sha": SUMS_SHA, "names": names,
+            "marker": listing_digest(files, names)}
+
+
+def link_facts(s) -> dict:
+    addrs = {r["netdev"]: {"mtu": 9000, "operstate": "UP", "ipv4": [r["address"]]} for r in s.link_rails}
+    roce = {f"rocep{i}": {"netdevs": [r["netdev"]],
+                          "gids": {1: {3: {"gid": ipv4_mapped_gid(ip_of(r["address"])), "type": "RoCE v2",
+                                           "ndev": r["netdev"]}}}}
+            for i, r in enumerate(s.link_rails)}
+    return {"addrs": addrs, "roce": roce, "pings": [True] * len(s.link_rails)}
+
+
+UNIT_ON = {"enabled": "enabled", "active": "active", "sha256": "f" * 64}
+UNIT_NONE = {"enabled": "", "active": "inactive", "sha256": None}
+
+
+def up_facts(s) -> st.SparkFacts:
+    """A Spark of a converged, serving pair."""
+    f: st.SparkFacts = {
+        "container": container(s.rank), "want_hash": HASH[s.rank], "spec_note": "",
+        "gpu": GPU_LOCKED, "gpu_record_mtime": datetime(2026, 3, 1, 9, 0),
+        "meminfo": {"MemTotal": 119 * GIB, "MemAvailable": 8 * GIB},
+        "engram": sums_written(list(s.engram_files)) if s.is_head else verified(["a.safetensors"]),
+        "kit": verified(["MANIFEST.txt", "rope-0.f32"]),
+        "weights_link": f"{COMMIT}/rank{s.rank}",
+        "weights": {"bins": {s.rank: [f"rank{s.rank}of2-abc.bin"]}, "partial": [], "source": COMMIT},
+        "units": {MEMGUARD_UNIT: UNIT_ON, SUPERVISOR_UNIT: UNIT_NONE},
+        **link_facts(s),
+    }
+    if s.is_head:
+        f["checkpoint"] = {"complete": True, "commit": COMMIT, "missing": [], "missing_bytes": 0, "offline": True,
+                           "manifest": True, "total_bytes": 300 * GIB, "model_type": "deepseek_v41", "error": None}
+    else:
+        f["nfs_volume"] = {"Name": "sparkfold-hf", "Driver": "local"}
+        f["weights_check"] = verified([f"rank{s.rank}of2-abc.bin"])
+    return f
+
+
+def nothing_facts(s) -> st.SparkFacts:
+    """A Spark nothing was deployed on: every fact's default."""
+    f: st.SparkFacts = {
+        "container": {}, "want_hash": None, "gpu": GpuClockState.default(), "gpu_record_mtime": None,
+        "spec_note": f"rank {s.rank} cannot be launched yet: the link record (rails) missing",
+        "addrs": {}, "roce": {}, "pings": [False, False], "meminfo": {"MemTotal": 119 * GIB, "MemAvailable": 117 * GIB},
+        "engram": None, "kit": None, "weights_link": None, "weights": RankFolder.default(),
+        "units": {MEMGUARD_UNIT: UNIT_NONE, SUPERVISOR_UNIT: UNIT_NONE},
+    }
+    if s.is_head:
+        f["checkpoint"] = HfPlan.default()
+    else:
+        f["nfs_volume"], f["weights_check"] = None, None
+    return f
+
+
+API_OK: st.ApiProbe = {"problem": None, "latency_ms": 12.4, "key_on": False, "key_read": False}
+API_DOWN: st.ApiProbe = {"problem": "no answer from http://spark-a.local:8888/v1/models (ConnectionError)",
+                         "latency_ms": 3.0, "key_on": False, "key_read": False}
+
+
+def rows_of(head_facts, worker_facts, api=API_OK, plan=None, settings=None):
+    hs, ws = make_pair(**(settings or {}))
+    head = head_facts(hs) if callable(head_facts) else head_facts
+    worker = worker_facts(ws) if callable(worker_facts) else worker_facts
+    return st.build_rows(hs, ws, head, worker, api, plan, NOW, {"head": "spark-a", "worker": "spark-b"})
+
+
+def by_item(rows, spark, item) -> st.Row:
+    found = [r for r in rows if r.spark == spark and r.item == item]
+    assert len(found) == 1, (spark, item, rows)
+    return found[0]
+
+
+# --- rows from fact values ----------------------------------------------------------------------------------------
+
+def test_both_up_and_current():
+    rows = rows_of(up_facts, up_facts)
+    assert [r for r in rows if r.ok is False] == []
+    r0, r1 = by_item(rows, "head", "rank 0"), by_item(rows, "worker", "rank 1")
+    assert r0.state == r1.state == "running"
+    assert r0.detail == f"since 2026-03-01 09:30 UTC (2 h 29 min ago); spec current; image {IMAGE}"
+    assert by_item(rows, "head", "API").detail == ("model DeepSeek-V4.1-Flash-1017 at http://spark-a.local:8888/v1 "
+                                                   "in 12 ms; key off")
+    gpu = by_item(rows, "worker", "GPU clock")
+    assert gpu.state == "locked"
+    assert gpu.detail == ("ceiling 2200 MHz, recorded this boot; last applied 2026-03-01 09:00 UTC (3 h 0 min ago); "
+                          "GPU 0 at 2171 MHz")
+    rail = by_item(rows, "head", "link rail 1")
+    assert (rail.state, rail.detail) == ("up", "enP2p1s0f0np0 192.168.101.1/24, MTU 9000, GID index 3 (rocep1), "
+                                               "peer 192.168.101.2 answers")
+    assert by_item(rows, "head", "checkpoint").state == "complete"
+    assert by_item(rows, "worker", "checkpoint").state == "via NFS"
+    assert by_item(rows, "head", "Engram tables").state == by_item(rows, "worker", "kit").state == "verified"
+    assert by_item(rows, "head", "weight file").state == "ready"
+    assert by_item(rows, "worker", "weight file").state == "verified"
+    assert by_item(rows, "head", "sparkfold-memguard").state == "active"
+    assert by_item(rows, "head", "sparkfold-supervise").state == "not installed"  # supervise = false: as wanted
+    assert by_item(rows, "head", "sparkfold-supervise").ok is True
+    assert by_item(rows, "head", "memory").ok is None  # the rank runs: memory is information only
+    assert st.not_serving({0: container(0), 1: container(1)}, API_OK) is None
+
+
+def test_worker_down():
+    def worker(s):
+        return {**up_facts(s), "container": container(1, running=False, exit_code=137, oom_killed=True,
+                                                      finished_at="2026-03-01T11:50:00Z")}
+    rows = rows_of(up_facts, worker, api=API_DOWN)
+    r1 = by_item(rows, "worker", "rank 1")
+    assert (r1.state, r1.ok) == ("exited", False)
+    assert r1.detail.startswith("exit code 137, killed by the OOM killer at 2026-03-01 11:50 UTC (10 min ago); "
+                                "spec current")
+    assert by_item(rows, "head", "API").state == "no answer"
+    mem = by_item(rows, "worker", "memory")  # not running: judged against min_avail_gib
+    assert mem.ok is False and "a rank needs min_avail_gib = 112 GiB to start" in mem.detail
+    verdict = st.not_serving({0: container(0), 1: container(1, running=False, exit_code=137)}, API_DOWN)
+    assert verdict == ("rank 1 is not running (exit code 137); no answer from "
+                       "http://spark-a.local:8888/v1/models (ConnectionError)")
+
+
+def test_spec_stale_is_marked_but_the_pair_still_serves():
+    def head(s):
+        return {**up_facts(s), "container": container(0, label="f" * 32)}
+    rows = rows_of(head, up_facts)
+    r0 = by_item(rows, "head", "rank 0")
+    assert (r0.state, r0.ok) == ("running", False) and "spec stale" in r0.detail
+    assert by_item(rows, "worker", "rank 1").ok is True
+    assert st.not_serving({0: container(0, label="f" * 32), 1: container(1)}, API_OK) is None
+
+
+def test_spec_unknown_names_why():
+    def head(s):
+        return {**up_facts(s), "want_hash": None, "spec_note": "the engine image's capabilities missing"}
+    r0 = by_item(rows_of(head, up_facts), "head", "rank 0")
+    assert "spec unknown (the engine image's capabilities missing)" in r0.detail and r0.ok is True
+
+
+def test_api_answering_with_a_key():
+    api: st.ApiProbe = {"problem": None, "latency_ms": 40.2, "key_on": True, "key_read": True}
+    row = by_item(rows_of(up_facts, up_facts, api=api, settings={"head": {"api_key": True}}), "head", "API")
+    assert (row.state, row.ok) == ("answers", True)
+    assert row.detail.endswith("in 40 ms; key on")
+    refused: st.ApiProbe = {"problem": "http://h:8888/v1/models refused the API key (401)", "latency_ms": 5.0,
+                            "key_on": True, "key_read": False}
+    row = st.api_row("http://h:8888", "m", refused)
+    assert (row.state, row.ok) == ("no answer", False)
+    assert row.detail == ("http://h:8888/v1/models refused the API key (401); key on, but the key file on the head "
+                          "gave no key")
+
+
+def test_nothing_deployed_yet():
+    rows = rows_of(nothing_facts, nothing_facts, api=API_DOWN)
+    r0 = by_item(rows, "head", "rank 0")
+    assert (r0.state, r0.ok) == ("absent", False)
+    assert r0.detail == ("no container dsv41-1017-exl3-tf; rank 0 cannot be launched yet: the link record (rails) "
+                         "missing")
+    assert by_item(rows, "head", "GPU clock").state == "unreadable"
+    rail = by_item(rows, "worker", "link rail 0")
+    assert rail.state == "down" and rail.detail.startswith("enp1s0f0np0 missing, MTU ? (want 9000), no RoCE v2 GID")
+    assert by_item(rows, "head", "checkpoint").state == "unknown"
+    assert by_item(rows, "worker", "checkpoint").state == "no volume"
+    assert by_item(rows, "worker", "Engram tables").state == "missing"
+    assert by_item(rows, "head", "weight file").state == "missing"
+    assert by_item(rows, "worker", "sparkfold-memguard").ok is False  # memguard = true, not installed
+    assert by_item(rows, "head", "memory").ok is True  # enough to start
+    assert {r.ok for r in rows if r.item != "memory" and r.item != "sparkfold-supervise"} == {False}
+    assert st.not_serving({0: {}, 1: {}}, API_DOWN) == ("rank 0 has no container; rank 1 has no container; "
+                                                        + API_DOWN["problem"])
+
+
+def test_facts_that_were_not_read_still_give_every_row():
+    rows = rows_of({}, {}, api=API_DOWN)
+    assert len(rows) == len(rows_of(up_facts, up_facts))
+    assert by_item(rows, "worker", "rank 1").state == "absent"
+
+
+def test_gpu_lock_drift_is_shown():
+    reset = {**GPU_LOCKED, "gpus": [{**GPU_LOCKED["gpus"][0], "clocks_sm": 2405}]}
+    row = st.gpu_row("head", reset, 2200, None, NOW)
+    assert (row.state, row.ok) == ("not locked", False)
+    assert row.detail.startswith("GPU 0 runs at 2405 MHz, above the 2200 MHz ceiling (lock reset)")
+    rebooted = {**GPU_LOCKED, "boot_id": "boot-2"}
+    assert "no lock recorded since this boot" in st.gpu_row("head", rebooted, 2200, None, NOW).detail
+
+
+def test_a_rail_whose_peer_does_not_answer_is_down():
+    def worker(s):
+        return {**up_facts(s), "pings": [True, False]}
+    rows = rows_of(up_facts, worker)
+    assert by_item(rows, "worker", "link rail 0").state == "up"
+    rail = by_item(rows, "worker", "link rail 1")
+    assert (rail.state, rail.ok) == ("down", False) and rail.detail.endswith("peer 192.168.101.1 no reply")
+
+
+def test_a_folder_changed_since_its_check_is_not_verified():
+    def worker(s):
+        kit = verified(["MANIFEST.txt", "rope-0.f32"])
+        kit["files"]["rope-0.f32"] = [99, 1700000099]  # a copy rewrote it after the check
+        return {**up_facts(s), "kit": kit}
+    row = by_item(rows_of(up_facts, worker), "worker", "kit")
+    assert (row.state, row.ok) == ("not verified", False)
+    assert row.detail.endswith("2 of 2 files of MANIFEST in /home/nvidia/.cache/sparkfold/kit")
+
+
+def test_weight_folder_with_an_interrupted_build():
+    row = st.weights_row("head", 0, "/d/rank-cache/active-rank0", f"{COMMIT}/rank0",
+                         {"bins": {}, "partial": [0], "source": None}, None, verify=False)
+    assert (row.state, row.ok) == ("incomplete", False) and "an interrupted build" in row.detail
+
+
+def test_unit_wanted_off_but_running():
+    row = st.unit_row("head", SUPERVISOR_UNIT, UNIT_ON, "supervise", False)
+    assert (row.item, row.state, row.ok) == ("sparkfold-supervise", "active", False)
+    assert row.detail == "enabled: enabled; supervise = false"
+
+
+def test_time_parsing():
+    assert st.parse_time("2026-03-01T09:30:00.123456789Z") == datetime(2026, 3, 1, 9, 30, 0, 123456, tzinfo=UTC)
+    assert st.parse_time("2026-03-01T10:30:00+01:00") == datetime(2026, 3, 1, 9, 30, tzinfo=UTC)
+    assert st.parse_time("0001-01-01T00:00:00Z") is None and st.parse_time("") is None
+    assert st.ago(datetime(2026, 2, 27, 10, 0, tzinfo=UTC), NOW) == "2 d 2 h"
+    assert st.ago(datetime(2026, 3, 1, 11, 59, 30, tzinfo=UTC), NOW) == "30 s"
+
+
+# --- the table --------------------------------------------------------------------------------------------------
+
+def test_render_table_aligns_columns_and_marks_rows():
+    rows = [st.Row("head", "rank 0", "running", "since x", True),
+            st.Row("worker", "rank 1", "exited", "exit code 1", False),
+            st.Row("head", "memory", "8.0 GiB", "", None)]
+    assert st.render_table(rows) == "\n".join([
+        "  SPARK   ITEM    STATE    DETAIL",
+        "✔ head    rank 0  running  since x",
+        "✘ worker  rank 1  exited   exit code 1",
+        "· head    memory  8.0 GiB",
+    ])
+
+
+def test_rendered_table_of_a_serving_pair_has_no_problem_mark():
+    text = st.render_table(rows_of(up_facts, up_facts))
+    assert "✘" not in text and text.count("\n") == len(rows_of(up_facts, up_facts))
+    assert "✘ worker  rank 1" in st.render_table(rows_of(up_facts, {}, api=API_DOWN))
+
+
+# --- the deploy plan's count ----------------------------------------------------------------------------------
+
+PLAN = [
+    {"name": "a", "hosts_with_change": ["spark-a", "spark-b"], "hosts_with_conditional_change": []},
+    {"name": "b", "hosts_with_change": ["spark-b"], "hosts_with_conditional_change": ["spark-a"]},
+    {"name": "c", "hosts_with_change": [], "hosts_with_conditional_change": []},
+]
+
+
+def test_count_changes_and_the_plan_row():
+    assert st.count_changes(PLAN) == ({"spark-a": 1, "spark-b": 2}, {"spark-a": 1})
+    plan = st.read_plan(json.dumps({"plan": PLAN, "results": None}), "", 0)
+    row = st.plan_row(plan, {"head": "spark-a", "worker": "spark-b"})
+    assert (row.state, row.ok) == ("3 to change", False)
+    assert row.detail.startswith("head 1, worker 2 operations would change (head 1, worker 0 may change)")
+    converged = st.read_plan(json.dumps({"plan": PLAN[2:], "results": None}), "", 0)
+    assert st.plan_row(converged, {"head": "spark-a", "worker": "spark-b"}).state == "converged"
+
+
+def test_a_plan_that_cannot_be_read_says_why():
+    plan = st.read_plan("", "--> Loading config...\n--> \x1b[31mpyinfra error\x1b[0m in deploy.py line 22: the "
+                            "settings need fixing\n", 1)
+    assert plan["error"] == "--> pyinfra error in deploy.py line 22: the settings need fixing"
+    assert st.plan_row(plan, {"head": "a"}).state == "unknown"
+
+
+def test_dry_run_argv_runs_deploy_py_with_the_same_options():
+    argv = ["/x/.venv/bin/pyinfra", "inventory.py", "status.py", "-y", "--data", "context=524288", "--limit", "head"]
+    assert st.dry_run_argv(argv) == [sys.executable, "-m", "pyinfra", "inventory.py", "deploy.py", "--data",
+                                     "context=524288", "--limit", "head", "--dry", "--json"]
+    assert st.dry_run_argv(["pyinfra", "inv.py", "/src/sparkfold/status.py"])[4] == "/src/sparkfold/deploy.py"
+
+
+def test_the_plan_row_is_left_out_when_status_plan_is_off():
+    assert not [r for r in rows_of(up_facts, up_facts, plan=None) if r.item == "deploy"]
+
+
+# --- gathering through a Host -------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("role", ["head", "worker"])
+def test_spark_facts_reads_each_fact_once_and_pings_the_peer(monkeypatch, role):
+    hs, ws = make_pair()
+    s = hs if role == "head" else ws
+    monkeypatch.setattr(st, "wanted_hash", lambda h, s: ("h" * 32, ""))
+    facts = {RankContainer: container(s.rank), GpuClockState: GPU_LOCKED, "pyinfra.facts.files.File": None,
+             IpAddresses: {}, RoceDevices: {}, PingOk: True, MemInfo: {}, FolderCheck: None, LinkTarget: None,
+             RankFolder: RankFolder.default(), UnitState: UNIT_ON, HfPlan: HfPlan.default(), DockerVolumeInfo: None}
+    h = FakeHost(facts, name=role)
+    f = st.spark_facts(h, s)
+    assert f["want_hash"] == "h" * 32 and f["pings"] == [True, True] and f["gpu_record_mtime"] is None
+    calls = [(name.rsplit(".", 1)[1], kwargs) for name, kwargs in h.fact_calls]
+    pings = [kw for name, kw in calls if name == "PingOk"]
+    assert pings == [{"netdev": r["netdev"], "address": ip_of(p["address"]), "size": 8972}
+                     for r, p in zip(s.link_rails, s.the_peer.link_rails, strict=True)]
+    names = {name for name, _ in calls}
+    assert ("HfPlan" in names) == (role == "head") and ("DockerVolumeInfo" in names) == (role == "worker")
+    assert sorted(f["units"]) == sorted([MEMGUARD_UNIT, SUPERVISOR_UNIT] if role == "head" else [MEMGUARD_UNIT])
+
+
+def test_wanted_hash_reports_a_spec_it_cannot_build(monkeypatch):
+    hs, _ws = make_pair()
+
+    class Broken:
+        def __init__(self, s):
+            raise ValueError("bad setting")
+
+    monkeypatch.setattr(st, "Launch", Broken)
+    assert st.wanted_hash(FakeHost({}), hs) == (None, "the spec cannot be built (ValueError: bad setting)")
+
+
+# --- the deploy file ----------------------------------------------------------------------------------------------
+
+def _run_status_py(monkeypatch, capsys, api_problem):
+    from pyinfra.api.exceptions import DeployError
+    from pyinfra.context import ctx_host
+    from settings_factory import ROOT
+
+    import operations.context as context
+
+    hs, ws = make_pair(head={"status_plan": False}, worker={"status_plan": False})
+    facts = {GpuClockState: GPU_LOCKED, "pyinfra.facts.files.File": None, IpAddresses: {}, RoceDevices: {},
+             PingOk: False, MemInfo: {}, FolderCheck: None, LinkTarget: None, RankFolder: RankFolder.default(),
+             UnitState: UNIT_NONE, HfPlan: HfPlan.default(), DockerVolumeInfo: None}
+    head = FakeHost({**facts, RankContainer: container(0)}, name="spark-a")
+    worker = FakeHost({**facts, RankContainer: {}}, name="spark-b")
+    monkeypatch.setattr(context, "current_settings", lambda: (hs, ["context = 3 must be a power of two"]))
+    monkeypatch.setattr(context, "pair_hosts", lambda: (head, worker))
+    monkeypatch.setattr(st, "models_listed", lambda url, name, key: api_problem)
+    source = (ROOT / "status.py").read_text()
+    error = None
+    with ctx_host.use(head):
+        try:
+            exec(compile(source, "status.py", "exec"), {"__name__": "status"})
+        except DeployError as e:
+            error = str(e)
+    return capsys.readouterr().out, error, head
+
+
+def test_status_py_prints_one_table_then_fails_when_not_serving(monkeypatch, capsys):
+    out, error, head = _run_status_py(monkeypatch, capsys, "no answer from http://spark-a.local:8888/v1/models")
+    lines = out.splitlines()
+    assert lines[0] == "sparkfold status: head spark-a, worker spark-b"
+    assert lines[1] == "  settings problem (deploy.py stops on it): context = 3 must be a power of two"
+    assert lines[2].split() == ["SPARK", "ITEM", "STATE", "DETAIL"]
+    assert "✘ worker  rank 1" in out and "spec unknown (the spec cannot be built (KeyError" in out
+    assert lines[-1] == "NOT serving: rank 1 has no container; no answer from http://spark-a.local:8888/v1/models"
+    assert error == "the pair is not serving: rank 1 has no container; no answer from " \
+                    "http://spark-a.local:8888/v1/models"
+    assert head.noops == []  # nothing planned
+
+
+def test_status_py_exits_quietly_while_serving(monkeypatch, capsys):
+    out, error, _ = _run_status_py(monkeypatch, capsys, None)
+    assert error is None and out.splitlines()[-1] == ("serving: DeepSeek-V4.1-Flash-1017 at "
+                                                      "http://spark-a.local:8888/v1")
+
+
+def test_deploy_plan_counts_a_real_dry_run(tmp_path):
+    # pyinfra's own --dry --json on this machine (@local): one operation would change, one would not
+    (tmp_path / "deploy.py").write_text("from pyinfra.operations import files, server\n"
+                                        "server.shell(name='would run', commands=['true'])\n"
+                                        "files.directory(name='exists already', path='/tmp')\n")
+    plan = st.deploy_plan(["pyinfra", "@local", str(tmp_path / "status.py"), "-y"])
+    assert plan == {"changes": {"@local": 1}, "conditional": {}, "error": None}
+    (tmp_path / "deploy.py").write_text("from pyinfra.api.exceptions import DeployError\n"
+                                        "raise DeployError('the settings need fixing')\n")
+    failed = st.deploy_plan(["pyinfra", "@local", str(tmp_path / "status.py")])
+    assert failed["error"] is not None and failed["error"].endswith("the settings need fixing")
