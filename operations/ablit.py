@@ -19,7 +19,7 @@ from operations.facts.files import FileText, first_line
 from operations.facts.model import AblitShards
 from operations.hf_cache import MANIFEST_NAME, repo_folder_name
 from operations.model_paths import checkpoint_plan_args
-from operations.util import fail_command
+from operations.util import check_failed, fail_command
 from operations.weights import SOURCE, commit_link, need_commit, tool_run
 
 APPLY_SCRIPT = "apply_mia_exl3_wob.py"
@@ -44,9 +44,8 @@ def ablit_applied(image_ref: str, plan_args: dict, hf_cache: str, overlay: str, 
         return
     snapshot = f"{hf_cache}/hub/{repo_folder_name(plan_args['repo'])}/snapshots/{commit}"
     need = sum(host.get_fact(AblitShards, snapshot=snapshot).values())
-    problem = space_problem(free_bytes(ablit_root), need, ablit_root, "the ABLIT pack")
-    if problem:
-        yield problem
+    space = space_problem(free_bytes(ablit_root), need, ablit_root, "the ABLIT pack")
+    if (yield from check_failed("free disk", [space])):
         return
     q = shlex.quote
     staged, out = f"{dst}.src", f"{dst}.out"

@@ -19,7 +19,8 @@ from operations.util.progress import progress_command
 
 MARKER = ".sparkfold-verified"
 SUMS_STATE = ".sparkfold-sums.state"
-SSH = "ssh -o BatchMode=yes"
+# the worker's link address is new to the head on a first deploy: accept its key then (the image ship does too)
+SSH = "ssh -o BatchMode=yes -o StrictHostKeyChecking=accept-new"
 _KIT_GENERATED = re.compile(r"^(rope-[^/]*\.f32|vision/gate_bias_vl\.safetensors)$")
 
 

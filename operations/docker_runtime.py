@@ -105,7 +105,7 @@ def daemon_uses_nvidia(path: str = DOCKER_DAEMON_JSON, restart_ok: bool = False)
         return
     if file_changes:
         if current["exists"]:
-            # the user's file is merged, not owned: keep the last pre-sparkfold version next to it
+            # the user's file is merged, not owned: the version before this merge is kept next to it
             yield StringCommand(f"cp -p {sh(path)} {sh(path + '.sparkfold-backup')}")
         yield from files.put._inner(src=StringIO(render_daemon_json(wanted)), dest=path, mode="644")
     yield from systemd.service._inner(service="docker.service", running=True, restarted=True)

@@ -18,6 +18,7 @@ UNIT_DIR = "/etc/systemd/system"
 SCRIPT_DIR = "/usr/local/lib/sparkfold"  # memguard and the supervisor, uploaded from operations/remote/
 SYSTEM_STATE_DIR = "/var/lib/sparkfold"
 GPU_CLOCK_RECORD = f"{SYSTEM_STATE_DIR}/gpu-clock.record"  # the driver's confirmation of the last -lgc, boot id
+RUN_LOCK = f"{SYSTEM_STATE_DIR}/run.lock"  # one per Spark, whoever runs the deploy and whatever their state_dir
 DOCKER_DAEMON_JSON = "/etc/docker/daemon.json"
 
 # --- unit names ---
@@ -157,10 +158,6 @@ class Layout:
     @property
     def spec_record(self) -> str:
         return f"{self.state_dir}/rank.spec"
-
-    @property
-    def run_lock(self) -> str:
-        return f"{self.state_dir}/run.lock"
 
     def relative_to_cache(self, path: str) -> str:
         """`path` (inside hf_cache) as the container sees it under InContainer.HF."""

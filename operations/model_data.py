@@ -136,9 +136,8 @@ def hf_snapshot(python: str, repo: str, revision: str, label: str, cache_dir: st
             return
         host.noop(fetch_summary(label, plan, repo, revision, dest))
         return
-    problem = space_problem(free_bytes(dest), plan.get("missing_bytes") or 0, dest, label)
-    if problem:
-        yield fail_command(problem)
+    space = space_problem(free_bytes(dest), plan.get("missing_bytes") or 0, dest, label)
+    if (yield from check_failed("free disk", [space])):
         return
     q = shlex.quote
     words = ["--repo", repo, "--revision", revision]

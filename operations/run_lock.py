@@ -1,5 +1,5 @@
-"""One run at a time on each Spark: a lock file in state_dir, taken by the first operation of a run and released by
-the last.
+"""One run at a time on each Spark: /var/lib/sparkfold/run.lock (root's, so two users or two state_dir settings
+share it), taken by the first operation of a run and released by the last.
 
 The lock records the run id, who runs it (user@controller and its pid), when it started, and the pid of the ssh
 session the run holds open on that Spark. When that session is gone (the run ended without releasing, was killed, or
@@ -21,6 +21,7 @@ import uuid
 from pyinfra import host, logger, state
 from pyinfra.api import FactBase, QuoteString, StringCommand, deploy, operation
 
+from .layout import RUN_LOCK
 from .settings import Settings
 from .util import check_failed, sh
 
@@ -43,20 +44,21 @@ class RunLock(FactBase[dict[str, str] | None]):
         return fields if "run" in fields else None
 
 
-def _take_command(path: str, force: bool) -> str:
-    """Write the lock atomically: a hard link fails when the file exists (force: replace a stale one)."""
-    tmp = f"{path}.{RUN_ID}"
+def _take_command(path: str) -> str:
+    """Take the lock (as root) unless another live run holds it. flock serialises two runs that both found the lock
+    free or stale, and the holder is read again under it, so only one of them writes."""
     # the ssh session process (sshd, or sshd-session on newer OpenSSH) lives as long as this run's connection
     find_session = ('p=$$; while [ "$p" -gt 1 ]; do case "$(cat /proc/$p/comm 2>/dev/null)" in '
                     'sshd|sshd-session) break;; esac; p=$(awk \'{print $4}\' /proc/$p/stat 2>/dev/null || echo 1); '
                     'done; [ "$p" -gt 1 ] || p=0')
-    body = (f"printf 'run=%s\\nholder=%s\\nsince=%s\\npid=%s\\n' {sh(RUN_ID)} {sh(HOLDER)} "
-            f"{sh(time.strftime('%Y-%m-%dT%H:%M:%S%z'))} \"$p\" > {sh(tmp)}")
-    if force:
-        place = f"mv -f {sh(tmp)} {sh(path)}"
-    else:
-        place = f"{{ ln {sh(tmp)} {sh(path)}; rc=$?; rm -f {sh(tmp)}; exit $rc; }}"
-    return f"{find_session}; mkdir -p {sh(os.path.dirname(path))} && {body} && {place}"
+    held = (f"if [ -f {sh(path)} ]; then r=$(sed -n 's/^run=//p' {sh(path)}); o=$(sed -n 's/^pid=//p' {sh(path)}); "
+            f"if [ \"$r\" != {sh(RUN_ID)} ] && {{ [ \"${{o:-0}}\" = 0 ] || [ -d \"/proc/$o\" ]; }}; then "
+            "echo 'held by another run' >&2; exit 1; fi; fi")
+    write = (f"printf 'run=%s\\nholder=%s\\nsince=%s\\npid=%s\\n' {sh(RUN_ID)} {sh(HOLDER)} "
+             f"{sh(time.strftime('%Y-%m-%dT%H:%M:%S%z'))} \"$p\" > {sh(path + '.tmp')} && "
+             f"chmod 644 {sh(path + '.tmp')} && mv -f {sh(path + '.tmp')} {sh(path)}")
+    return (f"{find_session}; mkdir -p {sh(os.path.dirname(path))} && exec 9>>{sh(path + '.guard')} && "
+            f"flock -n 9 || {{ echo 'another run is taking the lock' >&2; exit 1; }}; {held}; {write}")
 
 
 def holder_problem(path: str, lock: dict[str, str] | None) -> str | None:
@@ -76,12 +78,11 @@ def run_locked(path: str):
     if lock and lock.get("run") == RUN_ID:
         host.noop(f"this run holds {path}")
         return
-    stale = lock is not None and lock.get("alive") != "1"
-    if lock is not None and stale:
+    if lock is not None and lock.get("alive") != "1":
         logger.warning(f"{host.name}: taking over the stale run lock {path} of {lock.get('holder')} (run "
                        f"{lock.get('run')}, since {lock.get('since')}): that run is gone")
     if state.is_executing:
-        ok, output = host.run_shell_command(StringCommand(_take_command(path, force=stale)))
+        ok, output = host.run_shell_command(StringCommand(_take_command(path)), _sudo=True)
         if not ok:  # another run took it between the read and the write
             again = host.get_fact(RunLock, path=path)
             yield from check_failed("one run at a time", [holder_problem(path, again) or
@@ -95,7 +96,7 @@ def run_unlocked(path: str):
     """Release this run's lock (while executing); a lock of another run is left alone."""
     lock = host.get_fact(RunLock, path=path)
     if state.is_executing and lock and lock.get("run") == RUN_ID:
-        host.run_shell_command(StringCommand(f"rm -f {sh(path)}"))
+        host.run_shell_command(StringCommand(f"rm -f {sh(path)}"), _sudo=True)
     host.noop(f"{path} released")
     if False:  # an operation is a generator; this one changes nothing pyinfra should count
         yield
@@ -105,11 +106,11 @@ def run_unlocked(path: str):
 def locked(s: Settings) -> None:
     """The head's lock first, then the worker's: a second run refuses on the head and touches nothing."""
     if s.is_head:
-        run_locked(name="the head's run lock", path=s.layout.run_lock)
+        run_locked(name="the head's run lock", path=RUN_LOCK)
     if not s.is_head:
-        run_locked(name="the worker's run lock", path=s.layout.run_lock)
+        run_locked(name="the worker's run lock", path=RUN_LOCK)
 
 
 @deploy("Run lock released")
 def unlocked(s: Settings) -> None:
-    run_unlocked(name="this run's lock released", path=s.layout.run_lock)
+    run_unlocked(name="this run's lock released", path=RUN_LOCK)

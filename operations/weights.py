@@ -20,7 +20,7 @@ from operations.facts.files import DirFiles, FileText, LinkTarget, first_line
 from operations.facts.model import HfPlan, RankFolder
 from operations.hf_cache import repo_folder_name
 from operations.model_paths import checkpoint_plan_args
-from operations.util import fail_command
+from operations.util import check_failed, fail_command
 from operations.util.progress import progress_command
 
 TOKEN_MAP = "dsv41_token_map.json"
@@ -111,9 +111,8 @@ def rank_file_written(image_ref: str, rank: int, plan_args: dict, hf_cache: str,
         return
     total = host.get_fact(HfPlan, **plan_args).get("total_bytes") or 0
     need = int(total / 2 * 1.05)  # each rank holds about half the pack
-    problem = space_problem(free_bytes(folder), need, folder, f"rank {rank}'s weight file")
-    if problem:
-        yield problem
+    space = space_problem(free_bytes(folder), need, folder, f"rank {rank}'s weight file")
+    if (yield from check_failed("free disk", [space])):
         return
     mount, model = model_source(hf_cache, plan_args["repo"], commit, ablit_dir)
     q = shlex.quote

@@ -140,7 +140,8 @@ class PeerFolder(FactBase[PeerFolderDict]):
         if link:
             remote += f"echo \"#LINK $(readlink {shlex.quote(link)})\"; "
         remote += "echo '#OK'"
-        return (f"ssh -o BatchMode=yes -o ConnectTimeout=5 {shlex.quote(target)} {shlex.quote(remote)} "
+        return (f"ssh -o BatchMode=yes -o ConnectTimeout=5 -o StrictHostKeyChecking=accept-new {shlex.quote(target)} "
+                f"{shlex.quote(remote)} "
                 "2>/dev/null || true")
 
     def process(self, output: list[str]) -> PeerFolderDict:

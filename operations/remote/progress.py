@@ -99,19 +99,22 @@ class Relay:
 
     def _copy(self) -> None:
         assert self.src.stdout and self.dst.stdin
-        while chunk := self.src.stdout.read(1 << 20):
-            self.dst.stdin.write(chunk)
-            self.bytes += len(chunk)
-        self.dst.stdin.close()
+        try:
+            while chunk := self.src.stdout.read(1 << 20):
+                self.dst.stdin.write(chunk)
+                self.bytes += len(chunk)
+            self.dst.stdin.close()
+        except OSError:  # TO ended early (docker load failed, ssh refused): FROM must not wait on a full pipe
+            stop_group(self.src)
 
     def stop(self) -> None:
         stop_group(self.src)
         stop_group(self.dst)
 
     def poll(self) -> int | None:
-        if self.thread.is_alive() or self.dst.poll() is None:
+        if self.thread.is_alive() or self.dst.poll() is None or self.src.poll() is None:
             return None
-        return self.src.wait() or self.dst.returncode
+        return self.dst.returncode or self.src.returncode
 
 
 def main(argv: list[str] | None = None) -> int:

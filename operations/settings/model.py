@@ -203,7 +203,9 @@ class Settings:
     @property
     def api_base_url(self) -> str:
         """How this machine reaches rank 0's API."""
-        url = self.api_url or f"http://{self.head.ssh_hostname}:{self.port}"
+        ssh_host = self.head.ssh_hostname
+        host = f"[{ssh_host}]" if ":" in ssh_host else ssh_host  # an IPv6 address goes in brackets in a URL
+        url = self.api_url or f"http://{host}:{self.port}"
         return url.rstrip("/").removesuffix("/v1")
 
     def replace(self, **changes: object) -> Settings:

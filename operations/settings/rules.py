@@ -111,7 +111,7 @@ def validate(s: Settings) -> list[str]:
     _check_range(p, s, "log_lines", 1, 100000)
     _check_range(p, s, "supervise_retries", 1, 100)
     _check_range(p, s, "supervise_backoff_s", 1, 3600)
-    if not re.match(r"^https?://[^/\s]+$", s.api_base_url):
+    if not re.match(r"^https?://[^/\s]+(/\S*)?$", s.api_base_url):
         p.append(f"api_url = {s.api_url!r} must be like http://spark-a.local:8888 (how this machine reaches rank 0)")
     p.extend(_validate_rails(s))
     return p

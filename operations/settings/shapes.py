@@ -19,16 +19,18 @@ _PATH = re.compile(r"^/[A-Za-z0-9._+@/-]*$")
 _DOCKER_NAME = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9_.-]+$")
 # A model id as the API serves it.
 _MODEL_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/:-]*$")
-_REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
+_REPO_ID = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*/)?[A-Za-z0-9][A-Za-z0-9._-]*$")  # org/name, or a bare name
 _COMMIT = re.compile(r"^[0-9a-f]{40}$")
 # git's rules for a branch or tag name, narrowed to what needs no quoting
 _REF = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]*$")
-_IMAGE_PATH = r"[a-z0-9]+([._-][a-z0-9]+)*(/[a-z0-9]+([._-][a-z0-9]+)*)*"  # Docker's repository path components
+# Docker's repository path: components of [a-z0-9] joined by ".", "_", "__" or runs of "-"
+_IMAGE_PATH = r"[a-z0-9]+(([._]|__|-+)[a-z0-9]+)*(/[a-z0-9]+(([._]|__|-+)[a-z0-9]+)*)*"
 _IMAGE_NAME = re.compile(r"^([a-z0-9][a-z0-9.-]*(:[0-9]+)?/)?" + _IMAGE_PATH + "$")
 _IMAGE_REF = re.compile(r"^([A-Za-z0-9][A-Za-z0-9.-]*(:[0-9]+)?/)?" + _IMAGE_PATH +
                         r"(:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(@sha256:[0-9a-f]{64})?$")
-_URL = re.compile(r"^https?://[A-Za-z0-9.-]+(:[0-9]+)?(/[A-Za-z0-9._~%/+-]*)?$")
+_URL = re.compile(r"^https?://([A-Za-z0-9.-]+|\[[0-9A-Fa-f:.]+\])(:[0-9]+)?(/[A-Za-z0-9._~%/+-]*)?$")  # IPv6 in []
 _FILE_IN_REPO = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]*$")
+_BIND = re.compile(r"^[A-Za-z0-9:][A-Za-z0-9.:-]*$")  # an address or host name; no scope id, no leading -
 _VERSION = re.compile(r"^[0-9]+\.[0-9]+\.[0-9]+$")
 _MOUNT_OPTION = re.compile(r"^[a-z0-9_]+(=[A-Za-z0-9_.]+)?$")
 _ENV_NAME = re.compile(r"^[A-Z][A-Z0-9_]*$")
@@ -95,8 +97,11 @@ SHAPES: dict[str, Shape] = {
     "kit_revision": REVISION, "ablit_revision": REVISION,
     "ablit_file": (_relative_file, "a file name inside the repo (letters, digits, . _ - /, no ..)"),
     "hf_endpoint": OPTIONAL_URL, "api_url": OPTIONAL_URL, "zig_url": URL, "tf_repo": URL,
+    "host": (lambda v: bool(_BIND.match(v)), "an address to bind (0.0.0.0, 127.0.0.1, ::, or this Spark's address)"),
     "zig_version": (lambda v: bool(_VERSION.match(v)), "a version like 0.17.0"),
-    "nfs_options": (lambda v: all(_MOUNT_OPTION.match(o) for o in v.split(",")),
+    # addr= is the head's link address, which the deploy adds: another one would mount someone else's export
+    "nfs_options": (lambda v: all(_MOUNT_OPTION.match(o) and o.split("=")[0] not in ("addr", "clientaddr")
+                                  for o in v.split(",")),
                     "comma-separated mount options like nfsvers=4.2,ro,hard (no spaces, no addr=)"),
     "nccl_debug": (lambda v: v in NCCL_DEBUG_LEVELS, "one of " + ", ".join(repr(x) for x in NCCL_DEBUG_LEVELS)),
     "disk_need_gb": (lambda v: _finite(v) and 0 <= v <= 100_000, "a number of GB from 0 to 100000"),

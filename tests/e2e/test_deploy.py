@@ -377,14 +377,14 @@ def test_two_deploys_started_together_one_converges_the_other_refuses(site_file,
     loser = next(err for code, err in results if code != 0)
     assert "another sparkfold run holds" in loser and "run.lock" in loser, loser[-3000:]
     assert all(i.endswith("true") for i in pair_ids(sim_exec))  # the winner restarted the pair
-    assert sim_exec("head", "test -e /home/nvidia/.local/state/sparkfold/run.lock").returncode != 0  # released
+    assert sim_exec("head", "test -e /var/lib/sparkfold/run.lock").returncode != 0  # released
     assert changed_ops(deploy(run_pyinfra)) == {}  # nothing was left half-done
 
 
 def test_a_stale_lock_is_taken_over_with_a_warning(run_pyinfra, sim_exec):
-    lock = "/home/nvidia/.local/state/sparkfold/run.lock"
+    lock = "/var/lib/sparkfold/run.lock"
     stale = "run=deadbeef0000\nholder=ann@gone (pid 1)\nsince=2026-01-01T00:00:00+0000\npid=999999\n"
-    assert sim_exec("worker", f"printf '{stale}' > {lock}", user="nvidia").returncode == 0
+    assert sim_exec("worker", f"mkdir -p /var/lib/sparkfold && printf '{stale}' > {lock}").returncode == 0
     run = deploy(run_pyinfra)
     assert "taking over the stale run lock" in run.stderr and "ann@gone" in run.stderr, run.stderr[-3000:]
     assert changed_ops(run) == {}

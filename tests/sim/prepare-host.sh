@@ -6,9 +6,10 @@ cd "$(dirname "$0")/../.."
 
 export DEBIAN_FRONTEND=noninteractive
 if ! command -v dockerd >/dev/null || ! command -v debootstrap >/dev/null || ! command -v rsync >/dev/null \
-    || ! command -v ssh >/dev/null; then
+    || ! command -v ssh >/dev/null || ! python3 -c 'import ensurepip' 2>/dev/null; then
   apt-get update -qq
-  apt-get install -y -qq docker.io debootstrap openssh-client rsync >/dev/null
+  # python3-venv: Debian's python3 makes no venv without it
+  apt-get install -y -qq docker.io debootstrap openssh-client rsync python3-venv >/dev/null
 fi
 
 if ! docker info >/dev/null 2>&1; then

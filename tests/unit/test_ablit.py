@@ -43,7 +43,7 @@ def test_disk_check_counts_the_rewritten_shards():
     facts = {HfPlan: {"complete": True, "commit": COMMIT}, FileText: None, AblitShards: {"a": 6 * 2**30,
                                                                                          "b": 4 * 2**30},
              DiskFree: {"free_bytes": 2**30}}
-    cmds, _ = run_op(ablit.ablit_applied, facts, **kw())
+    cmds, _ = run_op(ablit.ablit_applied, facts, executing=True, **kw())
     assert len(cmds) == 1 and "needs 10.0 GiB free under /d/ablit" in cmds[0]
 
 

@@ -97,7 +97,8 @@ def test_ablit_shards_fact(tmp_path):
 
 def test_peer_folder_parse_and_command():
     cmd = PeerFolder().command(target="nvidia@192.168.100.2", path="/d/engram", link="/d/l")
-    assert cmd.startswith("ssh -o BatchMode=yes -o ConnectTimeout=5 nvidia@192.168.100.2 ") and "|| true" in cmd
+    assert cmd.startswith("ssh -o BatchMode=yes -o ConnectTimeout=5 -o StrictHostKeyChecking=accept-new "
+                          "nvidia@192.168.100.2 ") and "|| true" in cmd
     got = parse_fact(PeerFolder, "a.bin\t5\t1700000000.5\n#FREE 1000\n#LINK k/rank1\n#OK\n")
     assert got == {"reachable": True, "files": {"a.bin": [5, 1700000000]}, "free": 1000, "link": "k/rank1"}
     assert parse_fact(PeerFolder, "")["reachable"] is False
@@ -171,7 +172,8 @@ def test_snapshot_wrong_model_type_fails():
 
 def test_snapshot_not_enough_disk_fails_before_writing():
     plan = complete_plan(complete=False, missing=[["x", 300 * 2**30]], missing_bytes=300 * 2**30)
-    cmds, _ = run_op(model_data.hf_snapshot, {HfPlan: plan, DiskFree: {"free_bytes": 100 * 2**30}}, **SNAP)
+    cmds, _ = run_op(model_data.hf_snapshot, {HfPlan: plan, DiskFree: {"free_bytes": 100 * 2**30}}, executing=True,
+                     **SNAP)
     assert len(cmds) == 1 and "needs 300.0 GiB free under /h/hub" in cmds[0] and "has 100.0 GiB" in cmds[0]
 
 
@@ -265,10 +267,11 @@ def test_folder_to_peer_in_step_is_noop():
 
 def test_folder_to_peer_copies_differences_resumably():
     cmds, _ = run_op(data_copy.folder_to_peer, {DirFiles: ENGRAM, PeerFolder: _peer({})}, executing=True, **PEER)
-    assert cmds[0] == "ssh -o BatchMode=yes nvidia@10.0.0.2 'mkdir -p /w/engram'"
+    assert cmds[0] == "ssh -o BatchMode=yes -o StrictHostKeyChecking=accept-new nvidia@10.0.0.2 'mkdir -p /w/engram'"
     label, rsync, options = unwrap_progress(cmds[1])  # the worker's copy measured over ssh while it runs
     assert rsync.startswith("rsync -a --partial ") and label.endswith("to the worker")
-    assert "-e 'ssh -o BatchMode=yes' /d/engram/ nvidia@10.0.0.2:/w/engram/" in rsync
+    assert "-e 'ssh -o BatchMode=yes -o StrictHostKeyChecking=accept-new' /d/engram/ nvidia@10.0.0.2:/w/engram/" \
+        in rsync
     assert "--exclude=/.cache/" in rsync
     assert "du -sb /w/engram" in options[options.index("--probe") + 1]
 
@@ -289,7 +292,8 @@ def test_folder_to_peer_fixes_only_the_link():
     facts = {DirFiles: ENGRAM, PeerFolder: _peer(dict(ENGRAM), link="old/rank1")}
     cmds, _ = run_op(data_copy.folder_to_peer, facts, executing=True, **PEER, link="/w/active-rank1",
                      link_to="new/rank1")
-    assert cmds == ["ssh -o BatchMode=yes nvidia@10.0.0.2 'ln -sfn new/rank1 /w/active-rank1'"]
+    assert cmds == ["ssh -o BatchMode=yes -o StrictHostKeyChecking=accept-new nvidia@10.0.0.2 "
+                    "'ln -sfn new/rank1 /w/active-rank1'"]
 
 
 def test_folder_placed_hardlinks_when_source_changed():

@@ -77,3 +77,13 @@ def test_the_wrapper_names_what_it_runs():
     wrapped = progress_command("kit", "rsync -a a/ b:c/", probe="du -sb c").get_raw_value()
     label, inner, options = unwrap_progress(wrapped)
     assert (label, inner) == ("kit", "rsync -a a/ b:c/") and options[options.index("--probe") + 1] == "du -sb c"
+
+
+def test_a_relay_whose_receiver_fails_ends_instead_of_hanging():
+    run = start(progress_command("ship", relay=("yes", "head -c 10 >/dev/null; exit 5"), every=0.5))
+    try:
+        out, _ = run.communicate(timeout=20)
+    finally:
+        if run.poll() is None:
+            os.killpg(run.pid, signal.SIGKILL)
+    assert run.returncode != 0 and "ship: started" in out

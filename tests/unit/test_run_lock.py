@@ -4,6 +4,7 @@ release commands run for real in a shell."""
 from __future__ import annotations
 
 import subprocess
+import time
 
 from harness import FakeHost, parse_fact, run_op, with_args
 from pyinfra.context import ctx_host, ctx_state
@@ -29,15 +30,27 @@ def test_fact_reads_the_fields_and_whether_the_session_lives(tmp_path):
                       path=str(lock))["alive"] == "1"
 
 
-def test_take_is_atomic_and_force_replaces_a_stale_lock(tmp_path):
+def test_take_refuses_a_live_holder_and_replaces_a_stale_one(tmp_path):
     lock = str(tmp_path / "state" / "run.lock")
-    assert sh(rl._take_command(lock, force=False)).returncode == 0
+    assert sh(rl._take_command(lock)).returncode == 0
     first = open(lock).read()
     assert f"run={rl.RUN_ID}\n" in first and f"holder={rl.HOLDER}\n" in first and "pid=" in first
-    assert sh(rl._take_command(lock, force=False)).returncode != 0  # held: a second take fails
-    assert open(lock).read() == first and sorted(p.name for p in (tmp_path / "state").iterdir()) == ["run.lock"]
-    open(lock, "w").write("run=dead\npid=999999999\n")
-    assert sh(rl._take_command(lock, force=True)).returncode == 0 and f"run={rl.RUN_ID}" in open(lock).read()
+    assert sh(rl._take_command(lock)).returncode == 0  # this run again: still its own
+    open(lock, "w").write("run=0123456789ab\npid=1\n")  # another run whose session lives (pid 1 always does)
+    taken = sh(rl._take_command(lock))
+    assert taken.returncode != 0 and "held by another run" in taken.stderr and "run=0123456789ab" in open(lock).read()
+    open(lock, "w").write("run=0123456789ab\npid=999999999\n")  # its session is gone: stale
+    assert sh(rl._take_command(lock)).returncode == 0 and f"run={rl.RUN_ID}" in open(lock).read()
+
+
+def test_two_takers_at_once_cannot_both_write(tmp_path):
+    lock = str(tmp_path / "run.lock")
+    guard = subprocess.Popen(["sh", "-c", f"exec 9>>{lock}.guard; flock 9; sleep 2"])  # another run mid-take
+    time.sleep(0.5)
+    taken = sh(rl._take_command(lock))
+    guard.wait()
+    assert taken.returncode != 0 and "another run is taking the lock" in taken.stderr
+    assert not (tmp_path / "run.lock").exists()
 
 
 class ShellHost(FakeHost):
@@ -47,7 +60,7 @@ class ShellHost(FakeHost):
         super().__init__(facts)
         self.commands: list[str] = []
 
-    def run_shell_command(self, command):
+    def run_shell_command(self, command, **arguments):
         self.commands.append(command.get_raw_value())
         result = sh(command.get_raw_value())
         return result.returncode == 0, type("Out", (), {"stderr": result.stderr})()
@@ -80,7 +93,7 @@ def test_a_free_or_stale_lock_is_taken_while_executing_only_and_reports_no_chang
     assert commands == [] and f"run={rl.RUN_ID}" in open(path).read()  # taken, and no change counted
     with caplog.at_level("WARNING", logger="pyinfra"):
         commands, host, path = locked_run(tmp_path, dict(OTHER, alive="0"), executing=True)
-    assert commands == [] and "taking over the stale run lock" in caplog.text and "mv -f" in host.commands[0]
+    assert commands == [] and "taking over the stale run lock" in caplog.text and "flock -n 9" in host.commands[0]
 
 
 def test_release_removes_only_this_runs_lock(tmp_path):

@@ -101,9 +101,10 @@ def test_rank_file_redone_after_clearing(folder):
 
 def test_rank_file_disk_check():
     folder = {"bins": {}, "partial": [], "source": None}
-    cmds, _ = run_op(weights.rank_file_written, {HfPlan: plan(total=200 * 2**30), RankFolder: folder,
-                                                 DiskFree: {"free_bytes": 50 * 2**30}}, **rank_kw(rank=1))
-    assert len(cmds) == 1 and "needs 105.0 GiB free" in cmds[0] and "rank 1's weight file" in cmds[0]
+    facts = {HfPlan: plan(total=200 * 2**30), RankFolder: folder, DiskFree: {"free_bytes": 50 * 2**30}}
+    cmds, _ = run_op(weights.rank_file_written, facts, executing=True, **rank_kw(rank=1))
+    # a failing command that says why (before, the message itself was yielded and run as a shell command)
+    assert len(cmds) == 1 and "weight file needs 105.0 GiB free" in cmds[0] and cmds[0].endswith("exit 1")
 
 
 def test_rank_file_from_ablit_pack_has_its_own_folder_and_source():
@@ -167,4 +168,5 @@ def test_rank_file_to_peer_targets_same_layout_and_link():
     cmds, _ = run_op(weights.rank_file_to_peer, facts, executing=True, plan_args=PLAN, rank_cache="/d/rc", rank=1,
                      ablit=False, target="n@w", peer_rank_cache="/w/rc")
     assert f"/d/rc/{COMMIT}/rank1/ n@w:/w/rc/{COMMIT}/rank1/" in cmds[1]
-    assert cmds[2] == f"ssh -o BatchMode=yes n@w 'ln -sfn {COMMIT}/rank1 /w/rc/active-rank1'"
+    assert cmds[2] == (f"ssh -o BatchMode=yes -o StrictHostKeyChecking=accept-new n@w "
+                       f"'ln -sfn {COMMIT}/rank1 /w/rc/active-rank1'")
