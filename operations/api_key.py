@@ -1,9 +1,10 @@
-"""The API key (s.api_key): a random key made once on the head in <state_dir>/api-key (0600, the ssh user's).
+"""The API key (s.api_key): a random key made once on the head in <state_dir>/api-key.d/key (0600, the ssh user's).
 
 It is generated on the head (`secrets.token_hex(32)` in the head's python3, written under umask 077), so it never
-passes through this machine's command lines or logs; facts only stat the file. Rotation (`--data
-rotate_api_key=true`) rewrites the file in place, keeping its inode so a bind mount into rank 0 sees the new key;
-docs/api-key.md has the details."""
+passes through this machine's command lines or logs; facts only stat the file. A new key (first one or rotation,
+`--data rotate_api_key=true`) is written to a temp file and renamed over the old one: the engine, which re-reads
+the file when its mtime changes and closes authenticated routes on an empty or partial file, never sees half a
+key. Rank 0 mounts the folder, not the file, so the rename reaches it; docs/api-key.md has the details."""
 
 from __future__ import annotations
 
@@ -43,22 +44,32 @@ def live_hint(s) -> str:
 def _generate(path: str, rotate: bool) -> StringCommand:
     p, tmp = sh(path), sh(path + ".new")
     directory = sh(posixpath.dirname(path))
-    # new key into a temp file first; `cat >` (not mv) keeps the inode a bind mount may hold
-    write = f"{_NEW_KEY} > {tmp} && [ -s {tmp} ] && cat {tmp} > {p} && rm -f {tmp}"
+    # the whole key into a temp file beside it, then one rename: atomic for every reader, the engine included
+    write = f"{_NEW_KEY} > {tmp} && [ -s {tmp} ] && mv -f {tmp} {p}"
     guard = "" if rotate else f"[ -s {p} ] || "
     return StringCommand(f"umask 077 && mkdir -p {directory} && {{ {guard}{{ {write}; }}; }}")
 
 
+def _adopt(legacy: str, path: str) -> StringCommand:
+    """The key of an older layout moved into the mounted folder (mv -n: never over a key already there)."""
+    return StringCommand(f"umask 077 && mkdir -p {sh(posixpath.dirname(path))} && mv -n {sh(legacy)} {sh(path)}")
+
+
 @operation()
-def api_key_present(path: str, owner: str, rotate: bool = False):
+def api_key_present(path: str, owner: str, rotate: bool = False, legacy: str = ""):
     """A non-empty key file at `path`, mode 600, owned by `owner`; a new key only when missing, empty, or rotating.
 
     + path: absolute path of the key file on the head
     + owner: the user that owns it (the ssh user)
     + rotate: replace the key with a new one
+    + legacy: where an older sparkfold kept the key; moved to `path` when only it exists
     """
     have = host.get_fact(ApiKeyFile, path=path)
-    if have["present"] and not rotate and have["mode"] == "600" and have["owner"] == owner:
+    old = host.get_fact(ApiKeyFile, path=legacy) if legacy and not have["present"] else ApiKeyFile.default()
+    if old["present"]:
+        yield _adopt(legacy, path)  # the key clients already hold stays valid
+        have = old
+    elif have["present"] and not rotate and have["mode"] == "600" and have["owner"] == owner:
         host.noop(f"API key file {path} is present (600, {owner})")
         return
     if have["owner"] is not None and have["owner"] != owner:
@@ -84,4 +95,5 @@ def api_key(s: Settings) -> None:
         path=api_key_path(s),
         owner=s.ssh_user,
         rotate=rotate,
+        legacy=s.layout.legacy_api_key,
     )

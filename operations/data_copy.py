@@ -7,13 +7,14 @@ the list's own sha256) it was computed for, and the facts compare only those che
 from __future__ import annotations
 
 import hashlib
+import posixpath
 import re
 import shlex
 
 from pyinfra import host
 from pyinfra.api import operation
 
-from operations.facts.files import DirFiles, DiskFree, FolderCheck, PeerFolder
+from operations.facts.files import DirFiles, DiskFree, FolderCheck, FolderEntries, LinkTarget, PeerFolder
 from operations.util import check_failed
 from operations.util.progress import progress_command
 
@@ -136,19 +137,51 @@ def folder_to_peer(src: str, target: str, dest: str, what: str, link: str = "", 
         yield f"{SSH} {q(target)} {q(f'ln -sfn {q(link_to)} {q(link)}')}"
 
 
+def versions_dir(dest: str) -> str:
+    """Where the versions of a placed folder live: dest is a link into it."""
+    return f"{dest}.d"
+
+
 @operation()
 def folder_placed(src: str, dest: str, what: str):
-    """dest is a hard-linked copy of src (real files, no extra space): replaced whole when src changed."""
+    """dest is a link to a hard-linked copy of src (real files, no extra space) in <dest>.d/<digest of src's
+    listing>. A change makes a new version and switches the link (rename: atomic); the folder a running rank
+    mounts is never emptied or removed in place (folder_versions_pruned removes old versions after the pair
+    step). An older layout's real folder at dest is moved into <dest>.d, not deleted."""
     have = host.get_fact(DirFiles, path=src)
     placed = {p: v for p, v in host.get_fact(DirFiles, path=dest).items() if p != MARKER}
-    if have and have == placed:
+    is_link = host.get_fact(LinkTarget, path=dest) is not None
+    if have and have == placed and is_link:
         host.noop(f"{what} in place at {dest}")
         return
     if (yield from check_failed(what, [] if have else [f"{src} is empty (the download failed?)"], settled=False)):
         return
     q = shlex.quote
-    yield (f"rm -rf {q(dest)}.tmp && cp -rl {q(src)} {q(dest)}.tmp && rm -rf {q(dest)} && "
-           f"mv {q(dest)}.tmp {q(dest)}")
+    parent, name = posixpath.split(dest)
+    versions = posixpath.basename(versions_dir(dest))
+    # the version's name is computed on the Spark: src may only be downloaded later in this run
+    digest = (f"$(cd {q(src)} && find . -type f -printf '%P %s %T@\\n' | LC_ALL=C sort | sha256sum "
+              "| cut -c1-16)")
+    yield (f"cd {q(parent)} && mkdir -p {q(versions)} && d={digest} && [ -n \"$d\" ] && v={q(versions)}/$d && "
+           f"{{ [ -d \"$v\" ] || {{ rm -rf \"$v.tmp\" && cp -rl {q(src)} \"$v.tmp\" && mv \"$v.tmp\" \"$v\"; }}; }} && "
+           f"{{ [ -L {q(name)} ] || [ ! -e {q(name)} ] || "
+           f"mv {q(name)} {q(versions)}/replaced-$(date +%Y%m%d-%H%M%S); }} && "
+           f"ln -sfn \"$v\" {q(name + '.new-link')} && mv -T {q(name + '.new-link')} {q(name)}")
+
+
+@operation()
+def folder_versions_pruned(dest: str, what: str):
+    """Old versions of a placed folder removed: every entry of <dest>.d but the link's target. Runs after the pair
+    step, so no rank mounts an old version any more."""
+    target = host.get_fact(LinkTarget, path=dest)
+    entries = host.get_fact(FolderEntries, path=versions_dir(dest))
+    current = posixpath.basename(target) if target else None
+    old = [e for e in entries if e != current]
+    if target is None or not old:
+        host.noop(f"no old versions of {what}")
+        return
+    q = shlex.quote
+    yield f"cd {q(versions_dir(dest))} && rm -rf -- {' '.join(q(e) for e in sorted(old))}"
 
 
 def free_bytes(path: str):

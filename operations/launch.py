@@ -86,7 +86,8 @@ class Launch:
         caps = found["caps"] if self.s.is_head else None
         return rank_spec(self.s, self.image, found["rails"], found["model"], caps, rank_folder=found["folder"],
                          has_infiniband=bool(host.get_fact(InfinibandDevices)),
-                         template_digest=template_digest(self.s) if self.s.is_head else "")
+                         template_digest=template_digest(self.s) if self.s.is_head else "",
+                         kit_folder=_real(host, self.s.layout.kit) or "")
 
     def problems(self) -> list[str]:
         """Why the rank cannot be launched (missing inputs, the rails, rank 0's flags against the image)."""

@@ -153,7 +153,8 @@ def rank1_argv(s, snapshot: str, rails: list[dict], engine_env: dict[str, str]) 
 
 
 def rank_spec(s, image_ref: str, rails: list[dict], model_mount: tuple[str, str], capabilities: dict | None,
-              *, rank_folder: str, has_infiniband: bool = True, template_digest: str = "") -> ContainerSpec:
+              *, rank_folder: str, has_infiniband: bool = True, template_digest: str = "",
+              kit_folder: str = "") -> ContainerSpec:
     """This Spark's rank container.
 
     rails: the link step's record for this Spark, rail 0 first: [{"netdev", "ibdev", "address", "gid_index", "mtu"}].
@@ -161,6 +162,8 @@ def rank_spec(s, image_ref: str, rails: list[dict], model_mount: tuple[str, str]
     capabilities: the image's `capabilities --json` document (decides how the chat template is given and which
         ported settings reach the engine); None on the worker, which does not read it.
     rank_folder: this rank's weight folder (the target of its active-rank link).
+    kit_folder: the kit's real folder (the target of data_dir/kit, a new one per kit version, so a new kit
+        recreates the pair); data_dir/kit when empty.
     has_infiniband: /dev/infiniband exists on this Spark.
     template_digest: sha256 of the chat template file, so a new template recreates rank 0.
     """
@@ -171,7 +174,7 @@ def rank_spec(s, image_ref: str, rails: list[dict], model_mount: tuple[str, str]
            **_link_env(s, rails)}
     # the worker's NFS volume holds only the head's hub/ folder (docker volume names never start with /)
     hf_target = C.HF if source.startswith("/") else f"{C.HF}/hub"
-    mounts = [(source, hf_target, True), (p.kit, C.KIT, True), (p.engram, C.ENGRAM, True),
+    mounts = [(source, hf_target, True), (kit_folder or p.kit, C.KIT, True), (p.engram, C.ENGRAM, True),
               (rank_folder, C.RANK_CACHE, True), (p.token_map_dir, C.TOKEN_MAP_DIR, True),
               (cache_dir(s, image_ref), C.CACHE, False)]
     inputs = {}
@@ -185,7 +188,7 @@ def rank_spec(s, image_ref: str, rails: list[dict], model_mount: tuple[str, str]
         })
         argv = rank0_argv(s, snapshot, capabilities)
         if s.api_key:
-            mounts.append((p.api_key, C.API_KEY_FILE, True))
+            mounts.append((p.api_key_dir, C.API_KEY_DIR, True))
         # An engine without --chat-template reads <snapshot>/chat_template.jinja: put ours there.
         target = C.CHAT_TEMPLATE if _chat_template_served(capabilities) else f"{snapshot}/chat_template.jinja"
         mounts.append((p.chat_template, target, True))

@@ -20,11 +20,13 @@ SYSTEM_STATE_DIR = "/var/lib/sparkfold"
 GPU_CLOCK_RECORD = f"{SYSTEM_STATE_DIR}/gpu-clock.record"  # the driver's confirmation of the last -lgc, boot id
 RUN_LOCK = f"{SYSTEM_STATE_DIR}/run.lock"  # one per Spark, whoever runs the deploy and whatever their state_dir
 DOCKER_DAEMON_JSON = "/etc/docker/daemon.json"
+NETPLAN_APPLY_DIR = f"{SYSTEM_STATE_DIR}/netplan-apply"  # one folder per apply: the files before it, its revert
 
 # --- unit names ---
 GPU_CLOCK_UNIT = "sparkfold-gpu-clock.service"
 MEMGUARD_UNIT = "sparkfold-memguard.service"
 SUPERVISOR_UNIT = "sparkfold-supervise.service"
+NETPLAN_REVERT_UNIT = "sparkfold-netplan-revert"  # transient timer per apply: <this>-<apply folder name>
 
 # --- names inside a Hugging Face cache repo folder and data_dir ---
 SERVED_LINK = "sparkfold-current"  # <repo folder>/sparkfold-current -> snapshots/<commit>: the served snapshot
@@ -43,7 +45,8 @@ class InContainer:
     TOKEN_MAP_DIR = "/token-map"
     TOKEN_MAP = f"/token-map/{TOKEN_MAP_FILE}"
     CACHE = "/cache"
-    API_KEY_FILE = "/etc/sparkfold/api-key"
+    API_KEY_DIR = "/etc/sparkfold/api-key.d"
+    API_KEY_FILE = f"{API_KEY_DIR}/key"
     CHAT_TEMPLATE = "/etc/sparkfold/chat_template.jinja"
 
 
@@ -148,7 +151,18 @@ class Layout:
         return f"{self.state_dir}/hf-token"
 
     @property
+    def api_key_dir(self) -> str:
+        """The folder rank 0 mounts: a key replaced by rename inside it reaches the running engine (a mounted
+        file would keep the old inode)."""
+        return f"{self.state_dir}/api-key.d"
+
+    @property
     def api_key(self) -> str:
+        return f"{self.api_key_dir}/key"
+
+    @property
+    def legacy_api_key(self) -> str:
+        """Where sparkfold 0.1 kept the key: moved into api_key_dir, so the key users have stays valid."""
         return f"{self.state_dir}/api-key"
 
     @property

@@ -10,6 +10,7 @@ from pyinfra.operations import files
 from . import containers, health
 from .api_key import open_api_note
 from .context import peer_host
+from .data_copy import folder_versions_pruned
 from .launch import CHAT_TEMPLATE, Launch
 from .layout import SUPERVISOR_UNIT
 from .settings import Settings
@@ -47,6 +48,8 @@ def pair(s: Settings) -> None:
             base_url=s.api_base_url, served_name=s.served_name, port=s.port, container_name=s.container_name,
             worker=peer, api_key_file=p.api_key if s.api_key else "", wait_timeout=s.wait_timeout,
             started=rank0.did_change, planned=lambda: bool(rank0.will_change), open_note=open_api_note(s))
+        # only now: the pair runs on the kit the link names, so the versions before it are nobody's
+        folder_versions_pruned(name="Old kit versions removed", dest=p.kit, what="the kit")
 
 
 @deploy("Stop both ranks")

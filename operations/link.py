@@ -1,6 +1,6 @@
 """The CX7 link: this project's netplan file (with migration of other files' stanzas for the same netdevs),
-apply with a management-address guard, checks (addresses and MTU, DF ping per rail, RoCE v2 GID), and the
-per-host link record the launch step reads."""
+an apply the Spark undoes by itself unless confirmed (link_rollback.py), checks (addresses and MTU, DF ping per
+rail, RoCE v2 GID), and the per-host link record the launch step reads."""
 
 from __future__ import annotations
 
@@ -25,13 +25,13 @@ from operations.facts.network import (
     RoceDevices,
     SshServerAddress,
 )
+from operations.link_rollback import guarded_apply, new_apply_dir
 from operations.util import check_failed, fail_command
 from operations.util.net import ip_of
 from operations.util.owned import owned_or_absent
 from operations.util.templates import render
 
 ROCE_PORT = 1
-APPLY_POLL_TRIES = 20  # x 0.5 s: netplan apply briefly drops addresses; one immediate check is not enough
 
 
 # --- pure helpers -------------------------------------------------------------------------------------------
@@ -210,25 +210,15 @@ def migration_commands(move: dict, mode: str) -> Iterator:
     yield from core_files.put._inner(src=StringIO(move["new_text"]), dest=path, mode=mode)
 
 
-def management_guard_command(dev: str, ip: str, netplan_file: str) -> StringCommand:
-    message = (f"sparkfold: after netplan apply, {dev} (the default route's interface) no longer has {ip}. "
-               f"From a console: `sudo mv {netplan_file} /root/ && sudo netplan apply` restores the previous "
-               f"network; then fix link_rails (the CX7 netdevs must not carry the management network).")
-    return StringCommand(
-        f"for i in $(seq {APPLY_POLL_TRIES}); do"
-        f" ip -4 -o addr show dev {shlex.quote(dev)} | grep -qF {shlex.quote(f' inet {ip}/')} && exit 0;"
-        f" sleep 0.5; done; echo {shlex.quote(message)} >&2; exit 1"
-    )
-
-
 # --- operations ---------------------------------------------------------------------------------------------
 
 @operation()
-def netplan_link(rails: list[dict], mtu: int, netplan_file: str):
+def netplan_link(rails: list[dict], mtu: int, netplan_file: str, rollback_s: int = 120):
     """This project's netplan file for the link rails (files.put, mode 600), other files' stanzas for the same
     netdevs migrated (backup kept), and `netplan generate && netplan apply` only when something changed: the file,
-    a migration, or the live addresses/MTU drifted from it. Custom: core writes a file; this also migrates the
-    others, applies, and checks the management address survived the apply."""
+    a migration, or the live addresses/MTU drifted from it. The apply is guarded (operations/link_rollback.py): the
+    Spark undoes it by itself after rollback_s unless a new ssh connection from this machine confirms it. Custom:
+    core writes a file; this also migrates the others and applies with a way back."""
     if not netplan_file.endswith(".yaml"):
         yield fail_command(f"link_netplan_file {netplan_file} must end in .yaml (netplan reads only *.yaml)")
         return
@@ -243,19 +233,23 @@ def netplan_link(rails: list[dict], mtu: int, netplan_file: str):
     # drift: the file is right but an address or MTU is gone from a netdev (e.g. `ip addr del`): apply again
     drifted = bool(address_problems(rails, addrs, int(mtu), netplan_file))
     apply = bool(moves) or current is None or current["text"] != want or drifted  # a mode fix alone does not
-    for move in moves:
-        yield from migration_commands(move, netplan_files[move["path"]]["mode"])
-    yield from core_files.put._inner(src=StringIO(want), dest=netplan_file, mode="600")
     if not apply:
+        yield from core_files.put._inner(src=StringIO(want), dest=netplan_file, mode="600")
         host.noop(f"{netplan_file} is up to date")
         return
     # the management address to keep: the default route's interface, unless it is one of the rails
     mgmt_dev = host.get_fact(DefaultRouteDevice)
     mgmt_netdev = None if mgmt_dev is None or mgmt_dev in {r["netdev"] for r in rails} else addrs.get(mgmt_dev)
     mgmt_ips = mgmt_netdev.get("ipv4", []) if mgmt_netdev else []
-    yield StringCommand("netplan generate && netplan apply")
-    if mgmt_dev is not None and mgmt_ips:
-        yield management_guard_command(mgmt_dev, ip_of(mgmt_ips[0]), netplan_file)
+    before = {move["path"]: True for move in moves}
+    before[netplan_file] = current is not None
+    snapshot, tail = guarded_apply(new_apply_dir(), before, int(rollback_s), mgmt_dev if mgmt_ips else None,
+                                   ip_of(mgmt_ips[0]) if mgmt_ips else None)
+    yield snapshot
+    for move in moves:
+        yield from migration_commands(move, netplan_files[move["path"]]["mode"])
+    yield from core_files.put._inner(src=StringIO(want), dest=netplan_file, mode="600")
+    yield from tail
 
 
 @operation()
@@ -346,7 +340,7 @@ def link(s) -> None:
     rails_safe(name="no rail on the management network", rails=rails)
     owned_or_absent(name=f"{s.link_netplan_file} is sparkfold's or free", path=s.link_netplan_file, _sudo=True)
     netplan = netplan_link(name="netplan file and apply", rails=rails, mtu=mtu, netplan_file=s.link_netplan_file,
-                           _sudo=True)
+                           rollback_s=s.link_rollback_s, _sudo=True)
     settled = not netplan.changed  # the checks below read what an apply in this run changes
     link_addresses(name="addresses and MTU", rails=rails, mtu=mtu, netplan_file=s.link_netplan_file,
                    settled=settled)

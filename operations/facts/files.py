@@ -66,6 +66,18 @@ class LinkTarget(FactBase[str | None]):
         return output[0].strip() or None if output else None
 
 
+class FolderEntries(FactBase[list[str]]):
+    """The names directly in a folder (dot files included), [] when it is absent."""
+
+    default = list
+
+    def command(self, path: str) -> str:
+        return f"ls -1A {shlex.quote(path)} 2>/dev/null || true"
+
+    def process(self, output: list[str]) -> list[str]:
+        return [line for line in output if line]
+
+
 class DirFiles(FactBase[Listing]):
     """{relative path: [size, mtime seconds]} of the regular files under a folder ({} when it is absent)."""
 

@@ -89,6 +89,7 @@ class Settings:
     # --- CX7 link ---
     link_mtu: int
     link_netplan_file: str
+    link_rollback_s: int
     master_port: int
     nccl_channels: int
     nccl_rails: int

@@ -77,6 +77,7 @@ def test_a_slow_copy_reports_while_it_runs_and_a_resumed_copy_says_what_was_ther
     finally:
         slow_link(sim_exec, False)
     mine = [text for text in lines if STEP in text]
+    assert any("is now LIVE! on port 8888" in text for text in lines), "\n".join(lines[-40:])  # finished the job
     assert "already there" in mine[0], mine
     # the interrupted copy's part was kept (rsync --partial) and the resumed copy starts from it
     assert mib(mine[0]) >= before + 4, (before, mine[0])

@@ -6,11 +6,12 @@ Runs after test_deploy.py (it starts from a converged, serving pair and leaves o
 from __future__ import annotations
 
 import json
+import time
 
 import requests
 from test_deploy import API, NAME, changed_ops, chat, deploy, failing_deploy, pair_ids
 
-KEY_FILE = "/home/nvidia/.local/state/sparkfold/api-key"
+KEY_FILE = "/home/nvidia/.local/state/sparkfold/api-key.d/key"
 
 
 def rank0_args(sim_exec) -> str:
@@ -30,6 +31,15 @@ def test_api_key_on_then_off(run_pyinfra, sim_exec):
     # converged with the key: nothing changes, the key stays
     assert changed_ops(deploy(run_pyinfra, env={"SPARKFOLD_API_KEY": "1"})) == {}
     assert sim_exec("head", ["cat", KEY_FILE]).stdout.strip() == key
+    # rotation: a new file renamed over the old one reaches the running rank 0 (no restart), the old key stops
+    before = pair_ids(sim_exec)
+    run = deploy(run_pyinfra, "--data", "rotate_api_key=true", env={"SPARKFOLD_API_KEY": "1"})
+    new = sim_exec("head", ["cat", KEY_FILE]).stdout.strip()
+    assert len(new) == 64 and new != key and new not in run.stderr + run.stdout
+    assert pair_ids(sim_exec) == before
+    time.sleep(1.5)  # the engine checks the file's mtime at most once a second
+    assert requests.get(f"{API}/v1/models", headers={"Authorization": f"Bearer {key}"}, timeout=10).status_code == 401
+    assert requests.get(f"{API}/v1/models", headers={"Authorization": f"Bearer {new}"}, timeout=10).status_code == 200
     # off again: the pair is recreated without the key and the API is open
     deploy(run_pyinfra)
     assert "--api-key-file" not in rank0_args(sim_exec)

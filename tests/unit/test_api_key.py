@@ -14,7 +14,8 @@ from settings_factory import make_settings
 import operations.api_key as ak
 from operations.facts.files import ApiKeyFile
 
-PATH = "/home/nvidia/.local/state/sparkfold/api-key"
+PATH = "/home/nvidia/.local/state/sparkfold/api-key.d/key"
+LEGACY = "/home/nvidia/.local/state/sparkfold/api-key"
 
 
 def facts(value):
@@ -59,7 +60,7 @@ def test_missing_key_is_generated_on_the_head_under_umask_077():
     commands, _ = run_op(ak.api_key_present, facts(MISSING), path=PATH, owner="nvidia")
     assert len(commands) == 1
     cmd = commands[0]
-    assert cmd.startswith("umask 077 && mkdir -p /home/nvidia/.local/state/sparkfold")
+    assert cmd.startswith("umask 077 && mkdir -p /home/nvidia/.local/state/sparkfold/api-key.d &&")
     assert "secrets.token_hex(32)" in cmd
     assert f"[ -s {PATH} ] || " in cmd  # never overwrites a key that appeared meanwhile
     assert not re.search(r"[0-9a-f]{64}", cmd)  # no key on the controller's command line
@@ -96,10 +97,44 @@ def test_generation_command_for_real(tmp_path):
     inode = os.stat(path).st_ino
     rotate, _ = run_op(ak.api_key_present, {ApiKeyFile: with_args({f"path={path}": present(owner="x")})}, path=path,
                        owner="x", rotate=True)
+    assert " > " not in rotate[0].split("mv -f")[1]  # the key file itself is never truncated or written in place
     _sh(rotate[0])
     new = open(path).read().strip()
     assert re.fullmatch(r"[0-9a-f]{64}", new) and new != key
-    assert os.stat(path).st_ino == inode  # rewritten in place: a bind mount of the file sees the new key
+    assert os.stat(path).st_ino != inode  # a new file renamed over the old one: readers see the old or the new key
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600 and not os.path.exists(path + ".new")
+
+
+def test_rotation_is_atomic_for_a_reader(tmp_path):
+    """A reader polling the file while keys rotate sees a whole key every time (the engine closes its authenticated
+    routes on an empty or partial file)."""
+    path = str(tmp_path / "api-key.d" / "key")
+    rotate, _ = run_op(ak.api_key_present, {ApiKeyFile: with_args({f"path={path}": MISSING})}, path=path, owner="x",
+                       rotate=True)
+    _sh(rotate[0])
+    reader = subprocess.Popen(["sh", "-c", f"for i in $(seq 800); do cat {path}; echo .; done"],
+                              stdout=subprocess.PIPE, text=True)
+    for _ in range(15):
+        _sh(rotate[0])
+    seen = reader.communicate(timeout=60)[0].split(".\n")[:-1]
+    assert len(seen) == 800
+    assert all(re.fullmatch(r"[0-9a-f]{64}\n", key) for key in seen), [k for k in seen if len(k) != 65][:3]
+
+
+def test_a_key_in_the_old_place_is_moved_into_the_mounted_folder(tmp_path):
+    legacy, path = str(tmp_path / "api-key"), str(tmp_path / "api-key.d" / "key")
+    with open(legacy, "w") as f:
+        f.write("a" * 64 + "\n")
+    os.chmod(legacy, 0o600)
+    table = {f"path={path}": MISSING, f"path={legacy}": present(owner="x")}
+    commands, _ = run_op(ak.api_key_present, {ApiKeyFile: with_args(table)}, path=path, owner="x", legacy=legacy)
+    assert len(commands) == 1 and "mv -n" in commands[0] and "token_hex" not in commands[0]
+    _sh(commands[0])
+    assert open(path).read() == "a" * 64 + "\n" and not os.path.exists(legacy)
+    # converged: the new place holds it, the old one is not looked at again
+    commands, _ = run_op(ak.api_key_present, {ApiKeyFile: with_args({f"path={path}": present(owner="x")})},
+                         path=path, owner="x", legacy=legacy)
+    assert commands == []
 
 
 def test_path_and_live_hint_never_show_the_key():
@@ -114,7 +149,7 @@ def test_deploy_only_on_the_head_with_api_key(monkeypatch):
     monkeypatch.setattr(ak, "api_key_present", lambda **kw: calls.append(kw))
     ak.api_key._inner(make_settings("head", api_key=True))
     assert calls == [{"name": f"API key present in {PATH} (head only)", "path": PATH, "owner": "nvidia",
-                      "rotate": False}]
+                      "rotate": False, "legacy": LEGACY}]
     calls.clear()
     ak.api_key._inner(make_settings("head", api_key=True, rotate_api_key=True))
     assert calls[0]["rotate"] is True

@@ -351,6 +351,7 @@ def _recording(monkeypatch):
         monkeypatch.setattr(lifecycle.containers, kind, rec(kind))
     monkeypatch.setattr(lifecycle.health, "api_serving", rec("api_serving"))
     monkeypatch.setattr(lifecycle.files, "put", rec("put"))
+    monkeypatch.setattr(lifecycle, "folder_versions_pruned", rec("folder_versions_pruned"))
     hs, ws = make_pair(worker={"data_dir": "/home/w/.cache/sparkfold", "state_dir": "/home/w/.local/state/sparkfold"})
     head_host, worker_host = FakeHost({}, name="head"), FakeHost({}, name="worker")
     monkeypatch.setattr(lifecycle, "peer_host", lambda s: worker_host if s.is_head else head_host)
@@ -368,7 +369,8 @@ def state_of(s, rails=RAILS2, caps=CAPS, infiniband=True, linked=True):
     from harness import with_args
     p = s.layout
     links = {f"path={p.served_link}, resolve=True": f"{p.model_folder}/snapshots/abc" if linked else None,
-             f"path={p.active_rank_link()}, resolve=True": f"{p.rank_cache}/abc/rank{s.rank}" if linked else None}
+             f"path={p.active_rank_link()}, resolve=True": f"{p.rank_cache}/abc/rank{s.rank}" if linked else None,
+             f"path={p.kit}, resolve=True": f"{p.kit}.d/0123abcd" if linked else None}
     return {LinkRecord: {"rails": rails} if rails else None, LinkTarget: with_args(links),
             EngineCapabilities: caps, InfinibandDevices: infiniband}
 
@@ -379,7 +381,8 @@ def test_pair_on_each_host(monkeypatch):
     with ctx_host.use(head_host):
         lifecycle.pair._inner(hs)
     kinds = [k for k, _ in calls]
-    assert kinds == ["put", "launch_checked", "spec_recorded", "stale_pair_removed", "rank_started", "api_serving"]
+    assert kinds == ["put", "launch_checked", "spec_recorded", "stale_pair_removed", "rank_started", "api_serving",
+                     "folder_versions_pruned"]  # old kit versions go only once the pair runs on the new one
     start = calls[4][1]
     assert start["name"] == "Start rank 0 (head)" and start["peer"] is worker_host and start["peer_rank"] == 1
     assert start["peer_record"] == "/home/w/.local/state/sparkfold/rank.spec"
@@ -424,7 +427,7 @@ def test_restart_health_and_stop(monkeypatch):
     assert all(kw["force"] for k, kw in calls if k in ("stale_pair_removed", "rank_started"))
     serving = [kw for k, kw in calls if k == "api_serving"][0]
     assert serving["worker"] is worker_host and serving["started"]() is True and serving["planned"]() is True
-    assert serving["api_key_file"] == "/home/nvidia/.local/state/sparkfold/api-key"
+    assert serving["api_key_file"] == "/home/nvidia/.local/state/sparkfold/api-key.d/key"
     assert serving["base_url"] == "http://spark-a.local:8888"
     stop = [kw for k, kw in calls if k == "rank_stopped"]
     assert len(stop) == 1 and stop[0]["rank"] == 0 and stop[0]["name"].startswith("Stop rank 0")

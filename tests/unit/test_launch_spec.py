@@ -87,9 +87,19 @@ def test_chat_template_flag_or_snapshot_mount():
         in without.mounts
 
 
-def test_api_key_file_mounted_read_only_only_with_api_key():
-    assert ("/home/nvidia/.local/state/sparkfold/api-key", API_KEY_FILE, True) in head(api_key=True).mounts
-    assert all(dst != API_KEY_FILE for _s, dst, _ro in head().mounts)
+def test_kit_mounted_from_its_current_version():
+    s = make_settings("head")
+    spec = spec_of(s, IMAGE, HEAD_RAILS, ("/home/nvidia/.cache/huggingface", SNAP), CAPS,
+                   kit_folder=f"{s.layout.kit}.d/ab12")
+    assert (f"{s.layout.kit}.d/ab12", "/kit", True) in spec.mounts
+    assert (s.layout.kit, "/kit", True) in head().mounts  # no version yet (an older layout): the folder itself
+
+
+def test_api_key_folder_mounted_read_only_only_with_api_key():
+    # the folder, not the file: a key renamed into it reaches the running engine
+    assert ("/home/nvidia/.local/state/sparkfold/api-key.d", InContainer.API_KEY_DIR, True) in head(api_key=True).mounts
+    assert API_KEY_FILE.startswith(InContainer.API_KEY_DIR + "/")
+    assert all(dst != InContainer.API_KEY_DIR for _s, dst, _ro in head().mounts)
 
 
 def test_rank0_env_contract_and_own_rails():

@@ -213,15 +213,35 @@ def netplan(files, rails=RAILS, route="enP7s7"):
     return run_put(link.netplan_link, netplan_facts(files, route), rails=rails, mtu=9000, netplan_file=OWN)
 
 
+APPLY = "setsid sh -c "  # the detached apply (operations/link_rollback.py)
+
+
+def guarded(commands):
+    """The guarded apply's parts of a netplan op's commands: (snapshot, arm, apply, confirm) or None."""
+    if not commands or not commands[0].startswith("umask 077 && mkdir -p /var/lib/sparkfold/netplan-apply/"):
+        return None
+    assert commands[-3].startswith("systemd-run --quiet --unit=sparkfold-netplan-revert-")
+    assert commands[-2].startswith(APPLY) and "netplan generate && netplan apply" in commands[-2]
+    assert commands[-1].startswith("FunctionCommand(confirm_over_new_connection")
+    return commands[0], commands[-3], commands[-2], commands[-1]
+
+
 def test_netplan_writes_applies_and_guards_management():
     commands, uploads, _ = netplan({})
-    assert commands[0].startswith("FileUploadCommand") and commands[0].endswith(f", {OWN})")
+    snapshot, arm, _, confirm = guarded(commands)
+    assert "--on-active=120s" in arm and "/revert.sh" in arm
+    assert f"rm -f {OWN}" in snapshot  # the revert removes our new file
+    assert commands[1].startswith("FileUploadCommand") and commands[1].endswith(f", {OWN})")
     assert uploads == {OWN: link.render_netplan(RAILS, 9000)}
     assert "dhcp4: false" in uploads[OWN] and "192.168.101.1/24" in uploads[OWN]
-    assert commands[1] == f"chmod 600 {OWN}"
-    assert commands[2] == "netplan generate && netplan apply"
-    assert "ip -4 -o addr show dev enP7s7" in commands[3] and "' inet 10.0.0.21/'" in commands[3]
-    assert "seq 20" in commands[3] and "exit 1" in commands[3]
+    assert commands[2] == f"chmod 600 {OWN}"
+    assert "'enP7s7', '10.0.0.21', 120" in confirm  # the management address the confirmation checks
+
+
+def test_netplan_rollback_window_is_the_setting():
+    commands, _, _ = run_put(link.netplan_link, netplan_facts({}), rails=RAILS, mtu=9000, netplan_file=OWN,
+                             rollback_s=45)
+    assert "--on-active=45s" in guarded(commands)[1]
 
 
 def test_netplan_converged_yields_nothing():
@@ -240,7 +260,9 @@ def test_netplan_mode_only_fix_does_not_apply():
 def test_netplan_mtu_change_rewrites_and_applies():
     files = {OWN: {"mode": "600", "text": link.render_netplan(RAILS, 1500)}}
     commands, uploads, _ = netplan(files)
-    assert "mtu: 9000" in uploads[OWN] and commands[2] == "netplan generate && netplan apply"
+    snapshot = guarded(commands)[0]
+    assert "mtu: 9000" in uploads[OWN]
+    assert f"cp -p {OWN} /var/lib/sparkfold/netplan-apply/" in snapshot  # the old file is kept for the revert
 
 
 def test_netplan_migrates_nvidias_file_with_a_backup():
@@ -248,12 +270,13 @@ def test_netplan_migrates_nvidias_file_with_a_backup():
     files = {other: {"mode": "600", "text": fixture("40-cx7.yaml")},
              OWN: {"mode": "600", "text": link.render_netplan(RAILS, 9000)}}
     commands, uploads, _ = netplan(files)
-    assert commands[0].startswith(f"cp -p {other} {other}.sparkfold-backup-$(date")
+    snapshot = guarded(commands)[0]  # our file is unchanged, but the other one changed: applied
+    assert f"cp -p {other} " in snapshot and f"cp -p {OWN} " in snapshot
+    assert commands[1].startswith(f"cp -p {other} {other}.sparkfold-backup-$(date")
     assert list(uploads) == [other]
     assert list(yaml.safe_load(uploads[other])["network"]["ethernets"]) == ["enp1s0f1np1"]
-    assert commands[1].startswith("FileUploadCommand") and commands[2] == f"chmod 600 {other}"  # its mode kept
+    assert commands[2].startswith("FileUploadCommand") and commands[3] == f"chmod 600 {other}"  # its mode kept
     assert not any(c.startswith("rm ") for c in commands)
-    assert commands[3] == "netplan generate && netplan apply"  # our file is unchanged, but the other one changed
 
 
 def test_netplan_migration_moves_a_file_of_only_our_netdevs(tmp_path):
@@ -261,12 +284,12 @@ def test_netplan_migration_moves_a_file_of_only_our_netdevs(tmp_path):
              {"netdev": "enp1s0f1np1", "address": "192.168.101.1/24"}]
     files = {"/etc/netplan/40-cx7.yaml": {"mode": "600", "text": fixture("40-cx7.yaml")}}
     commands, _, _ = netplan(files, rails=rails)
-    assert commands[0] == ("mv -n /etc/netplan/40-cx7.yaml "
+    assert commands[1] == ("mv -n /etc/netplan/40-cx7.yaml "
                            "/etc/netplan/40-cx7.yaml.sparkfold-backup-$(date +%Y%m%d-%H%M%S)")
     # the command works: the file ends up under its backup name, nothing deleted
     src = tmp_path / "40-cx7.yaml"
     src.write_text("x")
-    subprocess.run(["sh", "-c", commands[0].replace("/etc/netplan", str(tmp_path))], check=True)
+    subprocess.run(["sh", "-c", commands[1].replace("/etc/netplan", str(tmp_path))], check=True)
     assert not src.exists() and [p.name[:31] for p in tmp_path.iterdir()] == ["40-cx7.yaml.sparkfold-backup-20"]
 
 
@@ -277,10 +300,10 @@ def test_netplan_refuses_unparseable_other_file():
     assert "exit 1" in commands[0]
 
 
-def test_netplan_no_guard_when_management_is_on_a_rail_or_absent():
+def test_netplan_no_management_check_when_management_is_on_a_rail_or_absent():
     for route in (None, "enp1s0f0np0"):
         commands, _, _ = netplan({}, route=route)
-        assert commands[-1] == "netplan generate && netplan apply"
+        assert "None, None, 120" in guarded(commands)[3]
 
 
 def test_migration_rewrite_keeps_a_backup_and_the_mode(tmp_path):
@@ -420,14 +443,15 @@ def test_link_calls_each_op_once_with_settings(monkeypatch, applies):
         monkeypatch.setattr(link, op, lambda _op=op, **kw: calls.append((_op, kw)) or types.SimpleNamespace(
             changed=applies))
     s = types.SimpleNamespace(link_rails=RAILS, peer=types.SimpleNamespace(link_rails=PEER), link_mtu=9000,
-                              link_netplan_file=OWN, layout=types.SimpleNamespace(link_record=RECORD_PATH))
+                              link_netplan_file=OWN, link_rollback_s=90,
+                              layout=types.SimpleNamespace(link_record=RECORD_PATH))
     link.link._inner(s)
     safe = calls.pop(0)  # before any network change: no rail on the management network
     assert safe[0] == "rails_safe" and safe[1]["rails"] == RAILS
     owned = calls.pop(0)  # a foreign file at the netplan path is refused before anything writes it
     assert owned[0] == "owned_or_absent" and owned[1]["path"] == OWN and owned[1]["_sudo"] is True
     assert [c[0] for c in calls] == ["netplan_link", "link_addresses", "link_ping", "roce_gids", "link_recorded"]
-    assert calls[0][1]["_sudo"] is True and calls[0][1]["netplan_file"] == OWN
+    assert calls[0][1]["_sudo"] is True and calls[0][1]["netplan_file"] == OWN and calls[0][1]["rollback_s"] == 90
     assert calls[2][1]["peer_rails"] == PEER and calls[2][1]["_sudo"] is True
     assert calls[4][1]["path"] == RECORD_PATH and calls[4][1]["_sudo"] is False
     # the checks an apply in this run changes are judged while planning only when nothing applies

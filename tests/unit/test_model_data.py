@@ -15,7 +15,16 @@ from settings_factory import make_settings
 
 from operations import data_copy, model_data
 from operations.data_copy import listing_digest
-from operations.facts.files import DirFiles, DiskFree, FileText, FolderCheck, LinkTarget, PeerFolder, first_line
+from operations.facts.files import (
+    DirFiles,
+    DiskFree,
+    FileText,
+    FolderCheck,
+    FolderEntries,
+    LinkTarget,
+    PeerFolder,
+    first_line,
+)
 from operations.facts.model import AblitShards, HfHubPython, HfPlan, RankFolder
 
 COMMIT = "a" * 40
@@ -296,14 +305,64 @@ def test_folder_to_peer_fixes_only_the_link():
                     "'ln -sfn new/rank1 /w/active-rank1'"]
 
 
-def test_folder_placed_hardlinks_when_source_changed():
+def test_folder_placed_converged_and_changed():
     src = {"MANIFEST": [10, 5], "aot/aot.json": [3, 5]}
+    link = {LinkTarget: table(({"path": "/d/kit"}, "kit.d/abc"))}
     facts = {DirFiles: table(({"path": "/d/kit-src/kit"}, src),
-                             ({"path": "/d/kit"}, dict(src, **{".sparkfold-verified": [65, 6]})))}
+                             ({"path": "/d/kit"}, dict(src, **{".sparkfold-verified": [65, 6]}))), **link}
     assert run_op(data_copy.folder_placed, facts, src="/d/kit-src/kit", dest="/d/kit", what="kit")[0] == []
-    facts = {DirFiles: table(({"path": "/d/kit-src/kit"}, src), ({"path": "/d/kit"}, {}))}
+    facts = {DirFiles: table(({"path": "/d/kit-src/kit"}, src), ({"path": "/d/kit"}, {})), **link}
     cmds, _ = run_op(data_copy.folder_placed, facts, src="/d/kit-src/kit", dest="/d/kit", what="kit")
-    assert "cp -rl /d/kit-src/kit /d/kit.tmp" in cmds[0] and cmds[0].endswith("mv /d/kit.tmp /d/kit")
+    assert "cp -rl /d/kit-src/kit" in cmds[0] and "rm -rf /d/kit" not in cmds[0]
+    # an older layout's real folder (no link) is replaced too, by moving it aside
+    facts = {DirFiles: table(({"path": "/d/kit-src/kit"}, src), ({"path": "/d/kit"}, src)),
+             LinkTarget: table(({"path": "/d/kit"}, None))}
+    assert run_op(data_copy.folder_placed, facts, src="/d/kit-src/kit", dest="/d/kit", what="kit")[0]
+
+
+def _place(tmp_path, data):
+    src = tmp_path / "kit-src" / "kit"
+    for name, text in data.items():
+        (src / name).parent.mkdir(parents=True, exist_ok=True)
+        (src / name).write_text(text)
+    dest = tmp_path / "data" / "kit"
+    dest.parent.mkdir(exist_ok=True)
+    facts = {DirFiles: table(({"path": str(src)}, {"x": [1, 1]}), ({"path": str(dest)}, {})),
+             LinkTarget: table(({"path": str(dest)}, None))}
+    cmds, _ = run_op(data_copy.folder_placed, facts, src=str(src), dest=str(dest), what="kit")
+    subprocess.run(["sh", "-c", cmds[0]], check=True)
+    return dest
+
+
+def test_folder_placed_switches_versions_and_never_empties_the_mounted_one(tmp_path):
+    dest = _place(tmp_path, {"MANIFEST": "one", "aot/a.json": "1"})
+    first = dest.resolve()
+    assert dest.is_symlink() and first.parent.name == "kit.d" and (dest / "aot/a.json").read_text() == "1"
+    held = open(first / "aot" / "a.json")  # a running rank's view of the old version
+    (tmp_path / "kit-src/kit/aot/a.json").unlink()  # a new kit revision: a file replaced, another added
+    dest = _place(tmp_path, {"MANIFEST": "two", "aot/a.json": "2", "aot/b.json": "3"})
+    second = dest.resolve()
+    assert second != first and (dest / "aot/b.json").read_text() == "3"
+    assert (first / "aot" / "a.json").read_text() == "1" and held.read() == "1"  # the old version is whole
+    assert _place(tmp_path, {}).resolve() == second  # same content: same version, nothing copied
+    # prune after the pair step: only the link's target stays
+    facts = {LinkTarget: table(({"path": str(dest)}, f"kit.d/{second.name}")),
+             FolderEntries: table(({"path": f"{dest}.d"}, sorted(p.name for p in first.parent.iterdir())))}
+    cmds, _ = run_op(data_copy.folder_versions_pruned, facts, dest=str(dest), what="the kit")
+    subprocess.run(["sh", "-c", cmds[0]], check=True)
+    assert [p.name for p in second.parent.iterdir()] == [second.name]
+    facts[FolderEntries] = table(({"path": f"{dest}.d"}, [second.name]))
+    assert run_op(data_copy.folder_versions_pruned, facts, dest=str(dest), what="the kit")[0] == []
+
+
+def test_folder_placed_moves_an_old_real_folder_aside(tmp_path):
+    old = tmp_path / "data" / "kit"
+    old.mkdir(parents=True)
+    (old / "MANIFEST").write_text("old")
+    dest = _place(tmp_path, {"MANIFEST": "new"})
+    assert dest.is_symlink() and (dest / "MANIFEST").read_text() == "new"
+    aside = [p for p in (tmp_path / "data" / "kit.d").iterdir() if p.name.startswith("replaced-")]
+    assert len(aside) == 1 and (aside[0] / "MANIFEST").read_text() == "old"
 
 
 def test_blob_sums_listed_from_names():

@@ -294,6 +294,32 @@ def test_api_key_file(pair, tmp_path):
     assert ok.status_code == 200 and ok.json()["choices"][0]["message"]["content"]
 
 
+def test_api_key_file_is_re_read_when_it_changes(pair, tmp_path):
+    """As the engine does: a key file renamed over the old one is read within about a second; an empty replacement
+    closes the authenticated routes rather than opening them."""
+    folder = tmp_path / "api-key.d"
+    folder.mkdir()
+    key = folder / "key"
+    key.write_text("old-key\n")
+    key.chmod(0o600)
+    p = pair(rank0_args=("--api-key-file", str(key)))
+    p.start_rank1()
+    p.wait_ready()
+    bearer = lambda k: {"Authorization": f"Bearer {k}"}  # noqa: E731
+    assert requests.get(f"{p.url}/v1/models", headers=bearer("old-key"), timeout=5).status_code == 200
+    new = folder / "key.new"
+    new.write_text("new-key\n")
+    new.chmod(0o600)
+    new.rename(key)
+    time.sleep(1.2)
+    assert requests.get(f"{p.url}/v1/models", headers=bearer("new-key"), timeout=5).status_code == 200
+    assert requests.get(f"{p.url}/v1/models", headers=bearer("old-key"), timeout=5).status_code == 401
+    key.write_text("")
+    time.sleep(1.2)
+    assert requests.get(f"{p.url}/v1/models", timeout=5).status_code == 401
+    assert requests.get(f"{p.url}/v1/models", headers=bearer("new-key"), timeout=5).status_code == 401
+
+
 def test_a_broken_template_fails_visibly(pair, tmp_path):
     bad = tmp_path / "bad.jinja"
     bad.write_text("{% for m in messages %}{{ m.content }")
