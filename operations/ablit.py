@@ -1,14 +1,16 @@
 """ABLIT: the Keys overlay applied on top of the stock pack, into a separate folder.
 
-<data_dir>/ablit/<commit>/ holds hard links to the stock snapshot's files plus the shards the overlay's apply script
-rewrote. The script runs in the engine image on a hard-linked copy of the stock snapshot and writes a new folder
-(new files, renames), so no stock blob is ever written; the stock snapshot and its manifest stay as they were.
-ABLIT=0 simply serves the stock snapshot again (nothing to download). <data_dir>/ablit/current -> <commit> is what
-the launch step serves.
+<data_dir>/ablit/<commit>-<tag>/ (the tag names the overlay revision and file) holds hard links to the stock
+snapshot's files plus the shards the overlay's apply script rewrote. The script runs in the engine image on a
+hard-linked copy of the stock snapshot and writes a new folder (new files, renames), so no stock blob is ever
+written; the stock snapshot and its manifest stay as they were. ABLIT=0 simply serves the stock snapshot again
+(nothing to download). <data_dir>/ablit/current -> <commit>-<tag> is what the launch step serves; the packs it no
+longer names are removed after the pair step.
 """
 
 from __future__ import annotations
 
+import hashlib
 import shlex
 
 from pyinfra import host
@@ -25,10 +27,17 @@ from operations.weights import SOURCE, commit_link, need_commit, tool_run
 APPLY_SCRIPT = "apply_mia_exl3_wob.py"
 
 
+def pack_tag(overlay_revision: str, ablit_file: str) -> str:
+    """Names a pack by what made it: a new overlay revision or file is a new folder beside the served one (which a
+    running rank mounts), then the link switch and the pair recreate."""
+    return hashlib.sha256(f"{overlay_revision} {ablit_file}".encode()).hexdigest()[:8]
+
+
 @operation()
 def ablit_applied(image_ref: str, plan_args: dict, hf_cache: str, overlay: str, ablit_file: str, ablit_root: str,
                   overlay_revision: str, has_token: bool):
-    """<ablit_root>/<commit> is the stock pack with the overlay applied, for this overlay revision and file."""
+    """<ablit_root>/<commit>-<pack_tag> is the stock pack with the overlay applied, for this overlay revision and
+    file. It is never rebuilt in place: another revision gets another folder."""
     if not has_token:
         yield fail_command("ablit needs HF_TOKEN with access to the gated overlay: accept its terms on its Hugging "
                            "Face page, create a read token, export HF_TOKEN=<token> (or set ablit to false)")
@@ -37,7 +46,8 @@ def ablit_applied(image_ref: str, plan_args: dict, hf_cache: str, overlay: str, 
     if problem:
         yield problem
         return
-    dst = f"{ablit_root}/{commit}"
+    name = f"{commit}-{pack_tag(overlay_revision, ablit_file)}"
+    dst = f"{ablit_root}/{name}"
     want = f"{commit} {overlay_revision} {ablit_file}"
     if first_line(host.get_fact(FileText, path=f"{dst}/{SOURCE}")) == want:
         host.noop(f"ABLIT pack {dst} is current")
@@ -49,7 +59,7 @@ def ablit_applied(image_ref: str, plan_args: dict, hf_cache: str, overlay: str, 
         return
     q = shlex.quote
     staged, out = f"{dst}.src", f"{dst}.out"
-    inside = f"/ablit/{commit}"
+    inside = f"/ablit/{name}"
     # the script hard-links what it keeps, so its --src and --dst share one mount: --src is a hard-linked copy of
     # the stock snapshot inside ablit_root (no extra space); the script writes only new files and never its --src
     yield (f"rm -rf {q(staged)} {q(out)} && mkdir -p {q(ablit_root)} && cp -rLl {q(snapshot)}/. {q(staged)}/ && "
@@ -68,4 +78,4 @@ def deploy_ablit(s, image_ref: str) -> None:
                   hf_cache=s.hf_cache, overlay=p.overlay, ablit_file=s.ablit_file, ablit_root=p.ablit,
                   overlay_revision=s.ablit_revision, has_token=bool(s.hf_token))
     commit_link(name="ABLIT served pack link", link=p.ablit_current, plan_args=checkpoint_plan_args(s),
-                template="{commit}")
+                template="{commit}-" + pack_tag(s.ablit_revision, s.ablit_file))

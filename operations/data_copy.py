@@ -170,18 +170,17 @@ def folder_placed(src: str, dest: str, what: str):
 
 
 @operation()
-def folder_versions_pruned(dest: str, what: str):
-    """Old versions of a placed folder removed: every entry of <dest>.d but the link's target. Runs after the pair
-    step, so no rank mounts an old version any more."""
-    target = host.get_fact(LinkTarget, path=dest)
-    entries = host.get_fact(FolderEntries, path=versions_dir(dest))
-    current = posixpath.basename(target) if target else None
-    old = [e for e in entries if e != current]
+def folder_versions_pruned(link: str, versions: str, what: str):
+    """Old versions removed: every entry of `versions` but the link's target (and the link itself when it lives
+    there). Runs after the pair step, so no rank mounts an old version any more."""
+    target = host.get_fact(LinkTarget, path=link)
+    keep = {posixpath.basename(link)} | ({posixpath.basename(target)} if target else set())
+    old = [e for e in host.get_fact(FolderEntries, path=versions) if e not in keep]
     if target is None or not old:
         host.noop(f"no old versions of {what}")
         return
     q = shlex.quote
-    yield f"cd {q(versions_dir(dest))} && rm -rf -- {' '.join(q(e) for e in sorted(old))}"
+    yield f"cd {q(versions)} && rm -rf -- {' '.join(q(e) for e in sorted(old))}"
 
 
 def free_bytes(path: str):

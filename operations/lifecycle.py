@@ -10,7 +10,7 @@ from pyinfra.operations import files
 from . import containers, health
 from .api_key import open_api_note
 from .context import peer_host
-from .data_copy import folder_versions_pruned
+from .data_copy import folder_versions_pruned, versions_dir
 from .launch import CHAT_TEMPLATE, Launch
 from .layout import SUPERVISOR_UNIT
 from .settings import Settings
@@ -49,7 +49,11 @@ def pair(s: Settings) -> None:
             worker=peer, api_key_file=p.api_key if s.api_key else "", wait_timeout=s.wait_timeout,
             started=rank0.did_change, planned=lambda: bool(rank0.will_change), open_note=open_api_note(s))
         # only now: the pair runs on the kit the link names, so the versions before it are nobody's
-        folder_versions_pruned(name="Old kit versions removed", dest=p.kit, what="the kit")
+        folder_versions_pruned(name="Old kit versions removed", link=p.kit, versions=versions_dir(p.kit),
+                               what="the kit")
+        if s.ablit:
+            folder_versions_pruned(name="Old ABLIT packs removed", link=p.ablit_current, versions=p.ablit,
+                                   what="the ABLIT pack")
 
 
 @deploy("Stop both ranks")

@@ -136,7 +136,9 @@ def commit_link(link: str, plan_args: dict, template: str):
         host.noop(f"{link} -> {target}")
         return
     q = shlex.quote
-    yield f"mkdir -p {q(link.rsplit('/', 1)[0])} && ln -sfn {q(target)} {q(link)}"
+    # a new link renamed over the old one: a reader (a rank starting) never finds no link
+    yield (f"mkdir -p {q(link.rsplit('/', 1)[0])} && ln -sfn {q(target)} {q(link + '.new-link')} && "
+           f"mv -T {q(link + '.new-link')} {q(link)}")
 
 
 @operation()

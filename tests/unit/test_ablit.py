@@ -36,7 +36,9 @@ def test_current_pack_is_noop_and_other_overlay_revision_reapplies():
     cmds, _ = run_op(ablit.ablit_applied, facts, **kw(overlay_revision="r2"))
     assert "--entrypoint python3 img /overlay/apply_mia_exl3_wob.py" in cmds[1]
     assert "-v /d/ablit:/ablit " in cmds[1] and "-v /d/ablit-overlay:/overlay:ro" in cmds[1]
-    assert f"--src /ablit/{COMMIT}.src --wo-b /overlay/w.safetensors --dst /ablit/{COMMIT}.out" in cmds[1]
+    pack = f"{COMMIT}-{ablit.pack_tag('r2', 'w.safetensors')}"  # a new revision: a new folder beside the served one
+    assert pack != f"{COMMIT}-{ablit.pack_tag('r1', 'w.safetensors')}"
+    assert f"--src /ablit/{pack}.src --wo-b /overlay/w.safetensors --dst /ablit/{pack}.out" in cmds[1]
 
 
 def test_disk_check_counts_the_rewritten_shards():
@@ -59,7 +61,7 @@ def test_apply_end_to_end_keeps_stock_untouched(tmp_path):
     root = tmp_path / "data" / "ablit"
     args = kw(plan_args=dict(PLAN, cache_dir=str(hub)), hf_cache=str(tmp_path / "hf"), overlay=str(overlay),
               ablit_root=str(root))
-    dst = root / built["commit"]
+    dst = root / f"{built['commit']}-{ablit.pack_tag('r1', 'w.safetensors')}"
 
     def facts():
         return {HfPlan: {"complete": True, "commit": built["commit"]},
@@ -77,7 +79,7 @@ def test_apply_end_to_end_keeps_stock_untouched(tmp_path):
     # the stock snapshot is unchanged: same bytes, manifest still complete (ABLIT=0 needs no download)
     assert (built["snapshot"] / shard2).read_bytes() == files[shard2]
     assert hf_cache.manifest_missing(str(built["snapshot"]), hf_cache.read_manifest(str(built["snapshot"]))) == []
-    assert sorted(os.listdir(root)) == [built["commit"]]  # no staging folders left
+    assert sorted(os.listdir(root)) == [dst.name]  # no staging folders left
 
     cmds, h = run_op(ablit.ablit_applied, facts(), executing=True, **args)
     assert cmds == [], h.noops

@@ -348,11 +348,11 @@ def test_folder_placed_switches_versions_and_never_empties_the_mounted_one(tmp_p
     # prune after the pair step: only the link's target stays
     facts = {LinkTarget: table(({"path": str(dest)}, f"kit.d/{second.name}")),
              FolderEntries: table(({"path": f"{dest}.d"}, sorted(p.name for p in first.parent.iterdir())))}
-    cmds, _ = run_op(data_copy.folder_versions_pruned, facts, dest=str(dest), what="the kit")
+    cmds, _ = run_op(data_copy.folder_versions_pruned, facts, link=str(dest), versions=f"{dest}.d", what="the kit")
     subprocess.run(["sh", "-c", cmds[0]], check=True)
     assert [p.name for p in second.parent.iterdir()] == [second.name]
     facts[FolderEntries] = table(({"path": f"{dest}.d"}, [second.name]))
-    assert run_op(data_copy.folder_versions_pruned, facts, dest=str(dest), what="the kit")[0] == []
+    assert run_op(data_copy.folder_versions_pruned, facts, link=str(dest), versions=f"{dest}.d", what="kit")[0] == []
 
 
 def test_folder_placed_moves_an_old_real_folder_aside(tmp_path):
