@@ -228,7 +228,13 @@ def load(layers: Layers, environ: Mapping[str, str], home: str) -> tuple[Setting
             values[name] = coerce(name, value)
         except _Bad as bad:
             shown = "(hidden)" if "key" in name or "token" in name else repr(value)
-            problems.append(f"{name} = {shown} from {where} is not {bad}")
+            clash = ""
+            if where == f"environment variable {name.upper()}" and name in RECIPE_ENV:
+                # the recipe's bare names are common words: another tool may have set it (GNU parallel reads
+                # PARALLEL, for one)
+                clash = (f"; if {name.upper()} is set for another program, run with `env -u {name.upper()}` or "
+                         f"give SPARKFOLD_{name.upper()}, which wins")
+            problems.append(f"{name} = {shown} from {where} is not {bad}{clash}")
             values[name] = _fallback(name, layers.all.get(name))
     engine_env = dict(values["engine_env"])
     engine_env.update({k: v for k, v in environ.items() if k.startswith(PASSTHROUGH_PREFIXES)})

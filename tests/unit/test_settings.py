@@ -99,6 +99,15 @@ def test_a_wrong_type_from_the_environment_is_collected(environ, where):
     assert any(where in p for p in found), found
 
 
+def test_gnu_parallels_variable_is_refused_with_a_way_around_it():
+    found = load_problems(environ={"PARALLEL": "-j4 --bar"})
+    clash = [p for p in found if "environment variable PARALLEL" in p]
+    assert clash and "env -u PARALLEL" in clash[0] and "SPARKFOLD_PARALLEL" in clash[0]
+    # and the prefixed name wins over the bare one
+    assert not load_problems(environ={"PARALLEL": "-j4 --bar", "SPARKFOLD_PARALLEL": "2"})
+    assert not [p for p in load_problems(environ={"SPARKFOLD_CONTEXT": "x"}) if "env -u" in p]
+
+
 @pytest.mark.parametrize("layer, where", [
     ("override", "thinking = 'maybe' from --data is not a switch"),
     ("site", "thinking = 'maybe' from the site file is not a switch"),
