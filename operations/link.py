@@ -25,7 +25,7 @@ from operations.facts.network import (
     RoceDevices,
     SshServerAddress,
 )
-from operations.link_rollback import guarded_apply, new_apply_dir
+from operations.link_rollback import guarded_apply, new_apply_dir, sudo_arguments
 from operations.util import check_failed, fail_command
 from operations.util.net import ip_of
 from operations.util.owned import owned_or_absent
@@ -244,7 +244,7 @@ def netplan_link(rails: list[dict], mtu: int, netplan_file: str, rollback_s: int
     before = {move["path"]: True for move in moves}
     before[netplan_file] = current is not None
     snapshot, tail = guarded_apply(new_apply_dir(), before, int(rollback_s), mgmt_dev if mgmt_ips else None,
-                                   ip_of(mgmt_ips[0]) if mgmt_ips else None)
+                                   ip_of(mgmt_ips[0]) if mgmt_ips else None, sudo_arguments(host))
     yield snapshot
     for move in moves:
         yield from migration_commands(move, netplan_files[move["path"]]["mode"])

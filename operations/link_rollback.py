@@ -119,8 +119,26 @@ def _why(code: int, apply_dir: str, mgmt: str, stderr: str) -> str:
     }.get(code, f"the confirmation failed (exit {code}){said}") + f" (details in {apply_dir} on the Spark)"
 
 
+SUDO_ARGUMENTS = ("_sudo_user", "_use_sudo_login", "_sudo_password", "_preserve_sudo_env")
+
+
+class SudoArguments(dict):
+    """Shown as its names only: pyinfra prints a Python callback's arguments (--dry, -vvv), and this may hold the
+    sudo password."""
+
+    def __repr__(self) -> str:
+        return f"<sudo: {', '.join(sorted(self)) or 'defaults'}>"
+
+
+def sudo_arguments(host) -> SudoArguments:
+    """The sudo settings of the operation being planned (a sudo password given to pyinfra, say), for the new
+    connection's command: it runs at execute time, when pyinfra no longer holds them for us."""
+    given = host.current_op_global_arguments or {}
+    return SudoArguments({k: given[k] for k in SUDO_ARGUMENTS if given.get(k)})
+
+
 def confirm_over_new_connection(state, host, apply_dir: str, mgmt_dev: str | None, mgmt_ip: str | None,
-                                seconds: int) -> None:
+                                seconds: int, sudo: dict | None = None) -> None:
     """On this machine, after the detached apply: open a new connection to the host (the one pyinfra holds was
     opened before the apply and proves nothing) and confirm through it. Raises NetplanNotConfirmed."""
     margin = min(15, max(5, seconds // 3))  # the confirmation itself must finish before the revert fires
@@ -143,7 +161,7 @@ def confirm_over_new_connection(state, host, apply_dir: str, mgmt_dev: str | Non
             continue
         try:
             ok, output = connector.run_shell_command(StringCommand(confirm_script(apply_dir, mgmt_dev, mgmt_ip)),
-                                                     _sudo=True)
+                                                     _sudo=True, **(sudo or {}))
         finally:
             client = getattr(connector, "client", None)
             if client is not None:
@@ -157,9 +175,10 @@ def confirm_over_new_connection(state, host, apply_dir: str, mgmt_dev: str | Non
 
 
 def guarded_apply(apply_dir: str, before: dict[str, bool], seconds: int, mgmt_dev: str | None,
-                  mgmt_ip: str | None):
+                  mgmt_ip: str | None, sudo: dict | None = None):
     """The commands around the file changes: (snapshot, [arm, apply, confirm]). The snapshot goes before the
     files are written, the rest after."""
     tail = [arm_command(apply_dir, seconds), apply_command(apply_dir),
-            FunctionCommand(confirm_over_new_connection, (apply_dir, mgmt_dev, mgmt_ip, int(seconds)), {})]
+            FunctionCommand(confirm_over_new_connection, (apply_dir, mgmt_dev, mgmt_ip, int(seconds)),
+                            {"sudo": SudoArguments(sudo or {})})]
     return snapshot_command(apply_dir, before, seconds), tail

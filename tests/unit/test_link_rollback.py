@@ -144,6 +144,19 @@ def test_confirm_uses_a_new_connection_and_retries(monkeypatch):
     assert "mkdir /x/1/decided" in attempts[3][2]
 
 
+def test_confirm_passes_the_runs_sudo_password_on(monkeypatch):
+    seen = {}
+    host, _ = fake_host(connects_after=0)
+    run = host.connector_cls.run_shell_command
+    host.connector_cls.run_shell_command = lambda self, command, **kw: seen.update(kw) or run(self, command, **kw)
+    planned = types.SimpleNamespace(current_op_global_arguments={"_sudo_password": "pw", "_sudo": True, "_su_user": ""})
+    rb.confirm_over_new_connection(None, host, "/x/1", None, None, 60, sudo=rb.sudo_arguments(planned))
+    assert seen == {"_sudo": True, "_sudo_password": "pw"}
+    # pyinfra prints a callback's arguments: the password must not be among them
+    _, tail = rb.guarded_apply("/x/1", {}, 60, None, None, rb.sudo_arguments(planned))
+    assert "pw" not in repr(tail[-1]) and "_sudo_password" in repr(tail[-1])
+
+
 def test_confirm_gives_up_before_the_revert_fires(monkeypatch):
     clock = iter(range(0, 1000, 7))
     monkeypatch.setattr(rb.time, "monotonic", lambda: next(clock))
