@@ -10,7 +10,6 @@ longer names are removed after the pair step.
 
 from __future__ import annotations
 
-import hashlib
 import shlex
 
 from pyinfra import host
@@ -22,15 +21,9 @@ from operations.facts.model import AblitShards
 from operations.hf_cache import MANIFEST_NAME, repo_folder_name
 from operations.model_paths import checkpoint_plan_args
 from operations.util import check_failed, fail_command
-from operations.weights import SOURCE, commit_link, need_commit, tool_run
+from operations.weights import SOURCE, commit_link, need_commit, pack_tag, tool_run
 
 APPLY_SCRIPT = "apply_mia_exl3_wob.py"
-
-
-def pack_tag(overlay_revision: str, ablit_file: str) -> str:
-    """Names a pack by what made it: a new overlay revision or file is a new folder beside the served one (which a
-    running rank mounts), then the link switch and the pair recreate."""
-    return hashlib.sha256(f"{overlay_revision} {ablit_file}".encode()).hexdigest()[:8]
 
 
 @operation()

@@ -4,12 +4,14 @@ Both depend on the checkpoint commit, which only the HfPlan fact knows (offline 
 The tools run in throwaway containers without network, as the ssh user, with the Hugging Face cache mounted
 read-only (snapshots are symlinks into blobs/, so the whole cache is mounted and the snapshot path passed).
 Layout: <data_dir>/token-map/dsv41_token_map.json (+ .commit sidecar);
-<data_dir>/rank-cache/<commit>[-ablit]/rank<R>/rank<R>of2-<hash>.bin (+ .sparkfold-source sidecar);
-<data_dir>/rank-cache/active-rank<R> -> <commit>[-ablit]/rank<R> (what the launch step mounts).
+<data_dir>/rank-cache/<commit>[-ablit-<tag>]/rank<R>/rank<R>of2-<hash>.bin (+ .sparkfold-source sidecar);
+<data_dir>/rank-cache/active-rank<R> -> <commit>[-ablit-<tag>]/rank<R> (what the launch step mounts). The tag names
+the ABLIT overlay's revision and file, so another overlay writes other folders, never the ones a rank mounts.
 """
 
 from __future__ import annotations
 
+import hashlib
 import shlex
 
 from pyinfra import host, state
@@ -53,15 +55,20 @@ def tool_run(image_ref: str, mounts: list, entrypoint: str, *args: str) -> str:
     return " ".join(words)
 
 
-def model_source(hf_cache: str, repo: str, commit: str, ablit_dir: str = ""):
+def pack_tag(overlay_revision: str, ablit_file: str) -> str:
+    """Names what an ABLIT overlay made (its pack, the weight files from it) by the overlay's revision and file."""
+    return hashlib.sha256(f"{overlay_revision} {ablit_file}".encode()).hexdigest()[:8]
+
+
+def model_source(hf_cache: str, repo: str, commit: str, ablit_dir: str = "", ablit_tag: str = ""):
     """(mount, path inside the tool container) of the pack the weight files are made from."""
     if ablit_dir:
-        return (f"{ablit_dir}/{commit}", _TOOL_ABLIT, True), _TOOL_ABLIT
+        return (f"{ablit_dir}/{commit}-{ablit_tag}", _TOOL_ABLIT, True), _TOOL_ABLIT
     return (hf_cache, _TOOL_HF, True), f"{_TOOL_HF}/hub/{repo_folder_name(repo)}/snapshots/{commit}"
 
 
-def source_key(commit: str, ablit: bool) -> str:
-    return f"{commit}-ablit" if ablit else commit
+def source_key(commit: str, ablit_tag: str) -> str:
+    return f"{commit}-ablit-{ablit_tag}" if ablit_tag else commit
 
 
 @operation()
@@ -84,13 +91,13 @@ def token_map_written(image_ref: str, plan_args: dict, hf_cache: str, out_dir: s
            + f" && printf '%s\\n' {q(commit)} > {q(sidecar)}")
 
 
-def rank_folder(rank_cache: str, commit: str, rank: int, ablit: bool) -> str:
-    return f"{rank_cache}/{source_key(commit, ablit)}/rank{rank}"
+def rank_folder(rank_cache: str, commit: str, rank: int, ablit_tag: str) -> str:
+    return f"{rank_cache}/{source_key(commit, ablit_tag)}/rank{rank}"
 
 
 @operation()
 def rank_file_written(image_ref: str, rank: int, plan_args: dict, hf_cache: str, rank_cache: str,
-                      ablit_dir: str = "", ablit_revision: str = ""):
+                      ablit_dir: str = "", ablit_tag: str = ""):
     """rank<R>of2-<hash>.bin in its own folder, made from the stock pack or (ablit_dir) the applied overlay pack.
 
     Complete and current = exactly one rank<R>of2-*.bin, no .rank<R>of2.partial, and the sidecar names the source.
@@ -101,9 +108,9 @@ def rank_file_written(image_ref: str, rank: int, plan_args: dict, hf_cache: str,
     if problem:
         yield problem
         return
-    ablit = bool(ablit_dir)
-    folder = rank_folder(rank_cache, commit, rank, ablit)
-    want = source_key(commit, ablit) + (f" {ablit_revision}" if ablit else "")
+    tag = ablit_tag if ablit_dir else ""
+    folder = rank_folder(rank_cache, commit, rank, tag)
+    want = source_key(commit, tag)
     have = host.get_fact(RankFolder, path=folder)
     bins = have["bins"].get(rank, [])
     if len(bins) == 1 and rank not in have["partial"] and have["source"] == want:
@@ -114,7 +121,7 @@ def rank_file_written(image_ref: str, rank: int, plan_args: dict, hf_cache: str,
     space = space_problem(free_bytes(folder), need, folder, f"rank {rank}'s weight file")
     if (yield from check_failed("free disk", [space])):
         return
-    mount, model = model_source(hf_cache, plan_args["repo"], commit, ablit_dir)
+    mount, model = model_source(hf_cache, plan_args["repo"], commit, ablit_dir, tag)
     q = shlex.quote
     # a partial or stray file from an interrupted run: clear the folder of this rank's files, then write again
     yield (f"mkdir -p {q(folder)} && rm -f {q(folder)}/rank{rank}of2-*.bin {q(folder)}/.rank{rank}of2.partial "
@@ -142,47 +149,52 @@ def commit_link(link: str, plan_args: dict, template: str):
 
 
 @operation()
-def rank_sums_written(plan_args: dict, rank_cache: str, rank: int, ablit: bool):
+def rank_sums_written(plan_args: dict, rank_cache: str, rank: int, ablit_tag: str):
     """SHA256SUMS of a rank's weight file, once (the worker checks its copy against it)."""
     commit, problem = need_commit(plan_args, f"rank {rank}'s checksum")
     if problem:
         yield problem
         return
-    folder = rank_folder(rank_cache, commit, rank, ablit)
+    folder = rank_folder(rank_cache, commit, rank, ablit_tag)
     bins = host.get_fact(RankFolder, path=folder)["bins"].get(rank, [])
     yield from checksums_written._inner(folder=folder, files=bins[:1] or [f"rank{rank}of2-<hash>.bin"])
 
 
 @operation()
-def rank_file_to_peer(plan_args: dict, rank_cache: str, rank: int, ablit: bool, target: str, peer_rank_cache: str):
+def rank_file_to_peer(plan_args: dict, rank_cache: str, rank: int, ablit_tag: str, target: str,
+                      peer_rank_cache: str):
     """The rank's folder (weight file + SHA256SUMS) rsynced to the same layout on the worker, and the worker's
     active-rank link pointed at it."""
     commit, problem = need_commit(plan_args, f"rank {rank}'s weight file on the worker")
     if problem:
         yield problem
         return
-    key = source_key(commit, ablit)
-    yield from folder_to_peer._inner(src=rank_folder(rank_cache, commit, rank, ablit), target=target,
-                                     dest=rank_folder(peer_rank_cache, commit, rank, ablit),
+    key = source_key(commit, ablit_tag)
+    yield from folder_to_peer._inner(src=rank_folder(rank_cache, commit, rank, ablit_tag), target=target,
+                                     dest=rank_folder(peer_rank_cache, commit, rank, ablit_tag),
                                      what=f"rank {rank}'s weight file", link=f"{peer_rank_cache}/active-rank{rank}",
                                      link_to=f"{key}/rank{rank}")
+
+
+def ablit_tag(s) -> str:
+    """The tag of the served ABLIT overlay, "" when ABLIT is off."""
+    return pack_tag(s.ablit_revision, s.ablit_file) if s.ablit else ""
 
 
 def deploy_weights(s, image_ref: str) -> None:
     p, plan_args = s.layout, checkpoint_plan_args(s)
     ablit_dir = p.ablit if s.ablit else ""
-    ablit_rev = s.ablit_revision if s.ablit else ""
+    tag = ablit_tag(s)
     token_map_written(name="Token map (image's make_token_map.py)", image_ref=image_ref, plan_args=plan_args,
                       hf_cache=s.hf_cache, out_dir=p.token_map_dir)
     rank_file_written(name="Rank 0's weight file", image_ref=image_ref, rank=0, plan_args=plan_args,
-                      hf_cache=s.hf_cache, rank_cache=p.rank_cache, ablit_dir=ablit_dir, ablit_revision=ablit_rev)
+                      hf_cache=s.hf_cache, rank_cache=p.rank_cache, ablit_dir=ablit_dir, ablit_tag=tag)
     rank_file_written(name="Rank 1's weight file", image_ref=image_ref, rank=1, plan_args=plan_args,
-                      hf_cache=s.hf_cache, rank_cache=p.rank_cache, ablit_dir=ablit_dir, ablit_revision=ablit_rev)
-    suffix = "-ablit" if s.ablit else ""
+                      hf_cache=s.hf_cache, rank_cache=p.rank_cache, ablit_dir=ablit_dir, ablit_tag=tag)
     commit_link(name="Rank 0's active weight folder", link=p.active_rank_link(0), plan_args=plan_args,
-                template="{commit}" + suffix + "/rank0")
+                template=source_key("{commit}", tag) + "/rank0")
     rank_sums_written(name="Rank 1's SHA256SUMS (once)", plan_args=plan_args, rank_cache=p.rank_cache, rank=1,
-                      ablit=s.ablit)
+                      ablit_tag=tag)
 
 
 def served_link(s) -> None:
@@ -192,5 +204,5 @@ def served_link(s) -> None:
 
 def rank1_to_worker(s) -> None:
     rank_file_to_peer(name="Rank 1's weight file to the worker", plan_args=checkpoint_plan_args(s),
-                      rank_cache=s.layout.rank_cache, rank=1, ablit=s.ablit, target=s.worker_link_ssh,
+                      rank_cache=s.layout.rank_cache, rank=1, ablit_tag=ablit_tag(s), target=s.worker_link_ssh,
                       peer_rank_cache=s.worker.layout.rank_cache)

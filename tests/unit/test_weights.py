@@ -110,9 +110,14 @@ def test_rank_file_disk_check():
 def test_rank_file_from_ablit_pack_has_its_own_folder_and_source():
     folder = {"bins": {1: ["rank1of2-a.bin"]}, "partial": [], "source": COMMIT}  # the stock file
     cmds, _ = run_op(weights.rank_file_written, {HfPlan: plan(), RankFolder: folder, DiskFree: {"free_bytes": 10**12}},
-                     **rank_kw(rank=1, ablit_dir="/d/ablit", ablit_revision="r1"))
-    assert f"/d/rank-cache/{COMMIT}-ablit/rank1" in cmds[0]
-    assert f"-v /d/ablit/{COMMIT}:/model:ro" in unwrap_progress(cmds[1])[1] and f"'{COMMIT}-ablit r1'" in cmds[2]
+                     **rank_kw(rank=1, ablit_dir="/d/ablit", ablit_tag="t1"))
+    assert f"/d/rank-cache/{COMMIT}-ablit-t1/rank1" in cmds[0]
+    assert f"-v /d/ablit/{COMMIT}-t1:/model:ro" in unwrap_progress(cmds[1])[1] and f"{COMMIT}-ablit-t1" in cmds[2]
+    # another overlay revision writes another folder: the one a running rank mounts is never cleared
+    other, _ = run_op(weights.rank_file_written, {HfPlan: plan(), RankFolder: folder, DiskFree: {"free_bytes": 1e12}},
+                      **rank_kw(rank=1, ablit_dir="/d/ablit", ablit_tag="t2"))
+    assert f"/d/rank-cache/{COMMIT}-ablit-t2/rank1" in other[0] and "-ablit-t1" not in other[0]
+    assert weights.pack_tag("r1", "w.safetensors") != weights.pack_tag("r2", "w.safetensors")
 
 
 def test_rank_files_end_to_end_then_converged(tmp_path):
@@ -168,7 +173,7 @@ def test_rank_sums_written_for_the_rank_file():
 
     folder = {"bins": {1: ["rank1of2-abc.bin"]}, "partial": [], "source": COMMIT}
     cmds, _ = run_op(weights.rank_sums_written, {HfPlan: plan(), RankFolder: folder, FolderCheck: None},
-                     plan_args=PLAN, rank_cache="/d/rc", rank=1, ablit=False)
+                     plan_args=PLAN, rank_cache="/d/rc", rank=1, ablit_tag="")
     assert cmds[0].startswith(f"cd /d/rc/{COMMIT}/rank1 && sha256sum -- rank1of2-abc.bin > SHA256SUMS.tmp")
 
 
@@ -178,7 +183,7 @@ def test_rank_file_to_peer_targets_same_layout_and_link():
     facts = {HfPlan: plan(), DirFiles: {"rank1of2-abc.bin": [10, 1], "SHA256SUMS": [80, 1]},
              PeerFolder: {"reachable": True, "files": {}, "free": 10**9, "link": None}}
     cmds, _ = run_op(weights.rank_file_to_peer, facts, executing=True, plan_args=PLAN, rank_cache="/d/rc", rank=1,
-                     ablit=False, target="n@w", peer_rank_cache="/w/rc")
+                     ablit_tag="", target="n@w", peer_rank_cache="/w/rc")
     assert f"/d/rc/{COMMIT}/rank1/ n@w:/w/rc/{COMMIT}/rank1/" in cmds[1]
     assert cmds[2] == (f"ssh -o BatchMode=yes -o StrictHostKeyChecking=accept-new n@w "
                        f"'ln -sfn {COMMIT}/rank1 /w/rc/active-rank1'")
