@@ -122,12 +122,13 @@ def gpu_clock_locked(mhz: int, nvidia_smi: str, period_s: int, record_path: str 
 
 @deploy("GPU clock ceiling")
 def gpu_clock(s) -> None:
-    """The lock script, its oneshot unit and the timer that repeats it, then the lock itself; all need root."""
+    """The lock script and its oneshot unit, the lock itself, then the timer that repeats it; all need root."""
     script_installed(GPU_CLOCK_SCRIPT)
     service = unit_file(GPU_CLOCK_UNIT, render_unit(s.gpu_clock_mhz, s.nvidia_smi_path, s.gpu_clock_period_s))
     # the timer's start is a no-op on an active unit: an older sparkfold's unit (RemainAfterExit) is stopped once
     systemd.service(name=f"{GPU_CLOCK_UNIT} idle between the timer's runs", service=GPU_CLOCK_UNIT, running=False,
                     daemon_reload=service.changed)
-    unit_installed(GPU_CLOCK_TIMER, render_timer(s.gpu_clock_mhz, s.gpu_clock_period_s))
+    # locked before the timer starts: the run judges (and reports) the record the timer left, not its own first run
     gpu_clock_locked(name=f"locked at {s.gpu_clock_mhz} MHz", mhz=s.gpu_clock_mhz, nvidia_smi=s.nvidia_smi_path,
                      period_s=s.gpu_clock_period_s)
+    unit_installed(GPU_CLOCK_TIMER, render_timer(s.gpu_clock_mhz, s.gpu_clock_period_s))

@@ -313,7 +313,7 @@ def test_timer_template_repeats_the_service():
     assert "OnUnitActiveSec=300s" in gc.render_timer(2200, 300).splitlines()
 
 
-def test_deploy_installs_script_service_and_timer_then_locks(monkeypatch):
+def test_deploy_installs_script_and_service_locks_then_starts_the_timer(monkeypatch):
     from types import SimpleNamespace
     calls = []
     service_put = SimpleNamespace(changed=True)
@@ -329,9 +329,9 @@ def test_deploy_installs_script_service_and_timer_then_locks(monkeypatch):
     service = calls[2][1]
     assert (service["service"], service["running"], service["daemon_reload"]) == (
         "sparkfold-gpu-clock.service", False, True)
-    assert calls[3] == ("unit", ("sparkfold-gpu-clock.timer", gc.render_timer(2100, 90)), {})
-    assert calls[4] == ("lock", {"name": "locked at 2100 MHz", "mhz": 2100, "nvidia_smi": "/opt/bin/nvidia-smi",
+    assert calls[3] == ("lock", {"name": "locked at 2100 MHz", "mhz": 2100, "nvidia_smi": "/opt/bin/nvidia-smi",
                                  "period_s": 90})
+    assert calls[4] == ("unit", ("sparkfold-gpu-clock.timer", gc.render_timer(2100, 90)), {})
 
 
 # --- stand-in systemctl: a timer starts its service again and again ------------------------------------------------
