@@ -104,10 +104,12 @@ def spark_time(sim_exec, role: str) -> int:
 
 
 def wait_until(check, timeout: float, what: str):
+    """check()'s first true value within `timeout` seconds, or fail naming `what`."""
     deadline = time.monotonic() + timeout
     while not (found := check()):
-        assert time.monotonic() < deadline, f"{what}: not within {timeout:.0f} s"
-        time.sleep(1)
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(0.5)
     return found
 
 
