@@ -81,6 +81,7 @@ nccl_debug = ""  # NCCL_DEBUG for both ranks when set
 
 # --- host preparation ---
 gpu_clock_mhz = 2200  # GPU clock ceiling locked on both Sparks (nvidia-smi -lgc 0,<MHz>)
+gpu_clock_period_s = 300  # a timer re-applies the GPU clock lock this often (an idle GPU hides a reset)
 docker_install = True  # install docker/nvidia-container-toolkit when missing (apt)
 docker_restart_ok = False  # True lets a daemon.json change restart Docker while other containers run (it stops them)
 

@@ -21,6 +21,7 @@ from .facts.docker import RankContainer, SpecRecord
 from .facts.host import MemInfo, mem_available_gib
 from .facts.network import PortListeners
 from .facts.systemd import UnitState
+from .gpu_clock import lock_command
 from .launch_spec import LABEL_HASH, LABEL_MANAGED, ContainerSpec
 from .layout import unit_path
 from .util import MANAGED_HEADER, check_failed, fail_command, sh
@@ -95,7 +96,9 @@ def memory_wait_command(rank: int, min_avail_gib: float, tries: int = 30) -> Str
     return StringCommand("sh", "-c", shlex.quote(script))
 
 
-def start_commands(spec: ContainerSpec, min_avail_gib: float):
+def start_commands(spec: ContainerSpec, min_avail_gib: float, gpu_clock_mhz: int, nvidia_smi: str):
+    """Mounts checked, memory waited for, the GPU clock lock applied again (a reset since the last timer run would
+    let this rank run unlocked for up to a period), then `docker run`."""
     binds = [(src, ro) for src, _dst, ro in spec.mounts if src.startswith("/")]
     writable = [src for src, ro in binds if not ro]
     if writable:
@@ -106,6 +109,7 @@ def start_commands(spec: ContainerSpec, min_avail_gib: float):
             yield StringCommand("test", "-e", shlex.quote(src), "||", "{", "echo", shlex.quote(msg), ">&2;",
                                 "exit", "1;", "}")
     yield memory_wait_command(spec.rank, min_avail_gib)
+    yield lock_command(gpu_clock_mhz, nvidia_smi, _sudo=True)
     yield StringCommand(sh(*spec.run_argv()))
 
 
@@ -206,8 +210,9 @@ def stale_pair_removed(container_name: str, rank: int, launch: Launch, peer, pee
 
 @operation()
 def rank_started(container_name: str, rank: int, launch: Launch, peer, peer_rank: int, peer_record: str, force: bool,
-                 min_avail_gib: float, stop_timeout: int, log_dir: str, log_keep: int):
-    """Start this rank's container unless it already runs the wanted spec."""
+                 min_avail_gib: float, stop_timeout: int, log_dir: str, log_keep: int, gpu_clock_mhz: int,
+                 nvidia_smi: str):
+    """Start this rank's container unless it already runs the wanted spec (the GPU clock lock applied first)."""
     if not state.is_executing:
         # Planning: the removal above has not happened yet, so predict from the pair's verdict.
         mine, _theirs, resolved, reasons = _pair_reasons(container_name, rank, launch, peer, peer_rank, peer_record,
@@ -218,7 +223,7 @@ def rank_started(container_name: str, rank: int, launch: Launch, peer, peer_rank
         if resolved is None:
             yield StringCommand("docker", "run", "...", f"(rank {rank}; its spec is complete at execute time)")
             return
-        yield from start_commands(resolved, min_avail_gib)
+        yield from start_commands(resolved, min_avail_gib, gpu_clock_mhz, nvidia_smi)
         return
     mine = host.get_fact(RankContainer, container=container_name)
     resolved = launch.spec()
@@ -236,7 +241,7 @@ def rank_started(container_name: str, rank: int, launch: Launch, peer, peer_rank
             return
         yield from removal_commands(container_name, rank, bool(mine.get("running")), stop_timeout, log_dir,
                                     log_keep)
-    yield from start_commands(resolved, min_avail_gib)
+    yield from start_commands(resolved, min_avail_gib, gpu_clock_mhz, nvidia_smi)
 
 
 @operation()

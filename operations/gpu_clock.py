@@ -1,62 +1,89 @@
-"""GPU clock ceiling: locked live with `nvidia-smi -lgc 0,<MHz>` and persisted by sparkfold-gpu-clock.service.
+"""GPU clock ceiling: locked with `nvidia-smi -lgc 0,<MHz>` and kept locked by sparkfold-gpu-clock.timer.
 
-The live operation reads the lock back (operations.facts.gpu.GpuClockState: the driver's confirmation recorded
-for this boot, and the live SM clock) so a reset (`nvidia-smi -rgc`) or a reboot without the unit is drift that
-the next run repairs. After locking it checks the driver applied exactly the asked ceiling (a clamped request
-fails this host), so both Sparks end with the same ceiling or the run stops."""
+A lock is lost at a reboot, a driver reload or an `nvidia-smi -rgc`, and no query reports it; an idle GPU clocks far
+below any ceiling, so a reset cannot be seen from the live clock until the GPU is busy. So the lock is re-applied
+rather than watched: operations/remote/gpu_clock_lock.sh applies it and records the driver's confirmation with the
+boot id and the time (or why it failed); the timer runs it at boot and every gpu_clock_period_s, the deploy runs it
+when the record is missing, failed, stale or at another ceiling (or a GPU reads above the ceiling), and the pair
+step runs it right before a rank starts. After locking the deploy checks the driver applied exactly the asked
+ceiling (a clamped request fails this host), so both Sparks end with the same ceiling or the run stops."""
 
 from __future__ import annotations
 
-from pyinfra import host, logger, state
+from pyinfra import host, logger
 from pyinfra.api import StringCommand, deploy, operation
+from pyinfra.operations import systemd
 
 from operations.facts.gpu import GpuClockState, GpuClockStateDict
-from operations.layout import GPU_CLOCK_RECORD, GPU_CLOCK_UNIT
+from operations.facts.systemd import UnitState
+from operations.layout import GPU_CLOCK_RECORD, GPU_CLOCK_SCRIPT, GPU_CLOCK_TIMER, GPU_CLOCK_UNIT, script_path
 from operations.util import check_failed, sh
+from operations.util.durations import duration
 from operations.util.templates import render
-from operations.util.units import unit_installed
+from operations.util.units import script_installed, unit_file, unit_installed
 
 OVER_CEILING_MHZ = 15  # a locked GPU reads at most the ceiling (one clock step of slack)
+STALE_PERIODS = 2  # a record older than this many timer periods (plus slack) means the timer is not doing its job
+STALE_SLACK_S = 60  # the timer's OnBootSec and a slow run of the service
+NOT_LOCKED, FAILED, STALE = "not locked", "failed", "stale"  # lock_verdict's words (status.py shows them)
 
 
-def render_unit(mhz: int, nvidia_smi: str) -> str:
-    return render("sparkfold-gpu-clock.service.j2", mhz=int(mhz), nvidia_smi=nvidia_smi)
+def stale_after_s(period_s: int) -> int:
+    return STALE_PERIODS * int(period_s) + STALE_SLACK_S
 
 
-def lock_drift(st: GpuClockStateDict, mhz: int) -> str | None:
-    """Why the GPUs are not locked at `mhz` now, or None when they are.
+def render_unit(mhz: int, nvidia_smi: str, period_s: int) -> str:
+    return render("sparkfold-gpu-clock.service.j2", mhz=int(mhz), nvidia_smi=nvidia_smi, period_s=int(period_s),
+                  script=script_path(GPU_CLOCK_SCRIPT), record=GPU_CLOCK_RECORD)
+
+
+def render_timer(mhz: int, period_s: int) -> str:
+    return render("sparkfold-gpu-clock.timer.j2", mhz=int(mhz), period_s=int(period_s), service=GPU_CLOCK_UNIT)
+
+
+def lock_verdict(st: GpuClockStateDict, mhz: int, period_s: int,
+                 timer_active: bool | None = None) -> tuple[str, str] | None:
+    """(NOT_LOCKED, FAILED or STALE, why) when the lock must be applied now, or None when the record shows it held:
+    from this boot, not failed, for every GPU at `mhz`, no GPU above it, and applied within stale_after_s(period_s).
+    timer_active (the timer's state) only explains a stale record.
     The record is matched by count, not bus id: the -lgc answer and --query-gpu=pci.bus_id may spell the id
     differently (a published GB10 query row reads 00000000:0F:01.0 against the journal's 0000000F:01:00.0)."""
-    if not st["recorded"] or not st["boot_id"] or st["record_boot_id"] != st["boot_id"]:
-        return "no lock recorded since this boot"
+    now = st.get("now")
+    if not st["boot_id"] or st["record_boot_id"] != st["boot_id"] or not (st["recorded"] or st.get("failed_at")):
+        return NOT_LOCKED, "no lock recorded since this boot"
+    failed_at = st.get("failed_at")
+    if failed_at is not None:
+        when = f" {duration(now - failed_at)} ago" if now is not None else ""
+        return FAILED, f"the last application failed{when}: {st.get('failed') or 'no reason given'}"
     if len(st["recorded"]) < len(st["gpus"]):
-        return f"{len(st['recorded'])} of {len(st['gpus'])} GPUs have a recorded lock"
+        return NOT_LOCKED, f"{len(st['recorded'])} of {len(st['gpus'])} GPUs have a recorded lock"
     ceilings = sorted({top for _, top in st["recorded"].values()})
     if ceilings != [mhz]:
-        return f"the recorded ceiling is {', '.join(map(str, ceilings))} MHz, not {mhz}"
+        return NOT_LOCKED, f"the recorded ceiling is {', '.join(map(str, ceilings))} MHz, not {mhz}"
     for gpu in st["gpus"]:
         if gpu["clocks_sm"] is not None and gpu["clocks_sm"] > mhz + OVER_CEILING_MHZ:
-            return f"GPU {gpu['index']} runs at {gpu['clocks_sm']} MHz, above the {mhz} MHz ceiling (lock reset)"
+            return NOT_LOCKED, (f"GPU {gpu['index']} runs at {gpu['clocks_sm']} MHz, above the {mhz} MHz ceiling "
+                                "(lock reset)")
+    applied = st.get("applied")
+    if applied is None or now is None:
+        return STALE, "the record does not say when the lock was applied"
+    if now - applied > stale_after_s(period_s):
+        why = f": {GPU_CLOCK_TIMER} is not running" if timer_active is False else ""
+        return STALE, (f"last applied {duration(now - applied)} ago, more than {STALE_PERIODS} timer periods of "
+                       f"{int(period_s)} s{why}")
     return None
 
 
-def _lock_command(mhz: int, nvidia_smi: str, record_path: str) -> StringCommand:
-    """Lock, print the driver's answer, fail unless every GPU got gpuClkMax == mhz, then record the answer."""
-    directory = record_path.rsplit("/", 1)[0] or "/"
-    failed = sh(f"sparkfold: {nvidia_smi} -lgc 0,{mhz} failed (needs root and a Volta or newer GPU):")
-    clamped = (f"MHz, not {mhz} MHz (it clamps requests it cannot run); set gpu_clock_mhz to a clock "
-               f"the GPU supports (nvidia-smi -q -d SUPPORTED_CLOCKS) on both Sparks")
-    return StringCommand(
-        f"out=$({nvidia_smi} -lgc 0,{int(mhz)} 2>&1); rc=$?; printf '%s\\n' \"$out\"; "
-        f"if [ $rc -ne 0 ]; then echo {failed} \"$out\" >&2; exit 1; fi; "
-        "got=$(printf '%s\\n' \"$out\" | sed -n 's/.*gpuClkMax \\([0-9]*\\)).*/\\1/p' | sort -u "
-        "| tr '\\n' ' ' | sed 's/ $//'); "
-        f"if [ \"$got\" != {int(mhz)} ]; then "
-        f"echo \"sparkfold: the driver applied a GPU clock ceiling of ${{got:-no}}\" {sh(clamped)} >&2; exit 1; fi; "
-        f"mkdir -p {sh(directory)} && {{ echo \"boot=$(cat /proc/sys/kernel/random/boot_id)\"; "
-        f"printf '%s\\n' \"$out\" | grep 'GPU clocks set to'; }} > {sh(record_path + '.tmp')} "
-        f"&& chmod 644 {sh(record_path + '.tmp')} && mv {sh(record_path + '.tmp')} {sh(record_path)}"
-    )
+def lock_drift(st: GpuClockStateDict, mhz: int, period_s: int, timer_active: bool | None = None) -> str | None:
+    """Why the lock must be applied now (lock_verdict's reason), or None."""
+    verdict = lock_verdict(st, mhz, period_s, timer_active)
+    return verdict[1] if verdict else None
+
+
+def lock_command(mhz: int, nvidia_smi: str, record_path: str = GPU_CLOCK_RECORD, **arguments) -> StringCommand:
+    """Apply the lock now and record it (the script the timer runs): fails unless every GPU got exactly `mhz`."""
+    return StringCommand("sh", sh(script_path(GPU_CLOCK_SCRIPT)), sh(nvidia_smi), str(int(mhz)), sh(record_path),
+                         **arguments)
 
 
 def _readback_command(mhz: int, nvidia_smi: str) -> StringCommand:
@@ -74,27 +101,34 @@ def _readback_command(mhz: int, nvidia_smi: str) -> StringCommand:
 
 
 @operation()
-def gpu_clock_locked(mhz: int, nvidia_smi: str, record_path: str = GPU_CLOCK_RECORD):
-    """Every GPU's clock ceiling is `mhz` right now (nvidia-smi -lgc 0,<mhz>), verified from the driver's answer.
-    Custom: no core operation reads back a clock lock."""
+def gpu_clock_locked(mhz: int, nvidia_smi: str, period_s: int, record_path: str = GPU_CLOCK_RECORD):
+    """Every GPU's clock ceiling is `mhz`, applied recently (the timer's record) or now, verified from the driver's
+    answer. Custom: no core operation reads back a clock lock."""
     mhz = int(mhz)
     st = host.get_fact(GpuClockState, nvidia_smi=nvidia_smi, record_path=record_path)
     unreadable = [] if st["smi"] else [f"cannot read the GPU with {nvidia_smi} ({st['error'] or 'no answer'}); "
                                        "check the NVIDIA driver (nvidia-smi -L) and the nvidia_smi path"]
     if (yield from check_failed("GPU clock", unreadable)):
         return
-    drift = lock_drift(st, mhz)
+    timer = host.get_fact(UnitState, unit=GPU_CLOCK_TIMER)
+    drift = lock_drift(st, mhz, period_s, timer_active=timer["active"] == "active")
     if drift is None:
         host.noop(f"GPU clock ceiling is {mhz} MHz")
         return
-    if state.config.DIFF:  # like files.put under --diff: say what differs
-        host.log(f"GPU clock: {drift}", logger.info)
-    yield _lock_command(mhz, nvidia_smi, record_path)
+    logger.info(f"{host.name}: GPU clock: {drift}")  # why the lock is applied now (--dry says it too)
+    yield lock_command(mhz, nvidia_smi, record_path)
     yield _readback_command(mhz, nvidia_smi)
 
 
 @deploy("GPU clock ceiling")
 def gpu_clock(s) -> None:
-    """The ceiling persisted by a unit (applied at boot) and locked now; every operation needs root."""
-    unit_installed(GPU_CLOCK_UNIT, render_unit(s.gpu_clock_mhz, s.nvidia_smi_path))
-    gpu_clock_locked(name=f"locked at {s.gpu_clock_mhz} MHz", mhz=s.gpu_clock_mhz, nvidia_smi=s.nvidia_smi_path)
+    """The lock script and its oneshot unit, the lock itself, then the timer that repeats it; all need root."""
+    script_installed(GPU_CLOCK_SCRIPT)
+    service = unit_file(GPU_CLOCK_UNIT, render_unit(s.gpu_clock_mhz, s.nvidia_smi_path, s.gpu_clock_period_s))
+    # the timer's start is a no-op on an active unit: an older sparkfold's unit (RemainAfterExit) is stopped once
+    systemd.service(name=f"{GPU_CLOCK_UNIT} idle between the timer's runs", service=GPU_CLOCK_UNIT, running=False,
+                    daemon_reload=service.changed)
+    # locked before the timer starts: the run judges (and reports) the record the timer left, not its own first run
+    gpu_clock_locked(name=f"locked at {s.gpu_clock_mhz} MHz", mhz=s.gpu_clock_mhz, nvidia_smi=s.nvidia_smi_path,
+                     period_s=s.gpu_clock_period_s)
+    unit_installed(GPU_CLOCK_TIMER, render_timer(s.gpu_clock_mhz, s.gpu_clock_period_s))

@@ -17,13 +17,15 @@ from .hf_cache import repo_folder_name  # hf_cache.py also runs on the head on i
 UNIT_DIR = "/etc/systemd/system"
 SCRIPT_DIR = "/usr/local/lib/sparkfold"  # memguard and the supervisor, uploaded from operations/remote/
 SYSTEM_STATE_DIR = "/var/lib/sparkfold"
-GPU_CLOCK_RECORD = f"{SYSTEM_STATE_DIR}/gpu-clock.record"  # the driver's confirmation of the last -lgc, boot id
+GPU_CLOCK_RECORD = f"{SYSTEM_STATE_DIR}/gpu-clock.record"  # the last -lgc: boot id, time, driver's answer or failure
+GPU_CLOCK_SCRIPT = "gpu_clock_lock.sh"  # operations/remote/ -> SCRIPT_DIR: the one way the lock is applied
 RUN_LOCK = f"{SYSTEM_STATE_DIR}/run.lock"  # one per Spark, whoever runs the deploy and whatever their state_dir
 DOCKER_DAEMON_JSON = "/etc/docker/daemon.json"
 NETPLAN_APPLY_DIR = f"{SYSTEM_STATE_DIR}/netplan-apply"  # one folder per apply: the files before it, its revert
 
 # --- unit names ---
 GPU_CLOCK_UNIT = "sparkfold-gpu-clock.service"
+GPU_CLOCK_TIMER = "sparkfold-gpu-clock.timer"  # starts GPU_CLOCK_UNIT at boot and every gpu_clock_period_s
 MEMGUARD_UNIT = "sparkfold-memguard.service"
 SUPERVISOR_UNIT = "sparkfold-supervise.service"
 NETPLAN_REVERT_UNIT = "sparkfold-netplan-revert"  # transient timer per apply: <this>-<apply folder name>

@@ -35,14 +35,16 @@ def pair(s: Settings) -> None:
         container_name=s.container_name, rank=s.rank, launch=launch, peer=peer, peer_rank=s.the_peer.rank,
         peer_record=s.the_peer.layout.spec_record, force=bool(s.restart), stop_timeout=s.stop_timeout,
         log_dir=p.logs, log_keep=s.log_keep)
+    lock: dict[str, Any] = dict(gpu_clock_mhz=s.gpu_clock_mhz, nvidia_smi=s.nvidia_smi_path)  # applied at a start
     # the supervisor must not restart the old pair while the deploy replaces it (supervision starts it again)
     pause = (SUPERVISOR_UNIT,) if s.is_head and s.supervise else ()
     containers.stale_pair_removed(name="Stop the stale pair (logs saved first)", here=here, there=there,
                                   pause_units=pause, **common)
     if not s.is_head:
-        containers.rank_started(name="Start rank 1 (worker)", min_avail_gib=s.min_avail_gib, **common)
+        containers.rank_started(name="Start rank 1 (worker)", min_avail_gib=s.min_avail_gib, **lock, **common)
     if s.is_head:
-        rank0 = containers.rank_started(name="Start rank 0 (head)", min_avail_gib=s.min_avail_gib, **common)
+        rank0 = containers.rank_started(name="Start rank 0 (head)", min_avail_gib=s.min_avail_gib, **lock,
+                                         **common)
         health.api_serving(
             name="Rank 0's API: wait, smoke test through both ranks, LIVE",
             base_url=s.api_base_url, served_name=s.served_name, port=s.port, container_name=s.container_name,

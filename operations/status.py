@@ -20,7 +20,6 @@ from datetime import UTC, datetime
 from typing import Any, TypedDict
 
 from pyinfra.context import ctx_host
-from pyinfra.facts.files import File
 
 from .data_copy import MARKER, SUMS_STATE, listing_digest
 from .facts.docker import DockerVolumeInfo, RankContainer, RankContainerDict
@@ -30,15 +29,16 @@ from .facts.host import MemInfo, mem_available_gib
 from .facts.model import HfPlan, HfPlanDict, RankFolder, RankFolderDict
 from .facts.network import IpAddresses, PingOk, RoceDevices
 from .facts.systemd import UnitState, UnitStateDict
-from .gpu_clock import lock_drift
+from .gpu_clock import lock_verdict
 from .health import models_listed, read_api_key
 from .launch import Launch
 from .launch_spec import LABEL_HASH
-from .layout import GPU_CLOCK_RECORD, MEMGUARD_UNIT, SUPERVISOR_UNIT, unit_path
+from .layout import GPU_CLOCK_RECORD, GPU_CLOCK_TIMER, MEMGUARD_UNIT, SUPERVISOR_UNIT, unit_path
 from .link import rails_from_facts
 from .model_data import BLOB_SUMS, fetch_summary
 from .model_paths import checkpoint_plan_args
 from .settings import Settings
+from .util.durations import duration
 from .util.net import ip_of
 
 PLAN_TIMEOUT_S = 900  # deploy.py --dry reads every fact of both Sparks once
@@ -62,7 +62,6 @@ class SparkFacts(TypedDict, total=False):
     want_hash: str | None  # Launch(s).spec().spec_hash(); None when the spec cannot be built
     spec_note: str  # why it cannot
     gpu: GpuClockStateDict
-    gpu_record_mtime: datetime | None  # the lock record's mtime (UTC)
     addrs: dict[str, Any]  # IpAddresses
     roce: dict[str, Any]  # RoceDevices
     pings: list[bool]  # PingOk per rail, to the peer's address of the same rail
@@ -106,15 +105,7 @@ def parse_time(text: str | None) -> datetime | None:
 
 
 def ago(then: datetime, now: datetime) -> str:
-    seconds = max(0, int((now - then).total_seconds()))
-    days, rest = divmod(seconds, 86400)
-    hours, rest = divmod(rest, 3600)
-    minutes, seconds = divmod(rest, 60)
-    if days:
-        return f"{days} d {hours} h"
-    if hours:
-        return f"{hours} h {minutes} min"
-    return f"{minutes} min" if minutes else f"{seconds} s"
+    return duration((now - then).total_seconds())
 
 
 def when(then: datetime | None, now: datetime) -> str:
@@ -164,18 +155,24 @@ def api_row(base_url: str, served_name: str, api: ApiProbe) -> Row:
     return Row("head", "API", "no answer", f"{api['problem']}; {key}", False)
 
 
-def gpu_row(role: str, st: GpuClockStateDict | None, mhz: int, record_mtime: datetime | None,
-            now: datetime) -> Row:
+def gpu_row(role: str, st: GpuClockStateDict | None, mhz: int, period_s: int, timer: Mapping[str, Any] | None) -> Row:
+    """The ceiling, when the lock was last applied (the Spark's own clock ages the record), and the timer that keeps
+    it; stale or failed when the record says so."""
     if not st or not st.get("smi"):
         error = (st["error"] if st else "") or "no answer"
         return Row(role, "GPU clock", "unreadable", f"nvidia-smi: {error}", False)
-    applied = f"last applied {when(record_mtime, now)}" if record_mtime else "never applied (no record)"
+    timer_active = (timer or {}).get("active") == "active"
+    verdict = lock_verdict(st, mhz, period_s, timer_active)
+    if verdict is not None:
+        word, why = verdict
+        return Row(role, "GPU clock", word, f"{why}; wanted ceiling {mhz} MHz", False)
+    applied, now = st.get("applied"), st.get("now")
+    age = f"last applied {duration(now - applied)} ago" if applied is not None and now is not None else ""
     clocks = ", ".join(f"GPU {g['index']} at {g['clocks_sm']} MHz" for g in st["gpus"] if g["clocks_sm"] is not None)
-    drift = lock_drift(st, mhz)
-    if drift is None:
-        return Row(role, "GPU clock", "locked",
-                   f"ceiling {mhz} MHz, recorded this boot; {applied}" + (f"; {clocks}" if clocks else ""), True)
-    return Row(role, "GPU clock", "not locked", f"{drift}; wanted ceiling {mhz} MHz; {applied}", False)
+    timer_text = (f"{GPU_CLOCK_TIMER} every {period_s} s" if timer_active else
+                  f"{GPU_CLOCK_TIMER} is not running (deploy.py starts it)")
+    detail = "; ".join(x for x in (f"ceiling {mhz} MHz", age, timer_text, clocks) if x)
+    return Row(role, "GPU clock", "locked", detail, timer_active)
 
 
 def rail_rows(role: str, rails: Sequence[Mapping[str, Any]], peer_rails: Sequence[Mapping[str, Any]],
@@ -331,7 +328,8 @@ def build_rows(hs: Settings, ws: Settings, head: SparkFacts, worker: SparkFacts,
     if plan is not None:
         rows.append(plan_row(plan, host_names or {"head": "head", "worker": "worker"}))
     for s, f in sparks:
-        rows.append(gpu_row(s.role, f.get("gpu"), s.gpu_clock_mhz, f.get("gpu_record_mtime"), now))
+        rows.append(gpu_row(s.role, f.get("gpu"), s.gpu_clock_mhz, s.gpu_clock_period_s,
+                            (f.get("units") or {}).get(GPU_CLOCK_TIMER)))
     for s, f in sparks:
         rows += rail_rows(s.role, s.link_rails, s.the_peer.link_rails, f.get("addrs") or {}, f.get("roce") or {},
                           f.get("pings") or [], s.link_mtu)
@@ -406,8 +404,6 @@ def spark_facts(h: Any, s: Settings) -> SparkFacts:
     f: SparkFacts = {"container": _fact(h, RankContainer, container=s.container_name)}
     f["want_hash"], f["spec_note"] = wanted_hash(h, s)
     f["gpu"] = _fact(h, GpuClockState, nvidia_smi=s.nvidia_smi_path, record_path=GPU_CLOCK_RECORD)
-    record = _fact(h, File, path=GPU_CLOCK_RECORD)
-    f["gpu_record_mtime"] = record.get("mtime") if isinstance(record, dict) else None
     f["addrs"], f["roce"] = _fact(h, IpAddresses), _fact(h, RoceDevices)
     # sudo: binding ping to a netdev (-I) needs CAP_NET_RAW, as in the link step
     f["pings"] = [bool(_fact(h, PingOk, netdev=r["netdev"], address=ip_of(peer["address"]),
@@ -420,6 +416,7 @@ def spark_facts(h: Any, s: Settings) -> SparkFacts:
     f["weights"] = _fact(h, RankFolder, path=p.active_rank_link())
     units = [MEMGUARD_UNIT, SUPERVISOR_UNIT] if s.is_head else [MEMGUARD_UNIT]
     f["units"] = {u: _fact(h, UnitState, unit=u, path=unit_path(u)) for u in units}
+    f["units"][GPU_CLOCK_TIMER] = _fact(h, UnitState, unit=GPU_CLOCK_TIMER)  # read by the GPU row
     if s.is_head:
         f["checkpoint"] = _fact(h, HfPlan, **checkpoint_plan_args(s))
     else:

@@ -1,13 +1,14 @@
 """Optional supervision (s.supervise): on the head, sparkfold-supervise.service runs operations/remote/supervise.py,
-which restarts the pair in order (rank 1, then rank 0) with a doubling backoff and gives up after
-s.supervise_retries (then it stops both ranks and exits 1; the unit has Restart=no). Nothing is installed unless
+which restarts the pair in order (rank 1, then rank 0, each right after its Spark's GPU clock lock unit ran) with a
+doubling backoff and gives up after s.supervise_retries (then it stops both ranks and exits 1; the unit has
+Restart=no). Nothing is installed unless
 s.supervise is True; turned off, an earlier unit is stopped and disabled (never deleted). The worker gets nothing."""
 
 from __future__ import annotations
 
 from pyinfra.api import deploy
 
-from operations.layout import SUPERVISOR_UNIT, script_path
+from operations.layout import GPU_CLOCK_UNIT, SUPERVISOR_UNIT, script_path
 from operations.util.templates import render
 from operations.util.units import script_installed, script_sha256, unit_installed, unit_off
 
@@ -17,7 +18,7 @@ SCRIPT = "supervise.py"
 def render_unit(container: str, worker_ssh: str, user: str, retries: int, backoff_s: int, stop_timeout: int) -> str:
     return render("sparkfold-supervise.service.j2", container=container, worker_ssh=worker_ssh, user=user,
                   retries=int(retries), backoff_s=int(backoff_s), stop_timeout=int(stop_timeout),
-                  script=script_path(SCRIPT), script_sha256=script_sha256(SCRIPT))
+                  script=script_path(SCRIPT), script_sha256=script_sha256(SCRIPT), relock_unit=GPU_CLOCK_UNIT)
 
 
 @deploy("Supervision")

@@ -13,10 +13,12 @@ What real nvidia-smi offers, and what this relies on (researched in public sourc
 - Live, it reads `--query-gpu=index,pci.bus_id,name,clocks.sm,clocks.max.sm,
   clocks_event_reasons.applications_clocks_setting --format=csv,noheader,nounits`: one CSV row per GPU, ", "
   separated, "[N/A]" for what the GPU does not report (GB10 reports memory as [N/A]). clocks.sm above the ceiling
-  proves the lock is gone (a lock caps it: ~2171 MHz under load with 0,2200). UNVERIFIED: that an unlocked idle
-  GB10 reads above 2200 (a published GB10 row shows clocks.sm 2405, clocks.max.sm 3003, load unknown), so a
-  `-rgc` on an idle Spark may go unseen until load; and when `applications_clocks_setting` reads "Active" under a
-  lock with a 0 floor. It is reported for the log, not decided on.
+  proves the lock is gone (a lock caps it: ~2171 MHz under load with 0,2200). An idle GPU sits far below any
+  ceiling (an idle H200 reads 345 MHz of 1980), so a reset on an idle GPU is not seen here: the record's time says
+  how fresh the lock is (a timer re-applies it), and that is what the deploy decides on. UNVERIFIED: when
+  `applications_clocks_setting` reads "Active" under a lock with a 0 floor. It is reported for the log only.
+- The record (operations/remote/gpu_clock_lock.sh writes it whole): `boot=<boot id>`, then `applied=<epoch s>` and
+  the confirmation lines, or `failed=<epoch s> <why>` when the newest attempt failed.
 """
 
 from __future__ import annotations
@@ -27,13 +29,14 @@ from typing import TypedDict
 
 from pyinfra.api import FactBase
 
-RECORD_PATH = "/var/lib/sparkfold/gpu-clock.record"
+from operations.layout import GPU_CLOCK_RECORD as RECORD_PATH
+
 QUERY_FIELDS = ("index", "pci.bus_id", "name", "clocks.sm", "clocks.max.sm",
                 "clocks_event_reasons.applications_clocks_setting")
 CONFIRM_RE = re.compile(r'GPU clocks set to "\(gpuClkMin (\d+), gpuClkMax (\d+)\)" for GPU (\S+)')
 
 
-def _mhz(text: str) -> int | None:
+def _mhz(text: str) -> int | None:  # also seconds: a whole number or None
     text = text.strip()
     return int(text) if text.isdigit() else None
 
@@ -68,6 +71,10 @@ class GpuClockStateDict(TypedDict):
     gpus: list[GpuDict]
     record_boot_id: str  # the boot the record was written in
     recorded: dict[str, tuple[int, int]]  # bus id -> (min, max) the driver confirmed
+    now: int | None  # the Spark's clock (epoch s), to age the record without trusting this machine's clock
+    applied: int | None  # when the recorded lock was applied (epoch s)
+    failed_at: int | None  # when the newest attempt failed (epoch s); None when it succeeded
+    failed: str  # why it failed
 
 
 class GpuClockState(FactBase[GpuClockStateDict]):
@@ -77,7 +84,7 @@ class GpuClockState(FactBase[GpuClockStateDict]):
     @staticmethod
     def default() -> GpuClockStateDict:
         return {"smi": False, "error": "nvidia-smi is not installed", "boot_id": "", "gpus": [], "record_boot_id": "",
-                "recorded": {}}
+                "recorded": {}, "now": None, "applied": None, "failed_at": None, "failed": ""}
 
     def requires_command(self, nvidia_smi: str = "nvidia-smi", record_path: str = RECORD_PATH) -> str:
         return shlex.quote(nvidia_smi.split()[-1])  # a path or a name: `command -v` takes either
@@ -86,13 +93,13 @@ class GpuClockState(FactBase[GpuClockStateDict]):
         rec = shlex.quote(record_path)
         return (
             f"echo '##QUERY##'; {query_command(nvidia_smi)} 2>&1 || echo '##QUERY_FAILED##'; "
-            "echo \"boot_id=$(cat /proc/sys/kernel/random/boot_id 2>/dev/null)\"; "
+            "echo \"boot_id=$(cat /proc/sys/kernel/random/boot_id 2>/dev/null)\"; echo \"now=$(date +%s)\"; "
             f"if [ -f {rec} ]; then sed 's/^/record: /' {rec}; fi; true"
         )
 
     def process(self, output: list[str]) -> GpuClockStateDict:
         st: GpuClockStateDict = {"smi": False, "error": "", "boot_id": "", "gpus": [], "record_boot_id": "",
-                                 "recorded": {}}
+                                 "recorded": {}, "now": None, "applied": None, "failed_at": None, "failed": ""}
         errors = []
         in_query = False
         record = []
@@ -103,6 +110,8 @@ class GpuClockState(FactBase[GpuClockStateDict]):
                 st["smi"], in_query = False, False
             elif line.startswith("boot_id="):
                 st["boot_id"], in_query = line[len("boot_id="):].strip(), False
+            elif line.startswith("now="):
+                st["now"], in_query = _mhz(line[len("now="):]), False
             elif line.startswith("record: "):
                 record.append(line[len("record: "):])
             elif in_query:
@@ -118,6 +127,11 @@ class GpuClockState(FactBase[GpuClockStateDict]):
         for line in record:
             if line.startswith("boot="):
                 st["record_boot_id"] = line[len("boot="):].strip()
+            elif line.startswith("applied="):
+                st["applied"] = _mhz(line[len("applied="):])
+            elif line.startswith("failed="):
+                when, _, why = line[len("failed="):].partition(" ")
+                st["failed_at"], st["failed"] = _mhz(when), why.strip() or "no reason given"
         st["recorded"] = parse_confirmation(record)
         if not st["gpus"] and not errors:
             errors.append("nvidia-smi listed no GPU")

@@ -4,11 +4,14 @@
 
 Every few seconds it reads both containers' state (rank 0 here, rank 1 with `ssh <worker> docker inspect`). Once
 it has seen both running, an exit of either schedules a restart after a backoff that doubles each time: stop what
-still runs, `docker start` rank 1 on the worker, then rank 0 here (the deploy created both containers). After
+still runs, `docker start` rank 1 on the worker, then rank 0 here (the deploy created both containers); with
+`--relock-unit`, each Spark's GPU clock lock unit is started first (`sudo -n`: where sudo asks for a password that
+fails, is logged, and the unit's timer applies the lock within its period). After
 `--retries` restarts that did not hold it stops both ranks, logs why and exits 1; its unit has Restart=no, so it
 never loops. A pair that stays up for `--stable-s` resets the count. Stdlib only; logs go to stderr.
 
     supervise.py --container NAME --worker-ssh USER@HOST --retries N --backoff-s S [--stop-timeout S]
+                 [--relock-unit UNIT]
 """
 
 from __future__ import annotations
@@ -79,11 +82,12 @@ def log(message: str) -> None:
 class Pair:
     """The two containers: rank 0 through the local docker, rank 1 through ssh to the worker."""
 
-    def __init__(self, container: str, worker_ssh: str, stop_timeout: int):
+    def __init__(self, container: str, worker_ssh: str, stop_timeout: int, relock_unit: str = ""):
         self.container, self.worker_ssh, self.stop_timeout = container, worker_ssh, stop_timeout
+        self.relock_unit = relock_unit
 
-    def _run(self, rank: int, *docker_args: str) -> subprocess.CompletedProcess:
-        argv = ["docker", *docker_args]
+    def _run(self, rank: int, *docker_args: str, program: str = "docker") -> subprocess.CompletedProcess:
+        argv = [program, *docker_args]
         if rank == 1:
             argv = ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10", self.worker_ssh, shlex.join(argv)]
         return subprocess.run(argv, capture_output=True, text=True, timeout=self.stop_timeout + 60)
@@ -109,11 +113,24 @@ class Pair:
         if result.returncode != 0:
             log(f"docker {verb} rank {rank} failed: {result.stderr.strip()}")
 
+    def relock(self, rank: int) -> None:
+        """The GPU clock lock applied again before a start (a reset since the timer's last run would go unlocked)."""
+        if not self.relock_unit:
+            return
+        try:
+            result = self._run(rank, "-n", "systemctl", "start", self.relock_unit, program="sudo")
+        except (OSError, subprocess.SubprocessError) as e:
+            result = subprocess.CompletedProcess([], 1, "", str(e))
+        if result.returncode != 0:
+            log(f"could not start {self.relock_unit} before rank {rank} ({result.stderr.strip() or 'failed'}); "
+                "its timer applies the GPU clock lock within its period")
+
     def restart(self) -> None:
         for rank in (0, 1):
             self.act(rank, "stop")
-        self.act(1, "start")
-        self.act(0, "start")
+        for rank in (1, 0):
+            self.relock(rank)
+            self.act(rank, "start")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -125,11 +142,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--stop-timeout", type=int, default=30)
     p.add_argument("--stable-s", type=float, default=600)
     p.add_argument("--interval", type=float, default=5)
+    p.add_argument("--relock-unit", default="", help="a unit that applies the GPU clock lock, started before a start")
     args = p.parse_args(argv)
 
     stop = []
     signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
-    pair = Pair(args.container, args.worker_ssh, args.stop_timeout)
+    pair = Pair(args.container, args.worker_ssh, args.stop_timeout, args.relock_unit)
     log(f"watching {args.container} here and on {args.worker_ssh} (backoff {args.backoff_s:.0f} s doubling, "
         f"{args.retries} restart(s) at most)")
     state = State()

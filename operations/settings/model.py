@@ -96,6 +96,7 @@ class Settings:
     nccl_debug: str
     # --- host preparation ---
     gpu_clock_mhz: int
+    gpu_clock_period_s: int
     docker_install: bool
     docker_restart_ok: bool
     # --- launch and lifecycle ---

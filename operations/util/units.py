@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 from io import StringIO
 from pathlib import Path
+from typing import Any
 
 from pyinfra.operations import files, systemd
 
@@ -27,13 +28,19 @@ def script_installed(script: str) -> None:
               mode="755")
 
 
+def unit_file(unit_name: str, text: str) -> Any:
+    """UNIT_DIR/<unit_name> holds `text` (mode 644), refused when the path holds a file that is not sparkfold's.
+    Returns the put (its .changed drives the daemon-reload). Alone, for a unit another one starts (a timer's)."""
+    owned_or_absent(name=f"{unit_path(unit_name)} is sparkfold's or free", path=unit_path(unit_name))
+    return files.put(name=f"unit file {unit_path(unit_name)}", src=StringIO(text), dest=unit_path(unit_name),
+                     mode="644")
+
+
 def unit_installed(unit_name: str, text: str, restart_on_change: bool = False) -> None:
     """UNIT_DIR/<unit_name> holds `text` (mode 644) and the unit is enabled and running. daemon-reload runs only when
     the file changed, and then a running unit is restarted only with restart_on_change (a guard picks up its new
-    ExecStart; a oneshot like the GPU clock lock is not re-run)."""
-    owned_or_absent(name=f"{unit_path(unit_name)} is sparkfold's or free", path=unit_path(unit_name))
-    unit = files.put(name=f"unit file {unit_path(unit_name)}", src=StringIO(text), dest=unit_path(unit_name),
-                     mode="644")
+    ExecStart)."""
+    unit = unit_file(unit_name, text)
     systemd.service(name=f"{unit_name} enabled and running", service=unit_name, running=True, enabled=True,
                     daemon_reload=unit.changed, restarted=restart_on_change and unit.changed)
 

@@ -13,11 +13,18 @@ import time
 import pytest
 import requests
 
+from operations.gpu_clock import stale_after_s
+from operations.layout import GPU_CLOCK_RECORD, GPU_CLOCK_TIMER
+from tests.sim.sim import GPU_CLOCK_PERIOD_S
+
 API = "http://127.0.0.1:18888"
 NAME = "dsv41-1017-exl3-tf"
 START1 = "The pair of ranks | Start rank 1 (worker)"
 START0 = "The pair of ranks | Start rank 0 (head)"
 DEPLOY = ("inventory.py", "deploy.py")
+GPU_LOCK = "GPU clock ceiling | locked at 2200 MHz"
+GPU_TIMER = f"GPU clock ceiling | {GPU_CLOCK_TIMER} enabled and running"
+SMI_STATE = "/var/lib/sim-nvidia/state.json"  # the stand-in GPU's state (tests/sim/standins/nvidia-smi)
 
 
 # --- helpers ------------------------------------------------------------------------------------------------------
@@ -76,8 +83,34 @@ def started_at(sim_exec, role: str) -> str:
     return sim_exec(role, ["docker", "inspect", "-f", "{{.State.StartedAt}}", NAME]).stdout.strip()
 
 
-def gpu_lock(sim_exec, role: str) -> str:
-    return sim_exec(role, "nvidia-smi -q -d CLOCK").stdout
+def gpu_locked(sim_exec, role: str):
+    """The stand-in GPU's lock as its driver holds it ([min, max] or None): no nvidia-smi query reports it."""
+    out = sim_exec(role, f"cat {SMI_STATE} 2>/dev/null").stdout
+    return json.loads(out)["locked"] if out.strip() else None
+
+
+def sm_clock(sim_exec, role: str) -> int:
+    return int(sim_exec(role, "nvidia-smi --query-gpu=clocks.sm --format=csv,noheader,nounits").stdout)
+
+
+def lock_record(sim_exec, role: str) -> dict[str, str]:
+    """The GPU clock record's key=value lines (boot, applied, failed)."""
+    out = sim_exec(role, ["cat", GPU_CLOCK_RECORD]).stdout
+    return dict(line.split("=", 1) for line in out.splitlines() if "=" in line.split(" ", 1)[0])
+
+
+def spark_time(sim_exec, role: str) -> int:
+    return int(sim_exec(role, "date +%s").stdout)
+
+
+def wait_until(check, timeout: float, what: str):
+    """check()'s first true value within `timeout` seconds, or fail naming `what`."""
+    deadline = time.monotonic() + timeout
+    while not (found := check()):
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(0.5)
+    return found
 
 
 def addresses(sim_exec, role: str, netdev: str) -> list[str]:
@@ -99,7 +132,8 @@ def test_dry_run_on_a_fresh_pair_plans_every_step_and_changes_nothing(run_pyinfr
     assert addresses(sim_exec, "head", "enp1s0f0np0") == []
     assert sim_exec("head", "test -e /etc/netplan/60-sparkfold-cx7.yaml").returncode != 0
     assert pair_ids(sim_exec) == ("", "")
-    assert "2200" not in gpu_lock(sim_exec, "worker").split("Locked")[-1] or "N/A" in gpu_lock(sim_exec, "worker")
+    assert gpu_locked(sim_exec, "worker") is None and gpu_locked(sim_exec, "head") is None
+    assert sim_exec("worker", ["test", "-e", GPU_CLOCK_RECORD]).returncode != 0
 
 
 def test_first_run_converges_and_serves_through_both_ranks(run_pyinfra, sim_exec):
@@ -127,13 +161,69 @@ def test_second_run_changes_nothing_and_is_fast(run_pyinfra, sim_exec):
 
 # --- 3. drift, one at a time --------------------------------------------------------------------------------------
 
-def test_gpu_lock_reset_on_the_worker_is_repaired_alone(run_pyinfra, sim_exec):
-    before = pair_ids(sim_exec)
+def test_gpu_lock_reset_on_the_idle_worker_is_put_back_by_the_timer(run_pyinfra, sim_exec):
+    # an idle GPU clocks far below the ceiling, locked or not: the reset cannot be seen from clocks.sm
+    assert gpu_locked(sim_exec, "worker") == [0, 2200] and sm_clock(sim_exec, "worker") < 2200
     assert sim_exec("worker", "nvidia-smi -rgc").returncode == 0
-    drift = {"GPU clock ceiling | locked at 2200 MHz": ["sim-worker"]}
-    assert planned_ops(run_pyinfra) == drift  # --dry shows exactly the drift first
+    reset_at = spark_time(sim_exec, "worker")
+    assert gpu_locked(sim_exec, "worker") is None and sm_clock(sim_exec, "worker") < 2200
+    # no deploy: the timer applies the lock again within a period and records it
+    wait_until(lambda: gpu_locked(sim_exec, "worker") == [0, 2200], 3 * GPU_CLOCK_PERIOD_S, "the timer's lock")
+    record = wait_until(lambda: (r := lock_record(sim_exec, "worker")) and int(r.get("applied", 0)) >= reset_at and r,
+                        3 * GPU_CLOCK_PERIOD_S, "a record newer than the reset")
+    assert "failed" not in record
+    # under load it is capped at the ceiling
+    assert sim_exec("worker", "nvidia-smi --sim-set busy=true").returncode == 0
+    try:
+        assert sm_clock(sim_exec, "worker") == 2200
+    finally:
+        sim_exec("worker", "nvidia-smi --sim-set busy=false")
+    assert planned_ops(run_pyinfra) == {}  # nothing left for a deploy to do
+
+
+def test_gpu_lock_stale_with_the_timer_stopped_is_reported_and_repaired_alone(run_pyinfra, sim_exec):
+    before = pair_ids(sim_exec)
+    assert sim_exec("worker", f"systemctl stop {GPU_CLOCK_TIMER} && nvidia-smi -rgc").returncode == 0
+    # 40 minutes without the timer: the record ages past two periods
+    aged = spark_time(sim_exec, "worker") - 2400
+    assert aged < spark_time(sim_exec, "worker") - stale_after_s(GPU_CLOCK_PERIOD_S)
+    assert sim_exec("worker", ["sed", "-i", f"s/^applied=.*/applied={aged}/", GPU_CLOCK_RECORD]).returncode == 0
+    drift = {GPU_LOCK: ["sim-worker"], GPU_TIMER: ["sim-worker"]}
+    dry = run_pyinfra(*DEPLOY, "--dry")
+    assert dry.returncode == 0, dry.stderr[-4000:]
+    assert {op["name"]: sorted(op["hosts_with_change"]) for op in dry.data["plan"] if op["hosts_with_change"]} == drift
+    assert f"sim-worker: GPU clock: last applied 40 min ago, more than 2 timer periods of {GPU_CLOCK_PERIOD_S} s: " \
+           f"{GPU_CLOCK_TIMER} is not running" in ANSI.sub("", dry.stderr)
+    assert gpu_locked(sim_exec, "worker") is None  # --dry changed nothing
     run = deploy(run_pyinfra)
     assert changed_ops(run) == drift, changed_ops(run)
+    assert gpu_locked(sim_exec, "worker") == [0, 2200]
+    assert sim_exec("worker", ["systemctl", "is-active", GPU_CLOCK_TIMER]).stdout.strip() == "active"
+    assert int(lock_record(sim_exec, "worker")["applied"]) > aged + 2000
+    assert pair_ids(sim_exec) == before
+
+
+def test_gpu_lock_failed_application_is_reported_and_repaired(run_pyinfra, sim_exec):
+    before = pair_ids(sim_exec)
+    assert sim_exec("worker", "nvidia-smi --sim-set fail_lgc=3").returncode == 0  # the driver refuses -lgc
+    try:
+        record = wait_until(lambda: "failed" in (r := lock_record(sim_exec, "worker")) and r,
+                            3 * GPU_CLOCK_PERIOD_S, "the timer's failed application recorded")
+        assert "-lgc 0,2200 failed" in record["failed"]
+        dry = run_pyinfra(*DEPLOY, "--dry")
+        assert dry.returncode == 0, dry.stderr[-4000:]
+        planned = {op["name"]: sorted(op["hosts_with_change"]) for op in dry.data["plan"] if op["hosts_with_change"]}
+        assert planned == {GPU_LOCK: ["sim-worker"]}, planned
+        assert "sim-worker: GPU clock: the last application failed" in ANSI.sub("", dry.stderr)
+        # the cause fixed while the timer is off, so only the deploy can repair it
+        assert sim_exec("worker", ["systemctl", "stop", GPU_CLOCK_TIMER]).returncode == 0
+    finally:
+        sim_exec("worker", "nvidia-smi --sim-set fail_lgc=0")
+    assert "failed" in lock_record(sim_exec, "worker")
+    run = deploy(run_pyinfra)
+    assert changed_ops(run) == {GPU_LOCK: ["sim-worker"], GPU_TIMER: ["sim-worker"]}, changed_ops(run)
+    assert "failed" not in lock_record(sim_exec, "worker") and gpu_locked(sim_exec, "worker") == [0, 2200]
+    assert sim_exec("worker", ["systemctl", "is-active", GPU_CLOCK_TIMER]).stdout.strip() == "active"
     assert pair_ids(sim_exec) == before
 
 

@@ -8,18 +8,9 @@ from __future__ import annotations
 import time
 
 import requests
-from test_deploy import API, NAME, START0, START1, changed_ops, chat, deploy, pair_ids
+from test_deploy import API, NAME, START0, START1, changed_ops, chat, deploy, pair_ids, wait_until
 
 SUPERVISOR = "sparkfold-supervise.service"
-
-
-def wait_until(check, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return
-        time.sleep(0.5)
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
 
 
 def running(sim_exec, role: str) -> bool:

@@ -245,8 +245,11 @@ def test_never_removes_a_foreign_container():
 def start(mine, theirs=None, their_record=None, executing=True, sp=WORKER, force=False):
     theirs = container(HEAD) if theirs is None else theirs
     return run_op(c.rank_started, facts(mine), executing=executing, launch=FixedLaunch(sp), min_avail_gib=112.0,
-                  peer=peer(theirs, their_record or HEAD.spec_hash()),
+                  peer=peer(theirs, their_record or HEAD.spec_hash()), gpu_clock_mhz=2100, nvidia_smi="/opt/nvidia-smi",
                   **{**COMMON, "rank": 1, "peer_rank": 0, "force": force})
+
+
+RELOCK = "sh /usr/local/lib/sparkfold/gpu_clock_lock.sh /opt/nvidia-smi 2100 /var/lib/sparkfold/gpu-clock.record"
 
 
 def test_rank_started_converged_both_phases():
@@ -266,6 +269,14 @@ def test_rank_started_after_the_removal():
     assert cmds[0].startswith("mkdir -p /home/nvidia/.cache/sparkfold/cache/abc")
     assert any(x.startswith("test -e /home/nvidia/.cache/sparkfold/kit ||") for x in cmds)
     assert "tf-dsv41-lanes" in cmds[-1] and f"sparkfold.spec-hash={WORKER.spec_hash()}" in cmds[-1]
+    assert cmds[-2] == RELOCK  # the GPU clock lock applied again right before the start
+
+
+def test_the_lock_before_a_start_runs_as_root_and_only_with_a_start():
+    commands = list(c.start_commands(WORKER, 112.0, 2100, "/opt/nvidia-smi"))
+    relock = commands[-2]
+    assert relock.get_raw_value() == RELOCK and relock.connector_arguments == {"_sudo": True}
+    assert all(RELOCK not in x for x in start(container(WORKER), executing=True)[0])  # converged: no lock, no start
 
 
 def test_rank_started_replaces_a_leftover():

@@ -111,7 +111,8 @@ def test_strange_accepted_values_pass_the_rules():
 def test_strange_values_stay_one_line_in_every_owned_file():
     head, worker = make_pair(head=STRANGE, worker=STRANGE)
     files = {
-        "gpu unit": gpu_clock.render_unit(head.gpu_clock_mhz, head.nvidia_smi_path),
+        "gpu unit": gpu_clock.render_unit(head.gpu_clock_mhz, head.nvidia_smi_path, head.gpu_clock_period_s),
+        "gpu timer": gpu_clock.render_timer(head.gpu_clock_mhz, head.gpu_clock_period_s),
         "memguard unit": memguard.render_unit(head.container_name, head.memguard_gib),
         "supervisor unit": supervise.render_unit(head.container_name, head.worker_link_ssh, head.ssh_user, 3, 60, 30),
         "exports": nfs.render_exports(head.hf_cache, ["192.168.100.2"], "ro"),

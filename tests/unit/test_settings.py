@@ -218,6 +218,8 @@ def test_pyinfra_data_strings_are_coerced():
     ({"docker_ulimits": ["memlock unlimited"]}, "docker_ulimits"),
     ({"link_mtu": 100}, "link_mtu = 100"),
     ({"gpu_clock_mhz": 9000}, "gpu_clock_mhz = 9000"),
+    ({"gpu_clock_period_s": 5}, "gpu_clock_period_s = 5 must be a number of seconds from 10 to 3600"),
+    ({"gpu_clock_period_s": 7200}, "gpu_clock_period_s = 7200"),
     ({"nccl_rails": 3}, "nccl_rails = 3"),
     ({"host": "not a host!"}, "host = 'not a host!'"),
     ({"max_tokens": 0}, "max_tokens = 0"),

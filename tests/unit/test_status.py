@@ -21,7 +21,7 @@ from operations.facts.model import HfPlan, RankFolder
 from operations.facts.network import IpAddresses, PingOk, RoceDevices
 from operations.facts.systemd import UnitState
 from operations.launch_spec import LABEL_HASH
-from operations.layout import MEMGUARD_UNIT, SUPERVISOR_UNIT
+from operations.layout import GPU_CLOCK_TIMER, MEMGUARD_UNIT, SUPERVISOR_UNIT
 from operations.link import ipv4_mapped_gid
 from operations.util.net import ip_of
 
@@ -44,7 +44,8 @@ def container(rank: int, running: bool = True, label: str | None = None, **chang
 GPU_LOCKED = {"smi": True, "error": "", "boot_id": "boot-1", "record_boot_id": "boot-1",
               "gpus": [{"index": 0, "bus_id": "0000000f:01:00.0", "name": "NVIDIA GB10", "clocks_sm": 2171,
                         "clocks_max_sm": 3003, "apps_clocks_reason": "Not Active"}],
-              "recorded": {"0000000f:01:00.0": (0, 2200)}}
+              "recorded": {"0000000f:01:00.0": (0, 2200)}, "now": 1_790_000_000, "applied": 1_790_000_000 - 180,
+              "failed_at": None, "failed": ""}
 
 
 def verified(names: list[str]) -> dict:
@@ -76,13 +77,13 @@ def up_facts(s) -> st.SparkFacts:
     """A Spark of a converged, serving pair."""
     f: st.SparkFacts = {
         "container": container(s.rank), "want_hash": HASH[s.rank], "spec_note": "",
-        "gpu": GPU_LOCKED, "gpu_record_mtime": datetime(2026, 3, 1, 9, 0),
+        "gpu": GPU_LOCKED,
         "meminfo": {"MemTotal": 119 * GIB, "MemAvailable": 8 * GIB},
         "engram": sums_written(list(s.engram_files)) if s.is_head else verified(["a.safetensors"]),
         "kit": verified(["MANIFEST.txt", "rope-0.f32"]),
         "weights_link": f"{COMMIT}/rank{s.rank}",
         "weights": {"bins": {s.rank: [f"rank{s.rank}of2-abc.bin"]}, "partial": [], "source": COMMIT},
-        "units": {MEMGUARD_UNIT: UNIT_ON, SUPERVISOR_UNIT: UNIT_NONE},
+        "units": {MEMGUARD_UNIT: UNIT_ON, SUPERVISOR_UNIT: UNIT_NONE, GPU_CLOCK_TIMER: UNIT_ON},
         **link_facts(s),
     }
     if s.is_head:
@@ -97,7 +98,7 @@ def up_facts(s) -> st.SparkFacts:
 def nothing_facts(s) -> st.SparkFacts:
     """A Spark nothing was deployed on: every fact's default."""
     f: st.SparkFacts = {
-        "container": {}, "want_hash": None, "gpu": GpuClockState.default(), "gpu_record_mtime": None,
+        "container": {}, "want_hash": None, "gpu": GpuClockState.default(),
         "spec_note": f"rank {s.rank} cannot be launched yet: the link record (rails) missing",
         "addrs": {}, "roce": {}, "pings": [False, False], "meminfo": {"MemTotal": 119 * GIB, "MemAvailable": 117 * GIB},
         "engram": None, "kit": None, "weights_link": None, "weights": RankFolder.default(),
@@ -140,7 +141,7 @@ def test_both_up_and_current():
                                                    "in 12 ms; key off")
     gpu = by_item(rows, "worker", "GPU clock")
     assert gpu.state == "locked"
-    assert gpu.detail == ("ceiling 2200 MHz, recorded this boot; last applied 2026-03-01 09:00 UTC (3 h 0 min ago); "
+    assert gpu.detail == ("ceiling 2200 MHz; last applied 3 min ago; sparkfold-gpu-clock.timer every 300 s; "
                           "GPU 0 at 2171 MHz")
     rail = by_item(rows, "head", "link rail 1")
     assert (rail.state, rail.detail) == ("up", "enP2p1s0f0np0 192.168.101.1/24, MTU 9000, GID index 3 (rocep1), "
@@ -231,12 +232,27 @@ def test_facts_that_were_not_read_still_give_every_row():
 
 
 def test_gpu_lock_drift_is_shown():
+    timer_on = {"enabled": "enabled", "active": "active"}
     reset = {**GPU_LOCKED, "gpus": [{**GPU_LOCKED["gpus"][0], "clocks_sm": 2405}]}
-    row = st.gpu_row("head", reset, 2200, None, NOW)
+    row = st.gpu_row("head", reset, 2200, 300, timer_on)
     assert (row.state, row.ok) == ("not locked", False)
     assert row.detail.startswith("GPU 0 runs at 2405 MHz, above the 2200 MHz ceiling (lock reset)")
     rebooted = {**GPU_LOCKED, "boot_id": "boot-2"}
-    assert "no lock recorded since this boot" in st.gpu_row("head", rebooted, 2200, None, NOW).detail
+    assert "no lock recorded since this boot" in st.gpu_row("head", rebooted, 2200, 300, timer_on).detail
+
+
+def test_gpu_stale_and_failed_applications_are_shown():
+    stale = {**GPU_LOCKED, "applied": GPU_LOCKED["now"] - 2400}
+    row = st.gpu_row("worker", stale, 2200, 300, {"enabled": "enabled", "active": "inactive"})
+    assert (row.state, row.ok) == ("stale", False)
+    assert row.detail == ("last applied 40 min ago, more than 2 timer periods of 300 s: sparkfold-gpu-clock.timer "
+                          "is not running; wanted ceiling 2200 MHz")
+    failed = {**GPU_LOCKED, "recorded": {}, "applied": None, "failed_at": GPU_LOCKED["now"] - 60, "failed": "why"}
+    row = st.gpu_row("worker", failed, 2200, 300, {"active": "active"})
+    assert (row.state, row.detail) == ("failed", "the last application failed 1 min ago: why; wanted ceiling 2200 MHz")
+    # held, but nothing keeps it: not a problem yet, still marked
+    row = st.gpu_row("worker", GPU_LOCKED, 2200, 300, {"active": "inactive"})
+    assert (row.state, row.ok) == ("locked", False) and "timer is not running" in row.detail
 
 
 def test_a_rail_whose_peer_does_not_answer_is_down():
@@ -347,14 +363,15 @@ def test_spark_facts_reads_each_fact_once_and_pings_the_peer(monkeypatch, role):
              RankFolder: RankFolder.default(), UnitState: UNIT_ON, HfPlan: HfPlan.default(), DockerVolumeInfo: None}
     h = FakeHost(facts, name=role)
     f = st.spark_facts(h, s)
-    assert f["want_hash"] == "h" * 32 and f["pings"] == [True, True] and f["gpu_record_mtime"] is None
+    assert f["want_hash"] == "h" * 32 and f["pings"] == [True, True] and f["gpu"] == GPU_LOCKED
     calls = [(name.rsplit(".", 1)[1], kwargs) for name, kwargs in h.fact_calls]
     pings = [kw for name, kw in calls if name == "PingOk"]
     assert pings == [{"netdev": r["netdev"], "address": ip_of(p["address"]), "size": 8972}
                      for r, p in zip(s.link_rails, s.the_peer.link_rails, strict=True)]
     names = {name for name, _ in calls}
     assert ("HfPlan" in names) == (role == "head") and ("DockerVolumeInfo" in names) == (role == "worker")
-    assert sorted(f["units"]) == sorted([MEMGUARD_UNIT, SUPERVISOR_UNIT] if role == "head" else [MEMGUARD_UNIT])
+    wanted = [MEMGUARD_UNIT, SUPERVISOR_UNIT] if role == "head" else [MEMGUARD_UNIT]
+    assert sorted(f["units"]) == sorted([*wanted, GPU_CLOCK_TIMER])
 
 
 def test_wanted_hash_reports_a_spec_it_cannot_build(monkeypatch):

@@ -90,7 +90,7 @@ def _fakes(tmp_path, rank0, rank1):
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     log = tmp_path / "calls.log"
-    for rank, name in ((rank0, "docker"), (rank1, "ssh")):
+    for rank, name in ((rank0, "docker"), (rank1, "ssh"), ("", "sudo")):
         # ssh gets "opts... worker 'docker inspect ...'" as one remote command; both log what they were asked
         body = (f"#!/bin/sh\necho \"{name} $*\" >> {log}\n"
                 f"case \"$*\" in *inspect*) echo {rank};; esac\nexit 0\n")
@@ -103,7 +103,8 @@ def test_script_arms_restarts_in_order_then_gives_up(tmp_path):
     bin_dir, log = _fakes(tmp_path, "running", "running")
     env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}")
     argv = [sys.executable, script.__file__, "--container", "rank-c", "--worker-ssh", "nvidia@192.168.100.2",
-            "--retries", "2", "--backoff-s", "0.05", "--interval", "0.02", "--stop-timeout", "7"]
+            "--retries", "2", "--backoff-s", "0.05", "--interval", "0.02", "--stop-timeout", "7",
+            "--relock-unit", "lock.service"]
     proc = subprocess.Popen(argv, env=env, stderr=subprocess.PIPE, text=True)
     import time
     time.sleep(0.3)
@@ -118,7 +119,9 @@ def test_script_arms_restarts_in_order_then_gives_up(tmp_path):
     one_restart = [
         "docker stop -t 7 rank-c",
         "ssh -o BatchMode=yes -o ConnectTimeout=10 nvidia@192.168.100.2 docker stop -t 7 rank-c",
+        "ssh -o BatchMode=yes -o ConnectTimeout=10 nvidia@192.168.100.2 sudo -n systemctl start lock.service",
         "ssh -o BatchMode=yes -o ConnectTimeout=10 nvidia@192.168.100.2 docker start rank-c",
+        "sudo -n systemctl start lock.service",  # each Spark's GPU clock lock, right before its rank starts
         "docker start rank-c",
     ]
     assert calls == one_restart * 2 + one_restart[:2]  # two restarts (rank 1 first), then both stopped
@@ -144,7 +147,8 @@ def test_unit_content():
     unit = sv.render_unit("rank-c", "nvidia@192.168.100.2", "nvidia", 3, 60, 30)
     assert unit.startswith("# Managed by sparkfold")
     assert ("ExecStart=/usr/bin/python3 /usr/local/lib/sparkfold/supervise.py --container rank-c --worker-ssh "
-            "nvidia@192.168.100.2 --retries 3 --backoff-s 60 --stop-timeout 30\n") in unit
+            "nvidia@192.168.100.2 --retries 3 --backoff-s 60 --stop-timeout 30 --relock-unit "
+            "sparkfold-gpu-clock.service\n") in unit
     for line in ("Type=simple", "Restart=no", "User=nvidia", "WantedBy=multi-user.target"):
         assert f"\n{line}\n" in unit
     assert "Restart=always" not in unit and "Restart=on-failure" not in unit
@@ -174,3 +178,16 @@ def test_supervisor_paused_on_the_head_only(monkeypatch):
     sv.supervisor_paused._inner(_settings(supervise=False))
     sv.supervisor_paused._inner(_settings(is_head=False))
     assert calls == [("off", "sparkfold-supervise.service")]
+
+
+def test_a_refused_relock_is_logged_and_the_start_goes_on(tmp_path, capsys, monkeypatch):
+    bin_dir, log = _fakes(tmp_path, "running", "running")
+    (bin_dir / "sudo").write_text(f"#!/bin/sh\necho \"sudo $*\" >> {log}\necho 'sudo: a password is required' >&2\n"
+                                  "exit 1\n")
+    pair = script.Pair("rank-c", "nvidia@w", 7, relock_unit="lock.service")
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    pair.relock(0)
+    assert "could not start lock.service before rank 0 (sudo: a password is required)" in capsys.readouterr().err
+    assert log.read_text().splitlines() == ["sudo -n systemctl start lock.service"]
+    script.Pair("rank-c", "nvidia@w", 7).relock(0)  # no unit given: nothing is run
+    assert log.read_text().splitlines() == ["sudo -n systemctl start lock.service"]
