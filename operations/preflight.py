@@ -112,10 +112,10 @@ def platform_supported(allowed_arch=("aarch64",), allowed_os_ids=("ubuntu", "dgx
 
 
 def counted_meminfo(meminfo: Mapping[str, int], docker_use: Mapping[str, Any], own: list[str]) -> dict[str, int]:
-    """MemInfo as a restart would find it once our own rank is stopped: its memory comes back. The rank's memory
-    lives in driver allocations neither `docker stats` nor anything else names, so everything in use that another
-    running container does not account for is counted as coming back; the wait after the stop judges the real
-    figure (operations/containers.py)."""
+    """MemInfo as a restart would find it once our own rank is stopped: its memory comes back. The rank's weights
+    sit in driver allocations `docker stats` does not show, so everything in use that another running container
+    does not account for is counted as coming back; the wait after the stop judges the real figure
+    (operations/containers.py)."""
     total = meminfo.get("MemTotal")
     if total is None or meminfo.get("MemAvailable") is None:
         return dict(meminfo)
