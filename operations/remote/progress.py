@@ -46,7 +46,8 @@ def probe_bytes(command: str) -> int | None:
 
 
 def size(n: float) -> str:
-    return f"{n / GIB:.1f} GiB" if n >= GIB else f"{n / 1024**2:.0f} MiB"
+    # KiB below a MiB: a small resumed file must not read "0 MiB already there"
+    return f"{n / GIB:.1f} GiB" if n >= GIB else f"{n / 1024**2:.0f} MiB" if n >= 1024**2 else f"{n / 1024:.0f} KiB"
 
 
 def clock(seconds: float) -> str:

@@ -113,6 +113,14 @@ def wait_until(check, timeout: float, what: str):
     return found
 
 
+def memory_back(sim, role: str, timeout: float = 60) -> None:
+    """Wait until a stopped rank's memory has come back (the simulated footprint goes away over seconds)."""
+    deadline = time.monotonic() + timeout
+    while sim.memory_status(role).get("held_gib") != 0:
+        assert time.monotonic() < deadline, f"{role}: the rank's memory did not come back: {sim.memory_status(role)}"
+        time.sleep(0.5)
+
+
 def addresses(sim_exec, role: str, netdev: str) -> list[str]:
     out = sim_exec(role, ["ip", "-j", "-4", "addr", "show", "dev", netdev]).stdout
     return [f"{a['local']}/{a['prefixlen']}" for i in json.loads(out or "[]") for a in i.get("addr_info", [])]
@@ -337,6 +345,7 @@ def test_too_little_memory_is_refused_with_the_numbers(run_pyinfra, sim_exec, si
     # a running rank holds its memory, so the floor guards a (re)start: take rank 1 away first
     head_before, _ = pair_ids(sim_exec)
     assert sim_exec("worker", ["docker", "rm", "-f", NAME]).returncode == 0
+    memory_back(sim, "worker")
     sim.set_memavail("worker", 40)
     try:
         run = failing_deploy(run_pyinfra)
@@ -353,6 +362,7 @@ def test_too_little_memory_is_refused_with_the_numbers(run_pyinfra, sim_exec, si
 
 def test_dry_with_too_little_memory_says_why_a_run_would_stop_and_changes_nothing(run_pyinfra, sim_exec, sim):
     assert sim_exec("worker", ["docker", "rm", "-f", NAME]).returncode == 0  # rank stopped: the floor applies
+    memory_back(sim, "worker")
     sim.set_memavail("worker", 40)
     try:
         run = run_pyinfra(*DEPLOY, "--dry")

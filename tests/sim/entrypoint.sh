@@ -1,6 +1,7 @@
 #!/bin/bash
 # PID-1 payload (under tini) of one simulated Spark. tests/sim is mounted read-only at /opt/sim.
-#   entrypoint.sh              start: stand-ins, ssh keys, wait for the link, init.d, dockerd, engine base, sshd
+#   entrypoint.sh              start: stand-ins, ssh keys, wait for the link, init.d, dockerd, engine base,
+#                              the rank-memory watcher, sshd
 #   entrypoint.sh link-standins  (re)install the stand-ins only (sim.py up does this on a reused pair)
 # Environment (from sim.py): ROLE=head|worker, SIM_ROCE="ibdev:netdev,...", SIM_PEER (the other role's name).
 set -euo pipefail
@@ -101,6 +102,8 @@ wait_for_link
 run_init_d
 /usr/local/sbin/sim-dockerd-restart || die "the inner dockerd did not start (log: /var/log/sim-dockerd.log)"
 load_engine_base
+# a running rank holds its memory in /proc/meminfo (bin/sim-rank-memory follows the inner dockerd)
+setsid /opt/sim/bin/sim-rank-memory >>/var/log/sim-rank-memory.log 2>&1 </dev/null &
 start_fakehub
 /usr/sbin/sshd -t || die "sshd configuration is invalid"
 /usr/sbin/sshd -D -e &

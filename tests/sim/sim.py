@@ -6,7 +6,8 @@
     python -m tests.sim.sim env              print the site file path (SPARKFOLD_SITE=$(... env))
     python -m tests.sim.sim exec ROLE CMD..  run CMD as root in ROLE (--user nvidia for the Spark's user)
     python -m tests.sim.sim ssh ROLE [CMD]   ssh in as nvidia with the test key, like pyinfra does
-    python -m tests.sim.sim set-memavail ROLE GIB   lower (or raise) the MemAvailable ROLE's /proc/meminfo shows
+    python -m tests.sim.sim set-memavail ROLE GIB   lower (or raise) the MemAvailable ROLE shows with no rank running
+    python -m tests.sim.sim set-rank-memory ROLE [--gib G] [--load-s S] [--release-s S]   what a running rank holds
 
 See tests/sim/README.md. Needs root (veth links between the containers' namespaces) and a Docker engine.
 """
@@ -23,6 +24,8 @@ import time
 from pathlib import Path
 
 import yaml
+
+from . import meminfo
 
 SIM_DIR = Path(__file__).resolve().parent
 ROOT = SIM_DIR.parent.parent
@@ -50,11 +53,15 @@ SIM_ROCE = ",".join(f"{ib}:{nd}" for nd, ib, _ in RAILS)
 HOST_OCTET = {"head": 1, "worker": 2}
 LINK_MTU = 1500  # what a fresh Spark has; the deploy sets link_mtu
 
-MEM_TOTAL_GIB = 121.0
-MEM_AVAIL_GIB = 118.0
+MEM_TOTAL_GIB = meminfo.MEM_TOTAL_GIB
+MEM_AVAIL_GIB = meminfo.DEFAULTS["base_gib"]
+# What a running rank holds (bin/sim-rank-memory), per pair from the environment at `up`; set-rank-memory changes it.
+RANK_MEMORY = {"rank_gib": float(os.environ.get("SPARKSIM_RANK_GIB", meminfo.DEFAULTS["rank_gib"])),
+               "load_s": float(os.environ.get("SPARKSIM_RANK_LOAD_S", meminfo.DEFAULTS["load_s"])),
+               "release_s": float(os.environ.get("SPARKSIM_RANK_RELEASE_S", meminfo.DEFAULTS["release_s"]))}
 
 # Bump when the container layout changes, so a running pair from an older layout is recreated.
-LAYOUT_VERSION = "1"
+LAYOUT_VERSION = "2"
 
 
 class SimError(Exception):
@@ -133,48 +140,59 @@ def _meminfo_path(role: str) -> Path:
     return WORK / "meminfo" / role
 
 
-def _meminfo_text(total_gib: float, avail_gib: float) -> str:
-    # The real file's layout (kB fields); the figures a Spark with nothing loaded shows.
-    kb = lambda gib: int(gib * 1024 * 1024)  # noqa: E731
-    total, avail = kb(total_gib), kb(avail_gib)
-    free = max(avail - kb(1.0), 0)
-    fields = [
-        ("MemTotal", total), ("MemFree", free), ("MemAvailable", avail), ("Buffers", kb(0.1)),
-        ("Cached", kb(0.9)), ("SwapCached", 0), ("Active", kb(1.2)), ("Inactive", kb(0.8)),
-        ("Active(anon)", kb(0.6)), ("Inactive(anon)", 0), ("Active(file)", kb(0.6)), ("Inactive(file)", kb(0.8)),
-        ("Unevictable", 0), ("Mlocked", 0), ("SwapTotal", 0), ("SwapFree", 0), ("Dirty", 0), ("Writeback", 0),
-        ("AnonPages", kb(0.6)), ("Mapped", kb(0.2)), ("Shmem", kb(0.05)), ("KReclaimable", kb(0.2)),
-        ("Slab", kb(0.4)), ("SReclaimable", kb(0.2)), ("SUnreclaim", kb(0.2)), ("KernelStack", 16384),
-        ("PageTables", 32768), ("CommitLimit", total // 2), ("Committed_AS", kb(2.0)),
-        ("VmallocTotal", 133143592960), ("VmallocUsed", 65536), ("VmallocChunk", 0),
-        ("HugePages_Total", None), ("HugePages_Free", None), ("Hugepagesize", 2048),
-    ]
-    out = []
-    for name, value in fields:
-        if value is None:
-            out.append(f"{name + ':':<16}{0:>8}")
-        else:
-            out.append(f"{name + ':':<16}{value:>8} kB")
-    return "\n".join(out) + "\n"
-
-
 def _write_meminfo(role: str, total_gib: float, avail_gib: float) -> None:
     path = _meminfo_path(role)
     path.parent.mkdir(parents=True, exist_ok=True)
-    text = _meminfo_text(total_gib, avail_gib)
-    # in place: the container's /proc/meminfo is a bind mount of this inode, a rename would detach it
-    with open(path, "a+") as fh:
-        fh.seek(0)
-        fh.truncate()
-        fh.write(text)
+    meminfo.write_in_place(str(path), meminfo.text(total_gib, avail_gib))
+
+
+def _memory_settings(role: str) -> dict:
+    return meminfo.read_json(f"{_meminfo_path(role)}.json", meminfo.DEFAULTS)
+
+
+def _set_memory(role: str, **changes: float) -> None:
+    """Change ROLE's memory settings; on a running pair wait until its watcher has applied them."""
+    cfg = {**_memory_settings(role), **changes}
+    meminfo.write_json(f"{_meminfo_path(role)}.json", cfg)
+    info = _inspect(role)
+    if not info or not info["State"]["Running"]:
+        _write_meminfo(role, MEM_TOTAL_GIB, cfg["base_gib"])
+        return
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        status = meminfo.read_json(f"{_meminfo_path(role)}.status", {})
+        if status.get("base_gib") == cfg["base_gib"] and _memory_settings(role) == cfg:
+            time.sleep(1.0)  # one more tick: the watcher read the new rank figures too
+            return
+        time.sleep(0.2)
+    raise SimError(f"{role}'s rank-memory watcher did not apply {changes} (log: /var/log/sim-rank-memory.log)")
 
 
 def set_memavail(role: str, gib: float) -> None:
-    """Make ROLE's /proc/meminfo show MemAvailable = gib GiB (MemTotal unchanged)."""
+    """Make ROLE's /proc/meminfo show MemAvailable = gib GiB while no rank runs (a running rank holds its share
+    on top: gib less rank_gib); MemTotal unchanged."""
     _check_role(role)
     if gib < 0 or gib > MEM_TOTAL_GIB:
         raise SimError(f"MemAvailable must be between 0 and {MEM_TOTAL_GIB} GiB, not {gib}")
-    _write_meminfo(role, MEM_TOTAL_GIB, gib)
+    _set_memory(role, base_gib=float(gib))
+
+
+def set_rank_memory(role: str, gib: float | None = None, load_s: float | None = None,
+                    release_s: float | None = None) -> None:
+    """What a running rank holds on ROLE (GiB), and how long it takes to build up after the start and to come back
+    after the stop (seconds)."""
+    _check_role(role)
+    changes = {k: float(v) for k, v in (("rank_gib", gib), ("load_s", load_s), ("release_s", release_s))
+               if v is not None}
+    if any(v < 0 for v in changes.values()) or changes.get("rank_gib", 0) > MEM_TOTAL_GIB:
+        raise SimError(f"rank memory figures must be >= 0 (and at most {MEM_TOTAL_GIB} GiB): {changes}")
+    _set_memory(role, **changes)
+
+
+def memory_status(role: str) -> dict:
+    """What ROLE's watcher last wrote: base_gib, held_gib, avail_gib, ranks."""
+    _check_role(role)
+    return meminfo.read_json(f"{_meminfo_path(role)}.status", {})
 
 
 def site_data() -> dict:
@@ -298,6 +316,7 @@ def _run_container(role: str, layout: str) -> None:
         "-v", f"{VOLUME[role]}:/var/lib/docker",
         "-v", f"{SIM_DIR}:/opt/sim:ro",
         "-v", f"{_meminfo_path(role)}:/proc/meminfo:ro",
+        "-v", f"{_meminfo_path(role).parent}:/var/lib/sim-meminfo",  # bin/sim-rank-memory rewrites the above
         "-e", f"ROLE={role}", "-e", f"SIM_PEER={peer}", "-e", f"SIM_ROCE={SIM_ROCE}",
         "-e", f"SIM_WORKER_LINK_IPS={worker_ips}",
         "--label", f"sparkfold.sim.layout={layout}", "--label", f"sparkfold.sim.role={role}",
@@ -395,6 +414,7 @@ def up(fresh: bool = False) -> Path:
     else:
         down(quiet=True)
         for role in ROLES:
+            meminfo.write_json(f"{_meminfo_path(role)}.json", {"base_gib": MEM_AVAIL_GIB, **RANK_MEMORY})
             _write_meminfo(role, MEM_TOTAL_GIB, MEM_AVAIL_GIB)
         _docker("network", "create", NETWORK)
         for role in ROLES:
@@ -467,6 +487,11 @@ def main(argv: list[str] | None = None) -> int:
     p_mem = sub.add_parser("set-memavail", help="set MemAvailable in ROLE's /proc/meminfo")
     p_mem.add_argument("role", choices=ROLES)
     p_mem.add_argument("gib", type=float)
+    p_rank = sub.add_parser("set-rank-memory", help="what a running rank holds on ROLE, and how fast")
+    p_rank.add_argument("role", choices=ROLES)
+    p_rank.add_argument("--gib", type=float, default=None)
+    p_rank.add_argument("--load-s", type=float, default=None)
+    p_rank.add_argument("--release-s", type=float, default=None)
     args = parser.parse_args(argv)
 
     try:
@@ -493,6 +518,8 @@ def main(argv: list[str] | None = None) -> int:
             return subprocess.call([*ssh_argv(args.role), *args.command])
         elif args.cmd == "set-memavail":
             set_memavail(args.role, args.gib)
+        elif args.cmd == "set-rank-memory":
+            set_rank_memory(args.role, args.gib, args.load_s, args.release_s)
     except SimError as exc:
         print(f"sim: {exc}", file=sys.stderr)
         return 1

@@ -134,6 +134,47 @@ def test_memory_check_stands_aside_while_our_rank_runs():
     assert cmds == [] and "dsv41-1017-exl3-tf is running" in h.noops[0]
 
 
+RANK = "dsv41-1017-exl3-tf"
+
+
+
+def test_a_restart_counts_our_ranks_memory_as_coming_back():
+    # our rank holds 98 GiB in driver allocations (docker stats sees 2): a restart frees it before the start
+    use = {"ok": True, "containers": [{"name": RANK, "used_bytes": 2 * GIB, "usage": ""}]}
+    cmds, h = run_op(preflight.memory_available, {MemInfo: _mem(20.0), DockerMemoryUse: use},
+                     min_avail_gib=112, own_containers=[RANK], restart=True)
+    assert cmds == [] and f"once {RANK} stops" in h.noops[0]
+
+
+def test_a_restart_is_refused_when_other_containers_keep_too_much_after_our_rank_stops():
+    use = {"ok": True, "containers": [{"name": RANK, "used_bytes": 2 * GIB, "usage": ""},
+                                      {"name": "comfyui", "used_bytes": 30 * GIB, "usage": ""}]}
+    cmds, _ = run_op(preflight.memory_available, {MemInfo: _mem(20.0), DockerMemoryUse: use},
+                     min_avail_gib=112, own_containers=[RANK], restart=True)
+    assert len(cmds) == 1 and "only 91.7 GiB MemAvailable, need 112 GiB" in cmds[0] and "comfyui 30.0 GiB" in cmds[0]
+    # the same Spark without a restart: the rank keeps its memory, nothing starts, nothing to refuse
+    cmds, _ = run_op(preflight.memory_available, {MemInfo: _mem(20.0), DockerMemoryUse: use},
+                     min_avail_gib=112, own_containers=[RANK], restart=False)
+    assert cmds == []
+
+
+def test_a_restart_without_our_rank_running_counts_nothing_extra():
+    use = {"ok": True, "containers": []}
+    cmds, _ = run_op(preflight.memory_available, {MemInfo: _mem(20.0), DockerMemoryUse: use},
+                     min_avail_gib=112, own_containers=[RANK], restart=True)
+    assert len(cmds) == 1 and "only 20.0 GiB MemAvailable" in cmds[0]
+
+
+def test_counted_meminfo_never_lowers_what_is_available():
+    mem = _mem(100.0)
+    counted = preflight.counted_meminfo(mem, {"ok": False, "containers": []}, [RANK])
+    assert counted["MemAvailable"] == _mem(121.7)["MemAvailable"]
+    # other containers' figures from docker stats can exceed what the kernel says is used; keep the reading then
+    counted = preflight.counted_meminfo(mem, {"ok": True, "containers": [
+        {"name": "big", "used_bytes": 60 * GIB, "usage": ""}]}, [RANK])
+    assert counted["MemAvailable"] == mem["MemAvailable"]
+
+
 def _df(mount, free_gb, device="/dev/nvme0n1p2"):
     return {"measured": mount, "device": device, "mount": mount, "free_bytes": int(free_gb * GB)}
 
@@ -220,6 +261,7 @@ def test_preflight_passes_settings(monkeypatch):
     got = dict(calls)
     assert got["platform_supported"]["allowed_arch"] == ["aarch64"]
     assert got["memory_available"]["own_containers"] == ["dsv41-1017-exl3-tf"]
+    assert got["memory_available"]["restart"] is False
     assert got["disk_free"]["need_gb"] == 505 and got["disk_free"]["data_paths"][0].endswith("/huggingface")
     assert any(p.endswith("hub/models--Mia-AiLab--DeepSeek-V4.1-Flash-1017-EXL3-EAQ-v1-2.9-bpw")
                for p in got["disk_free"]["held_paths"])

@@ -87,3 +87,8 @@ def test_a_relay_whose_receiver_fails_ends_instead_of_hanging():
         if run.poll() is None:
             os.killpg(run.pid, signal.SIGKILL)
     assert run.returncode != 0 and "ship: started" in out
+
+
+def test_sizes_below_a_mib_are_in_kib():
+    from operations.remote.progress import size
+    assert (size(20 * 1024), size(3 * 1024**2), size(1.5 * 1024**3)) == ("20 KiB", "3 MiB", "1.5 GiB")

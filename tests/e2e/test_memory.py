@@ -1,0 +1,123 @@
+"""The ranks' real footprint on the simulated pair: each running rank holds rank_gib (98 GiB of 121 by default) of
+MemAvailable, built up over its load and given back after it stops (tests/sim/bin/sim-rank-memory).
+
+A converged re-run while both ranks hold their memory changes nothing; restart.py starts the ranks again only once
+their memory is back; memguard leaves a rank at its normal footprint alone and kills it below the floor.
+Deploys the pair itself when it is not serving; leaves a converged, serving pair.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from datetime import datetime
+
+import pytest
+from test_deploy import NAME, START0, START1, changed_ops, chat, deploy, pair_ids, started_at
+
+MIN_AVAIL_GIB = 112.0  # group_data/all.py's min_avail_gib
+FLOOR_GIB = 2.5  # memguard_gib
+
+
+def wait_until(check, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+def loaded(sim, role: str) -> bool:
+    st = sim.memory_status(role)
+    return st.get("ranks") == 1 and st.get("held_gib") == pytest.approx(sim.RANK_MEMORY["rank_gib"])
+
+
+def running(sim_exec, role: str) -> bool:
+    out = sim_exec(role, ["docker", "inspect", "-f", "{{.State.Running}}", NAME])
+    return out.returncode == 0 and out.stdout.strip() == "true"
+
+
+def memavail_gib(sim_exec, role: str) -> float:
+    out = sim_exec(role, "awk '/^MemAvailable:/ {print $2}' /proc/meminfo").stdout
+    return int(out) / 1024 / 1024
+
+
+@pytest.fixture(scope="module")
+def serving_pair(run_pyinfra, sim_exec, sim):
+    if not (running(sim_exec, "head") and running(sim_exec, "worker")):
+        deploy(run_pyinfra)
+    for role in ("head", "worker"):
+        wait_until(lambda r=role: loaded(sim, r), 60, f"the {role}'s rank to hold its memory")
+
+
+def test_a_converged_rerun_while_the_ranks_hold_their_memory_changes_nothing(serving_pair, run_pyinfra, sim_exec,
+                                                                             sim):
+    for role in ("head", "worker"):  # the real footprint: far below min_avail_gib while the ranks run
+        assert memavail_gib(sim_exec, role) == pytest.approx(sim.MEM_AVAIL_GIB - sim.RANK_MEMORY["rank_gib"], abs=0.1)
+    before = pair_ids(sim_exec)
+    run = deploy(run_pyinfra)
+    assert changed_ops(run) == {}
+    assert "will fail" not in run.stderr
+    assert pair_ids(sim_exec) == before
+
+
+def watcher_events(sim_exec, role: str, word: str) -> list[float]:
+    log = sim_exec(role, "cat /var/log/sim-rank-memory.log").stdout
+    return [float(m.group(1)) for m in re.finditer(rf"^(\d+\.\d+) \S+ rank \w+ {word}\b", log, re.M)]
+
+
+def epoch(docker_time: str) -> float:
+    # docker prints nanoseconds; datetime takes microseconds
+    head, _, frac = docker_time.rstrip("Z").partition(".")
+    return datetime.fromisoformat(f"{head}.{(frac + '000000')[:6]}+00:00").timestamp()
+
+
+def test_restart_starts_each_rank_only_once_its_memory_is_back(serving_pair, run_pyinfra, sim_exec, sim):
+    release_s = 20.0  # slow enough that a start right after the stop would come far too early
+    for role in ("head", "worker"):
+        sim.set_rank_memory(role, release_s=release_s)
+    try:
+        before = pair_ids(sim_exec)
+        stops_before = {r: len(watcher_events(sim_exec, r, "stopped")) for r in ("head", "worker")}
+        run = run_pyinfra("inventory.py", "restart.py", "-y")
+        assert run.returncode == 0, run.stderr[-4000:]
+        after = pair_ids(sim_exec)
+        assert after[0] != before[0] and after[1] != before[1]
+    finally:
+        for role in ("head", "worker"):
+            sim.set_rank_memory(role, release_s=sim.RANK_MEMORY["release_s"])
+    # memory comes back linearly: min_avail_gib is reached this long after the stop
+    needed = release_s * (1 - (sim.MEM_AVAIL_GIB - MIN_AVAIL_GIB) / sim.RANK_MEMORY["rank_gib"])
+    for role in ("head", "worker"):
+        stops = watcher_events(sim_exec, role, "stopped")
+        assert len(stops) > stops_before[role], role
+        waited = epoch(started_at(sim_exec, role)) - stops[-1]
+        assert waited >= needed - 1.0, f"{role}'s rank started {waited:.1f} s after the stop, before memory was back"
+    assert chat()["choices"][0]["message"]["content"]
+    for role in ("head", "worker"):
+        wait_until(lambda r=role: loaded(sim, r), 60, f"the {role}'s rank to hold its memory again")
+
+
+def test_memguard_leaves_a_rank_at_its_footprint_alone_and_kills_it_below_the_floor(serving_pair, run_pyinfra,
+                                                                                     sim_exec, sim):
+    log_file = "/var/log/sim-systemd/sparkfold-memguard.service.log"
+    assert sim_exec("worker", "systemctl is-active sparkfold-memguard.service").stdout.strip() == "active"
+    kills_before = sim_exec("worker", f"cat {log_file}").stdout.count("docker kill")
+    time.sleep(3)  # several of memguard's 0.5 s samples at the normal footprint (about 20 GiB available)
+    assert running(sim_exec, "worker")
+    assert sim_exec("worker", f"cat {log_file}").stdout.count("docker kill") == kills_before
+    # something else takes memory: what is left with the rank's 98 GiB falls below the floor
+    base = sim.RANK_MEMORY["rank_gib"] + FLOOR_GIB - 1.0
+    sim.set_memavail("worker", base)
+    try:
+        wait_until(lambda: not running(sim_exec, "worker"), 20, "memguard to kill rank 1")
+    finally:
+        sim.set_memavail("worker", sim.MEM_AVAIL_GIB)
+    log = sim_exec("worker", f"cat {log_file}").stdout
+    assert log.count("docker kill") > kills_before and "below the floor of 2.50 GiB" in log, log[-2000:]
+    # once the killed rank's memory is back, the deploy brings the pair back
+    wait_until(lambda: sim.memory_status("worker").get("held_gib") == 0, 30, "rank 1's memory to come back")
+    run = deploy(run_pyinfra)
+    assert START1 in changed_ops(run) and START0 in changed_ops(run)
+    assert chat()["choices"][0]["message"]["content"]

@@ -1,0 +1,118 @@
+"""An interrupted download resumes without fetching again what it had: the checkpoint is downloaded anew through a
+slowed fake hub, the run is killed part-way (as a user would, with ^C or a lost terminal), and the next run fetches
+only the files the first did not finish, measured in the fake hub's own log, and says how much was already there.
+
+Files this small arrive whole or not at all (huggingface_hub writes a file in 10 MB chunks), so "what it had" is
+counted in whole files here; a cut inside one file resuming by range is shown in tests/unit/test_fakehub.py.
+Deploys the pair itself when it is not serving; leaves a converged, serving pair.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from test_deploy import DEPLOY, NAME, chat, deploy
+
+ROOT = Path(__file__).resolve().parents[2]
+REPO = "Mia-AiLab/DeepSeek-V4.1-Flash-1017-EXL3-EAQ-v1-2.9-bpw"  # model_repo's default: the checkpoint
+FOLDER = "/home/nvidia/.cache/huggingface/hub/models--" + REPO.replace("/", "--")
+HUB_LOG = "/var/log/fakehub.log"
+STEP = "Checkpoint download:"
+FETCHED = re.compile(re.escape(STEP) + r" (\d+) KiB of ")
+SERVED = re.compile(r" GET /" + re.escape(REPO) + r"/resolve/\w+/(\S+) (\d{3}) (\d+)")
+
+
+def running(sim_exec, role: str) -> bool:
+    out = sim_exec(role, ["docker", "inspect", "-f", "{{.State.Running}}", NAME])
+    return out.returncode == 0 and out.stdout.strip() == "true"
+
+
+def hub_lines(sim_exec) -> int:
+    return int(sim_exec("head", f"wc -l < {HUB_LOG}").stdout)
+
+
+def served_since(sim_exec, line: int) -> list[tuple[str, int, int]]:
+    """(file, status, bytes sent) of each checkpoint file the fake hub served after log line `line`."""
+    text = sim_exec("head", f"tail -n +{line + 1} {HUB_LOG}").stdout
+    return [(m.group(1), int(m.group(2)), int(m.group(3))) for m in SERVED.finditer(text)]
+
+
+def file_sizes(sim_exec) -> dict[str, int]:
+    """The checkpoint's complete files on the head (a file gets its snapshot link once it is whole)."""
+    snap = sim_exec("head", f"cd {FOLDER}/snapshots/* 2>/dev/null && find -L . -type f -printf '%P %s\\n'").stdout
+    return {name: int(size) for name, size in (line.split() for line in snap.splitlines())}
+
+
+def slow_hub(sim_exec, on: bool):
+    # the fake hub answers on the head's loopback: a slow lo (1 KiB/s) makes the 55 KiB checkpoint take a minute
+    if on:
+        # a long queue (latency 120s): packets wait rather than drop, so TCP keeps its pace
+        assert sim_exec("head", "ip link set lo mtu 1500 && tc qdisc add dev lo root tbf rate 8kbit burst 1600 "
+                                "latency 120s").returncode == 0
+    else:
+        sim_exec("head", "tc qdisc del dev lo root; ip link set lo mtu 65536")
+
+
+def start_deploy(site_file) -> subprocess.Popen:
+    env = dict(os.environ, SPARKFOLD_SITE=str(site_file), PYINFRA_PROGRESS="off")
+    return subprocess.Popen([sys.executable, "-m", "pyinfra", *DEPLOY, "-y"], cwd=ROOT, env=env, text=True,
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            start_new_session=True)
+
+
+def test_an_interrupted_download_resumes_without_fetching_again_what_it_had(site_file, run_pyinfra, sim_exec):
+    if not (running(sim_exec, "head") and running(sim_exec, "worker")):
+        deploy(run_pyinfra)
+    sizes = {name: size for name, size in file_sizes(sim_exec).items() if name != ".sparkfold-complete.json"}
+    assert sim_exec("head", f"rm -rf {FOLDER}").returncode == 0  # the checkpoint must be fetched again
+    slow_hub(sim_exec, True)
+    try:
+        # 1. a run killed once the download has run a while
+        mark1 = hub_lines(sim_exec)
+        run = start_deploy(site_file)
+        seen: list[str] = []
+        assert run.stderr is not None
+        stuck = threading.Timer(240, os.killpg, (run.pid, signal.SIGKILL))  # never hold the shared pair forever
+        stuck.start()
+        for line in run.stderr:
+            seen.append(line.rstrip("\n"))
+            got = FETCHED.search(line)
+            if got and int(got.group(1)) > 0:  # some files are whole
+                break
+        stuck.cancel()
+        os.killpg(run.pid, signal.SIGKILL)
+        run.wait()
+        assert any(STEP in text for text in seen), "\n".join(seen[-40:])
+        # the runner ends the download at its next line once its reader is gone
+        deadline = time.monotonic() + 40
+        while sim_exec("head", f"pgrep -f -- '--repo {REPO}'").returncode == 0:
+            assert time.monotonic() < deadline, "the interrupted download kept running"
+            time.sleep(1)
+        assert served_since(sim_exec, mark1), "the first run fetched nothing"
+    finally:
+        slow_hub(sim_exec, False)
+    # what it had: the files that arrived whole (the hub's log cannot say: a small file leaves its socket at once)
+    had = {name for name, size in file_sizes(sim_exec).items() if sizes.get(name) == size}
+    assert had and had != set(sizes), (had, sorted(sizes))  # part of the checkpoint, not all of it
+
+    # 2. the next run fetches only the rest, and its first line says what was already there
+    mark2 = hub_lines(sim_exec)
+    run = start_deploy(site_file)
+    assert run.stderr is not None
+    lines = [line.rstrip("\n") for line in run.stderr]
+    assert run.wait() == 0, "\n".join(lines[-60:])
+    second = served_since(sim_exec, mark2)
+    fetched = {name for name, _status, _sent in second}
+    assert fetched and not fetched & had, (fetched, had)
+    assert sum(sent for _n, _s, sent in second) <= sum(sizes.values()) - sum(sizes[n] for n in had)
+    mine = [text for text in lines if STEP in text]
+    assert mine and "already there" in mine[0] and "KiB" in mine[0], mine
+    assert {n: file_sizes(sim_exec)[n] for n in sizes} == sizes
+    assert chat()["choices"][0]["message"]["content"]
