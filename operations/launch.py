@@ -69,7 +69,7 @@ class Launch:
         return _real(host, self.s.layout.active_rank_link())
 
     def capabilities(self) -> dict | None:
-        return read_capabilities(self.image) if self.s.is_head else None
+        return read_capabilities(self.image, self.s.layout.capabilities_cache) if self.s.is_head else None
 
     def _inputs(self) -> tuple[list[str], dict[str, Any]]:
         found = {"rails": self.rails(), "model": self.model_mount(), "folder": self.rank_folder(),

@@ -21,7 +21,7 @@ from operations.facts.network import (
     IpAddresses,
     LinkRecord,
     NetplanFiles,
-    PingOk,
+    RailPings,
     RoceDevices,
     SshServerAddress,
 )
@@ -280,11 +280,13 @@ def link_addresses(rails: list[dict], mtu: int, netplan_file: str, settled: bool
 
 @operation()
 def link_ping(rails: list[dict], peer_rails: list[dict], mtu: int):
-    """Check: the peer answers a full-size do-not-fragment ping on each rail."""
+    """Check: the peer answers a full-size do-not-fragment ping on each rail (all rails pinged at once)."""
     problems = []
+    pairs = [[rail["netdev"], ip_of(peer["address"])] for rail, peer in zip(rails, peer_rails, strict=False)]
+    answers = host.get_fact(RailPings, pairs=pairs, size=int(mtu) - 28)
     for rail, peer in zip(rails, peer_rails, strict=False):
         peer_ip = ip_of(peer["address"])
-        if not host.get_fact(PingOk, netdev=rail["netdev"], address=peer_ip, size=int(mtu) - 28):
+        if not answers.get(rail["netdev"]):
             problems.append(
                 f"no reply from {peer_ip} over {rail['netdev']} with a {mtu}-byte do-not-fragment ping "
                 f"(`ping -I {rail['netdev']} -M do -s {int(mtu) - 28} {peer_ip}`): check the cable, that the "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import types
 from pathlib import Path
@@ -20,6 +21,7 @@ from operations.facts.network import (
     LinkRecord,
     NetplanFiles,
     PingOk,
+    RailPings,
     RoceDevices,
 )
 from operations.util import MANAGED_HEADER
@@ -118,9 +120,23 @@ def test_roce_devices_command_on_a_tree(tmp_path):
 
 def test_ping_fact_command_and_result():
     command = PingOk().command(netdev="enp1s0f0np0", address="192.168.100.2", size=8972).get_raw_value()
-    assert command.startswith("ping -c 2 -W 2 -I enp1s0f0np0 -M do -s 8972 192.168.100.2 ")
+    assert command.startswith("ping -c 1 -i 0.2 -w 2 -I enp1s0f0np0 -M do -s 8972 192.168.100.2 ")
     assert parse_fact(PingOk, "ok") is True
     assert parse_fact(PingOk, "fail") is False
+
+
+def test_rail_pings_ask_every_rail_in_one_command(tmp_path, monkeypatch):
+    from harness import run_fact
+    fake = tmp_path / "ping"  # answers on enp1s0f0np0 only, and only for a do-not-fragment probe
+    fake.write_text("#!/bin/sh\necho \"$*\" >> " + str(tmp_path / "calls") + "\n"
+                    "case \"$*\" in *'-I enp1s0f0np0 -M do '*) exit 0;; esac; exit 1\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    pairs = [["enp1s0f0np0", "192.168.100.2"], ["enP2p1s0f0np0", "192.168.101.2"]]
+    assert run_fact(RailPings, pairs=pairs, size=8972) == {"enp1s0f0np0": True, "enP2p1s0f0np0": False}
+    calls = (tmp_path / "calls").read_text().splitlines()
+    assert sorted(calls) == [f"-c 1 -i 0.2 -w 2 -I {n} -M do -s 8972 {a}" for n, a in sorted(pairs)]
+    assert parse_fact(RailPings, "ok a\nfail b\nnoise") == {"a": True, "b": False}
 
 
 def test_link_record_fact():
@@ -333,8 +349,9 @@ def test_addresses_missing_netdev_names_link_rails():
 
 
 def ping_facts(results):
-    return {PingOk: with_args({f"address={p['address'].split('/')[0]}, netdev={r['netdev']}, size=8972": ok
-                               for r, p, ok in zip(RAILS, PEER, results, strict=True)})}
+    pairs = [[r["netdev"], p["address"].split("/")[0]] for r, p in zip(RAILS, PEER, strict=True)]
+    return {RailPings: with_args({f"pairs={pairs}, size=8972": {r["netdev"]: ok for r, ok in
+                                                                 zip(RAILS, results, strict=True)}})}
 
 
 def test_ping_converged_and_failing():

@@ -394,3 +394,19 @@ def test_deploy_worker_only_verifies(recorded):
     DEPLOY(settings(is_head=False))
     assert [c[0] for c in recorded] == ["both_sparks_reached"] + ["folder_verified"] * 3
     assert recorded[3][1]["folder"] == "/home/n/.cache/sparkfold/rank-cache/active-rank1"
+
+
+def test_a_complete_plan_is_read_once_per_run_an_incomplete_one_every_time():
+    from harness import FakeHost
+
+    from operations.facts.model import hf_plan
+    args = {"python": "python3", "repo": "o/r", "revision": "main", "cache_dir": "/h/hub"}
+    done = FakeHost({HfPlan: complete_plan()})
+    assert hf_plan(done, **args) == hf_plan(done, **args) == complete_plan()
+    assert len(done.fact_calls) == 1
+    hf_plan(done, **dict(args, revision="other"))  # another revision is another plan
+    assert len(done.fact_calls) == 2
+    pending = FakeHost({HfPlan: complete_plan(complete=False, manifest=False)})
+    hf_plan(pending, **args)
+    hf_plan(pending, **args)
+    assert len(pending.fact_calls) == 2  # a download of this run changes it: asked again
