@@ -14,6 +14,7 @@ from pyinfra import host
 from pyinfra.api import operation
 
 from operations.facts.files import DirFiles, DiskFree, FolderCheck, PeerFolder
+from operations.remote import heredoc_command
 from operations.util import check_failed
 from operations.util.progress import progress_command
 
@@ -130,15 +131,14 @@ def folder_to_peer(src: str, target: str, dest: str, what: str, link: str = "", 
 
 
 def peer_copy_commands(src: str, target: str, dest: str, what: str, total: int, extra_rsync=()) -> list:
-    """The commands that copy the folder src (on the head) into dest on the worker, resumably, with progress lines
-    (the benchmark tests/bench/deploy_speed.py times these)."""
+    """The commands that copy the folder src (on the head) into dest on the worker, resumably, with progress lines:
+    rsync through a transient daemon on the worker's link address (operations/remote/link_copy.py), unencrypted on
+    the cable at the link's speed (the benchmark tests/bench/deploy_speed.py times these)."""
     q = shlex.quote
-    words = ["rsync", "-a", "--partial", *extra_rsync]
-    words += [f"--exclude={e}" for e in ("/.cache/", MARKER, "*.incomplete")]
-    words += ["-e", SSH, src.rstrip("/") + "/", f"{target}:{dest.rstrip('/')}/"]
+    options = ["-a", "--partial", *extra_rsync] + [f"--exclude={e}" for e in ("/.cache/", MARKER, "*.incomplete")]
+    words = [src, "--target", target, "--dest", dest, "--ssh", SSH] + [f"--rsync-option={o}" for o in options]
     # progress: the worker's copy measured over ssh (its size at the start says how much a resume keeps)
-    return [f"{SSH} {q(target)} {q('mkdir -p ' + q(dest))}",
-            progress_command(f"{what} to the worker", " ".join(q(w) for w in words),
+    return [progress_command(f"{what} to the worker", heredoc_command(f"python3 - {shlex.join(words)}", "link_copy"),
                              probe=f"{SSH} {q(target)} {q(f'du -sb {q(dest)} 2>/dev/null | cut -f1')}", total=total)]
 
 

@@ -10,7 +10,7 @@ from typing import Any
 from pyinfra import host
 from pyinfra.api import deploy, operation
 
-from operations.facts.docker import DockerMemoryUse, DockerRootDir, RunningContainers
+from operations.facts.docker import DockerMemoryUse, DockerMemoryUseDict, DockerRootDir, RunningContainers
 from operations.facts.files import DiskFree, PathUsage
 from operations.facts.host import KNOWN_TOOLS, HostTools, MemInfo, OsRelease, SshReachable
 from operations.settings import Settings
@@ -117,15 +117,16 @@ def memory_available(min_avail_gib: float, own_containers=()):
     the memory is ours: the launch step decides whether to recreate it, so this check stands aside."""
     # `docker ps` names the running containers at once; `docker stats` (who holds how much, ~1.5 s) is read only
     # when the memory is short and the message lists them
-    running = set(host.get_fact(RunningContainers))
-    ours = sorted(running & set(own_containers))
+    running: dict[str, bool] = host.get_fact(RunningContainers)
+    ours = sorted(set(running) & set(own_containers))
     if ours:
         host.noop(f"{', '.join(ours)} is running; its memory is checked again before any relaunch")
         return
     meminfo = host.get_fact(MemInfo)
     problem = memory_problem(meminfo, float(min_avail_gib), {"ok": False})
     if problem:
-        problem = memory_problem(meminfo, float(min_avail_gib), host.get_fact(DockerMemoryUse))
+        docker_use: DockerMemoryUseDict = host.get_fact(DockerMemoryUse)
+        problem = memory_problem(meminfo, float(min_avail_gib), docker_use)
     if not (yield from check_failed("memory", [problem])):
         host.noop("enough memory available")
 

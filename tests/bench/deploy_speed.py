@@ -125,13 +125,13 @@ def main(argv: list[str] | None = None) -> int:
 
     pair_up()
     _say(f"converging the pair: {pyinfra_seconds('deploy.py', '-y'):.1f} s")
-    _say(f"second converged run (warm-up): {pyinfra_seconds('deploy.py', '-y'):.1f} s")
     result: dict = {}
 
     def bare() -> float:
         return pyinfra_seconds("exec", "-y", "--", "true")
 
     if "deploy" not in args.skip:
+        _say(f"second converged run (warm-up): {pyinfra_seconds('deploy.py', '-y'):.1f} s")
         deploy, bare_a = alternate("converged deploy (A) vs bare exec (B)",
                                    lambda: pyinfra_seconds("deploy.py", "-y"), bare, args.runs)
         dry, bare_b = alternate("converged --dry (A) vs bare exec (B)",
