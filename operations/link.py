@@ -11,8 +11,9 @@ import shlex
 from collections.abc import Iterator
 from io import StringIO
 
+import gevent
 import yaml
-from pyinfra import host
+from pyinfra import host, state
 from pyinfra.api import StringCommand, deploy, operation
 from pyinfra.operations import files as core_files
 
@@ -32,6 +33,7 @@ from operations.util.templates import render
 
 ROCE_PORT = 1
 APPLY_POLL_TRIES = 20  # x 0.5 s: netplan apply briefly drops addresses; one immediate check is not enough
+GID_WAIT_TRIES = 10  # x 0.5 s for the GIDs of addresses this run applied
 
 
 # --- pure helpers -------------------------------------------------------------------------------------------
@@ -305,6 +307,13 @@ def roce_gids(rails: list[dict], settled: bool = False):
     """Check: each rail's RoCE device has a RoCE v2 GID holding this rail's IPv4 address. settled: no netplan
     apply in this run."""
     records = rails_from_facts(rails, {}, host.get_fact(RoceDevices))
+    # the driver adds a new address's GIDs shortly after `netplan apply` (asynchronously): an executing run that
+    # applied it waits for them a little before judging
+    for _ in range(GID_WAIT_TRIES if state.is_executing and not settled else 0):
+        if all(r["ibdev"] is None or r["gid_index"] is not None for r in records):
+            break
+        gevent.sleep(0.5)
+        records = rails_from_facts(rails, {}, host.get_fact(RoceDevices))
     problems = []
     for record in records:
         ip = ip_of(record["address"])

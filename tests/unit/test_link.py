@@ -379,6 +379,25 @@ def test_roce_gids_converged_and_failing():
     assert "rocep1s0f0 " not in commands[0]
 
 
+def test_roce_gids_wait_for_the_gids_of_addresses_this_run_applied(monkeypatch):
+    r = roce()
+    entry = r["roceP2p1s0f0"]["gids"][1][5]
+    entry["type"] = "IB/RoCE v1"  # the driver has not added the v2 GID yet
+    waits = []
+
+    def gid_appears(seconds):
+        waits.append(seconds)
+        entry["type"] = "RoCE v2"
+
+    monkeypatch.setattr(link.gevent, "sleep", gid_appears)
+    commands, _ = run_op(link.roce_gids, {RoceDevices: r}, executing=True, rails=RAILS, settled=False)
+    assert commands == [] and waits == [0.5]
+    entry["type"] = "IB/RoCE v1"
+    waits.clear()
+    commands, _ = run_op(link.roce_gids, {RoceDevices: r}, executing=True, rails=RAILS, settled=True)
+    assert len(commands) == 1 and waits == []  # no apply in this run: judged at once
+
+
 def test_roce_gids_uses_the_given_ibdev_and_reports_a_missing_device():
     rails = [dict(RAILS[0], ibdev="rocep1s0f1")]  # a wrong pairing: that device has no GID for the address
     commands, _ = run_op(link.roce_gids, {RoceDevices: roce()}, executing=True, rails=rails)
