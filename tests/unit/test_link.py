@@ -374,7 +374,7 @@ def test_roce_gids_converged_and_failing():
     r["roceP2p1s0f0"]["gids"][1][5]["type"] = "IB/RoCE v1"  # only v1 left for 192.168.101.1
     commands, _ = run_op(link.roce_gids, {RoceDevices: r}, executing=False, rails=RAILS)
     assert commands == []
-    commands, _ = run_op(link.roce_gids, {RoceDevices: r}, executing=True, rails=RAILS)
+    commands, _ = run_op(link.roce_gids, {RoceDevices: r}, executing=True, rails=RAILS, settled=True)
     assert len(commands) == 1 and "roceP2p1s0f0 has no RoCE v2 GID for 192.168.101.1" in commands[0]
     assert "rocep1s0f0 " not in commands[0]
 
@@ -400,7 +400,7 @@ def test_roce_gids_wait_for_the_gids_of_addresses_this_run_applied(monkeypatch):
 
 def test_roce_gids_uses_the_given_ibdev_and_reports_a_missing_device():
     rails = [dict(RAILS[0], ibdev="rocep1s0f1")]  # a wrong pairing: that device has no GID for the address
-    commands, _ = run_op(link.roce_gids, {RoceDevices: roce()}, executing=True, rails=rails)
+    commands, _ = run_op(link.roce_gids, {RoceDevices: roce()}, executing=True, rails=rails, settled=True)
     assert "rocep1s0f1 has no RoCE v2 GID for 192.168.100.1" in commands[0]
     commands, _ = run_op(link.roce_gids, {RoceDevices: {}}, executing=True, rails=RAILS[:1])
     assert "no RoCE device found for enp1s0f0np0" in commands[0] and '"ibdev"' in commands[0]
