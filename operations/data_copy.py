@@ -15,6 +15,7 @@ from pyinfra import host
 from pyinfra.api import operation
 
 from operations.facts.files import DirFiles, DiskFree, FolderCheck, FolderEntries, LinkTarget, PeerFolder
+from operations.remote import heredoc_command
 from operations.util import check_failed
 from operations.util.progress import progress_command
 
@@ -123,23 +124,28 @@ def folder_to_peer(src: str, target: str, dest: str, what: str, link: str = "", 
         problems = [space_problem(peer["free"], sum(v[0] for v in differing.values()), f"{target}:{dest}", what)]
     if (yield from check_failed(what, problems, settled=False)):
         return
-    q = shlex.quote
     if differing or not head:
-        yield f"{SSH} {q(target)} {q('mkdir -p ' + q(dest))}"
-        words = ["rsync", "-a", "--partial", *extra_rsync]
-        words += [f"--exclude={e}" for e in ("/.cache/", MARKER, "*.incomplete")]
-        words += ["-e", SSH, src.rstrip("/") + "/", f"{target}:{dest.rstrip('/')}/"]
-        # progress: the worker's copy measured over ssh (its size at the start says how much a resume keeps)
-        yield progress_command(f"{what} to the worker", " ".join(q(w) for w in words),
-                               probe=f"{SSH} {q(target)} {q(f'du -sb {q(dest)} 2>/dev/null | cut -f1')}",
-                               total=sum(v[0] for v in head.values()))
+        yield from peer_copy_commands(src, target, dest, what, sum(v[0] for v in head.values()), extra_rsync)
     if link and not link_ok:
+        q = shlex.quote
         yield f"{SSH} {q(target)} {q(f'ln -sfn {q(link_to)} {q(link)}')}"
 
 
 def versions_dir(dest: str) -> str:
     """Where the versions of a placed folder live: dest is a link into it."""
     return f"{dest}.d"
+
+
+def peer_copy_commands(src: str, target: str, dest: str, what: str, total: int, extra_rsync=()) -> list:
+    """The commands that copy the folder src (on the head) into dest on the worker, resumably, with progress lines:
+    rsync through a transient daemon on the worker's link address (operations/remote/link_copy.py), unencrypted on
+    the cable at the link's speed (the benchmark tests/bench/deploy_speed.py times these)."""
+    q = shlex.quote
+    options = ["-a", "--partial", *extra_rsync] + [f"--exclude={e}" for e in ("/.cache/", MARKER, "*.incomplete")]
+    words = [src, "--target", target, "--dest", dest, "--ssh", SSH] + [f"--rsync-option={o}" for o in options]
+    # progress: the worker's copy measured over ssh (its size at the start says how much a resume keeps)
+    return [progress_command(f"{what} to the worker", heredoc_command(f"python3 - {shlex.join(words)}", "link_copy"),
+                             probe=f"{SSH} {q(target)} {q(f'du -sb {q(dest)} 2>/dev/null | cut -f1')}", total=total)]
 
 
 @operation()

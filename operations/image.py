@@ -83,10 +83,11 @@ def capabilities_problem(caps: dict, image: str) -> str | None:
     return None
 
 
-def read_capabilities(image: str) -> dict:
-    """Inside an operation (e.g. the launch step): the parsed capabilities document of `image` ({} if absent).
-    Flags: `caps["serve"]["flags"]` maps "--flag" to {} or {"values": [...]}."""
-    return host.get_fact(EngineCapabilities, image=image)
+def read_capabilities(image: str, cache_dir: str) -> dict:
+    """Inside an operation (e.g. the launch step): the parsed capabilities document of `image` ({} if absent), kept
+    in cache_dir (Layout.capabilities_cache) by image id. Flags: `caps["serve"]["flags"]` maps "--flag" to {} or
+    {"values": [...]}."""
+    return host.get_fact(EngineCapabilities, image=image, cache_dir=cache_dir)
 
 
 def _ssh(target: str, remote_command: str) -> str:
@@ -160,10 +161,11 @@ def prebuilt_image_pulled(reference: str):
 
 
 @operation()
-def engine_capabilities_checked(image: str):
-    """Read `tensorfold-native capabilities --json` from `image` and fail this host when the launch could not trust
-    it. While planning, an absent image is expected (an earlier step makes it)."""
-    caps = read_capabilities(image)
+def engine_capabilities_checked(image: str, cache_dir: str):
+    """Read `tensorfold-native capabilities --json` from `image` (once per image id, then from cache_dir) and fail
+    this host when the launch could not trust it. While planning, an absent image is expected (an earlier step
+    makes it)."""
+    caps = read_capabilities(image, cache_dir)
     problem = capabilities_problem(caps, image)
     if problem is None:
         flags = len(caps["serve"]["flags"])
@@ -198,4 +200,5 @@ def engine_image(s: Settings) -> None:
             image=ref,
             worker_ssh=s.worker_link_ssh,
         )
-    engine_capabilities_checked(name=f"read the capabilities of {ref}", image=ref)
+    engine_capabilities_checked(name=f"read the capabilities of {ref}", image=ref,
+                                cache_dir=s.layout.capabilities_cache)

@@ -13,7 +13,7 @@ import hashlib
 import posixpath
 from typing import Any
 
-from pyinfra import host
+from pyinfra import host, state
 
 from .context import peer_host
 from .facts.files import LinkTarget
@@ -43,6 +43,7 @@ class Launch:
     def __init__(self, s: Settings):
         self.s = s
         self.image = image_ref(s)
+        self._read: tuple[Any, Any] = (None, None)  # (the operation evaluation, its inputs)
 
     def rails(self) -> list[dict] | None:
         record = host.get_fact(LinkRecord, path=self.s.layout.link_record) or {}
@@ -69,9 +70,20 @@ class Launch:
         return _real(host, self.s.layout.active_rank_link())
 
     def capabilities(self) -> dict | None:
-        return read_capabilities(self.image) if self.s.is_head else None
+        return read_capabilities(self.image, self.s.layout.capabilities_cache) if self.s.is_head else None
 
     def _inputs(self) -> tuple[list[str], dict[str, Any]]:
+        # read once per evaluation of an operation (its check asks for problems() and spec()): nothing the inputs
+        # depend on changes inside one evaluation, and the next operation, or the executing pass, reads afresh
+        op = getattr(host, "current_op_hash", None)
+        evaluation = (op, state.is_executing) if op else None
+        if evaluation is not None and self._read[0] == evaluation:
+            return self._read[1]
+        inputs = self._read_inputs()
+        self._read = (evaluation, inputs)
+        return inputs
+
+    def _read_inputs(self) -> tuple[list[str], dict[str, Any]]:
         found = {"rails": self.rails(), "model": self.model_mount(), "folder": self.rank_folder(),
                  "caps": self.capabilities() if self.s.is_head else True}
         names = {"rails": "the link record (rails)", "model": "the model snapshot", "folder": "this rank's weight "

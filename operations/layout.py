@@ -172,6 +172,11 @@ class Layout:
         return f"{self.state_dir}/link.json"
 
     @property
+    def capabilities_cache(self) -> str:
+        """The engines' `capabilities --json` documents, one file per image id (facts/docker.EngineCapabilities)."""
+        return f"{self.state_dir}/capabilities"
+
+    @property
     def spec_record(self) -> str:
         return f"{self.state_dir}/rank.spec"
 

@@ -11,8 +11,9 @@ import shlex
 from collections.abc import Iterator
 from io import StringIO
 
+import gevent
 import yaml
-from pyinfra import host
+from pyinfra import host, state
 from pyinfra.api import StringCommand, deploy, operation
 from pyinfra.operations import files as core_files
 
@@ -21,7 +22,7 @@ from operations.facts.network import (
     IpAddresses,
     LinkRecord,
     NetplanFiles,
-    PingOk,
+    RailPings,
     RoceDevices,
     SshServerAddress,
 )
@@ -32,6 +33,7 @@ from operations.util.owned import owned_or_absent
 from operations.util.templates import render
 
 ROCE_PORT = 1
+GID_WAIT_TRIES = 10  # x 0.5 s for the GIDs of addresses this run applied
 
 
 # --- pure helpers -------------------------------------------------------------------------------------------
@@ -276,11 +278,13 @@ def link_addresses(rails: list[dict], mtu: int, netplan_file: str, settled: bool
 
 @operation()
 def link_ping(rails: list[dict], peer_rails: list[dict], mtu: int):
-    """Check: the peer answers a full-size do-not-fragment ping on each rail."""
+    """Check: the peer answers a full-size do-not-fragment ping on each rail (all rails pinged at once)."""
     problems = []
+    pairs = [[rail["netdev"], ip_of(peer["address"])] for rail, peer in zip(rails, peer_rails, strict=False)]
+    answers = host.get_fact(RailPings, pairs=pairs, size=int(mtu) - 28)
     for rail, peer in zip(rails, peer_rails, strict=False):
         peer_ip = ip_of(peer["address"])
-        if not host.get_fact(PingOk, netdev=rail["netdev"], address=peer_ip, size=int(mtu) - 28):
+        if not answers.get(rail["netdev"]):
             problems.append(
                 f"no reply from {peer_ip} over {rail['netdev']} with a {mtu}-byte do-not-fragment ping "
                 f"(`ping -I {rail['netdev']} -M do -s {int(mtu) - 28} {peer_ip}`): check the cable, that the "
@@ -299,6 +303,13 @@ def roce_gids(rails: list[dict], settled: bool = False):
     """Check: each rail's RoCE device has a RoCE v2 GID holding this rail's IPv4 address. settled: no netplan
     apply in this run."""
     records = rails_from_facts(rails, {}, host.get_fact(RoceDevices))
+    # the driver adds a new address's GIDs shortly after `netplan apply` (asynchronously): an executing run that
+    # applied it waits for them a little before judging
+    for _ in range(GID_WAIT_TRIES if state.is_executing and not settled else 0):
+        if all(r["ibdev"] is None or r["gid_index"] is not None for r in records):
+            break
+        gevent.sleep(0.5)
+        records = rails_from_facts(rails, {}, host.get_fact(RoceDevices))
     problems = []
     for record in records:
         ip = ip_of(record["address"])

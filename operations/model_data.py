@@ -29,7 +29,7 @@ from operations.data_copy import (
     space_problem,
 )
 from operations.facts.files import FolderCheck
-from operations.facts.model import HfHubPython, HfPlan, HfPlanDict
+from operations.facts.model import HfHubPython, HfPlanDict, hf_plan
 from operations.hf_cache import repo_folder_name
 from operations.image import image_ref
 from operations.layout import ABLIT_CURRENT, InContainer
@@ -127,7 +127,7 @@ def hf_snapshot(python: str, repo: str, revision: str, label: str, cache_dir: st
         return
     args = {"python": python, "repo": repo, "revision": revision, "cache_dir": cache_dir, "local_dir": local_dir,
             "include": tuple(include), "token_path": token_path, "endpoint": endpoint}
-    plan = host.get_fact(HfPlan, **args)
+    plan = hf_plan(host, **args)
     dest = local_dir or cache_dir
     if plan.get("complete") and plan.get("manifest"):
         if expect_model_type and plan.get("model_type") != expect_model_type:
@@ -156,7 +156,7 @@ def hf_snapshot(python: str, repo: str, revision: str, label: str, cache_dir: st
 
 
 def _plan(args: dict) -> HfPlanDict:
-    return host.get_fact(HfPlan, **args)
+    return hf_plan(host, **args)
 
 
 # ---- the deploy ----

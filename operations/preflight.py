@@ -10,7 +10,7 @@ from typing import Any
 from pyinfra import host
 from pyinfra.api import deploy, operation
 
-from operations.facts.docker import DockerMemoryUse, DockerRootDir
+from operations.facts.docker import DockerMemoryUse, DockerMemoryUseDict, DockerRootDir, RunningContainers
 from operations.facts.files import DiskFree, PathUsage
 from operations.facts.host import KNOWN_TOOLS, HostTools, MemInfo, OsRelease, SshReachable
 from operations.settings import Settings
@@ -128,16 +128,23 @@ def memory_available(min_avail_gib: float, own_containers=(), restart: bool = Fa
     """Fail unless MemAvailable >= min_avail_gib. While one of `own_containers` (this project's rank) runs, its
     memory stays held unless a restart is asked: then nothing starts here, so there is nothing to check (the launch
     step rechecks before any relaunch); with `restart` its memory is counted as coming back at the stop."""
-    docker_use = host.get_fact(DockerMemoryUse)
-    running = {c["name"] for c in docker_use.get("containers", [])}
-    ours = sorted(running & set(own_containers))
+    # `docker ps` names the running containers at once; `docker stats` (who holds how much, ~1.5 s) is read only
+    # when it is needed: to count our rank's memory on a restart, or to name the holders of too little memory
+    running: dict[str, bool] = host.get_fact(RunningContainers)
+    ours = sorted(set(running) & set(own_containers))
     if ours and not restart:
         host.noop(f"{', '.join(ours)} is running and holds its memory; it is checked again before any relaunch")
         return
     meminfo = host.get_fact(MemInfo)
     if ours:
+        docker_use: DockerMemoryUseDict = host.get_fact(DockerMemoryUse)
         meminfo = counted_meminfo(meminfo, docker_use, ours)
-    problem = memory_problem(meminfo, float(min_avail_gib), docker_use)
+        problem = memory_problem(meminfo, float(min_avail_gib), docker_use)
+    else:
+        problem = memory_problem(meminfo, float(min_avail_gib), {"ok": False})
+        if problem:
+            use: DockerMemoryUseDict = host.get_fact(DockerMemoryUse)
+            problem = memory_problem(meminfo, float(min_avail_gib), use)
     if not (yield from check_failed("memory", [problem])):
         host.noop("enough memory available" + (f" once {', '.join(ours)} stops" if ours else ""))
 

@@ -19,7 +19,7 @@ from pyinfra.api import operation
 
 from operations.data_copy import checksums_written, folder_to_peer, free_bytes, space_problem
 from operations.facts.files import DirFiles, FileText, LinkTarget, first_line
-from operations.facts.model import HfPlan, RankFolder
+from operations.facts.model import RankFolder, hf_plan
 from operations.hf_cache import repo_folder_name
 from operations.model_paths import checkpoint_plan_args
 from operations.util import check_failed, fail_command
@@ -37,7 +37,7 @@ _TOOL_ABLIT = "/model"
 def need_commit(plan_args: dict, what: str):
     """(commit, None) or (None, failing command). Planning tolerates a checkpoint not fetched yet: it shows the
     commit the Hub named, or a placeholder; executing requires the complete snapshot."""
-    plan = host.get_fact(HfPlan, **plan_args)
+    plan = hf_plan(host, **plan_args)
     if plan.get("complete") and plan.get("commit"):
         return plan["commit"], None
     if state.is_executing:
@@ -116,7 +116,7 @@ def rank_file_written(image_ref: str, rank: int, plan_args: dict, hf_cache: str,
     if len(bins) == 1 and rank not in have["partial"] and have["source"] == want:
         host.noop(f"rank {rank}'s weight file {bins[0]} is current")
         return
-    total = host.get_fact(HfPlan, **plan_args).get("total_bytes") or 0
+    total = hf_plan(host, **plan_args).get("total_bytes") or 0
     need = int(total / 2 * 1.05)  # each rank holds about half the pack
     space = space_problem(free_bytes(folder), need, folder, f"rank {rank}'s weight file")
     if (yield from check_failed("free disk", [space])):

@@ -11,6 +11,7 @@ from typing import TypedDict
 from pyinfra.api import FactBase
 
 from operations.remote import heredoc_command
+from operations.util.run_memo import fact_once
 
 _RANK_FILE = re.compile(r"^(?:rank(\d)of2-[0-9a-f]+\.bin|\.rank(\d)of2\.partial)$")
 
@@ -63,6 +64,12 @@ class HfPlan(FactBase[HfPlanDict]):
                 except ValueError:
                     break
         return self.default()
+
+
+def hf_plan(h, **args) -> HfPlanDict:
+    """HfPlan on host h, read once per run once the download is complete (its manifest written): the checkpoint's
+    plan is asked by several operations, and a complete download stays complete for the rest of the run."""
+    return fact_once(h, HfPlan, lambda plan: bool(plan.get("complete") and plan.get("manifest")), **args)
 
 
 class HfHubPython(FactBase[str | None]):

@@ -7,7 +7,7 @@ from pathlib import Path
 
 _HERE = Path(__file__).resolve().parent
 _PARTS = {"hf_plan": ["hf_cache", "hf_plan"], "hf_fetch": ["hf_cache", "hf_plan", "hf_fetch"],
-          "progress": ["progress"]}
+          "progress": ["progress"], "link_copy": ["link_copy"]}
 _DELIMITER = "SPARKFOLD_PY_EOF"
 
 

@@ -199,7 +199,8 @@ def watch(args: argparse.Namespace, relay: Relay | None, proc: subprocess.Popen 
         print(f"{args.label}: failed after {clock(elapsed)}; its last output:", file=sys.stderr)
         print("\n".join(tail), file=sys.stderr)
         return rc
-    done = measure()
+    # a probe over ssh would cost the run one more round trip: a command that succeeded has all of --total there
+    done = args.total if args.probe and args.total else measure()
     say(f"{args.label}: done in {clock(elapsed)}" + (f", {size(done)}" if done else ""))
     return 0
 

@@ -446,3 +446,21 @@ def test_restart_health_and_stop(monkeypatch):
     with ctx_host.use(worker_host):
         lifecycle.stopped._inner(ws)
     assert [k for k, _ in calls] == ["rank_stopped"] and calls[0][1]["rank"] == 1
+
+
+def test_the_launch_inputs_are_read_once_per_operation_evaluation():
+    from harness import _State
+    from pyinfra.context import ctx_host, ctx_state
+
+    from operations.launch import Launch
+    s = make_settings("head")
+    h = FakeHost(state_of(s), name="head")
+    launch = Launch(s)
+    with ctx_state.use(_State(executing=True)), ctx_host.use(h):
+        h.current_op_hash = "check"
+        assert launch.spec() is not None and launch.problems() == []
+        once = len(h.fact_calls)
+        h.current_op_hash = "start"  # the next operation reads what earlier ones made
+        launch.spec()
+        assert len(h.fact_calls) > once and once <= 6
+        assert sum(name.endswith("LinkRecord") for name, _ in h.fact_calls) == 2

@@ -31,8 +31,15 @@ BUILT = parse_fact(DockerImageInfo, fixture("inspect_built.json"))
 CAPS = parse_fact(EngineCapabilities, fixture("capabilities.txt"))
 
 
+CAPS_DIR = "/home/nvidia/.local/state/sparkfold/capabilities"
+
+
 def images(**by_ref) -> dict:
     return with_args({f"image={ref}": value for ref, value in by_ref.items()})
+
+
+def caps_of(**by_ref) -> dict:
+    return with_args({f"cache_dir={CAPS_DIR}, image={ref}": value for ref, value in by_ref.items()})
 
 
 # --- facts ---
@@ -242,8 +249,8 @@ def test_prebuilt_malformed_reference_fails():
 
 
 def check(caps, executing):
-    return run_op(image.engine_capabilities_checked, {EngineCapabilities: images(**{TAG: caps})},
-                  executing=executing, image=TAG)
+    return run_op(image.engine_capabilities_checked, {EngineCapabilities: caps_of(**{TAG: caps})},
+                  executing=executing, image=TAG, cache_dir=CAPS_DIR)
 
 
 @pytest.mark.parametrize("executing", [False, True])
@@ -271,10 +278,50 @@ def test_read_capabilities_uses_the_fact():
 
     @operation()
     def probe(ref):
-        yield str(read_capabilities(ref)["schema"])
+        yield str(read_capabilities(ref, CAPS_DIR)["schema"])
 
-    commands, host = run_op(probe, {EngineCapabilities: images(**{TAG: CAPS})}, ref=TAG)
-    assert commands == ["1"] and host.fact_calls == [("operations.facts.docker.EngineCapabilities", {"image": TAG})]
+    commands, host = run_op(probe, {EngineCapabilities: caps_of(**{TAG: CAPS})}, ref=TAG)
+    assert commands == ["1"]
+    assert host.fact_calls == [("operations.facts.docker.EngineCapabilities", {"image": TAG, "cache_dir": CAPS_DIR})]
+
+
+def _image_store(tmp_path, monkeypatch):
+    """A stand-in docker: `image inspect -f {{.Id}}` prints tmp/id (fails without it), `run` prints a document
+    naming that id; every call is logged."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    shim = bin_dir / "docker"
+    shim.write_text(f"#!/bin/sh\necho \"$1\" >> {tmp_path}/calls\nid=$(cat {tmp_path}/id 2>/dev/null) || exit 1\n"
+                    "case $1 in image) echo \"$id\";; run) [ -e "
+                    f"{tmp_path}/broken ] || echo \"{{\\\"schema\\\": 1, \\\"id\\\": \\\"$id\\\"}}\";; esac\n")
+    shim.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    return lambda: (tmp_path / "calls").read_text().split().count("run") if (tmp_path / "calls").exists() else 0
+
+
+def test_capabilities_are_read_from_the_image_once_per_image_id(tmp_path, monkeypatch):
+    from harness import run_fact
+    runs = _image_store(tmp_path, monkeypatch)
+    cache = str(tmp_path / "state" / "capabilities")
+    assert run_fact(EngineCapabilities, image=TAG, cache_dir=cache) == {} and runs() == 0  # no image: no container
+    (tmp_path / "id").write_text("sha256:aaa\n")
+    assert run_fact(EngineCapabilities, image=TAG, cache_dir=cache) == {"schema": 1, "id": "sha256:aaa"}
+    assert run_fact(EngineCapabilities, image=TAG, cache_dir=cache) == {"schema": 1, "id": "sha256:aaa"}
+    assert runs() == 1 and os.listdir(cache) == ["aaa.json"]
+    (tmp_path / "id").write_text("sha256:bbb\n")  # rebuilt under the same tag: read afresh
+    assert run_fact(EngineCapabilities, image=TAG, cache_dir=cache) == {"schema": 1, "id": "sha256:bbb"}
+    assert runs() == 2
+
+
+def test_a_capabilities_read_that_fails_is_not_kept(tmp_path, monkeypatch):
+    from harness import run_fact
+    runs = _image_store(tmp_path, monkeypatch)
+    cache = tmp_path / "capabilities"
+    (tmp_path / "id").write_text("sha256:ccc\n")
+    (tmp_path / "broken").write_text("")
+    assert run_fact(EngineCapabilities, image=TAG, cache_dir=str(cache)) == {}
+    assert run_fact(EngineCapabilities, image=TAG, cache_dir=str(cache)) == {}
+    assert runs() == 2 and not cache.exists()
 
 
 # --- deploy_image ---

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import types
 from pathlib import Path
@@ -20,6 +21,7 @@ from operations.facts.network import (
     LinkRecord,
     NetplanFiles,
     PingOk,
+    RailPings,
     RoceDevices,
 )
 from operations.util import MANAGED_HEADER
@@ -118,9 +120,23 @@ def test_roce_devices_command_on_a_tree(tmp_path):
 
 def test_ping_fact_command_and_result():
     command = PingOk().command(netdev="enp1s0f0np0", address="192.168.100.2", size=8972).get_raw_value()
-    assert command.startswith("ping -c 2 -W 2 -I enp1s0f0np0 -M do -s 8972 192.168.100.2 ")
+    assert command.startswith("ping -c 1 -i 0.2 -w 2 -I enp1s0f0np0 -M do -s 8972 192.168.100.2 ")
     assert parse_fact(PingOk, "ok") is True
     assert parse_fact(PingOk, "fail") is False
+
+
+def test_rail_pings_ask_every_rail_in_one_command(tmp_path, monkeypatch):
+    from harness import run_fact
+    fake = tmp_path / "ping"  # answers on enp1s0f0np0 only, and only for a do-not-fragment probe
+    fake.write_text("#!/bin/sh\necho \"$*\" >> " + str(tmp_path / "calls") + "\n"
+                    "case \"$*\" in *'-I enp1s0f0np0 -M do '*) exit 0;; esac; exit 1\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    pairs = [["enp1s0f0np0", "192.168.100.2"], ["enP2p1s0f0np0", "192.168.101.2"]]
+    assert run_fact(RailPings, pairs=pairs, size=8972) == {"enp1s0f0np0": True, "enP2p1s0f0np0": False}
+    calls = (tmp_path / "calls").read_text().splitlines()
+    assert sorted(calls) == [f"-c 1 -i 0.2 -w 2 -I {n} -M do -s 8972 {a}" for n, a in sorted(pairs)]
+    assert parse_fact(RailPings, "ok a\nfail b\nnoise") == {"a": True, "b": False}
 
 
 def test_link_record_fact():
@@ -356,8 +372,9 @@ def test_addresses_missing_netdev_names_link_rails():
 
 
 def ping_facts(results):
-    return {PingOk: with_args({f"address={p['address'].split('/')[0]}, netdev={r['netdev']}, size=8972": ok
-                               for r, p, ok in zip(RAILS, PEER, results, strict=True)})}
+    pairs = [[r["netdev"], p["address"].split("/")[0]] for r, p in zip(RAILS, PEER, strict=True)]
+    return {RailPings: with_args({f"pairs={pairs}, size=8972": {r["netdev"]: ok for r, ok in
+                                                                 zip(RAILS, results, strict=True)}})}
 
 
 def test_ping_converged_and_failing():
@@ -380,14 +397,33 @@ def test_roce_gids_converged_and_failing():
     r["roceP2p1s0f0"]["gids"][1][5]["type"] = "IB/RoCE v1"  # only v1 left for 192.168.101.1
     commands, _ = run_op(link.roce_gids, {RoceDevices: r}, executing=False, rails=RAILS)
     assert commands == []
-    commands, _ = run_op(link.roce_gids, {RoceDevices: r}, executing=True, rails=RAILS)
+    commands, _ = run_op(link.roce_gids, {RoceDevices: r}, executing=True, rails=RAILS, settled=True)
     assert len(commands) == 1 and "roceP2p1s0f0 has no RoCE v2 GID for 192.168.101.1" in commands[0]
     assert "rocep1s0f0 " not in commands[0]
 
 
+def test_roce_gids_wait_for_the_gids_of_addresses_this_run_applied(monkeypatch):
+    r = roce()
+    entry = r["roceP2p1s0f0"]["gids"][1][5]
+    entry["type"] = "IB/RoCE v1"  # the driver has not added the v2 GID yet
+    waits = []
+
+    def gid_appears(seconds):
+        waits.append(seconds)
+        entry["type"] = "RoCE v2"
+
+    monkeypatch.setattr(link.gevent, "sleep", gid_appears)
+    commands, _ = run_op(link.roce_gids, {RoceDevices: r}, executing=True, rails=RAILS, settled=False)
+    assert commands == [] and waits == [0.5]
+    entry["type"] = "IB/RoCE v1"
+    waits.clear()
+    commands, _ = run_op(link.roce_gids, {RoceDevices: r}, executing=True, rails=RAILS, settled=True)
+    assert len(commands) == 1 and waits == []  # no apply in this run: judged at once
+
+
 def test_roce_gids_uses_the_given_ibdev_and_reports_a_missing_device():
     rails = [dict(RAILS[0], ibdev="rocep1s0f1")]  # a wrong pairing: that device has no GID for the address
-    commands, _ = run_op(link.roce_gids, {RoceDevices: roce()}, executing=True, rails=rails)
+    commands, _ = run_op(link.roce_gids, {RoceDevices: roce()}, executing=True, rails=rails, settled=True)
     assert "rocep1s0f1 has no RoCE v2 GID for 192.168.100.1" in commands[0]
     commands, _ = run_op(link.roce_gids, {RoceDevices: {}}, executing=True, rails=RAILS[:1])
     assert "no RoCE device found for enp1s0f0np0" in commands[0] and '"ibdev"' in commands[0]

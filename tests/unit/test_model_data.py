@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shlex
 import subprocess
 import sys
 
@@ -276,13 +277,14 @@ def test_folder_to_peer_in_step_is_noop():
 
 def test_folder_to_peer_copies_differences_resumably():
     cmds, _ = run_op(data_copy.folder_to_peer, {DirFiles: ENGRAM, PeerFolder: _peer({})}, executing=True, **PEER)
-    assert cmds[0] == "ssh -o BatchMode=yes -o StrictHostKeyChecking=accept-new nvidia@10.0.0.2 'mkdir -p /w/engram'"
-    label, rsync, options = unwrap_progress(cmds[1])  # the worker's copy measured over ssh while it runs
-    assert rsync.startswith("rsync -a --partial ") and label.endswith("to the worker")
-    assert "-e 'ssh -o BatchMode=yes -o StrictHostKeyChecking=accept-new' /d/engram/ nvidia@10.0.0.2:/w/engram/" \
-        in rsync
-    assert "--exclude=/.cache/" in rsync
-    assert "du -sb /w/engram" in options[options.index("--probe") + 1]
+    assert len(cmds) == 1
+    label, copy, options = unwrap_progress(cmds[0])  # the worker's copy measured over ssh while it runs
+    assert label.endswith("to the worker") and "du -sb /w/engram" in options[options.index("--probe") + 1]
+    head = shlex.split(copy.split(" <<'SPARKFOLD_PY_EOF'")[0])
+    assert head[:3] == ["python3", "-", "/d/engram"] and "def start_daemon" in copy  # link_copy.py, on stdin
+    assert head[head.index("--target") + 1] == "nvidia@10.0.0.2" and head[head.index("--dest") + 1] == "/w/engram"
+    options = [w.split("=", 1)[1] for w in head if w.startswith("--rsync-option=")]
+    assert options[:2] == ["-a", "--partial"] and "--exclude=/.cache/" in options
 
 
 def test_folder_to_peer_checks_worker_space_and_reachability():
@@ -294,7 +296,7 @@ def test_folder_to_peer_checks_worker_space_and_reachability():
     assert "cannot reach" in cmds[0]
     # planning on a fresh pair: the link is not up yet, the copy is still planned
     cmds, _ = run_op(data_copy.folder_to_peer, {DirFiles: {}, PeerFolder: _peer({}, reachable=False)}, **PEER)
-    assert unwrap_progress(cmds[1])[1].startswith("rsync ")
+    assert unwrap_progress(cmds[0])[1].startswith("python3 - /d/engram ")
 
 
 def test_folder_to_peer_fixes_only_the_link():
@@ -453,3 +455,19 @@ def test_deploy_worker_only_verifies(recorded):
     DEPLOY(settings(is_head=False))
     assert [c[0] for c in recorded] == ["both_sparks_reached"] + ["folder_verified"] * 3
     assert recorded[3][1]["folder"] == "/home/n/.cache/sparkfold/rank-cache/active-rank1"
+
+
+def test_a_complete_plan_is_read_once_per_run_an_incomplete_one_every_time():
+    from harness import FakeHost
+
+    from operations.facts.model import hf_plan
+    args = {"python": "python3", "repo": "o/r", "revision": "main", "cache_dir": "/h/hub"}
+    done = FakeHost({HfPlan: complete_plan()})
+    assert hf_plan(done, **args) == hf_plan(done, **args) == complete_plan()
+    assert len(done.fact_calls) == 1
+    hf_plan(done, **dict(args, revision="other"))  # another revision is another plan
+    assert len(done.fact_calls) == 2
+    pending = FakeHost({HfPlan: complete_plan(complete=False, manifest=False)})
+    hf_plan(pending, **args)
+    hf_plan(pending, **args)
+    assert len(pending.fact_calls) == 2  # a download of this run changes it: asked again

@@ -8,7 +8,7 @@ import pytest
 from harness import parse_fact, with_args
 
 from operations import preflight
-from operations.facts.docker import DockerMemoryUse, DockerRootDir, parse_size
+from operations.facts.docker import DockerMemoryUse, DockerRootDir, RunningContainers, parse_size
 from operations.facts.files import DiskFree, PathUsage
 from operations.facts.host import HostTools, MemInfo, OsRelease, SshReachable
 
@@ -111,14 +111,15 @@ def _mem(avail_gib, total_gib=121.7):
     return {"MemAvailable": int(avail_gib * GIB), "MemTotal": int(total_gib * GIB)}
 
 
-def test_memory_enough_is_silent():
-    facts = {MemInfo: _mem(115.6), DockerMemoryUse: {"ok": True, "containers": []}}
-    cmds, _ = run_op(preflight.memory_available, facts, min_avail_gib=112)
-    assert cmds == []
+def test_memory_enough_is_silent_and_asks_no_container_its_use():
+    facts = {MemInfo: _mem(115.6), RunningContainers: {"comfyui": False}}  # no DockerMemoryUse: not read
+    cmds, h = run_op(preflight.memory_available, facts, min_avail_gib=112)
+    assert cmds == [] and h.noops == ["enough memory available"]
 
 
 def test_memory_short_names_the_containers():
-    facts = {MemInfo: _mem(80.0), DockerMemoryUse: parse_fact(DockerMemoryUse, fixture("docker-stats.txt"))}
+    facts = {MemInfo: _mem(80.0), RunningContainers: {"comfyui": False, "open-webui": False},
+             DockerMemoryUse: parse_fact(DockerMemoryUse, fixture("docker-stats.txt"))}
     cmds, _ = run_op(preflight.memory_available, facts, min_avail_gib=112)
     assert len(cmds) == 1
     msg = cmds[0]
@@ -128,8 +129,7 @@ def test_memory_short_names_the_containers():
 
 
 def test_memory_check_stands_aside_while_our_rank_runs():
-    use = {"ok": True, "containers": [{"name": "dsv41-1017-exl3-tf", "used_bytes": 2 * GIB, "usage": ""}]}
-    cmds, h = run_op(preflight.memory_available, {MemInfo: _mem(9.0), DockerMemoryUse: use},
+    cmds, h = run_op(preflight.memory_available, {MemInfo: _mem(9.0), RunningContainers: {"dsv41-1017-exl3-tf": True}},
                      min_avail_gib=112, own_containers=["dsv41-1017-exl3-tf"])
     assert cmds == [] and "dsv41-1017-exl3-tf is running" in h.noops[0]
 
@@ -138,10 +138,15 @@ RANK = "dsv41-1017-exl3-tf"
 
 
 
+def facts20(use) -> dict:
+    """20 GiB available, `use` from docker stats, and docker ps showing the same containers."""
+    return {MemInfo: _mem(20.0), DockerMemoryUse: use, RunningContainers: {c["name"]: False for c in use["containers"]}}
+
+
 def test_a_restart_counts_our_ranks_memory_as_coming_back():
     # our rank holds 98 GiB in driver allocations (docker stats sees 2): a restart frees it before the start
     use = {"ok": True, "containers": [{"name": RANK, "used_bytes": 2 * GIB, "usage": ""}]}
-    cmds, h = run_op(preflight.memory_available, {MemInfo: _mem(20.0), DockerMemoryUse: use},
+    cmds, h = run_op(preflight.memory_available, facts20(use),
                      min_avail_gib=112, own_containers=[RANK], restart=True)
     assert cmds == [] and f"once {RANK} stops" in h.noops[0]
 
@@ -149,18 +154,18 @@ def test_a_restart_counts_our_ranks_memory_as_coming_back():
 def test_a_restart_is_refused_when_other_containers_keep_too_much_after_our_rank_stops():
     use = {"ok": True, "containers": [{"name": RANK, "used_bytes": 2 * GIB, "usage": ""},
                                       {"name": "comfyui", "used_bytes": 30 * GIB, "usage": ""}]}
-    cmds, _ = run_op(preflight.memory_available, {MemInfo: _mem(20.0), DockerMemoryUse: use},
+    cmds, _ = run_op(preflight.memory_available, facts20(use),
                      min_avail_gib=112, own_containers=[RANK], restart=True)
     assert len(cmds) == 1 and "only 91.7 GiB MemAvailable, need 112 GiB" in cmds[0] and "comfyui 30.0 GiB" in cmds[0]
     # the same Spark without a restart: the rank keeps its memory, nothing starts, nothing to refuse
-    cmds, _ = run_op(preflight.memory_available, {MemInfo: _mem(20.0), DockerMemoryUse: use},
+    cmds, _ = run_op(preflight.memory_available, facts20(use),
                      min_avail_gib=112, own_containers=[RANK], restart=False)
     assert cmds == []
 
 
 def test_a_restart_without_our_rank_running_counts_nothing_extra():
     use = {"ok": True, "containers": []}
-    cmds, _ = run_op(preflight.memory_available, {MemInfo: _mem(20.0), DockerMemoryUse: use},
+    cmds, _ = run_op(preflight.memory_available, facts20(use),
                      min_avail_gib=112, own_containers=[RANK], restart=True)
     assert len(cmds) == 1 and "only 20.0 GiB MemAvailable" in cmds[0]
 
@@ -272,7 +277,7 @@ def test_preflight_passes_settings(monkeypatch):
 
 
 def test_a_problem_while_planning_is_a_warning_naming_the_spark_check_and_fix(caplog):
-    facts = {MemInfo: _mem(40.0), DockerMemoryUse: {"ok": True, "containers": []}}
+    facts = {MemInfo: _mem(40.0), RunningContainers: {}, DockerMemoryUse: {"ok": True, "containers": []}}
     with caplog.at_level("WARNING", logger="pyinfra"):
         cmds, _ = harness.run_op(preflight.memory_available, facts, executing=False, min_avail_gib=112)
     assert cmds == []  # --dry changes nothing and exits 0

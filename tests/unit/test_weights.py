@@ -184,6 +184,6 @@ def test_rank_file_to_peer_targets_same_layout_and_link():
              PeerFolder: {"reachable": True, "files": {}, "free": 10**9, "link": None}}
     cmds, _ = run_op(weights.rank_file_to_peer, facts, executing=True, plan_args=PLAN, rank_cache="/d/rc", rank=1,
                      ablit_tag="", target="n@w", peer_rank_cache="/w/rc")
-    assert f"/d/rc/{COMMIT}/rank1/ n@w:/w/rc/{COMMIT}/rank1/" in cmds[1]
-    assert cmds[2] == (f"ssh -o BatchMode=yes -o StrictHostKeyChecking=accept-new n@w "
+    assert f"python3 - /d/rc/{COMMIT}/rank1 --target n@w --dest /w/rc/{COMMIT}/rank1 " in cmds[0]
+    assert cmds[1] == (f"ssh -o BatchMode=yes -o StrictHostKeyChecking=accept-new n@w "
                        f"'ln -sfn {COMMIT}/rank1 /w/rc/active-rank1'")
