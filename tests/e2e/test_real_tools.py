@@ -58,7 +58,9 @@ def rendered(overrides: dict) -> dict[str, str]:
     clients = [r["address"].split("/")[0] for r in head.peer.link_rails]
     return {
         "60-sparkfold-cx7.yaml": link.render_netplan([dict(r) for r in head.link_rails], head.link_mtu),
-        "sparkfold-gpu-clock.service": gpu_clock.render_unit(head.gpu_clock_mhz, head.nvidia_smi_path),
+        "sparkfold-gpu-clock.service": gpu_clock.render_unit(head.gpu_clock_mhz, head.nvidia_smi_path,
+                                                             head.gpu_clock_period_s),
+        "sparkfold-gpu-clock.timer": gpu_clock.render_timer(head.gpu_clock_mhz, head.gpu_clock_period_s),
         "sparkfold-memguard.service": memguard.render_unit(head.container_name, head.memguard_gib),
         "sparkfold-supervise.service": supervise.render_unit(head.container_name, head.worker_link_ssh,
                                                              head.ssh_user, head.supervise_retries,
@@ -103,7 +105,11 @@ def verify_units(box, dest: str, nvidia_smi: str) -> dict[str, subprocess.Comple
     q = shlex.quote(nvidia_smi)
     box(f"test -x {q} || {{ mkdir -p \"$(dirname {q})\" && printf '#!/bin/sh\\n' > {q} && chmod +x {q}; }}")
     units = ("sparkfold-gpu-clock.service", "sparkfold-memguard.service", "sparkfold-supervise.service")
-    return {unit: box([ANALYZE, "verify", "--man=no", f"{dest}/{unit}"]) for unit in units}
+    results = {unit: box([ANALYZE, "verify", "--man=no", f"{dest}/{unit}"]) for unit in units}
+    # a timer is checked with the service it starts (given beside it, as it is installed)
+    timer = "sparkfold-gpu-clock.timer"
+    results[timer] = box([ANALYZE, "verify", "--man=no", f"{dest}/{timer}", f"{dest}/sparkfold-gpu-clock.service"])
+    return results
 
 
 def exportfs_check(box, dest: str, hub: str) -> subprocess.CompletedProcess:
