@@ -65,6 +65,7 @@ def read_json(path: str, default: dict) -> dict:
 
 
 def write_json(path: str, data: dict) -> None:
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)  # a fresh checkout has no .work/meminfo yet
     tmp = f"{path}.tmp{os.getpid()}"
     with open(tmp, "w", encoding="utf-8") as f:
         json.dump(data, f)

@@ -47,3 +47,9 @@ def test_the_text_keeps_its_length_and_reads_like_the_kernels(tmp_path):
     inode = path.stat().st_ino
     meminfo.write_in_place(str(path), empty)
     assert path.read_text() == empty and path.stat().st_ino == inode
+
+
+def test_settings_are_written_into_a_folder_a_fresh_checkout_lacks(tmp_path):
+    path = tmp_path / "fresh" / "meminfo" / "head.json"  # tests/sim/.work/meminfo is made on first use
+    meminfo.write_json(str(path), {"base_gib": 118})
+    assert meminfo.read_json(str(path), {}) == {"base_gib": 118}
