@@ -53,12 +53,13 @@ def pytest_collection_modifyitems(config, items):
     e2e = [i for i in items if here in Path(str(i.fspath)).parents]
     for item in e2e:
         item.add_marker(pytest.mark.e2e)
-    # the smoke test checks the pair as it starts: run it before any other e2e test changes the Sparks
-    smoke = [i for i in e2e if Path(str(i.fspath)).name == "test_sim_smoke.py"]
-    if smoke:
+    # the smoke test checks the pair as it starts, and test_deploy.py begins from fresh Sparks: both run before any
+    # other e2e file changes the Sparks, whatever the other files are named
+    leading = [i for name in ("test_sim_smoke.py", "test_deploy.py") for i in e2e if Path(str(i.fspath)).name == name]
+    if leading:
         first = items.index(e2e[0])
-        rest = [i for i in items if i not in smoke]
-        items[:] = rest[:first] + smoke + rest[first:]
+        rest = [i for i in items if i not in leading]
+        items[:] = rest[:first] + leading + rest[first:]
 
 
 @pytest.fixture(scope="session")
