@@ -84,14 +84,17 @@ def removal_commands(name: str, rank: int, running: bool, stop_timeout: int, log
     yield StringCommand(sh("docker", "rm", "-f", name), ">/dev/null")
 
 
-def memory_wait_command(rank: int, min_avail_gib: float, tries: int = 30) -> StringCommand:
-    """Fail unless MemAvailable reaches min_avail_gib within about a minute (memory comes back after a stop)."""
+def memory_wait_command(rank: int, min_avail_gib: float, tries: int = 30, failure: str = "") -> StringCommand:
+    """Fail unless MemAvailable reaches min_avail_gib within about a minute (memory comes back after a stop).
+    failure: the message on timeout (default: rank `rank` needs ...)."""
     need_kib = int(min_avail_gib * 1024 * 1024)
+    said = (f"echo {shlex.quote(failure)} >&2" if failure else
+            f"echo \"sparkfold: rank {rank} needs min_avail_gib = {min_avail_gib:g} GiB of MemAvailable on this "
+            "Spark but only $((${a:-0}/1048576)) GiB is available: stop what else uses memory here, or lower "
+            "min_avail_gib\" >&2")
     script = (
         f"i=0; while :; do a=$(awk '/^MemAvailable:/ {{print $2}}' /proc/meminfo); [ \"${{a:-0}}\" -ge {need_kib} ] "
-        f"&& break; i=$((i+1)); if [ $i -ge {tries} ]; then echo \"sparkfold: rank {rank} needs min_avail_gib = "
-        f"{min_avail_gib:g} GiB of MemAvailable on this Spark but only $((${{a:-0}}/1048576)) GiB is available: stop "
-        "what else uses memory here, or lower min_avail_gib\" >&2; exit 1; fi; sleep 2; done"
+        f"&& break; i=$((i+1)); if [ $i -ge {tries} ]; then {said}; exit 1; fi; sleep 2; done"
     )
     return StringCommand("sh", "-c", shlex.quote(script))
 

@@ -7,9 +7,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from pyinfra import host
+from pyinfra import host, state
 from pyinfra.api import deploy, operation
 
+from operations.containers import memory_wait_command
 from operations.facts.docker import DockerMemoryUse, DockerMemoryUseDict, DockerRootDir, RunningContainers
 from operations.facts.files import DiskFree, PathUsage
 from operations.facts.host import KNOWN_TOOLS, HostTools, MemInfo, OsRelease, SshReachable
@@ -19,6 +20,7 @@ from operations.util import check_failed
 GIB = 1024**3
 GB = 1000**3
 DEFAULT_DOCKER_ROOT = "/var/lib/docker"  # measured when docker is not installed or not reachable yet
+MEMORY_WAIT_TRIES = 15  # x 2 s: a stopped rank's ~98 GiB comes back within seconds
 
 TOOL_FIX = {
     "docker": "install Docker (apt-get install docker.io) or set docker_install = True",
@@ -145,6 +147,12 @@ def memory_available(min_avail_gib: float, own_containers=(), restart: bool = Fa
         if problem:
             use: DockerMemoryUseDict = host.get_fact(DockerMemoryUse)
             problem = memory_problem(meminfo, float(min_avail_gib), use)
+    if problem and state.is_executing and not ours:
+        # ranks that stopped moments ago (a crash, a stop) give their memory back over seconds: wait a little
+        # before refusing, as the launch does before each start
+        yield memory_wait_command(0, float(min_avail_gib), tries=MEMORY_WAIT_TRIES,
+                                  failure=f"sparkfold: memory: {problem}")
+        return
     if not (yield from check_failed("memory", [problem])):
         host.noop("enough memory available" + (f" once {', '.join(ours)} stops" if ours else ""))
 

@@ -117,6 +117,17 @@ def test_memory_enough_is_silent_and_asks_no_container_its_use():
     assert cmds == [] and h.noops == ["enough memory available"]
 
 
+def test_memory_short_while_executing_waits_for_memory_coming_back_before_refusing():
+    # ranks stopped a moment ago (rank 0 exits when rank 1 dies) give ~98 GiB back over seconds
+    facts = {MemInfo: _mem(46.0), RunningContainers: {}, DockerMemoryUse: {"ok": True, "containers": []}}
+    cmds, _ = run_op(preflight.memory_available, facts, executing=True, min_avail_gib=112)
+    assert len(cmds) == 1 and "MemAvailable" in cmds[0] and "sleep 2" in cmds[0]
+    assert f"-ge {112 * 1024 * 1024}" in cmds[0] and "only 46.0 GiB MemAvailable, need 112 GiB" in cmds[0]
+    assert "i -ge 15" in cmds[0]  # about 30 s, then the refusal with the numbers
+    planned, _ = run_op(preflight.memory_available, facts, executing=False, min_avail_gib=112)
+    assert "sleep" not in " ".join(planned)  # planning only warns
+
+
 def test_memory_short_names_the_containers():
     facts = {MemInfo: _mem(80.0), RunningContainers: {"comfyui": False, "open-webui": False},
              DockerMemoryUse: parse_fact(DockerMemoryUse, fixture("docker-stats.txt"))}
