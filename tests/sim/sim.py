@@ -38,6 +38,9 @@ ROLES = ("head", "worker")
 IMAGE = "sparkfold-sim/host:bookworm"
 ENGINE_BASE = "sparkfold-sim/engine-base:bookworm"
 NETWORK = "sparkfold-sim-mgmt"
+# pinned outside Docker's default pools: a pool Docker picks itself can be 192.168.96.0/20, which overlaps the link's
+# 192.168.100.0/24 and 192.168.101.0/24 (and the deploy rightly refuses rails that overlap the management network)
+NETWORK_SUBNET = "10.213.70.0/24"
 CONTAINER = {r: f"sparkfold-sim-{r}" for r in ROLES}
 VOLUME = {r: f"sparkfold-sim-{r}-docker" for r in ROLES}
 SSH_PORT = {"head": int(os.environ.get("SPARKSIM_HEAD_SSH_PORT", "2221")),
@@ -61,7 +64,7 @@ RANK_MEMORY = {"rank_gib": float(os.environ.get("SPARKSIM_RANK_GIB", meminfo.DEF
                "release_s": float(os.environ.get("SPARKSIM_RANK_RELEASE_S", meminfo.DEFAULTS["release_s"]))}
 
 # Bump when the container layout changes, so a running pair from an older layout is recreated.
-LAYOUT_VERSION = "2"
+LAYOUT_VERSION = "3"
 
 
 class SimError(Exception):
@@ -416,7 +419,7 @@ def up(fresh: bool = False) -> Path:
         for role in ROLES:
             meminfo.write_json(f"{_meminfo_path(role)}.json", {"base_gib": MEM_AVAIL_GIB, **RANK_MEMORY})
             _write_meminfo(role, MEM_TOTAL_GIB, MEM_AVAIL_GIB)
-        _docker("network", "create", NETWORK)
+        _docker("network", "create", "--subnet", NETWORK_SUBNET, NETWORK)
         for role in ROLES:
             _docker("volume", "create", VOLUME[role])
             _run_container(role, layout)
