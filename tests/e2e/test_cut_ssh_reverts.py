@@ -10,20 +10,11 @@ from __future__ import annotations
 import subprocess
 import time
 
-from test_deploy import DEPLOY, addresses, changed_ops, chat, deploy
+from test_deploy import DEPLOY, addresses, changed_ops, chat, deploy, wait_until
 
 ROLLBACK = {"SPARKFOLD_LINK_ROLLBACK_S": "30"}
 RAIL, ADDRESS = "enP2p1s0f0np0", "192.168.101.2/24"
 NETPLAN = "/etc/netplan/60-sparkfold-cx7.yaml"
-
-
-def wait_until(check, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return
-        time.sleep(1)
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
 
 
 def ssh_answers(sim, role: str) -> bool:

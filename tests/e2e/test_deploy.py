@@ -8,7 +8,11 @@ back from the Sparks, not only pyinfra's report.
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 import requests
@@ -22,6 +26,7 @@ NAME = "dsv41-1017-exl3-tf"
 START1 = "The pair of ranks | Start rank 1 (worker)"
 START0 = "The pair of ranks | Start rank 0 (head)"
 DEPLOY = ("inventory.py", "deploy.py")
+ROOT = Path(__file__).resolve().parents[2]
 GPU_LOCK = "GPU clock ceiling | locked at 2200 MHz"
 GPU_TIMER = f"GPU clock ceiling | {GPU_CLOCK_TIMER} enabled and running"
 SMI_STATE = "/var/lib/sim-nvidia/state.json"  # the stand-in GPU's state (tests/sim/standins/nvidia-smi)
@@ -97,6 +102,13 @@ def lock_record(sim_exec, role: str) -> dict[str, str]:
     """The GPU clock record's key=value lines (boot, applied, failed)."""
     out = sim_exec(role, ["cat", GPU_CLOCK_RECORD]).stdout
     return dict(line.split("=", 1) for line in out.splitlines() if "=" in line.split(" ", 1)[0])
+
+
+def start_deploy(site_file, stdout=subprocess.DEVNULL) -> subprocess.Popen:
+    """A deploy running in the background (its own process group, so a test can kill it whole); stderr piped."""
+    env = dict(os.environ, SPARKFOLD_SITE=str(site_file), PYINFRA_PROGRESS="off")
+    return subprocess.Popen([sys.executable, "-m", "pyinfra", *DEPLOY, "-y"], cwd=ROOT, env=env, text=True,
+                            stdin=subprocess.DEVNULL, stdout=stdout, stderr=subprocess.PIPE, start_new_session=True)
 
 
 def spark_time(sim_exec, role: str) -> int:
@@ -460,17 +472,8 @@ def test_restart_recreates_both_in_order_even_when_nothing_changed(run_pyinfra, 
 # --- 6. one run at a time -----------------------------------------------------------------------------------------
 
 def test_two_deploys_started_together_one_converges_the_other_refuses(site_file, sim_exec, run_pyinfra):
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
     assert sim_exec("worker", ["docker", "rm", "-f", NAME]).returncode == 0  # give the runs something to do
-    env = dict(os.environ, SPARKFOLD_SITE=str(site_file), PYINFRA_PROGRESS="off")
-    root = Path(__file__).resolve().parents[2]
-    runs = [subprocess.Popen([sys.executable, "-m", "pyinfra", *DEPLOY, "-y"], cwd=root, env=env, text=True,
-                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-            for _ in range(2)]
+    runs = [start_deploy(site_file, stdout=subprocess.PIPE) for _ in range(2)]
     results = [(r.wait(timeout=1800), r.stderr.read()) for r in runs]
     codes = sorted(code for code, _ in results)
     assert codes[0] == 0 and codes[1] != 0, [(c, e[-2000:]) for c, e in results]

@@ -9,23 +9,16 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
-from test_deploy import DEPLOY, NAME, changed_ops, chat, deploy, pair_ids
+from test_deploy import NAME, changed_ops, chat, deploy, pair_ids, start_deploy
 
-ROOT = Path(__file__).resolve().parents[2]
 PAIR = "The pair of ranks | "
 
 
 def run_until(site_file, op: str) -> list[str]:
     """Start a deploy and SIGKILL its whole process group as soon as `op` starts executing; its stderr so far."""
-    env = dict(os.environ, SPARKFOLD_SITE=str(site_file), PYINFRA_PROGRESS="off")
-    run = subprocess.Popen([sys.executable, "-m", "pyinfra", *DEPLOY, "-y"], cwd=ROOT, env=env, text=True,
-                           stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                           start_new_session=True)
+    run = start_deploy(site_file)
     seen = []
     assert run.stderr is not None
     try:

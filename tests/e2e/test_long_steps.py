@@ -9,26 +9,15 @@ from __future__ import annotations
 import os
 import re
 import signal
-import subprocess
-import sys
 import time
-from pathlib import Path
 
-from test_deploy import DEPLOY, changed_ops, deploy
+from test_deploy import changed_ops, deploy, start_deploy
 
-ROOT = Path(__file__).resolve().parents[2]
 ENGRAM = "/home/nvidia/.cache/sparkfold/engram"
 PROBE = f"{ENGRAM}/progress-probe.bin"
 RAIL0 = "enp1s0f0np0"  # the head's side of rail 0, which the copies to the worker take
 STEP = "Engram tables to the worker:"
 AMOUNT = re.compile(r"(\d+(?:\.\d+)?) (MiB|GiB)")
-
-
-def start_deploy(site_file) -> subprocess.Popen:
-    env = dict(os.environ, SPARKFOLD_SITE=str(site_file), PYINFRA_PROGRESS="off")
-    return subprocess.Popen([sys.executable, "-m", "pyinfra", *DEPLOY, "-y"], cwd=ROOT, env=env, text=True,
-                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            start_new_session=True)
 
 
 def mib(line: str) -> float:

@@ -13,19 +13,10 @@ import time
 from datetime import datetime
 
 import pytest
-from test_deploy import NAME, START0, START1, changed_ops, chat, deploy, pair_ids, started_at
+from test_deploy import NAME, START0, START1, changed_ops, chat, deploy, pair_ids, started_at, wait_until
 
 MIN_AVAIL_GIB = 112.0  # group_data/all.py's min_avail_gib
 FLOOR_GIB = 2.5  # memguard_gib
-
-
-def wait_until(check, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return
-        time.sleep(0.5)
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
 
 
 def loaded(sim, role: str) -> bool:

@@ -12,15 +12,11 @@ from __future__ import annotations
 import os
 import re
 import signal
-import subprocess
-import sys
 import threading
 import time
-from pathlib import Path
 
-from test_deploy import DEPLOY, NAME, chat, deploy
+from test_deploy import NAME, chat, deploy, start_deploy
 
-ROOT = Path(__file__).resolve().parents[2]
 REPO = "Mia-AiLab/DeepSeek-V4.1-Flash-1017-EXL3-EAQ-v1-2.9-bpw"  # model_repo's default: the checkpoint
 FOLDER = "/home/nvidia/.cache/huggingface/hub/models--" + REPO.replace("/", "--")
 HUB_LOG = "/var/log/fakehub.log"
@@ -58,13 +54,6 @@ def slow_hub(sim_exec, on: bool):
                                 "latency 120s").returncode == 0
     else:
         sim_exec("head", "tc qdisc del dev lo root; ip link set lo mtu 65536")
-
-
-def start_deploy(site_file) -> subprocess.Popen:
-    env = dict(os.environ, SPARKFOLD_SITE=str(site_file), PYINFRA_PROGRESS="off")
-    return subprocess.Popen([sys.executable, "-m", "pyinfra", *DEPLOY, "-y"], cwd=ROOT, env=env, text=True,
-                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            start_new_session=True)
 
 
 def test_an_interrupted_download_resumes_without_fetching_again_what_it_had(site_file, run_pyinfra, sim_exec):
