@@ -21,7 +21,7 @@ from operations.facts.model import AblitShards
 from operations.hf_cache import MANIFEST_NAME, repo_folder_name
 from operations.model_paths import checkpoint_plan_args
 from operations.util import check_failed, fail_command
-from operations.weights import SOURCE, commit_link, need_commit, pack_tag, tool_run
+from operations.weights import SOURCE, ablit_tag, commit_link, need_commit, pack_name, pack_tag, tool_run
 
 APPLY_SCRIPT = "apply_mia_exl3_wob.py"
 
@@ -39,7 +39,7 @@ def ablit_applied(image_ref: str, plan_args: dict, hf_cache: str, overlay: str, 
     if problem:
         yield problem
         return
-    name = f"{commit}-{pack_tag(overlay_revision, ablit_file)}"
+    name = pack_name(commit, pack_tag(overlay_revision, ablit_file))
     dst = f"{ablit_root}/{name}"
     want = f"{commit} {overlay_revision} {ablit_file}"
     if first_line(host.get_fact(FileText, path=f"{dst}/{SOURCE}")) == want:
@@ -71,4 +71,4 @@ def deploy_ablit(s, image_ref: str) -> None:
                   hf_cache=s.hf_cache, overlay=p.overlay, ablit_file=s.ablit_file, ablit_root=p.ablit,
                   overlay_revision=s.ablit_revision, has_token=bool(s.hf_token))
     commit_link(name="ABLIT served pack link", link=p.ablit_current, plan_args=checkpoint_plan_args(s),
-                template="{commit}-" + pack_tag(s.ablit_revision, s.ablit_file))
+                template=pack_name("{commit}", ablit_tag(s)))

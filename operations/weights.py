@@ -60,10 +60,15 @@ def pack_tag(overlay_revision: str, ablit_file: str) -> str:
     return hashlib.sha256(f"{overlay_revision} {ablit_file}".encode()).hexdigest()[:8]
 
 
+def pack_name(commit: str, ablit_tag: str) -> str:
+    """The applied ABLIT pack's folder under <data_dir>/ablit (commit may be "{commit}", for a link template)."""
+    return f"{commit}-{ablit_tag}"
+
+
 def model_source(hf_cache: str, repo: str, commit: str, ablit_dir: str = "", ablit_tag: str = ""):
     """(mount, path inside the tool container) of the pack the weight files are made from."""
     if ablit_dir:
-        return (f"{ablit_dir}/{commit}-{ablit_tag}", _TOOL_ABLIT, True), _TOOL_ABLIT
+        return (f"{ablit_dir}/{pack_name(commit, ablit_tag)}", _TOOL_ABLIT, True), _TOOL_ABLIT
     return (hf_cache, _TOOL_HF, True), f"{_TOOL_HF}/hub/{repo_folder_name(repo)}/snapshots/{commit}"
 
 
