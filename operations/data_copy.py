@@ -15,11 +15,14 @@ from pyinfra import host
 from pyinfra.api import operation
 
 from operations.facts.files import DirFiles, DiskFree, FolderCheck, FolderEntries, LinkTarget, PeerFolder
+from operations.hf_cache import PARTIAL_SUFFIX
 from operations.remote import heredoc_command
 from operations.util import check_failed
 from operations.util.progress import progress_command
 
 MARKER = ".sparkfold-verified"
+# never copied to the worker: huggingface_hub's local_dir metadata, the head's own verification, partial downloads
+COPY_EXCLUDES = ("/.cache/", MARKER, f"*{PARTIAL_SUFFIX}")
 SUMS_STATE = ".sparkfold-sums.state"
 # the worker's link address is new to the head on a first deploy: accept its key then (the image ship does too)
 SSH = "ssh -o BatchMode=yes -o StrictHostKeyChecking=accept-new"
@@ -33,8 +36,11 @@ def gib(n) -> str:
 
 
 def is_bookkeeping(path: str) -> bool:
-    """huggingface_hub's local_dir metadata and our own markers: never compared, never copied as data."""
-    return path.startswith(".cache/") or path.rsplit("/", 1)[-1].startswith(".sparkfold-")
+    """huggingface_hub's local_dir metadata, its partial downloads (a killed download leaves blobs/<etag>.<tmp>
+    .incomplete behind in a cache folder, which rsync never copies: see COPY_EXCLUDES) and our own markers: never
+    compared."""
+    name = path.rsplit("/", 1)[-1]
+    return path.startswith(".cache/") or name.startswith(".sparkfold-") or name.endswith(PARTIAL_SUFFIX)
 
 
 def listing_digest(files: dict, names, extra: str = "") -> str:
@@ -141,7 +147,7 @@ def peer_copy_commands(src: str, target: str, dest: str, what: str, total: int, 
     rsync through a transient daemon on the worker's link address (operations/remote/link_copy.py), unencrypted on
     the cable at the link's speed (the benchmark tests/bench/deploy_speed.py times these)."""
     q = shlex.quote
-    options = ["-a", "--partial", *extra_rsync] + [f"--exclude={e}" for e in ("/.cache/", MARKER, "*.incomplete")]
+    options = ["-a", "--partial", *extra_rsync] + [f"--exclude={e}" for e in COPY_EXCLUDES]
     words = [src, "--target", target, "--dest", dest, "--ssh", SSH] + [f"--rsync-option={o}" for o in options]
     # progress: the worker's copy measured over ssh (its size at the start says how much a resume keeps)
     return [progress_command(f"{what} to the worker", heredoc_command(f"python3 - {shlex.join(words)}", "link_copy"),

@@ -17,6 +17,7 @@ import os
 import re
 
 MANIFEST_NAME = ".sparkfold-complete.json"  # written by hf_fetch after a verified download
+PARTIAL_SUFFIX = ".incomplete"  # huggingface_hub's file while it downloads; a killed download leaves it behind
 _COMMIT = re.compile(r"^[0-9a-f]{40}$")
 
 
@@ -77,7 +78,7 @@ def incomplete_blobs(repo_path: str) -> dict:
     except OSError:
         return out
     for name in names:
-        if name.endswith(".incomplete"):
+        if name.endswith(PARTIAL_SUFFIX):
             etag = name.split(".", 1)[0]
             try:
                 out[etag] = max(out.get(etag, 0), os.stat(os.path.join(blobs, name)).st_size)
@@ -92,11 +93,11 @@ def incomplete_local(local_dir: str) -> dict:
     out = {}
     for dirpath, _dirs, files in os.walk(base):
         for name in files:
-            if name.endswith(".incomplete"):
+            if name.endswith(PARTIAL_SUFFIX):
                 full = os.path.join(dirpath, name)
                 rel = os.path.relpath(full, base).replace(os.sep, "/")
                 # huggingface_hub names them <path>.incomplete or <path>.<etag>.incomplete
-                key = rel[: -len(".incomplete")]
+                key = rel[: -len(PARTIAL_SUFFIX)]
                 try:
                     out[key] = os.stat(full).st_size
                 except OSError:

@@ -17,13 +17,15 @@ ENGRAM = "/home/nvidia/.cache/sparkfold/engram"
 PROBE = f"{ENGRAM}/progress-probe.bin"
 RAIL0 = "enp1s0f0np0"  # the head's side of rail 0, which the copies to the worker take
 STEP = "Engram tables to the worker:"
-AMOUNT = re.compile(r"(\d+(?:\.\d+)?) (MiB|GiB)")
+AMOUNT = re.compile(r"(\d+(?:\.\d+)?) (KiB|MiB|GiB)")  # the runner's units (operations/remote/progress.size)
+UNIT_MIB = {"KiB": 1 / 1024, "MiB": 1, "GiB": 1024}
 
 
 def mib(line: str) -> float:
+    """The first amount on a progress line, in MiB ("24 KiB already there of 24 MiB": 24 KiB)."""
     m = AMOUNT.search(line)
     assert m, line
-    return float(m.group(1)) * (1024 if m.group(2) == "GiB" else 1)
+    return float(m.group(1)) * UNIT_MIB[m.group(2)]
 
 
 def slow_link(sim_exec, on: bool):

@@ -275,6 +275,20 @@ def test_folder_to_peer_in_step_is_noop():
     assert cmds == [] and "matches" in h.noops[0]
 
 
+def test_folder_to_peer_ignores_what_it_never_copies():
+    # a killed download leaves huggingface_hub's partial blobs in a cache folder; rsync excludes them, so comparing
+    # them would plan the copy again on every run
+    left = {"blobs/390a466e.1d337c6e.incomplete": [0, 5], data_copy.MARKER: [65, 5]}
+    facts = {DirFiles: dict(ENGRAM, **left), PeerFolder: _peer(dict(ENGRAM))}
+    cmds, h = run_op(data_copy.folder_to_peer, facts, executing=True, **PEER)
+    assert cmds == [] and "matches" in h.noops[0]
+    # and a real difference next to them is still copied, with those names excluded
+    facts = {DirFiles: dict(ENGRAM, **left), PeerFolder: _peer({})}
+    copy = unwrap_progress(run_op(data_copy.folder_to_peer, facts, executing=True, **PEER)[0][0])[1]
+    words = shlex.split(copy.split(" <<'SPARKFOLD_PY_EOF'")[0])
+    assert {"--rsync-option=--exclude=*.incomplete", f"--rsync-option=--exclude={data_copy.MARKER}"} <= set(words)
+
+
 def test_folder_to_peer_copies_differences_resumably():
     cmds, _ = run_op(data_copy.folder_to_peer, {DirFiles: ENGRAM, PeerFolder: _peer({})}, executing=True, **PEER)
     assert len(cmds) == 1
