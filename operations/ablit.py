@@ -21,6 +21,7 @@ from operations.facts.model import AblitShards
 from operations.hf_cache import MANIFEST_NAME, repo_folder_name
 from operations.model_paths import checkpoint_plan_args
 from operations.util import check_failed, fail_command
+from operations.util.progress import progress_command
 from operations.weights import SOURCE, ablit_tag, commit_link, need_commit, pack_name, pack_tag, tool_run
 
 APPLY_SCRIPT = "apply_mia_exl3_wob.py"
@@ -57,9 +58,11 @@ def ablit_applied(image_ref: str, plan_args: dict, hf_cache: str, overlay: str, 
     # the stock snapshot inside ablit_root (no extra space); the script writes only new files and never its --src
     yield (f"rm -rf {q(staged)} {q(out)} && mkdir -p {q(ablit_root)} && cp -rLl {q(snapshot)}/. {q(staged)}/ && "
            f"rm -f {q(staged)}/{MANIFEST_NAME}")
-    yield tool_run(image_ref, [(ablit_root, "/ablit", False), (overlay, "/overlay", True)], "python3",
-                   f"/overlay/{APPLY_SCRIPT}", "--src", f"{inside}.src", "--wo-b", f"/overlay/{ablit_file}",
-                   "--dst", f"{inside}.out")
+    # minutes on a real checkpoint: the GiB the script has written so far
+    yield progress_command("ABLIT overlay: applying", tool_run(
+        image_ref, [(ablit_root, "/ablit", False), (overlay, "/overlay", True)], "python3",
+        f"/overlay/{APPLY_SCRIPT}", "--src", f"{inside}.src", "--wo-b", f"/overlay/{ablit_file}",
+        "--dst", f"{inside}.out"), size_of=out, own_work=True)
     # files the script did not write into --dst are the unchanged ones: hard links to the stock files
     yield (f"cp -rln {q(staged)}/. {q(out)}/ && rm -rf {q(staged)} {q(dst)} && mv {q(out)} {q(dst)} && "
            f"printf '%s\\n' {q(want)} > {q(dst)}/{SOURCE}")

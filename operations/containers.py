@@ -25,6 +25,7 @@ from .gpu_clock import lock_command
 from .launch_spec import LABEL_HASH, LABEL_MANAGED, ContainerSpec
 from .layout import unit_path
 from .util import MANAGED_HEADER, check_failed, fail_command, sh
+from .util.progress import LiveCommand
 
 if TYPE_CHECKING:
     from .launch import Launch
@@ -92,11 +93,14 @@ def memory_wait_command(rank: int, min_avail_gib: float, tries: int = 30, failur
             f"echo \"sparkfold: rank {rank} needs min_avail_gib = {min_avail_gib:g} GiB of MemAvailable on this "
             "Spark but only $((${a:-0}/1048576)) GiB is available: stop what else uses memory here, or lower "
             "min_avail_gib\" >&2")
+    # a line every 10 s while it waits (LiveCommand: shown as it comes, at pyinfra's default verbosity)
     script = (
         f"i=0; while :; do a=$(awk '/^MemAvailable:/ {{print $2}}' /proc/meminfo); [ \"${{a:-0}}\" -ge {need_kib} ] "
-        f"&& break; i=$((i+1)); if [ $i -ge {tries} ]; then {said}; exit 1; fi; sleep 2; done"
+        f"&& break; i=$((i+1)); if [ $i -ge {tries} ]; then {said}; exit 1; fi; "
+        f"[ $((i % 5)) = 0 ] && echo \"rank {rank}: waiting for memory: $((${{a:-0}}/1048576)) of "
+        f"{min_avail_gib:g} GiB available ($((i*2)) s)\"; sleep 2; done"
     )
-    return StringCommand("sh", "-c", shlex.quote(script))
+    return LiveCommand("sh", "-c", shlex.quote(script))
 
 
 def start_commands(spec: ContainerSpec, min_avail_gib: float, gpu_clock_mhz: int, nvidia_smi: str):

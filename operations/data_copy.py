@@ -12,13 +12,13 @@ import re
 import shlex
 
 from pyinfra import host
-from pyinfra.api import operation
+from pyinfra.api import StringCommand, operation
 
 from operations.facts.files import DirFiles, DiskFree, FolderCheck, FolderEntries, LinkTarget, PeerFolder
 from operations.hf_cache import PARTIAL_SUFFIX
 from operations.remote import heredoc_command
 from operations.util import check_failed
-from operations.util.progress import progress_command
+from operations.util.progress import TICK_S, progress_command
 
 MARKER = ".sparkfold-verified"
 # never copied to the worker: huggingface_hub's local_dir metadata, the head's own verification, partial downloads
@@ -60,8 +60,23 @@ def kit_generated(name: str) -> bool:
     return bool(_KIT_GENERATED.match(name))
 
 
+def hashing_command(label: str, folder: str, hashing: str, total: int, complaint: str = "",
+                    every: float = TICK_S) -> StringCommand:
+    """`hashing` (one sha256sum command, with its redirections) run in `folder` with a progress line every few
+    seconds: the bytes it has read so far (its /proc/<pid>/io rchar) of `total`, the rate and the time left; when it
+    fails, `complaint` on stderr. Hashing hundreds of GB takes minutes. The pid file's name is fixed per folder: the
+    run lock keeps two runs from sharing it."""
+    q = shlex.quote
+    pid_file = f"/tmp/sparkfold-hashing-{hashlib.sha256(folder.encode()).hexdigest()[:16]}.pid"
+    # exec keeps the inner shell's pid, which it wrote down, for sha256sum
+    command = (f"cd {q(folder)} && sh -c {q(f'echo $$ > {pid_file} && exec {hashing}')}; rc=$?; rm -f {pid_file}; "
+               + (f"[ $rc = 0 ] || echo {q(complaint)} >&2; " if complaint else "") + "exit $rc")
+    probe = f"awk '/^rchar:/ {{print $2}}' /proc/$(cat {pid_file} 2>/dev/null)/io 2>/dev/null"
+    return progress_command(label, command, probe=probe, total=total, own_work=True, every=every)
+
+
 @operation()
-def checksums_written(folder: str, files: list, sums: str = "SHA256SUMS"):
+def checksums_written(folder: str, files: list, sums: str = "SHA256SUMS", what: str = "the files"):
     """Write <folder>/<sums> (sha256sum format) for `files` once; redo only when their sizes/mtimes changed."""
     check = host.get_fact(FolderCheck, path=folder, sums=sums, marker=SUMS_STATE)
     have = check.get("files", {}) if check else {}
@@ -74,8 +89,10 @@ def checksums_written(folder: str, files: list, sums: str = "SHA256SUMS"):
     if (yield from check_failed("checksums", [absent_problem] if absent else [], settled=False)):
         return
     q = shlex.quote
-    yield (f"cd {q(folder)} && sha256sum -- {' '.join(q(f) for f in sorted(files))} > {q(sums)}.tmp && "
-           f"mv {q(sums)}.tmp {q(sums)} && printf '%s\\n' {digest} > {SUMS_STATE}")
+    total = sum(have[f][0] for f in files if f in have)  # planned before a download: what is there
+    yield hashing_command(f"{what}: hashing for {sums}", folder,
+                          f"sha256sum -- {' '.join(q(f) for f in sorted(files))} > {q(sums)}.tmp", total)
+    yield f"cd {q(folder)} && mv {q(sums)}.tmp {q(sums)} && printf '%s\\n' {digest} > {SUMS_STATE}"
 
 
 @operation()
@@ -104,8 +121,9 @@ def folder_verified(folder: str, sums: str, what: str, generated_fix: str = ""):
             return
     complaint = (f"sparkfold: {what} in {folder} does not match {sums} (the lines above name the files): "
                  "re-run the deploy to copy or download them again")
-    yield (f"cd {q(folder)} && sha256sum -c --quiet {q(sums)} && printf '%s\\n' {expected} > {MARKER} || "
-           f"{{ echo {q(complaint)} >&2; exit 1; }}")
+    total = sum(size for name, (size, _mtime) in check["files"].items() if name in set(check["names"]))
+    yield hashing_command(f"{what}: checking {sums}", folder, f"sha256sum -c --quiet {q(sums)}", total, complaint)
+    yield f"cd {q(folder)} && printf '%s\\n' {expected} > {MARKER}"
 
 
 @operation()

@@ -176,9 +176,17 @@ def load_status(head, worker, container_name: str) -> str:
             "awk '/^MemTotal:/ {t=$2} /^MemAvailable:/ {a=$2} END {printf \"%.1f of %.1f GiB in use\\n\", "
             "(t-a)/1048576, t/1048576}' /proc/meminfo;", "docker", "logs", "--tail", "1",
             QuoteString(container_name), "2>&1", "|", "tail", "-n", "1", "||", "true"))
-        memory, last = (out + ["?", ""])[:2]
-        parts.append(f"rank {rank}: {memory}" + (f", log: {last.strip()[:120]}" if last.strip() else ""))
+        memory = out[0] if out else "?"
+        last = newest_redraw(out[1]) if len(out) > 1 else ""
+        parts.append(f"rank {rank}: {memory}" + (f", log: {last[:120]}" if last else ""))
     return "; ".join(parts)
+
+
+def newest_redraw(line: str) -> str:
+    """What a terminal would show of a log line an engine redraws with carriage returns (a loading bar): its last
+    non-empty part, so the progress line stays one plain line."""
+    parts = [part.strip() for part in line.split("\r") if part.strip()]
+    return parts[-1] if parts else ""
 
 
 def ranks_down(head, worker, container_name: str) -> str | None:

@@ -29,6 +29,11 @@ _PREBUILT = PREBUILT_REFERENCE
 # Id, then layers and labels: the Id alone differs between Docker's overlay2 and containerd image stores.
 _IDENTITY_FORMAT = "{{.Id}} {{json .RootFS.Layers}}{{json .Config.Labels}}"
 
+# a build step line: the classic builder's "Step 3/9 : RUN ..." and BuildKit's "#7 [3/9] RUN ..."
+BUILD_STEP = r"^(Step [0-9]+/[0-9]+|#[0-9]+ \[)"
+# a pull's layer line: "<layer>: Downloading", "Extracting", "Pull complete", "Digest: ..."
+PULL_STEP = r"^([0-9a-f]{12}: |Digest: |Status: )"
+
 
 # --- pure helpers ---
 
@@ -116,7 +121,7 @@ def engine_image_built(image: str, image_hash: str, context_dir: str, files: lis
         words += ["--build-arg", f"{name}={value}"]
     words += ["--label", f"{HASH_LABEL}={image_hash}", "-t", image, build_dir]
     # the newest build step (the classic builder's "Step N/M", BuildKit's "#N [k/m]") every few seconds
-    yield progress_command(f"build {image}", sh(*words), latest=r"^(Step [0-9]+/[0-9]+|#[0-9]+ \[)")
+    yield progress_command(f"build {image}", sh(*words), latest=BUILD_STEP)
 
 
 @operation()
@@ -157,7 +162,11 @@ def prebuilt_image_pulled(reference: str):
     except ValueError as error:
         yield fail_command(str(error))
         return
-    yield from docker.image._inner(image=reference, present=True)
+    for command in docker.image._inner(image=reference, present=True):
+        # tens of GB: the newest layer's state while it pulls (docker prints one line per change without a terminal)
+        if str(command).startswith("docker image pull"):
+            command = progress_command(f"pull {reference}", str(command), latest=PULL_STEP)
+        yield command
 
 
 @operation()

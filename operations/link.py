@@ -245,13 +245,13 @@ def netplan_link(rails: list[dict], mtu: int, netplan_file: str, rollback_s: int
     mgmt_ips = mgmt_netdev.get("ipv4", []) if mgmt_netdev else []
     before = {move["path"]: True for move in moves}
     before[netplan_file] = current is not None
-    snapshot, tail = guarded_apply(new_apply_dir(), before, int(rollback_s), mgmt_dev if mgmt_ips else None,
+    guard, tail = guarded_apply(new_apply_dir(), before, int(rollback_s), mgmt_dev if mgmt_ips else None,
                                    ip_of(mgmt_ips[0]) if mgmt_ips else None, sudo_arguments(host))
     # the file commands are made first (so --diff shows their diffs: pyinfra may stop reading an operation at its
-    # first command when planning) but run after the snapshot of the files they change
+    # first command when planning) but run after the snapshot of the files they change and the armed revert
     changes = [c for move in moves for c in migration_commands(move, netplan_files[move["path"]]["mode"])]
     changes += list(core_files.put._inner(src=StringIO(want), dest=netplan_file, mode="600"))
-    yield snapshot
+    yield from guard
     yield from changes
     yield from tail
 

@@ -176,9 +176,11 @@ def confirm_over_new_connection(state, host, apply_dir: str, mgmt_dev: str | Non
 
 def guarded_apply(apply_dir: str, before: dict[str, bool], seconds: int, mgmt_dev: str | None,
                   mgmt_ip: str | None, sudo: dict | None = None):
-    """The commands around the file changes: (snapshot, [arm, apply, confirm]). The snapshot goes before the
-    files are written, the rest after."""
-    tail = [arm_command(apply_dir, seconds), apply_command(apply_dir),
+    """The commands around the file changes: ([snapshot, arm], [apply, confirm]). The revert is armed before the
+    files are written, so a run killed at any point after the snapshot leaves a Spark that puts its files back by
+    itself (a new config would otherwise wait, unguarded, for the next reboot or apply)."""
+    head = [snapshot_command(apply_dir, before, seconds), arm_command(apply_dir, seconds)]
+    tail = [apply_command(apply_dir),
             FunctionCommand(confirm_over_new_connection, (apply_dir, mgmt_dev, mgmt_ip, int(seconds)),
                             {"sudo": SudoArguments(sudo or {})})]
-    return snapshot_command(apply_dir, before, seconds), tail
+    return head, tail

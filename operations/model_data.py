@@ -38,9 +38,10 @@ from operations.remote import heredoc_command
 from operations.settings import Settings
 from operations.sync import both_sparks_reached
 from operations.util import check_failed, fail_command
-from operations.util.progress import progress_command
+from operations.util.progress import TICK_S, progress_command
 
 MODEL_TYPE = "deepseek_v41"
+FILES_WHOLE = r"[0-9]+ of [0-9]+ files whole"  # in hf_fetch's own progress lines (remote/hf_fetch.report_progress)
 BLOB_SUMS = ".sparkfold-SHA256SUMS"  # the checkpoint's LFS blobs, for the worker copy's check
 KIT_GENERATED_FIX = ("The kit_repo Hugging Face mirror ships them: check kit_repo/kit_revision. Generating them "
                      "instead needs torch and DeepSeek's original checkpoint (kit/tools/make_rope.py, "
@@ -140,7 +141,7 @@ def hf_snapshot(python: str, repo: str, revision: str, label: str, cache_dir: st
     if (yield from check_failed("free disk", [space])):
         return
     q = shlex.quote
-    words = ["--repo", repo, "--revision", revision]
+    words = ["--repo", repo, "--revision", revision, "--every", str(TICK_S)]  # its file count, as often as ours
     words += ["--cache-dir", cache_dir] if cache_dir else ["--local-dir", local_dir]
     for pattern in include:
         words += ["--include", pattern]
@@ -152,7 +153,7 @@ def hf_snapshot(python: str, repo: str, revision: str, label: str, cache_dir: st
                             "hf_fetch")
     # the download's own folder: local_dir's real files, or the repo's folder (blobs, partials) in the cache
     yield progress_command(f"{label} download", fetch, size_of=local_dir or f"{cache_dir}/{repo_folder_name(repo)}",
-                           total=plan.get("total_bytes") or 0)
+                           total=plan.get("total_bytes") or 0, latest=FILES_WHOLE)
 
 
 def _plan(args: dict) -> HfPlanDict:
@@ -192,7 +193,8 @@ def _head(s, image_ref: str) -> None:
     name, args = _fetch(s, "Engram tables", s.engram_repo, s.engram_revision, local_dir=p.engram,
                         include=s.engram_files)
     hf_snapshot(name=name, **args)
-    checksums_written(name="Engram SHA256SUMS (once)", folder=p.engram, files=list(s.engram_files))
+    checksums_written(name="Engram SHA256SUMS (once)", folder=p.engram, files=list(s.engram_files),
+                      what="the Engram tables")
 
     name, args = _fetch(s, "Kernel kit", s.kit_repo, s.kit_revision, local_dir=p.kit_src, include=["kit/*"])
     hf_snapshot(name=name, **args)

@@ -278,7 +278,8 @@ def weights_row(role: str, rank: int, link: str, target: str | None, folder: Map
         verified = marker_verified(check)
         return Row(role, item, "verified" if verified else "not verified", f"{bins[0]} in {link} -> {target}",
                    verified)
-    return Row(role, item, "ready", f"{bins[0]} in {link} -> {target}", True)
+    # made on this Spark by the image's tool, whole when no partial build is left; no list to check it against
+    return Row(role, item, "whole (no checksum list)", f"{bins[0]} in {link} -> {target}", True)
 
 
 def unit_row(role: str, unit: str, st: Mapping[str, Any] | None, setting: str, wanted: bool) -> Row:

@@ -162,7 +162,8 @@ def rank_sums_written(plan_args: dict, rank_cache: str, rank: int, ablit_tag: st
         return
     folder = rank_folder(rank_cache, commit, rank, ablit_tag)
     bins = host.get_fact(RankFolder, path=folder)["bins"].get(rank, [])
-    yield from checksums_written._inner(folder=folder, files=bins[:1] or [f"rank{rank}of2-<hash>.bin"])
+    yield from checksums_written._inner(folder=folder, files=bins[:1] or [f"rank{rank}of2-<hash>.bin"],
+                                        what=f"rank {rank}'s weight file")
 
 
 @operation()

@@ -46,11 +46,12 @@ def _gib(n):
 
 def report_progress(args, commit, files, need0, stop, every):
     while not stop.wait(every):
-        _missing, need = still_to_fetch(args, commit, files)
+        missing, need = still_to_fetch(args, commit, files)
         done = max(need0 - need, 0)
         pct = 100.0 * done / need0 if need0 else 100.0
-        print(f"sparkfold: {args.repo}: {_gib(done)} of {_gib(need0)} fetched ({pct:.0f}%)", file=sys.stderr,
-              flush=True)
+        # the runner shows the file count beside its own amounts (model_data.FILES_WHOLE)
+        print(f"sparkfold: {args.repo}: {_gib(done)} of {_gib(need0)} fetched ({pct:.0f}%), "
+              f"{len(files) - len(missing)} of {len(files)} files whole", file=sys.stderr, flush=True)
 
 
 def main(argv=None):

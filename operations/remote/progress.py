@@ -3,8 +3,9 @@
 pyinfra shows a command's output only at the end unless asked (operations/util/progress.LiveCommand asks), and
 tools such as rsync redraw one line with carriage returns. This runner keeps the command's own output in a log
 (shown when it fails) and prints plain lines of its own: what is done of the total, the rate and the time left
-(--size-of a folder, or --probe a command that prints a byte count), the newest line matching --latest (a build
-step), or the bytes it relays itself (--relay FROM TO: FROM's stdout into TO's stdin, e.g. docker save | docker load).
+(--size-of a folder, or --probe a command that prints a byte count, e.g. what a hashing has read), the newest
+line matching --latest (a build step), or the bytes it relays itself (--relay FROM TO: FROM's stdout into TO's
+stdin, e.g. docker save | docker load).
 The first line says how much was already there, so a resumed download or copy says so.
 """
 
@@ -126,7 +127,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--size-of", help="a folder whose size is the progress")
     p.add_argument("--probe", help="a shell command printing the bytes done")
     p.add_argument("--total", type=int, default=0, help="bytes when done")
-    p.add_argument("--latest", help="a regex: show the newest output line that matches")
+    p.add_argument("--own-work", action="store_true",
+                   help="the probe counts the command's own work (bytes it has read): nothing was there before it")
+    p.add_argument("--latest", help="a regex: show the newest output line that matches (beside an amount: only the "
+                                    "matched text, e.g. a file count)")
     p.add_argument("--relay", nargs=2, metavar=("FROM", "TO"))
     args = p.parse_args(argv)
 
@@ -163,7 +167,8 @@ def watch(args: argparse.Namespace, relay: Relay | None, proc: subprocess.Popen 
         return probe_bytes(args.probe) if args.probe else None
 
     start, pattern, latest = time.monotonic(), re.compile(args.latest) if args.latest else None, ""
-    first = measure()
+    measuring = bool(relay or args.size_of or args.probe)
+    first = None if args.own_work else measure()
     start_bytes = first or 0
     if first:
         say(f"{args.label}: {size(first)} already there" + (f" of {size(args.total)}" if args.total else ""))
@@ -184,13 +189,14 @@ def watch(args: argparse.Namespace, relay: Relay | None, proc: subprocess.Popen 
                 for line in f.read().replace("\r", "\n").splitlines():
                     if pattern.search(line):
                         latest = line.strip()
+        if pattern and not measuring:
             say(f"{args.label}: {latest or 'starting'} ({clock(now - start)} elapsed)")
             continue
         done = measure()
-        if done is None:
-            say(f"{args.label}: {clock(now - start)} elapsed")
-        else:
-            say(amount_line(args.label, done, args.total, start_bytes, now - start))
+        text = f"{args.label}: {clock(now - start)} elapsed" if done is None else \
+            amount_line(args.label, done, args.total, start_bytes, now - start)
+        found = pattern.search(latest) if pattern and latest else None
+        say(text + (f", {found.group(0)}" if found else ""))  # beside an amount, only what the pattern matched
     elapsed = time.monotonic() - start
     with open(log_name, errors="replace") as f:
         tail = f.read().replace("\r", "\n").splitlines()[-30:]

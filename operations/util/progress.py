@@ -26,8 +26,9 @@ class LiveCommand(StringCommand):
 
 def progress_command(label: str, command: str = "", *, size_of: str = "", probe: str = "", total: int = 0,
                      latest: str = "", relay: tuple[str, str] | None = None, python: str = "python3",
-                     every: float = TICK_S) -> LiveCommand:
-    """`command` (or the relay FROM | TO) with a line '<label>: ...' every `every` seconds while it runs."""
+                     every: float = TICK_S, own_work: bool = False) -> LiveCommand:
+    """`command` (or the relay FROM | TO) with a line '<label>: ...' every `every` seconds while it runs.
+    own_work: the probe counts the command's own work, so its first reading is no "already there"."""
     words = [label] + ([command] if command else []) + ["--every", f"{every:g}"]
     if size_of:
         words += ["--size-of", size_of]
@@ -37,6 +38,8 @@ def progress_command(label: str, command: str = "", *, size_of: str = "", probe:
         words += ["--total", str(int(total))]
     if latest:
         words += ["--latest", latest]
+    if own_work:
+        words.append("--own-work")
     if relay:
         words += ["--relay", *relay]
     return LiveCommand(heredoc_command(f"{shlex.quote(python)} - {' '.join(shlex.quote(w) for w in words)}",

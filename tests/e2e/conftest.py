@@ -113,9 +113,11 @@ def run_pyinfra(sim_pair):
         argv = [sys.executable, "-m", "pyinfra", *args]
         if "--json" not in args:
             argv.append("--json")
-        proc = subprocess.run(argv, cwd=ROOT, env=full_env, text=True, capture_output=True, timeout=timeout,
+        proc = subprocess.run(argv, cwd=ROOT, env=full_env, capture_output=True, timeout=timeout,
                               stdin=subprocess.DEVNULL)
-        return PyinfraRun(_parse_json(proc.stdout), proc.stderr, proc.returncode, proc.stdout)
+        # decoded by hand: text=True would turn a carriage return into a newline, where no test could see it
+        out, err = (proc.stdout.decode("utf-8", "replace"), proc.stderr.decode("utf-8", "replace"))
+        return PyinfraRun(_parse_json(out), err, proc.returncode, out)
 
     return run
 

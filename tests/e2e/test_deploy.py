@@ -7,8 +7,10 @@ back from the Sparks, not only pyinfra's report.
 
 from __future__ import annotations
 
+import io
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -107,8 +109,13 @@ def lock_record(sim_exec, role: str) -> dict[str, str]:
 def start_deploy(site_file, stdout=subprocess.DEVNULL) -> subprocess.Popen:
     """A deploy running in the background (its own process group, so a test can kill it whole); stderr piped."""
     env = dict(os.environ, SPARKFOLD_SITE=str(site_file), PYINFRA_PROGRESS="off")
-    return subprocess.Popen([sys.executable, "-m", "pyinfra", *DEPLOY, "-y"], cwd=ROOT, env=env, text=True,
-                            stdin=subprocess.DEVNULL, stdout=stdout, stderr=subprocess.PIPE, start_new_session=True)
+    run = subprocess.Popen([sys.executable, "-m", "pyinfra", *DEPLOY, "-y"], cwd=ROOT, env=env,
+                           stdin=subprocess.DEVNULL, stdout=stdout, stderr=subprocess.PIPE, start_new_session=True)
+    # newline="": a carriage return stays in its line, where a test can see it (text=True turns it into a newline)
+    for name in ("stdout", "stderr"):
+        if getattr(run, name) is not None:
+            setattr(run, name, io.TextIOWrapper(getattr(run, name), encoding="utf-8", errors="replace", newline=""))
+    return run
 
 
 def spark_time(sim_exec, role: str) -> int:
@@ -156,9 +163,21 @@ def test_dry_run_on_a_fresh_pair_plans_every_step_and_changes_nothing(run_pyinfr
     assert sim_exec("worker", ["test", "-e", GPU_CLOCK_RECORD]).returncode != 0
 
 
+# each long step's progress runner prints its first line when it starts and "done in" when it ends, at pyinfra's
+# default verbosity (the lines in between come every 10 s: test_long_steps.py and test_resume.py wait for them)
+LONG_STEPS = [r"Checkpoint download", r"Engram tables download", r"Kernel kit download", r"build \S+",
+              r"ship \S+ to the worker", r"rank 0's weight file", r"rank 1's weight file",
+              r"the Engram tables: hashing for SHA256SUMS", r"rank 1's weight file: hashing for SHA256SUMS",
+              r"the Engram tables to the worker", r"the kit to the worker", r"the checkpoint to the worker",
+              r"the Engram tables: checking SHA256SUMS", r"rank 1's weight file: checking SHA256SUMS"]
+
+
 def test_first_run_converges_and_serves_through_both_ranks(run_pyinfra, sim_exec):
     run = deploy(run_pyinfra)
     assert "is now LIVE! on port 8888" in run.stderr
+    silent = [step for step in LONG_STEPS if not re.search(rf"\] +{step}: done in ", run.stderr)]
+    assert not silent, silent
+    assert "\r" not in run.stderr
     head_id, worker_id = pair_ids(sim_exec)
     assert head_id.endswith("true") and worker_id.endswith("true")
     assert addresses(sim_exec, "worker", "enP2p1s0f0np0") == ["192.168.101.2/24"]

@@ -28,8 +28,12 @@ def test_api_key_on_then_off(run_pyinfra, sim_exec):
     assert requests.get(f"{API}/v1/models", timeout=10).status_code == 401
     ok = requests.get(f"{API}/v1/models", headers={"Authorization": f"Bearer {key}"}, timeout=10)
     assert ok.status_code == 200 and ok.json()["data"][0]["id"] == "DeepSeek-V4.1-Flash-1017"
-    # converged with the key: nothing changes, the key stays
-    assert changed_ops(deploy(run_pyinfra, env={"SPARKFOLD_API_KEY": "1"})) == {}
+    # converged with the key: nothing changes, the key stays; even pyinfra's -vvv (every command and its output)
+    # and the rank's docker inspect never show it
+    loud = deploy(run_pyinfra, "-vvv", env={"SPARKFOLD_API_KEY": "1"})
+    assert changed_ops(loud) == {}
+    assert key not in loud.stderr and key not in loud.stdout and "docker" in loud.stderr  # -vvv did echo commands
+    assert key not in sim_exec("head", ["docker", "inspect", NAME]).stdout
     assert sim_exec("head", ["cat", KEY_FILE]).stdout.strip() == key
     # rotation: a new file renamed over the old one reaches the running rank 0 (no restart), the old key stops
     before = pair_ids(sim_exec)

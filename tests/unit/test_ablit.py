@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 
-from harness import run_op
+from harness import run_op, unwrap_progress
 from hf_fixture import build_cache, model_files
 from test_model_data import settings
 from test_weights import local_fact, run_all
@@ -39,6 +39,8 @@ def test_current_pack_is_noop_and_other_overlay_revision_reapplies():
     pack = f"{COMMIT}-{ablit.pack_tag('r2', 'w.safetensors')}"  # a new revision: a new folder beside the served one
     assert pack != f"{COMMIT}-{ablit.pack_tag('r1', 'w.safetensors')}"
     assert f"--src /ablit/{pack}.src --wo-b /overlay/w.safetensors --dst /ablit/{pack}.out" in cmds[1]
+    label, _, options = unwrap_progress(cmds[1])  # minutes on a real checkpoint: the GiB written so far
+    assert label == "ABLIT overlay: applying" and options[options.index("--size-of") + 1] == f"/d/ablit/{pack}.out"
 
 
 def test_disk_check_counts_the_rewritten_shards():

@@ -213,6 +213,17 @@ def test_wait_and_smoke_failure_shows_both_ranks_logs(api):
     assert "rank 1 exited with code 1" in text and "rank0 says hi" in text and "rank1: PeerDown" in text
 
 
+def test_load_status_shows_memory_and_the_newest_log_text_of_each_rank():
+    head = Spark({}, "head", {"/proc/meminfo": ["97.9 of 121.7 GiB in use", "loading layer 3/43"]})
+    # an engine's loading bar redraws its line with carriage returns: only what a terminal shows last is kept
+    worker = Spark({}, "worker", {"/proc/meminfo": ["12.0 of 121.7 GiB in use", "load  10%\rload  55%\rload  80%\r"]})
+    line = health.load_status(head, worker, "c")
+    assert line == ("rank 0: 97.9 of 121.7 GiB in use, log: loading layer 3/43; "
+                    "rank 1: 12.0 of 121.7 GiB in use, log: load  80%")
+    quiet = Spark({}, "worker", {"/proc/meminfo": ["1.0 of 121.7 GiB in use"]})  # no log yet
+    assert health.load_status(head, quiet, "c").endswith("rank 1: 1.0 of 121.7 GiB in use")
+
+
 # --- the operation -----------------------------------------------------------------------------------------------
 
 def serving(url, executing, started=False, planned=False, worker_state=UP):

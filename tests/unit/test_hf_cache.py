@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from types import SimpleNamespace
@@ -255,3 +256,20 @@ def test_fetch_reports_short_files(tmp_path, monkeypatch, capsys):
     rc = hf_fetch.main(["--repo", REPO, "--revision", commit, "--cache-dir", str(tmp_path)])
     assert rc == 1 and "config.json" in capsys.readouterr().err
     assert hf_cache.read_manifest(str(tmp_path / "models--Org--Tiny-Model" / "snapshots" / commit)) is None
+
+
+def test_fetch_progress_counts_the_files_already_whole(tmp_path, capsys):
+    import threading
+
+    from operations.model_data import FILES_WHOLE
+
+    (tmp_path / "a.json").write_bytes(b"abc")  # whole
+    (tmp_path / "b.safetensors").write_bytes(b"12")  # short: still coming
+    files = [["a.json", 3, "e1"], ["b.safetensors", 5, "e2"], ["c.safetensors", 4, "e3"]]
+    args = hf_plan.parse_args(["--repo", REPO, "--local-dir", str(tmp_path)])
+    stop = threading.Event()
+    threading.Timer(0.2, stop.set).start()
+    hf_fetch.report_progress(args, "c" * 40, files, 12, stop, 0.05)
+    lines = capsys.readouterr().err.splitlines()
+    assert lines and all(line.endswith(", 1 of 3 files whole") for line in lines), lines
+    assert re.search(FILES_WHOLE, lines[-1]).group(0) == "1 of 3 files whole"  # what the runner shows of it

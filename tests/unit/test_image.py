@@ -237,7 +237,10 @@ def test_prebuilt_present_with_its_digest_is_left_alone():
 
 def test_prebuilt_pulled_by_its_digest_when_missing():
     commands, _ = pull(False)  # also when the name is present with another digest: inspect by digest is empty
-    assert commands == [f"docker image pull {PREBUILT}"]  # pulling by digest makes docker verify the content
+    assert len(commands) == 1
+    label, pulling, options = unwrap_progress(commands[0])  # tens of GB: the newest layer state every 10 s
+    assert pulling == f"docker image pull {PREBUILT}"  # pulling by digest makes docker verify the content
+    assert label == f"pull {PREBUILT}" and options[options.index("--latest") + 1] == image.PULL_STEP
 
 
 def test_prebuilt_malformed_reference_fails():

@@ -233,13 +233,14 @@ APPLY = "setsid sh -c "  # the detached apply (operations/link_rollback.py)
 
 
 def guarded(commands):
-    """The guarded apply's parts of a netplan op's commands: (snapshot, arm, apply, confirm) or None."""
+    """The guarded apply's parts of a netplan op's commands: (snapshot, arm, apply, confirm) or None. The revert is
+    armed before any file changes (a run killed in between leaves a Spark that puts its files back)."""
     if not commands or not commands[0].startswith("umask 077 && mkdir -p /var/lib/sparkfold/netplan-apply/"):
         return None
-    assert commands[-3].startswith("systemd-run --quiet --unit=sparkfold-netplan-revert-")
+    assert commands[1].startswith("systemd-run --quiet --unit=sparkfold-netplan-revert-")
     assert commands[-2].startswith(APPLY) and "netplan generate && netplan apply" in commands[-2]
     assert commands[-1].startswith("FunctionCommand(confirm_over_new_connection")
-    return commands[0], commands[-3], commands[-2], commands[-1]
+    return commands[0], commands[1], commands[-2], commands[-1]
 
 
 def test_netplan_writes_applies_and_guards_management():
@@ -247,10 +248,10 @@ def test_netplan_writes_applies_and_guards_management():
     snapshot, arm, _, confirm = guarded(commands)
     assert "--on-active=120s" in arm and "/revert.sh" in arm
     assert f"rm -f {OWN}" in snapshot  # the revert removes our new file
-    assert commands[1].startswith("FileUploadCommand") and commands[1].endswith(f", {OWN})")
+    assert commands[2].startswith("FileUploadCommand") and commands[2].endswith(f", {OWN})")
     assert uploads == {OWN: link.render_netplan(RAILS, 9000)}
     assert "dhcp4: false" in uploads[OWN] and "192.168.101.1/24" in uploads[OWN]
-    assert commands[2] == f"chmod 600 {OWN}"
+    assert commands[3] == f"chmod 600 {OWN}"
     assert "'enP7s7', '10.0.0.21', 120" in confirm  # the management address the confirmation checks
 
 
@@ -288,10 +289,10 @@ def test_netplan_migrates_nvidias_file_with_a_backup():
     commands, uploads, _ = netplan(files)
     snapshot = guarded(commands)[0]  # our file is unchanged, but the other one changed: applied
     assert f"cp -p {other} " in snapshot and f"cp -p {OWN} " in snapshot
-    assert commands[1].startswith(f"cp -p {other} {other}.sparkfold-backup-$(date")
+    assert commands[2].startswith(f"cp -p {other} {other}.sparkfold-backup-$(date")
     assert list(uploads) == [other]
     assert list(yaml.safe_load(uploads[other])["network"]["ethernets"]) == ["enp1s0f1np1"]
-    assert commands[2].startswith("FileUploadCommand") and commands[3] == f"chmod 600 {other}"  # its mode kept
+    assert commands[3].startswith("FileUploadCommand") and commands[4] == f"chmod 600 {other}"  # its mode kept
     assert not any(c.startswith("rm ") for c in commands)
 
 
@@ -300,12 +301,12 @@ def test_netplan_migration_moves_a_file_of_only_our_netdevs(tmp_path):
              {"netdev": "enp1s0f1np1", "address": "192.168.101.1/24"}]
     files = {"/etc/netplan/40-cx7.yaml": {"mode": "600", "text": fixture("40-cx7.yaml")}}
     commands, _, _ = netplan(files, rails=rails)
-    assert commands[1] == ("mv -n /etc/netplan/40-cx7.yaml "
+    assert commands[2] == ("mv -n /etc/netplan/40-cx7.yaml "
                            "/etc/netplan/40-cx7.yaml.sparkfold-backup-$(date +%Y%m%d-%H%M%S)")
     # the command works: the file ends up under its backup name, nothing deleted
     src = tmp_path / "40-cx7.yaml"
     src.write_text("x")
-    subprocess.run(["sh", "-c", commands[1].replace("/etc/netplan", str(tmp_path))], check=True)
+    subprocess.run(["sh", "-c", commands[2].replace("/etc/netplan", str(tmp_path))], check=True)
     assert not src.exists() and [p.name[:31] for p in tmp_path.iterdir()] == ["40-cx7.yaml.sparkfold-backup-20"]
 
 

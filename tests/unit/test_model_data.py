@@ -217,8 +217,11 @@ def test_checksums_written_once():
     changed = dict(ENGRAM, **{"m-48.safetensors": [120, 1700009999]})
     cmds, _ = run_op(data_copy.checksums_written, {FolderCheck: _check(changed, names, marker=state)},
                      folder="/d/engram", files=names)
-    assert "sha256sum -- m-47.safetensors m-48.safetensors > SHA256SUMS.tmp" in cmds[0]
-    assert listing_digest(changed, names) in cmds[0]
+    label, hashing, options = unwrap_progress(cmds[0])  # minutes on real data: progress lines while it hashes
+    assert label == "the files: hashing for SHA256SUMS" and "--own-work" in options
+    assert "exec sha256sum -- m-47.safetensors m-48.safetensors > SHA256SUMS.tmp" in hashing
+    assert options[options.index("--total") + 1] == "220"
+    assert "mv SHA256SUMS.tmp SHA256SUMS" in cmds[1] and listing_digest(changed, names) in cmds[1]
 
 
 def test_checksums_refuse_missing_files_when_executing():
@@ -240,8 +243,11 @@ def test_folder_verified_after_transfer_runs_sha256sum():
     moved = dict(ENGRAM, **{"m-47.safetensors": [100, 1800000000]})
     cmds, _ = run_op(data_copy.folder_verified, {FolderCheck: _check(moved, names, old)}, executing=True,
                      folder="/d/engram", sums="SHA256SUMS", what="Engram")
-    assert cmds[0].startswith("cd /d/engram && sha256sum -c --quiet SHA256SUMS && printf")
-    assert listing_digest(moved, names, "f" * 64) in cmds[0]
+    label, hashing, options = unwrap_progress(cmds[0])
+    assert label == "Engram: checking SHA256SUMS" and hashing.startswith("cd /d/engram && sh -c ")
+    assert "exec sha256sum -c --quiet SHA256SUMS'" in hashing and "does not match SHA256SUMS" in hashing
+    assert options[options.index("--total") + 1] == str(sum(v[0] for v in moved.values()))
+    assert cmds[1] == f"cd /d/engram && printf '%s\\n' {listing_digest(moved, names, 'f' * 64)} > {data_copy.MARKER}"
 
 
 def test_kit_missing_only_generated_files_says_so():

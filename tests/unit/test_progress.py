@@ -5,26 +5,31 @@ its work down with it."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import time
 
+import pytest
 from harness import unwrap_progress
 
+from operations.image import BUILD_STEP
 from operations.util.progress import LiveCommand, progress_command
 
 
-def start(command: LiveCommand) -> subprocess.Popen:
+def start(command: LiveCommand, raw: bool = False) -> subprocess.Popen:
+    """The runner in its own session; raw: bytes, so a carriage return stays visible (text mode turns it into a
+    newline)."""
     return subprocess.Popen(["sh", "-c", command.get_raw_value()], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)
+                            text=not raw, start_new_session=True)
 
 
 def test_lines_arrive_while_the_command_runs_and_say_what_was_there(tmp_path):
     (tmp_path / "old").write_bytes(b"x" * 2 * 1024 * 1024)
     slow = f"for i in 1 2 3 4 5 6; do head -c 1048576 /dev/zero >> {tmp_path}/new; sleep 0.4; done"
-    run = start(progress_command("copy", slow, size_of=str(tmp_path), total=8 * 1024 * 1024, every=0.5))
+    run = start(progress_command("copy", slow, size_of=str(tmp_path), total=8 * 1024 * 1024, every=0.5), raw=True)
     assert run.stdout is not None
-    arrivals = [(time.monotonic(), line.rstrip("\n")) for line in run.stdout]
+    arrivals = [(time.monotonic(), line.decode().rstrip("\n")) for line in run.stdout]
     assert run.wait() == 0
     lines = [text for _, text in arrivals]
     assert lines[0] == "copy: 2 MiB already there of 8 MiB"
@@ -48,12 +53,15 @@ def test_a_relay_counts_the_bytes_it_passes(tmp_path):
     assert run.returncode == 0 and sink.stat().st_size == 3000000 and out.splitlines()[-1].endswith("3 MiB")
 
 
-def test_the_newest_build_step_is_shown():
-    build = "for i in 1 2 3; do echo \"Step $i/3 : RUN make\"; printf 'noise\\r'; sleep 0.6; done"
-    run = start(progress_command("build", build, latest=r"^Step [0-9]+/[0-9]+", every=0.5))
+@pytest.mark.parametrize("step", ["Step $i/3 : RUN make", "#$i [$i/3] RUN make"])  # the classic builder, BuildKit
+def test_the_newest_build_step_is_shown(step):
+    # the build redraws a line with carriage returns; the runner's own lines never carry one
+    build = f"for i in 1 2 3; do echo \"{step}\"; printf 'noise\\r'; sleep 0.6; done"
+    run = start(progress_command("build", build, latest=BUILD_STEP, every=0.5), raw=True)
     out, _ = run.communicate()
-    steps = [line for line in out.splitlines() if "Step" in line]
-    assert steps and steps[-1].startswith("build: Step 3/3 : RUN make") and run.returncode == 0
+    assert b"\r" not in out and run.returncode == 0
+    steps = [line for line in out.decode().split("\n") if "RUN make" in line]
+    assert steps and steps[-1].startswith("build: " + step.replace("$i", "3"))
 
 
 def test_an_interrupted_run_takes_its_work_down(tmp_path):
@@ -92,3 +100,71 @@ def test_a_relay_whose_receiver_fails_ends_instead_of_hanging():
 def test_sizes_below_a_mib_are_in_kib():
     from operations.remote.progress import size
     assert (size(20 * 1024), size(3 * 1024**2), size(1.5 * 1024**3)) == ("20 KiB", "3 MiB", "1.5 GiB")
+
+
+SLOW_SHA256SUM = '''#!/usr/bin/env python3
+"""sha256sum as a large folder makes it look: it reads in small steps, slowly (its reads are its own, as the
+runner's probe expects). Knows `-- FILES` and `-c --quiet LIST`."""
+import hashlib, sys, time
+
+def digest(name):
+    h = hashlib.sha256()
+    with open(name, "rb") as f:
+        while chunk := f.read(65536):
+            h.update(chunk)
+            time.sleep(0.02)
+    return h.hexdigest()
+
+args = sys.argv[1:]
+if args[0] == "-c":
+    bad = [n for d, n in (line.split("  ", 1) for line in open(args[-1]).read().splitlines()) if digest(n) != d]
+    for n in bad:
+        print(f"{n}: FAILED")
+    sys.exit(1 if bad else 0)
+for name in args[1:]:
+    print(f"{digest(name)}  {name}")
+'''
+
+
+def test_hashing_reports_the_bytes_read_and_a_failed_check_says_so(tmp_path, monkeypatch):
+    from operations.data_copy import hashing_command
+
+    tools = tmp_path / "bin"
+    tools.mkdir()
+    (tools / "sha256sum").write_text(SLOW_SHA256SUM)
+    (tools / "sha256sum").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tools}:{os.environ['PATH']}")
+    data = tmp_path / "data"
+    data.mkdir()
+    for name in ("a.bin", "b.bin"):
+        (data / name).write_bytes(os.urandom(1024 * 1024))
+    run = start(hashing_command("tables: hashing", str(data), "sha256sum -- a.bin b.bin > SUMS", 2 * 1024**2,
+                                every=0.3), raw=True)
+    out, _ = run.communicate()
+    lines = out.decode().splitlines()
+    assert run.returncode == 0 and lines[0] == "tables: hashing: started"  # nothing "already there"
+    middle = [line for line in lines if " of 2 MiB (" in line]
+    assert middle and all(0 < float(line.split(": ")[2].split(" ")[0]) < 2048 for line in middle), lines
+    assert lines[-1].startswith("tables: hashing: done in ") and (data / "SUMS").read_text().count("\n") == 2
+    pid_file = re.search(r"/tmp/sparkfold-hashing-[0-9a-f]+\.pid", run.args[-1])
+    assert pid_file and not os.path.exists(pid_file.group(0))  # removed when the hashing ends
+    # a file that changed: the check fails with the complaint and the failing name
+    (data / "b.bin").write_bytes(b"changed")
+    run = start(hashing_command("tables: checking", str(data), "sha256sum -c --quiet SUMS", 2 * 1024**2,
+                                complaint="tables do not match: copy again", every=0.3))
+    out, err = run.communicate()
+    assert run.returncode == 1 and "b.bin: FAILED" in err and "tables do not match: copy again" in err
+
+
+def test_beside_an_amount_only_the_matched_text_of_the_newest_line_is_shown(tmp_path):
+    from operations.model_data import FILES_WHOLE
+
+    fetch = ("for i in 1 2 3 4; do head -c 1048576 /dev/zero >> " + str(tmp_path) + "/f$i; "
+             "echo \"sparkfold: Org/M: 1 of 4 GiB fetched, $i of 4 files whole\" >&2; sleep 0.4; done")
+    run = start(progress_command("download", fetch, size_of=str(tmp_path), total=4 * 1024**2, latest=FILES_WHOLE,
+                                 every=0.5), raw=True)
+    out, _ = run.communicate()
+    lines = out.decode().splitlines()
+    middle = [line for line in lines if " of 4 MiB (" in line]
+    assert run.returncode == 0 and middle, lines
+    assert all(re.search(r"elapsed, [1-4] of 4 files whole$", line) for line in middle), middle

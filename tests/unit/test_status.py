@@ -149,7 +149,7 @@ def test_both_up_and_current():
     assert by_item(rows, "head", "checkpoint").state == "complete"
     assert by_item(rows, "worker", "checkpoint").state == "via NFS"
     assert by_item(rows, "head", "Engram tables").state == by_item(rows, "worker", "kit").state == "verified"
-    assert by_item(rows, "head", "weight file").state == "ready"
+    assert by_item(rows, "head", "weight file").state == "whole (no checksum list)"
     assert by_item(rows, "worker", "weight file").state == "verified"
     assert by_item(rows, "head", "sparkfold-memguard").state == "active"
     assert by_item(rows, "head", "sparkfold-supervise").state == "not installed"  # supervise = false: as wanted

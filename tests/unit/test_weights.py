@@ -174,7 +174,9 @@ def test_rank_sums_written_for_the_rank_file():
     folder = {"bins": {1: ["rank1of2-abc.bin"]}, "partial": [], "source": COMMIT}
     cmds, _ = run_op(weights.rank_sums_written, {HfPlan: plan(), RankFolder: folder, FolderCheck: None},
                      plan_args=PLAN, rank_cache="/d/rc", rank=1, ablit_tag="")
-    assert cmds[0].startswith(f"cd /d/rc/{COMMIT}/rank1 && sha256sum -- rank1of2-abc.bin > SHA256SUMS.tmp")
+    label, hashing, _options = unwrap_progress(cmds[0])
+    assert label == "rank 1's weight file: hashing for SHA256SUMS" and hashing.startswith(f"cd /d/rc/{COMMIT}/rank1 ")
+    assert "exec sha256sum -- rank1of2-abc.bin > SHA256SUMS.tmp" in hashing
 
 
 def test_rank_file_to_peer_targets_same_layout_and_link():
