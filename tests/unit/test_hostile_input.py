@@ -108,6 +108,32 @@ def test_strange_accepted_values_pass_the_rules():
     assert validate(head) == [] and validate(worker) == []
 
 
+def one_word_on_one_line(text: str, value: str) -> bool:
+    """`value` appears in `text`, and wherever it does it lies within one line and within one shell word of that line
+    (a word that is itself a quoted `sh -c` script is split again)."""
+    lines = [line for line in text.splitlines() if value in line]
+    if value not in text or not lines or text.count(value) != sum(line.count(value) for line in lines):
+        return False  # the value is missing or spans a line break
+
+    def in_one_word(line: str) -> bool:
+        words = shlex.split(line)
+        return sum(w.count(value) for w in words) == line.count(value) or any(
+            " " in w and value in w and in_one_word(w) for w in words)
+    return all(in_one_word(line) for line in lines)
+
+
+@pytest.mark.parametrize("text, value, ok", [
+    ("ExecStart=/bin/x --name a.b\n", "a.b", True),
+    ("ExecStart=/bin/sh -c 'x /opt/a/n -L'\n", "/opt/a/n", True),
+    ("ExecStart=/bin/x --name 'a b'\n", "a b", True),
+    ("ExecStart=/bin/x --name a b\n", "a b", False),  # unquoted: two words
+    ("ExecStart=/bin/x --name a\nb\n", "a\nb", False),  # split over two lines
+    ("ExecStart=/bin/x\n", "zz", False),  # missing
+])
+def test_the_one_word_check_can_fail(text, value, ok):
+    assert one_word_on_one_line(text, value) is ok
+
+
 def test_strange_values_stay_one_line_in_every_owned_file():
     head, worker = make_pair(head=STRANGE, worker=STRANGE)
     files = {
@@ -118,11 +144,12 @@ def test_strange_values_stay_one_line_in_every_owned_file():
         "exports": nfs.render_exports(head.hf_cache, ["192.168.100.2"], "ro"),
         "netplan": link.render_netplan([dict(r) for r in head.link_rails], head.link_mtu),
     }
-    for what, text in files.items():
-        for value in (head.container_name, head.hf_cache, head.nvidia_smi_path):
-            for line in text.splitlines():
-                if value in line:
-                    assert line.count(value) >= 1 and "\n" not in line, (what, line)
+    uses = {"gpu unit": [head.nvidia_smi_path], "memguard unit": [head.container_name],
+            "supervisor unit": [head.container_name, head.worker_link_ssh], "exports": [head.hf_cache],
+            "netplan": [r["netdev"] for r in head.link_rails]}
+    for what, values in uses.items():
+        for value in values:
+            assert one_word_on_one_line(files[what], value), (what, value, files[what])
     exports = [line for line in files["exports"].splitlines() if line and not line.startswith("#")]
     assert len(exports) == 1 and exports[0].split()[0].startswith(head.hf_cache), exports
     exec_lines = [line for line in files["memguard unit"].splitlines() if line.startswith("ExecStart=")]
