@@ -255,3 +255,8 @@ def test_fetch_reports_short_files(tmp_path, monkeypatch, capsys):
     rc = hf_fetch.main(["--repo", REPO, "--revision", commit, "--cache-dir", str(tmp_path)])
     assert rc == 1 and "config.json" in capsys.readouterr().err
     assert hf_cache.read_manifest(str(tmp_path / "models--Org--Tiny-Model" / "snapshots" / commit)) is None
+
+
+def test_a_commit_is_exactly_40_hex():
+    assert hf_cache.is_commit("a" * 40)
+    assert not hf_cache.is_commit("a" * 40 + "\n")  # `$` would match before the newline
