@@ -30,6 +30,15 @@ _HEX = re.compile(r"[0-9a-f]+")
 PREBUILT_REFERENCE = re.compile(r"(?P<name>[^@\s]+)@(?P<digest>sha256:[0-9a-f]{64})")
 _ULIMIT = re.compile(r"[a-z]+=-?[0-9]+(:-?[0-9]+)?")
 _API_URL = re.compile(r"https?://[^/\s]+(/\S*)?", re.ASCII)
+# Flags rank 0's command line gets from sparkfold (launch_spec.rank0_argv) -> the setting that sets each; given
+# again in extra_serve_args they would sidestep that setting's checks (reserved ports, the open-API warning).
+OWN_SERVE_FLAGS = {
+    "--name": "served_name", "--host": "host", "--port": "port", "--master-port": "master_port",
+    "--context": "context", "--parallel": "parallel", "--max-tokens": "max_tokens", "--thinking": "thinking",
+    "--no-thinking": "thinking", "--reasoning-effort": "reasoning_effort", "--drafts": "drafts",
+    "--no-drafts": "drafts", "--api-key": "api_key", "--api-key-file": "api_key",
+    "--chat-template": "engine_image (the image's kit brings the template)", "--backend": "engine_image (cuda)",
+}
 
 
 def _check_range(problems, s, name, low, high, fix=""):
@@ -96,6 +105,7 @@ def validate(s: Settings) -> list[str]:
             p.append(f"{name} = {path!r} must be a {suffix} file in {folder}/ (directly, e.g. "
                      f"{folder}/60-sparkfold{suffix})")
     p.extend(_serve_arg_problems(s.extra_serve_args))
+    p.extend(_outside_hub(s))
     if "TENSORFOLD_API_KEY" in s.engine_env:
         p.append("engine_env: TENSORFOLD_API_KEY is not allowed: set api_key = true instead (the key stays in a "
                  "0600 file; an environment value shows in docker inspect)")
@@ -121,14 +131,30 @@ def validate(s: Settings) -> list[str]:
 
 
 def _serve_arg_problems(args: list) -> list[str]:
-    """The API key travels by file, never on a command line. Only the flag is named: the value may be a secret."""
+    """A flag sparkfold sets itself is refused with the setting that sets it; the API key travels by file, never on
+    a command line. Only the flag is named: the value may be a secret."""
     p = []
     for arg in args:
         flag = arg.split("=", 1)[0] if isinstance(arg, str) else ""
         if flag in ("--api-key", "--api-key-file"):
             p.append(f"extra_serve_args: {flag} is not allowed: set api_key = true (sparkfold keeps the key in a "
                      "0600 file on the head and gives rank 0 --api-key-file)")
+        elif flag in OWN_SERVE_FLAGS:
+            p.append(f"extra_serve_args: {flag} is not allowed: sparkfold sets it from the {OWN_SERVE_FLAGS[flag]} "
+                     "setting; set that instead")
     return p
+
+
+def _inside(path: str, folder: str) -> bool:
+    return path == folder or path.startswith(folder.rstrip("/") + "/")
+
+
+def _outside_hub(s: Settings) -> list[str]:
+    """The head exports hf_cache/hub to the worker over NFS: the hf token and the API key must stay out of it."""
+    hub = s.layout.hub
+    return [f"{name} = {shown(getattr(s, name))} is inside hf_cache's hub folder ({hub}), which the head exports over "
+            f"NFS (its hf token and API key folder would be exported): move {name} outside {hub}, or hf_cache "
+            "elsewhere" for name in ("state_dir", "data_dir") if _inside(getattr(s, name), hub)]
 
 
 def _host_problems(s: Settings) -> list[str]:

@@ -11,8 +11,9 @@ import pytest
 from settings_factory import load_one, make_pair, make_settings
 
 from operations import gpu_clock, link, memguard, nfs, supervise
-from operations.launch_spec import rank_spec
+from operations.launch_spec import rank0_argv, rank_spec
 from operations.settings import SETTING_NAMES, validate, validate_pair
+from operations.settings.rules import OWN_SERVE_FLAGS
 from operations.settings.shapes import ITEM_SHAPES, SHAPES
 from operations.site import SiteError, read_site
 
@@ -290,11 +291,45 @@ def test_per_host_fields_from_data_are_validated_naming_field_and_host(overrides
     assert hits and all("head" in p for p in hits), found
 
 
-# --- no root folder -----------------------------------------------------------------------------------------------
+# --- the NFS export carries hf_cache/hub only ------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name, value", [("state_dir", "/data/hf/hub"), ("state_dir", "/data/hf/hub/s"),
+                                         ("data_dir", "/data/hf/hub/models--x/d")])
+def test_state_or_data_dir_inside_the_exported_hub_is_refused(name, value):
+    found = [p for p in validate(make_settings("head", hf_cache="/data/hf", **{name: value})) if "hub" in p]
+    assert found and f"{name} = " in found[0] and "hf_cache" in found[0] and "NFS" in found[0], found
+
+
+def test_state_dir_beside_the_hub_is_fine():
+    s = make_settings("head", hf_cache="/data/hf", state_dir="/data/hf/state", data_dir="/data/hubx")
+    assert not [p for p in validate(s) if "hub folder" in p]
+
 
 @pytest.mark.parametrize("name", ["hf_cache", "data_dir", "state_dir"])
 def test_root_is_no_folder_for_sparkfold(name):
     assert refused(name, "/")
+
+
+# --- extra_serve_args cannot re-set what sparkfold sets ----------------------------------------------------------
+
+@pytest.mark.parametrize("args, setting", [
+    (["--host", "0.0.0.0"], "host"), (["--host=0.0.0.0"], "host"), (["--port", "22"], "port"),
+    (["--port=2049"], "port"), (["--master-port", "111"], "master_port"), (["--name=x"], "served_name"),
+    (["--context", "4096"], "context"), (["--no-drafts"], "drafts"), (["--backend=cpu"], "engine_image"),
+])
+def test_serve_flags_sparkfold_sets_are_refused_with_their_setting(args, setting):
+    flag = args[0].split("=")[0]
+    found = [p for p in validate(make_settings("head", extra_serve_args=args)) if "extra_serve_args" in p]
+    assert found == [f"extra_serve_args: {flag} is not allowed: sparkfold sets it from the {setting} setting; set "
+                     "that instead"] if setting != "engine_image" else found and f"{flag} is not allowed" in found[0]
+
+
+def test_every_flag_rank0_gets_from_sparkfold_is_reserved():
+    s = make_settings("head", api_key=True, reasoning_effort="high", drafts=False)
+    argv = rank0_argv(s, "/snap", {"serve": {"flags": {"--chat-template": {}}}})
+    assert {w for w in argv if w.startswith("--")} <= set(OWN_SERVE_FLAGS)
+    argv = rank0_argv(s.replace(thinking=not s.thinking, drafts=True), "/snap", None)
+    assert {w for w in argv if w.startswith("--")} <= set(OWN_SERVE_FLAGS)
 
 
 # --- refusals never show a secret --------------------------------------------------------------------------------
@@ -308,6 +343,7 @@ def test_root_is_no_folder_for_sparkfold(name):
     {"extra_serve_args": ["--foo=SECRET\n"]},
     {"extra_serve_args": ["--api-key", "SECRET"]},
     {"extra_serve_args": ["--api-key=SECRET"]},
+    {"extra_serve_args": ["--host=SECRET"]},
     {"extra_serve_args": "--top-k 'SECRET"},  # no list: shlex cannot split it
     {"engine_env": '{"TF_DS_X": "SECRET"'},  # no mapping
 ])
