@@ -26,7 +26,7 @@ COPY_EXCLUDES = ("/.cache/", MARKER, f"*{PARTIAL_SUFFIX}")
 SUMS_STATE = ".sparkfold-sums.state"
 # the worker's link address is new to the head on a first deploy: accept its key then (the image ship does too)
 SSH = "ssh -o BatchMode=yes -o StrictHostKeyChecking=accept-new"
-_KIT_GENERATED = re.compile(r"^(rope-[^/]*\.f32|vision/gate_bias_vl\.safetensors)$")
+_KIT_GENERATED = re.compile(r"rope-[^/]*\.f32|vision/gate_bias_vl\.safetensors")
 
 
 def gib(n) -> str:
@@ -57,7 +57,7 @@ def space_problem(free, need: int, where: str, what: str) -> str | None:
 
 
 def kit_generated(name: str) -> bool:
-    return bool(_KIT_GENERATED.match(name))
+    return bool(_KIT_GENERATED.fullmatch(name))
 
 
 def hashing_command(label: str, folder: str, hashing: str, total: int, complaint: str = "",

@@ -92,7 +92,7 @@ def _readback_command(mhz: int, nvidia_smi: str) -> StringCommand:
     message = sh(f"sparkfold: after nvidia-smi -lgc 0,{int(mhz)} a GPU still reads above {mhz} MHz:")
     return StringCommand(
         "for try in 1 2 3 4 5; do over=; "
-        f"for c in $({nvidia_smi} --query-gpu=clocks.sm --format=csv,noheader,nounits); do "
+        f"for c in $({sh(nvidia_smi)} --query-gpu=clocks.sm --format=csv,noheader,nounits); do "
         "case $c in *[!0-9]*|'') continue;; esac; "
         f"[ \"$c\" -gt {limit} ] && over=$c; done; "
         "[ -z \"$over\" ] && exit 0; sleep 1; done; "

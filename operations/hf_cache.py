@@ -18,11 +18,11 @@ import re
 
 MANIFEST_NAME = ".sparkfold-complete.json"  # written by hf_fetch after a verified download
 PARTIAL_SUFFIX = ".incomplete"  # huggingface_hub's file while it downloads; a killed download leaves it behind
-_COMMIT = re.compile(r"^[0-9a-f]{40}$")
+_COMMIT = re.compile(r"[0-9a-f]{40}")
 
 
 def is_commit(revision: str) -> bool:
-    return bool(_COMMIT.match(revision or ""))
+    return bool(_COMMIT.fullmatch(revision or ""))
 
 
 def repo_folder_name(repo: str, repo_type: str = "model") -> str:

@@ -3,20 +3,16 @@
 from __future__ import annotations
 
 import os
-import re
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+# the shapes of the fields that reach ssh, netplan and sysfs paths: the settings check per-host data with them too
+from .settings.shapes import HOST_NAME, IBDEV, IPV4_PREFIX, LOGIN, NETDEV, fits, shown
+
 EXAMPLE = "sparks.example.yaml"
 ROLES = ("head", "worker")
-# shapes of the fields that reach ssh, netplan and sysfs paths
-_HOST = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.:-]*$")
-_USER = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
-_NETDEV = re.compile(r"^[A-Za-z0-9_.-]{1,15}$")
-_IBDEV = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
-_ADDRESS = re.compile(r"^[0-9]{1,3}(\.[0-9]{1,3}){3}/[0-9]{1,2}$")
 _HOST_KEYS = {"ssh", "ssh_user", "ssh_key", "ssh_port", "link", "data", "reach_from_head", "name"}
 
 
@@ -64,23 +60,27 @@ def read_site(path: Path) -> dict[str, Any]:
                   and 1 <= spark["ssh_port"] <= 65535, path, f"{role}.ssh_port must be a port number (1-65535)")
         for key in ("ssh", "reach_from_head", "name"):
             if spark.get(key) is not None:
-                _need(isinstance(spark[key], str) and bool(_HOST.match(spark[key])), path,
-                      f"{role}.{key} = {spark[key]!r} must be a host name or address (letters, digits, . - : only)")
+                _need(fits(HOST_NAME, spark[key]), path,
+                      f"{role}.{key} = {shown(spark[key])} must be a host name or address (letters, digits, . - : "
+                      "only)")
         if spark.get("ssh_user") is not None:
-            _need(isinstance(spark["ssh_user"], str) and bool(_USER.match(spark["ssh_user"])), path,
-                  f"{role}.ssh_user = {spark['ssh_user']!r} must be a login name (lower-case letters, digits, _ -)")
+            _need(fits(LOGIN, spark["ssh_user"]), path,
+                  f"{role}.ssh_user = {shown(spark['ssh_user'])} must be a login name (lower-case letters, "
+                  "digits, _ -)")
         if spark.get("ssh_key") is not None:
             key_path = spark["ssh_key"]
             _need(isinstance(key_path, str) and key_path.isprintable() and key_path.strip() == key_path != "", path,
                   f"{role}.ssh_key must be the path of a private key file, e.g. ~/.ssh/id_ed25519")
         for i, rail in enumerate(link):
-            _need(isinstance(rail["netdev"], str) and bool(_NETDEV.match(rail["netdev"])), path,
-                  f"{role}.link[{i}].netdev = {rail['netdev']!r} must be an interface name (`ip -br link` lists them)")
-            _need(isinstance(rail["address"], str) and bool(_ADDRESS.match(rail["address"])), path,
-                  f"{role}.link[{i}].address = {rail['address']!r} must be IPv4 with a prefix, e.g. 192.168.100.1/24")
+            _need(fits(NETDEV, rail["netdev"]), path,
+                  f"{role}.link[{i}].netdev = {shown(rail['netdev'])} must be an interface name (letters, digits, "
+                  "_ . -, at most 15, not starting with - or .; `ip -br link` lists them)")
+            _need(fits(IPV4_PREFIX, rail["address"]), path,
+                  f"{role}.link[{i}].address = {shown(rail['address'])} must be IPv4 with a prefix, e.g. "
+                  "192.168.100.1/24")
             if rail.get("ibdev") is not None:
-                _need(isinstance(rail["ibdev"], str) and bool(_IBDEV.match(rail["ibdev"])), path,
-                      f"{role}.link[{i}].ibdev = {rail['ibdev']!r} must be a RoCE device name (`ibdev2netdev`)")
+                _need(fits(IBDEV, rail["ibdev"]), path,
+                      f"{role}.link[{i}].ibdev = {shown(rail['ibdev'])} must be a RoCE device name (`ibdev2netdev`)")
         _need(isinstance(spark.get("data", {}) or {}, dict), path, f"{role}.data must be a mapping of settings")
     _need(isinstance(site.get("data", {}) or {}, dict), path, "data must be a mapping of settings")
     return site

@@ -52,7 +52,8 @@ def parse_confirmation(lines) -> dict[str, tuple[int, int]]:
 
 
 def query_command(nvidia_smi: str = "nvidia-smi") -> str:
-    return f"{nvidia_smi} --query-gpu={','.join(QUERY_FIELDS)} --format=csv,noheader,nounits"
+    # the settings' pattern already makes the path safe; quoting keeps it one word whatever reaches here
+    return f"{shlex.quote(nvidia_smi)} --query-gpu={','.join(QUERY_FIELDS)} --format=csv,noheader,nounits"
 
 
 class GpuDict(TypedDict):

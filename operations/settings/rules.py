@@ -12,7 +12,7 @@ import re
 from dataclasses import fields
 
 from .model import PASSTHROUGH_PREFIXES, Settings
-from .shapes import shape_problems
+from .shapes import HOST_NAME, IBDEV, IPV4_PREFIX, LOGIN, NETDEV, fits, shape_problems, shown
 
 # The engine's window: dsv41's max_position_embeddings.
 MAX_CONTEXT = 1_048_576
@@ -25,10 +25,20 @@ PAIR_SETTINGS = (
     "model_revision_v1_1", "kv_shard", "spill_gib", "engine_env",
 )
 
-_HEX = re.compile(r"^[0-9a-f]+$")
+_HEX = re.compile(r"[0-9a-f]+")
 # prebuilt_image: a reference pinned by digest (operations/image.py splits it with the same pattern)
 PREBUILT_REFERENCE = re.compile(r"(?P<name>[^@\s]+)@(?P<digest>sha256:[0-9a-f]{64})")
-_ULIMIT = re.compile(r"^[a-z]+=-?\d+(:-?\d+)?$")
+_ULIMIT = re.compile(r"[a-z]+=-?[0-9]+(:-?[0-9]+)?")
+_API_URL = re.compile(r"https?://[^/\s]+(/\S*)?", re.ASCII)
+# Flags rank 0's command line gets from sparkfold (launch_spec.rank0_argv) -> the setting that sets each; given
+# again in extra_serve_args they would sidestep that setting's checks (reserved ports, the open-API warning).
+OWN_SERVE_FLAGS = {
+    "--name": "served_name", "--host": "host", "--port": "port", "--master-port": "master_port",
+    "--context": "context", "--parallel": "parallel", "--max-tokens": "max_tokens", "--thinking": "thinking",
+    "--no-thinking": "thinking", "--reasoning-effort": "reasoning_effort", "--drafts": "drafts",
+    "--no-drafts": "drafts", "--api-key": "api_key", "--api-key-file": "api_key",
+    "--chat-template": "engine_image (the image's kit brings the template)", "--backend": "engine_image (cuda)",
+}
 
 
 def _check_range(problems, s, name, low, high, fix=""):
@@ -61,14 +71,17 @@ def validate(s: Settings) -> list[str]:
     try:
         ipaddress.ip_address(s.host)
     except ValueError:
-        if not re.match(r"^[A-Za-z0-9.-]+$", s.host):
-            p.append(f"host = {s.host!r} is not an address to bind: use 0.0.0.0, 127.0.0.1 or this Spark's address")
-    for arg in s.extra_serve_args:
+        if not fits(re.compile(r"[A-Za-z0-9.-]+"), s.host):
+            p.append(f"host = {shown(s.host)} is not an address to bind: use 0.0.0.0, 127.0.0.1 or this Spark's "
+                     "address")
+    for i, arg in enumerate(s.extra_serve_args):
         if not isinstance(arg, str):
-            p.append(f"extra_serve_args: {arg!r} is not a string: write each argument as a string")
+            p.append(f"extra_serve_args: argument {i + 1} is not a string ({type(arg).__name__}): write each "
+                     "argument as a string")
     for key in s.engine_env:
         if not key.startswith(PASSTHROUGH_PREFIXES):
-            p.append(f"engine_env: {key} is not an engine variable (TENSORFOLD_*, TF_DS_*, TF_FILL_*, TF_SPILL_*)")
+            p.append(f"engine_env: {key} is not an engine variable (TENSORFOLD_*, TF_DS_*, TF_FILL_*, "
+                     "TF_SPILL_*)")
     if s.ablit and not s.hf_token:
         p.append("ablit needs your Hugging Face token: accept the overlay's terms on its model page, create a read "
                  "token, then run with HF_TOKEN=hf_... in the environment (or set ablit to false)")
@@ -77,11 +90,12 @@ def validate(s: Settings) -> list[str]:
     elif s.worker_weights == "nfs" and not s.nfs:
         p.append("worker_weights = 'nfs' needs nfs = true: set nfs true, or worker_weights 'copy' for a local copy")
     if s.prebuilt_image and not PREBUILT_REFERENCE.fullmatch(s.prebuilt_image):
-        p.append(f"prebuilt_image = {s.prebuilt_image!r} must be a reference pinned by digest: name@sha256:<64 hex>")
+        p.append(f"prebuilt_image = {shown(s.prebuilt_image)} must be a reference pinned by digest: "
+                 "name@sha256:<64 hex>")
     for name, lengths in (("tf_ref", (7, 40)), ("tools_ref", (7, 40)), ("zig_sha256", (64, 64))):
         value = getattr(s, name)
-        if not (_HEX.match(value) and lengths[0] <= len(value) <= lengths[1]):
-            p.append(f"{name} = {value!r} must be {lengths[0]}-{lengths[1]} lower-case hex characters")
+        if not (fits(_HEX, value) and lengths[0] <= len(value) <= lengths[1]):
+            p.append(f"{name} = {shown(value)} must be {lengths[0]}-{lengths[1]} lower-case hex characters")
     p.extend(shape_problems({f.name: getattr(s, f.name) for f in fields(s)}))
     # files sparkfold owns live directly in the folder their tool reads, never elsewhere on the Spark
     for name, folder, suffix in (("link_netplan_file", "/etc/netplan", ".yaml"),
@@ -90,17 +104,14 @@ def validate(s: Settings) -> list[str]:
         if posixpath.dirname(path) != folder or not path.endswith(suffix) or path == folder + "/" + suffix:
             p.append(f"{name} = {path!r} must be a {suffix} file in {folder}/ (directly, e.g. "
                      f"{folder}/60-sparkfold{suffix})")
-    # the API key travels by file, never on a command line or in an environment value docker inspect shows
-    for arg in s.extra_serve_args:
-        if isinstance(arg, str) and arg.split("=", 1)[0] in ("--api-key", "--api-key-file"):
-            p.append(f"extra_serve_args: {arg.split('=', 1)[0]} is not allowed: set api_key = true (sparkfold keeps "
-                     "the key in a 0600 file on the head and gives rank 0 --api-key-file)")
+    p.extend(_serve_arg_problems(s.extra_serve_args))
+    p.extend(_outside_hub(s))
     if "TENSORFOLD_API_KEY" in s.engine_env:
         p.append("engine_env: TENSORFOLD_API_KEY is not allowed: set api_key = true instead (the key stays in a "
                  "0600 file; an environment value shows in docker inspect)")
     for u in s.docker_ulimits:
-        if not _ULIMIT.match(str(u)):
-            p.append(f"docker_ulimits: {u!r} must look like memlock=-1:-1")
+        if not fits(_ULIMIT, u):
+            p.append(f"docker_ulimits: {shown(u)} must look like memlock=-1:-1")
     _check_range(p, s, "link_mtu", 1280, 9216)
     _check_range(p, s, "gpu_clock_mhz", 300, 4000)
     _check_range(p, s, "nccl_rails", 1, 2, "1 uses the first twin only, 2 both")
@@ -111,9 +122,54 @@ def validate(s: Settings) -> list[str]:
     _check_range(p, s, "log_lines", 1, 100000)
     _check_range(p, s, "supervise_retries", 1, 100)
     _check_range(p, s, "supervise_backoff_s", 1, 3600)
-    if not re.match(r"^https?://[^/\s]+(/\S*)?$", s.api_base_url):
-        p.append(f"api_url = {s.api_url!r} must be like http://spark-a.local:8888 (how this machine reaches rank 0)")
+    if not fits(_API_URL, s.api_base_url):
+        p.append(f"api_url = {shown(s.api_url)} must be like http://spark-a.local:8888 (how this machine reaches "
+                 "rank 0)")
+    p.extend(_host_problems(s))
     p.extend(_validate_rails(s))
+    return p
+
+
+def _serve_arg_problems(args: list) -> list[str]:
+    """A flag sparkfold sets itself is refused with the setting that sets it; the API key travels by file, never on
+    a command line. Only the flag is named: the value may be a secret."""
+    p = []
+    for arg in args:
+        flag = arg.split("=", 1)[0] if isinstance(arg, str) else ""
+        if flag in ("--api-key", "--api-key-file"):
+            p.append(f"extra_serve_args: {flag} is not allowed: set api_key = true (sparkfold keeps the key in a "
+                     "0600 file on the head and gives rank 0 --api-key-file)")
+        elif flag in OWN_SERVE_FLAGS:
+            p.append(f"extra_serve_args: {flag} is not allowed: sparkfold sets it from the {OWN_SERVE_FLAGS[flag]} "
+                     "setting; set that instead")
+    return p
+
+
+def _inside(path: str, folder: str) -> bool:
+    return path == folder or path.startswith(folder.rstrip("/") + "/")
+
+
+def _outside_hub(s: Settings) -> list[str]:
+    """The head exports hf_cache/hub to the worker over NFS: the hf token and the API key must stay out of it."""
+    hub = s.layout.hub
+    return [f"{name} = {shown(getattr(s, name))} is inside hf_cache's hub folder ({hub}), which the head exports over "
+            f"NFS (its hf token and API key folder would be exported): move {name} outside {hub}, or hf_cache "
+            "elsewhere" for name in ("state_dir", "data_dir") if _inside(getattr(s, name), hub)]
+
+
+def _host_problems(s: Settings) -> list[str]:
+    """The per-host fields from the site file's `data:` or --data: the site file's own patterns."""
+    who = f"{s.role or 'this Spark'} ({shown(s.ssh_hostname)})"
+    p = []
+    if s.ssh_hostname and not fits(HOST_NAME, s.ssh_hostname):
+        p.append(f"{who}: ssh_hostname must be a host name or address (letters, digits, . - : only)")
+    if s.reach_from_head and not fits(HOST_NAME, s.reach_from_head):
+        p.append(f"{who}: reach_from_head = {shown(s.reach_from_head)} must be a host name or address (letters, "
+                 "digits, . - : only)")
+    if not fits(LOGIN, s.ssh_user):
+        p.append(f"{who}: ssh_user = {shown(s.ssh_user)} must be a login name (lower-case letters, digits, _ -)")
+    if not 1 <= s.ssh_port <= 65535:
+        p.append(f"{who}: ssh_port = {s.ssh_port} must be a port number (1-65535)")
     return p
 
 
@@ -134,8 +190,16 @@ def _validate_rails(s: Settings) -> list[str]:
     if len(set(netdevs)) != len(netdevs):
         p.append(f"{who}: a link netdev is listed twice ({', '.join(netdevs)})")
     for i, rail in enumerate(s.link_rails):
-        if not re.match(r"^[A-Za-z0-9_.-]{1,15}$", str(rail.get("netdev", ""))):
-            p.append(f"{who} link rail {i}: netdev {rail.get('netdev')!r} is not an interface name")
+        if not fits(NETDEV, rail.get("netdev")):
+            p.append(f"{who} link rail {i}: netdev {shown(rail.get('netdev'))} is not an interface name (letters, "
+                     "digits, _ . -, at most 15, not starting with - or .; `ip -br link` lists them)")
+        if rail.get("ibdev") is not None and not fits(IBDEV, rail.get("ibdev")):
+            p.append(f"{who} link rail {i}: ibdev {shown(rail.get('ibdev'))} is not a RoCE device name "
+                     "(`ibdev2netdev` lists them)")
+        if not fits(IPV4_PREFIX, rail.get("address")):
+            p.append(f"{who} link rail {i}: address {shown(rail.get('address'))} must be IPv4 with a prefix, e.g. "
+                     "192.168.100.1/24")
+            continue
         try:
             mine = ipaddress.ip_interface(str(rail.get("address", "")))
         except ValueError:
@@ -164,8 +228,10 @@ def validate_pair(head: Settings, worker: Settings) -> list[str]:
     for name in PAIR_SETTINGS:
         a, b = getattr(head, name), getattr(worker, name)
         if a != b:
-            p.append(f"{name} differs between the head ({a!r}) and the worker ({b!r}): the ranks are one server, "
-                     "set it for both (group_data/all.py) instead of per host")
+            # an engine variable's value may be a secret: name the setting only
+            shown_a, shown_b = ("(not shown)",) * 2 if name == "engine_env" else (shown(a), shown(b))
+            p.append(f"{name} differs between the head ({shown_a}) and the worker ({shown_b}): the ranks are one "
+                     "server, set it for both (group_data/all.py) instead of per host")
     return p
 
 

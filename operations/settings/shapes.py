@@ -9,32 +9,43 @@ from __future__ import annotations
 import math
 import posixpath
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
+
+# Every pattern is used with fullmatch (`$` would let a trailing newline through) and spells its classes in ASCII.
 
 # Characters a path may hold everywhere it goes (exports lines, --mount, unit files): no quotes, commas, colons,
 # whitespace, shell or glob characters.
-_PATH = re.compile(r"^/[A-Za-z0-9._+@/-]*$")
+_PATH = re.compile(r"/[A-Za-z0-9._+@/-]*")
 # Docker's own pattern for container and volume names.
-_DOCKER_NAME = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9_.-]+$")
+_DOCKER_NAME = re.compile(r"[a-zA-Z0-9][a-zA-Z0-9_.-]+")
 # A model id as the API serves it.
-_MODEL_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/:-]*$")
-_REPO_ID = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*/)?[A-Za-z0-9][A-Za-z0-9._-]*$")  # org/name, or a bare name
-_COMMIT = re.compile(r"^[0-9a-f]{40}$")
+_MODEL_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/:-]*")
+_REPO_ID = re.compile(r"([A-Za-z0-9][A-Za-z0-9._-]*/)?[A-Za-z0-9][A-Za-z0-9._-]*")  # org/name, or a bare name
+_COMMIT = re.compile(r"[0-9a-f]{40}")
 # git's rules for a branch or tag name, narrowed to what needs no quoting
-_REF = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]*$")
+_REF = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/-]*")
 # Docker's repository path: components of [a-z0-9] joined by ".", "_", "__" or runs of "-"
 _IMAGE_PATH = r"[a-z0-9]+(([._]|__|-+)[a-z0-9]+)*(/[a-z0-9]+(([._]|__|-+)[a-z0-9]+)*)*"
-_IMAGE_NAME = re.compile(r"^([a-z0-9][a-z0-9.-]*(:[0-9]+)?/)?" + _IMAGE_PATH + "$")
-_IMAGE_REF = re.compile(r"^([A-Za-z0-9][A-Za-z0-9.-]*(:[0-9]+)?/)?" + _IMAGE_PATH +
-                        r"(:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(@sha256:[0-9a-f]{64})?$")
-_URL = re.compile(r"^https?://([A-Za-z0-9.-]+|\[[0-9A-Fa-f:.]+\])(:[0-9]+)?(/[A-Za-z0-9._~%/+-]*)?$")  # IPv6 in []
-_FILE_IN_REPO = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]*$")
-_BIND = re.compile(r"^[A-Za-z0-9:][A-Za-z0-9.:-]*$")  # an address or host name; no scope id, no leading -
-_VERSION = re.compile(r"^[0-9]+\.[0-9]+\.[0-9]+$")
-_MOUNT_OPTION = re.compile(r"^[a-z0-9_]+(=[A-Za-z0-9_.]+)?$")
-_ENV_NAME = re.compile(r"^[A-Z][A-Z0-9_]*$")
-_WORD = re.compile(r"^[A-Za-z0-9_.-]+$")
+_IMAGE_NAME = re.compile(r"([a-z0-9][a-z0-9.-]*(:[0-9]+)?/)?" + _IMAGE_PATH)
+_IMAGE_REF = re.compile(r"([A-Za-z0-9][A-Za-z0-9.-]*(:[0-9]+)?/)?" + _IMAGE_PATH +
+                        r"(:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(@sha256:[0-9a-f]{64})?")
+_URL = re.compile(r"https?://([A-Za-z0-9.-]+|\[[0-9A-Fa-f:.]+\])"  # IPv6 in []
+                  r"(:(?P<port>[0-9]{1,5}))?(/[A-Za-z0-9._~%/+-]*)?")
+_FILE_IN_REPO = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/-]*")
+_BIND = re.compile(r"[A-Za-z0-9:][A-Za-z0-9.:-]*")  # an address or host name; no scope id, no leading -
+_VERSION = re.compile(r"[0-9]+\.[0-9]+\.[0-9]+")
+_MOUNT_OPTION = re.compile(r"[a-z0-9_]+(=[A-Za-z0-9_.]+)?")
+_ENV_NAME = re.compile(r"[A-Z][A-Z0-9_]*")
+_WORD = re.compile(r"[A-Za-z0-9_.-]+")
+# site-file and per-host fields (operations/site.py checks the file with these, the rules the merged host data)
+HOST_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9.:-]*")
+LOGIN = re.compile(r"[a-z_][a-z0-9_-]{0,31}")
+NETDEV = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,14}")  # no leading - or . (so never . or ..)
+IBDEV = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}")
+IPV4_PREFIX = re.compile(r"[0-9]{1,3}(\.[0-9]{1,3}){3}/[0-9]{1,2}")
+# user:password@ in a URL, shown as ***@ in every message
+_USERINFO = re.compile(r"^(?P<scheme>[^:/?#]*://)?[^/?#]*@")
 # the resource names `docker run --ulimit` knows
 ULIMITS = ("core", "cpu", "data", "fsize", "locks", "memlock", "msgqueue", "nice", "nofile", "nproc", "rss", "rtprio",
            "rttime", "sigpending", "stack")
@@ -45,21 +56,43 @@ RESERVED_PORTS = {22: "ssh", 111: "rpcbind (NFS)", 2049: "NFS"}
 
 def clean_path(value: str) -> bool:
     """Absolute, normalised, and free of characters its consumers cannot carry."""
-    return bool(_PATH.match(value)) and posixpath.normpath(value) == value and "/../" not in value + "/"
+    return bool(_PATH.fullmatch(value)) and posixpath.normpath(value) == value and "/../" not in value + "/"
 
 
 def safe_text(value: str) -> bool:
-    """One line of printable text: no newline, carriage return, NUL or other control character."""
+    """One line of printable text: no newline, carriage return, NUL, line separator or other control character."""
     return value.isprintable()
 
 
+def fits(pattern: re.Pattern[str], value: Any) -> bool:
+    """`value` is a string the whole of which `pattern` matches."""
+    return isinstance(value, str) and bool(pattern.fullmatch(value))
+
+
+def shown(value: Any) -> str:
+    """`value` as a message may show it: a URL's user:password never appears."""
+    return repr(_USERINFO.sub(r"\g<scheme>***@", value)) if isinstance(value, str) else repr(value)
+
+
+def serve_arg_shown(index: int, arg: Any) -> str:
+    """A serve argument as a message may show it: its flag name, never a value (it may be a secret)."""
+    if isinstance(arg, str) and arg.startswith("--"):
+        return repr(arg.split("=", 1)[0])
+    return f"argument {index + 1}"
+
+
+def _url(value: str) -> bool:
+    m = _URL.fullmatch(value)
+    return m is not None and (m["port"] is None or 1 <= int(m["port"]) <= 65535)
+
+
 def _relative_file(value: str) -> bool:
-    return (isinstance(value, str) and bool(_FILE_IN_REPO.match(value)) and ".." not in value.split("/")
+    return (isinstance(value, str) and bool(_FILE_IN_REPO.fullmatch(value)) and ".." not in value.split("/")
             and "//" not in value)
 
 
 def _ref(value: str) -> bool:
-    return bool(_COMMIT.match(value) or (_REF.match(value) and ".." not in value and "//" not in value
+    return bool(_COMMIT.fullmatch(value) or (_REF.fullmatch(value) and ".." not in value and "//" not in value
                                          and not value.endswith((".lock", "/", "."))))
 
 
@@ -70,37 +103,40 @@ def _finite(value: Any) -> bool:
 Shape = tuple[Callable[[Any], bool], str]
 PATH: Shape = (clean_path, "an absolute path of letters, digits and . _ - + @ / (no quotes, spaces, commas, colons "
                            "or ..)")
-_COMMAND = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*$")
-PROGRAM: Shape = (lambda v: v == "" or clean_path(v) or bool(_COMMAND.match(v)),
+_COMMAND = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]*")
+PROGRAM: Shape = (lambda v: v == "" or clean_path(v) or bool(_COMMAND.fullmatch(v)),
                   "empty (the default), a program name on PATH such as python3, or " + PATH[1])
-DOCKER_NAME: Shape = (lambda v: bool(_DOCKER_NAME.match(v)), "letters, digits and _ . - (Docker's name rule), "
+DOCKER_NAME: Shape = (lambda v: bool(_DOCKER_NAME.fullmatch(v)), "letters, digits and _ . - (Docker's name rule), "
                                                               "starting with a letter or digit")
-REPO: Shape = (lambda v: bool(_REPO_ID.match(v)), "a Hugging Face repo id like org/name")
+REPO: Shape = (lambda v: bool(_REPO_ID.fullmatch(v)), "a Hugging Face repo id like org/name")
 REVISION: Shape = (_ref, "a 40-hex commit or a branch/tag name (letters, digits, . _ - /)")
-URL: Shape = (lambda v: bool(_URL.match(v)), "an http(s) URL like https://host/path")
-OPTIONAL_URL: Shape = (lambda v: v == "" or bool(_URL.match(v)), "empty or " + URL[1])
+URL: Shape = (_url, "an http(s) URL like https://host/path (port 1-65535, no user:password@)")
+OPTIONAL_URL: Shape = (lambda v: v == "" or _url(v), "empty or " + URL[1])
+# a root folder sparkfold writes below (and the head exports hf_cache/hub): never / itself
+ROOT_PATH: Shape = (lambda v: clean_path(v) and v != "/", PATH[1] + ", not / itself")
 
 SHAPES: dict[str, Shape] = {
-    "hf_cache": PATH, "data_dir": PATH, "state_dir": PATH,
+    "hf_cache": ROOT_PATH, "data_dir": ROOT_PATH, "state_dir": ROOT_PATH,
     "link_netplan_file": PATH, "nfs_exports_file": PATH,
     "nvidia_smi_path": PATH, "hf_python": PROGRAM,
     "container_name": DOCKER_NAME, "nfs_volume": DOCKER_NAME,
-    "served_name": (lambda v: bool(_MODEL_ID.match(v)), "a model id: letters, digits and . - _ / :"),
-    "engine_image": (lambda v: bool(_IMAGE_NAME.match(v)), "a Docker image name (lower case, no tag), e.g. "
+    "served_name": (lambda v: bool(_MODEL_ID.fullmatch(v)), "a model id: letters, digits and . - _ / :"),
+    "engine_image": (lambda v: bool(_IMAGE_NAME.fullmatch(v)), "a Docker image name (lower case, no tag), e.g. "
                                                             "sparkfold/dsv41-tf"),
-    "base_image": (lambda v: bool(_IMAGE_REF.match(v)), "a Docker image reference, e.g. "
+    "base_image": (lambda v: bool(_IMAGE_REF.fullmatch(v)), "a Docker image reference, e.g. "
                                                          "nvcr.io/nvidia/pytorch:26.07-py3"),
-    "engine_context": (lambda v: bool(_FILE_IN_REPO.match(v) or clean_path(v)) and ".." not in v.split("/"),
+    "engine_context": (lambda v: bool(_FILE_IN_REPO.fullmatch(v) or clean_path(v)) and ".." not in v.split("/"),
                        "a folder of this checkout (e.g. zig) or an absolute path"),
     "model_repo": REPO, "model_repo_v1_1": REPO, "engram_repo": REPO, "kit_repo": REPO, "ablit_repo": REPO,
     "model_revision": REVISION, "model_revision_v1_1": REVISION, "engram_revision": REVISION,
     "kit_revision": REVISION, "ablit_revision": REVISION,
     "ablit_file": (_relative_file, "a file name inside the repo (letters, digits, . _ - /, no ..)"),
     "hf_endpoint": OPTIONAL_URL, "api_url": OPTIONAL_URL, "zig_url": URL, "tf_repo": URL,
-    "host": (lambda v: bool(_BIND.match(v)), "an address to bind (0.0.0.0, 127.0.0.1, ::, or this Spark's address)"),
-    "zig_version": (lambda v: bool(_VERSION.match(v)), "a version like 0.17.0"),
+    "host": (lambda v: bool(_BIND.fullmatch(v)), "an address to bind (0.0.0.0, 127.0.0.1, ::, or this Spark's "
+                                                  "address)"),
+    "zig_version": (lambda v: bool(_VERSION.fullmatch(v)), "a version like 0.17.0"),
     # addr= is the head's link address, which the deploy adds: another one would mount someone else's export
-    "nfs_options": (lambda v: all(_MOUNT_OPTION.match(o) and o.split("=")[0] not in ("addr", "clientaddr")
+    "nfs_options": (lambda v: all(_MOUNT_OPTION.fullmatch(o) and o.split("=")[0] not in ("addr", "clientaddr")
                                   for o in v.split(",")),
                     "comma-separated mount options like nfsvers=4.2,ro,hard (no spaces, no addr=)"),
     "nccl_debug": (lambda v: v in NCCL_DEBUG_LEVELS, "one of " + ", ".join(repr(x) for x in NCCL_DEBUG_LEVELS)),
@@ -117,32 +153,61 @@ SHAPES: dict[str, Shape] = {
 # lists: each item's shape
 ITEM_SHAPES: dict[str, Shape] = {
     "engram_files": (_relative_file, "file names inside the repo (letters, digits, . _ - /, no ..)"),
-    "allowed_arch": (lambda v: isinstance(v, str) and bool(_WORD.match(v)), "machine names like aarch64"),
-    "allowed_os": (lambda v: isinstance(v, str) and bool(_WORD.match(v)), "os-release IDs like ubuntu"),
+    "allowed_arch": (lambda v: isinstance(v, str) and bool(_WORD.fullmatch(v)), "machine names like aarch64"),
+    "allowed_os": (lambda v: isinstance(v, str) and bool(_WORD.fullmatch(v)), "os-release IDs like ubuntu"),
     "extra_serve_args": (lambda v: isinstance(v, str) and safe_text(v) and v != "",
                          "each argument one line of text (no newline or control character)"),
 }
 
 
+# values checked elsewhere: the token is never shown, link rails have their own rules, the peer is another Spark
+_NOT_TEXT = {"hf_token", "link_rails", "peer"}
+
+
+def _texts(value: Any) -> Iterable[Any]:
+    if isinstance(value, dict):
+        return [*value, *value.values()]
+    return value if isinstance(value, (list, tuple)) else [value]
+
+
+def text_problems(values: dict[str, Any]) -> list[str]:
+    """Every string setting, list item and mapping entry is one line of printable text (those with a shape are
+    checked with it)."""
+    problems = []
+    for name, value in values.items():
+        if name in _NOT_TEXT or name in SHAPES or name in ITEM_SHAPES or name == "engine_env":
+            continue
+        if any(isinstance(v, str) and not safe_text(v) for v in _texts(value)):
+            problems.append(f"{name} = {shown(value)} must be one line of printable text (no newline, carriage "
+                            "return or control character)")
+    if not safe_text(values.get("hf_token", "")):
+        problems.append("HF_TOKEN (not shown) must be one line of printable text: copy the token again")
+    return problems
+
+
 def shape_problems(values: dict[str, Any]) -> list[str]:
     """Every setting whose value does not have its shape, with the fix."""
-    problems = []
-    for name, (fits, fix) in SHAPES.items():
+    problems = text_problems(values)
+    for name, (ok, fix) in SHAPES.items():
         value = values[name]
-        if isinstance(value, str) and not safe_text(value) or not fits(value):
-            problems.append(f"{name} = {value!r} must be {fix}")
-    for name, (fits, fix) in ITEM_SHAPES.items():
-        bad = [item for item in values[name] if not fits(item)]
+        if isinstance(value, str) and not safe_text(value) or not ok(value):
+            problems.append(f"{name} = {shown(value)} must be {fix}")
+    for name, (ok, fix) in ITEM_SHAPES.items():
+        bad = [(i, item) for i, item in enumerate(values[name]) if not ok(item)]
         if bad:
-            problems.append(f"{name}: {', '.join(repr(b) for b in bad)} must be {fix}")
+            listed = (serve_arg_shown(i, b) if name == "extra_serve_args" else shown(b) for i, b in bad)
+            problems.append(f"{name}: {', '.join(listed)} must be {fix}")
     for name in ("port", "master_port"):
         if values[name] in RESERVED_PORTS:
             problems.append(f"{name} = {values[name]} is the port of {RESERVED_PORTS[values[name]]} on the Sparks: "
                             "choose another port")
+    names = [u.split("=", 1)[0] for u in values["docker_ulimits"] if isinstance(u, str)]
     for u in values["docker_ulimits"]:
         if isinstance(u, str) and u.split("=", 1)[0] not in ULIMITS:
-            problems.append(f"docker_ulimits: {u!r} names no limit docker knows ({', '.join(ULIMITS)})")
+            problems.append(f"docker_ulimits: {shown(u)} names no limit docker knows ({', '.join(ULIMITS)})")
+    for twice in sorted({n for n in names if names.count(n) > 1}):
+        problems.append(f"docker_ulimits: {twice} is set twice: keep one {twice}=... entry")
     for key, value in values["engine_env"].items():
-        if not _ENV_NAME.match(key) or not safe_text(value):
-            problems.append(f"engine_env: {key!r} must be an upper-case variable name with a one-line value")
+        if not fits(_ENV_NAME, key) or not safe_text(value):
+            problems.append(f"engine_env: {shown(key)} must be an upper-case variable name with a one-line value")
     return problems

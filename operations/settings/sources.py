@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from .model import PASSTHROUGH_PREFIXES, PROJECT_ROOT, SETTING_NAMES, Rail, Settings
+from .shapes import shown
 
 ALL_PY = PROJECT_ROOT / "group_data" / "all.py"
 # The shell recipe's variables, read under their own names; none of them is a common shell variable.
@@ -205,8 +206,9 @@ def _rails(value: Any) -> tuple[Rail, ...]:
     rails = []
     for r in value or ():
         if isinstance(r, Mapping):
+            ibdev = r.get("ibdev")
             rails.append(Rail(netdev=str(r.get("netdev", "")), address=str(r.get("address", "")),
-                              ibdev=r.get("ibdev") or None))
+                              ibdev=str(ibdev) if ibdev else None))
     return tuple(rails)
 
 
@@ -227,14 +229,16 @@ def load(layers: Layers, environ: Mapping[str, str], home: str) -> tuple[Setting
         try:
             values[name] = coerce(name, value)
         except _Bad as bad:
-            shown = "(hidden)" if "key" in name or "token" in name else repr(value)
+            # a key, a token or a serve argument may be a secret; a URL's user:password is masked
+            hidden = "key" in name or "token" in name or name in ("extra_serve_args", "engine_env")
+            shown_value = "(hidden)" if hidden else shown(value)
             clash = ""
             if where == f"environment variable {name.upper()}" and name in RECIPE_ENV:
                 # the recipe's bare names are common words: another tool may have set it (GNU parallel reads
                 # PARALLEL, for one)
                 clash = (f"; if {name.upper()} is set for another program, run with `env -u {name.upper()}` or "
                          f"give SPARKFOLD_{name.upper()}, which wins")
-            problems.append(f"{name} = {shown} from {where} is not {bad}{clash}")
+            problems.append(f"{name} = {shown_value} from {where} is not {bad}{clash}")
             values[name] = _fallback(name, layers.all.get(name))
     engine_env = dict(values["engine_env"])
     engine_env.update({k: v for k, v in environ.items() if k.startswith(PASSTHROUGH_PREFIXES)})
@@ -252,6 +256,13 @@ def load(layers: Layers, environ: Mapping[str, str], home: str) -> tuple[Setting
     except (TypeError, ValueError):
         problems.append(f"rank = {data.get('rank')!r} in group_data must be 0 (head) or 1 (worker)")
         rank = 0 if role == "head" else 1
+    try:
+        ssh_port = int(_number(int, 22 if data.get("ssh_port") in (None, "") else data["ssh_port"]))
+    except _Bad:
+        # the rules check the range; a port that is no number is reported here, where its source is known
+        problems.append(f"ssh_port = {shown(data.get('ssh_port'))} for {role or 'this Spark'} from "
+                        f"{layers.source_of('ssh_port')} must be a port number (1-65535)")
+        ssh_port = 22
     settings = Settings(
         **values,
         role=role,
@@ -259,7 +270,7 @@ def load(layers: Layers, environ: Mapping[str, str], home: str) -> tuple[Setting
         link_rails=_rails(data.get("link_rails")),
         ssh_hostname=str(data.get("ssh_hostname", "")),
         ssh_user=str(data.get("ssh_user") or "root"),
-        ssh_port=int(data.get("ssh_port") or 22),
+        ssh_port=ssh_port,
         reach_from_head=str(data.get("reach_from_head") or ""),
         home=home,
         hf_token=environ.get("HF_TOKEN", ""),

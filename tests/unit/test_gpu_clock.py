@@ -364,3 +364,10 @@ def test_standin_timer_runs_its_service_until_stopped(tmp_path):
     count = len(fired.read_text().split())
     time.sleep(2.5)
     assert len(fired.read_text().split()) == count  # stopped: no more runs
+
+
+def test_nvidia_smi_is_quoted_in_every_command():
+    # the settings' pattern already refuses such a path; the commands keep it one word regardless
+    assert query_command("/opt/a b/nvidia-smi").startswith("'/opt/a b/nvidia-smi' --query-gpu=")
+    readback = str(gc._readback_command(1500, "/opt/a b/nvidia-smi").get_raw_value())
+    assert "$('/opt/a b/nvidia-smi' --query-gpu" in readback

@@ -273,3 +273,8 @@ def test_fetch_progress_counts_the_files_already_whole(tmp_path, capsys):
     lines = capsys.readouterr().err.splitlines()
     assert lines and all(line.endswith(", 1 of 3 files whole") for line in lines), lines
     assert re.search(FILES_WHOLE, lines[-1]).group(0) == "1 of 3 files whole"  # what the runner shows of it
+
+
+def test_a_commit_is_exactly_40_hex():
+    assert hf_cache.is_commit("a" * 40)
+    assert not hf_cache.is_commit("a" * 40 + "\n")  # `$` would match before the newline

@@ -90,7 +90,7 @@ def test_precedence_data_environment_site_role_file_all_py():
     ({"CONTEXT": "abc"}, "context = 'abc' from environment variable CONTEXT is not a whole number"),
     ({"THINKING": "maybe"}, "thinking = 'maybe' from environment variable THINKING is not a switch"),
     ({"SPARKFOLD_ENGINE_ENV": "[1]"},
-     "engine_env = '[1]' from environment variable SPARKFOLD_ENGINE_ENV is not a mapping"),
+     "engine_env = (hidden) from environment variable SPARKFOLD_ENGINE_ENV is not a mapping"),
     ({"SPARKFOLD_EXTRA_SERVE_ARGS": "[1, "}, "from environment variable SPARKFOLD_EXTRA_SERVE_ARGS is not a list"),
     ({"MEMGUARD_GIB": "nan"}, "memguard_gib = 'nan' from environment variable MEMGUARD_GIB is not a finite number"),
 ])
@@ -225,7 +225,7 @@ def test_pyinfra_data_strings_are_coerced():
     ({"max_tokens": 0}, "max_tokens = 0"),
     ({"log_lines": 0}, "log_lines = 0"),
     ({"api_url": "spark-a:8888"}, "api_url = 'spark-a:8888'"),
-    ({"extra_serve_args": [5]}, "extra_serve_args: 5 is not a string"),
+    ({"extra_serve_args": [5]}, "extra_serve_args: argument 1 is not a string"),
 ])
 def test_each_rule_names_the_setting(overrides, fragment):
     found = problems(**overrides)
