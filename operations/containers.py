@@ -127,7 +127,7 @@ def launch_checked(container_name: str, peer, launch: Launch, min_avail_gib: flo
                    ports: tuple[int, ...] = ()):
     """Refuse before anything is touched: a foreign container with our name (here or on the peer), launch problems
     (rank 0's flags against the image, the link record), and, for a rank that is not running, too little memory or
-    one of `ports` (the API's, the rendezvous') held by another process."""
+    one of `ports` (the API's, the rendezvous') held by another process (a port our running rank uses is its own)."""
     mine = host.get_fact(RankContainer, container=container_name)
     theirs = peer.get_fact(RankContainer, container=container_name)
     refusals = [m for m in (unmanaged(here, container_name, mine), unmanaged(there, container_name, theirs)) if m]
@@ -148,7 +148,10 @@ def launch_checked(container_name: str, peer, launch: Launch, min_avail_gib: flo
     if (yield from check_failed("memory", memory)):
         return
     held = []
-    for port in ports if not (mine and mine.get("running")) else ():
+    # a port our running rank was started on is its own (it goes when the pair is recreated); a changed port or
+    # master_port is checked even while the old rank runs
+    own = set(mine.get("ports") or []) if mine and mine.get("running") else set()
+    for port in (p for p in ports if p not in own):
         holders = host.get_fact(PortListeners, port=port, _sudo=True)  # root: ss names other users' processes
         if holders:
             held.append(f"port {port} is held by {', '.join(holders)} on the {here}, so the rank could "

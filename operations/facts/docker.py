@@ -31,7 +31,21 @@ _UNITS = {
 
 # One line of JSON with the parts of `docker container inspect` the lifecycle decides from.
 _CONTAINER_FORMAT = ('{"state":{{json .State}},"labels":{{json .Config.Labels}},"image":{{json .Config.Image}},'
-                     '"created":{{json .Created}}}')
+                     '"created":{{json .Created}},"args":{{json .Args}},"env":{{json .Config.Env}}}')
+# where a rank is told the ports it listens on: rank 0's serve flag, and the rendezvous port in its environment
+_PORT_FLAGS = ("--port",)
+_PORT_ENV = ("TF_TP_PORT",)
+
+
+def listening_ports(args: list[str], env: list[str]) -> list[int]:
+    """The ports a rank container was started to listen on, read from its argv and environment."""
+    found = []
+    for i, arg in enumerate(args):
+        flag, eq, value = arg.partition("=")
+        if flag in _PORT_FLAGS:
+            found.append(value if eq else (args[i + 1] if i + 1 < len(args) else ""))
+    found += [entry.partition("=")[2] for entry in env if entry.partition("=")[0] in _PORT_ENV]
+    return sorted({int(v) for v in found if v.isdigit()})
 
 
 def parse_size(text: str) -> int | None:
@@ -55,6 +69,7 @@ class RankContainerDict(TypedDict, total=False):
     created: str
     started_at: str  # State.StartedAt (RFC 3339); docker's zero time when it never started
     finished_at: str  # State.FinishedAt
+    ports: list[int]  # what it was started to listen on (listening_ports)
 
 
 class RankContainer(FactBase[RankContainerDict]):
@@ -90,6 +105,7 @@ class RankContainer(FactBase[RankContainerDict]):
                 "created": data.get("created", ""),
                 "started_at": state.get("StartedAt", ""),
                 "finished_at": state.get("FinishedAt", ""),
+                "ports": listening_ports(data.get("args") or [], data.get("env") or []),
             }
         return {}
 

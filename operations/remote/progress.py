@@ -134,6 +134,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--relay", nargs=2, metavar=("FROM", "TO"))
     args = p.parse_args(argv)
 
+    # what was there is measured before the command starts, so none of its own first writes count as "there"
+    first = None if args.own_work or args.relay else measure_there(args)
     log = tempfile.NamedTemporaryFile("w+", prefix="sparkfold-progress-", delete=False)
     relay = Relay(*args.relay) if args.relay else None
     proc = None if relay else subprocess.Popen(["sh", "-c", args.command], stdout=log, stderr=subprocess.STDOUT,
@@ -150,25 +152,28 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGHUP, stop)
     signal.signal(signal.SIGTERM, stop)
     try:
-        return watch(args, relay, proc, log.name)
+        return watch(args, relay, proc, log.name, first)
     except Gone:
         stop()
     return 1
 
 
-def watch(args: argparse.Namespace, relay: Relay | None, proc: subprocess.Popen | None, log_name: str) -> int:
-    """Print the progress lines until the command ends; its exit status."""
+def measure_there(args: argparse.Namespace) -> int | None:
+    if args.size_of:
+        return folder_bytes(args.size_of)
+    return probe_bytes(args.probe) if args.probe else None
+
+
+def watch(args: argparse.Namespace, relay: Relay | None, proc: subprocess.Popen | None, log_name: str,
+          first: int | None) -> int:
+    """Print the progress lines until the command ends (`first`: the bytes there before it started); its exit
+    status."""
 
     def measure() -> int | None:
-        if relay is not None:
-            return relay.bytes
-        if args.size_of:
-            return folder_bytes(args.size_of)
-        return probe_bytes(args.probe) if args.probe else None
+        return relay.bytes if relay is not None else measure_there(args)
 
     start, pattern, latest = time.monotonic(), re.compile(args.latest) if args.latest else None, ""
     measuring = bool(relay or args.size_of or args.probe)
-    first = None if args.own_work else measure()
     start_bytes = first or 0
     if first:
         say(f"{args.label}: {size(first)} already there" + (f" of {size(args.total)}" if args.total else ""))

@@ -13,7 +13,7 @@ from harness import FakeHost, parse_fact, run_op
 from settings_factory import make_settings
 
 from operations import containers as c
-from operations.facts.docker import EngineCapabilities, RankContainer, SpecRecord
+from operations.facts.docker import EngineCapabilities, RankContainer, SpecRecord, listening_ports
 from operations.facts.files import LinkTarget
 from operations.facts.host import MemInfo, mem_available_gib
 from operations.facts.network import InfinibandDevices, LinkRecord
@@ -47,12 +47,13 @@ class FixedLaunch:
 HEAD, WORKER = spec("head"), spec("worker")
 
 
-def container(sp=None, running=True, managed=True, hash_=None, status=None, exit_code=0):
+def container(sp=None, running=True, managed=True, hash_=None, status=None, exit_code=0, ports=(8888, 29500)):
     labels = {"sparkfold.managed": "1"} if managed else {}
     if sp is not None or hash_:
         labels[LABEL_HASH] = hash_ or sp.spec_hash()
     return {"exists": True, "running": running, "status": status or ("running" if running else "exited"),
-            "exit_code": exit_code, "oom_killed": False, "labels": labels, "image": "x", "created": ""}
+            "exit_code": exit_code, "oom_killed": False, "labels": labels, "image": "x", "created": "",
+            "ports": list(ports)}
 
 
 def facts(mine, record=None, mem=200.0):
@@ -71,11 +72,13 @@ COMMON = dict(container_name=NAME, rank=0, peer_rank=1, peer_record="/w/rank.spe
 
 def test_rank_container_fact():
     line = json.dumps({"state": {"Running": False, "Status": "exited", "ExitCode": 137, "OOMKilled": True},
-                       "labels": {"sparkfold.managed": "1"}, "image": "img:1", "created": "2026"})
+                       "labels": {"sparkfold.managed": "1"}, "image": "img:1", "created": "2026",
+                       "args": ["/snap", "--port", "8888", "--host=0.0.0.0"], "env": ["TF_TP_PORT=29500", "A=1"]})
     got = parse_fact(RankContainer, [line], container=NAME)
     assert got == {"exists": True, "running": False, "status": "exited", "exit_code": 137, "oom_killed": True,
                    "labels": {"sparkfold.managed": "1"}, "image": "img:1", "created": "2026", "started_at": "",
-                   "finished_at": ""}
+                   "finished_at": "", "ports": [8888, 29500]}
+    assert listening_ports(["--port=9000"], []) == [9000] and listening_ports(["--port"], []) == []
     assert parse_fact(RankContainer, [], container=NAME) == {}
     assert parse_fact(RankContainer, ["null"], container=NAME) == {}
     assert "|| true" in RankContainer().command(container=NAME).get_raw_value()
@@ -154,6 +157,9 @@ def test_launch_checked_refuses_a_port_another_process_holds_only_before_a_start
     assert len(cmds) == 1 and "port 8888 is held by python3 (pid 4242) on the head" in cmds[0] and "exit 1" in cmds[0]
     assert run({}, []) == []  # free
     assert run(container(HEAD), ["tensorfold-nati (pid 7)"]) == []  # our running rank holds it
+    # port changed while the old rank runs on 9999: the new port is still checked
+    cmds = run(container(HEAD, ports=(9999, 29500)), ["nginx (pid 12)"])
+    assert len(cmds) == 1 and "port 8888 is held by nginx (pid 12)" in cmds[0]
 
 
 def test_port_listeners_fact_names_the_process():
