@@ -19,6 +19,7 @@ from pyinfra.operations import files as core_files
 
 from operations.facts.network import (
     DefaultRouteDevice,
+    DefaultRouteDevices,
     IpAddresses,
     LinkRecord,
     NetplanFiles,
@@ -120,19 +121,31 @@ def address_problems(rails: list[dict], addrs: dict, mtu: int, netplan_file: str
     return problems
 
 
-def rail_hazards(rails: list[dict], addrs: dict, default_dev: str | None, ssh_address: str | None) -> list[str]:
-    """Why addressing these rails could cut this Spark off: a rail on the default route's netdev or on the address
-    the deploy's ssh arrives on, or a rail subnet that overlaps another interface's."""
+def _same_address(a: str, b: str) -> bool:
+    """Two address texts naming one address (IPv6 spelled differently, or an IPv4-mapped IPv6 from ssh)."""
+    try:
+        x, y = ipaddress.ip_address(a), ipaddress.ip_address(b)
+    except ValueError:
+        return a == b
+    x = getattr(x, "ipv4_mapped", None) or x
+    y = getattr(y, "ipv4_mapped", None) or y
+    return x == y
+
+
+def rail_hazards(rails: list[dict], addrs: dict, default_devs: list[str], ssh_address: str | None) -> list[str]:
+    """Why addressing these rails could cut this Spark off: a rail on a default route's netdev (IPv4 or IPv6) or on
+    the address the deploy's ssh arrives on (either family), or a rail subnet that overlaps another interface's."""
     problems = []
     netdevs = {r["netdev"] for r in rails}
     for rail in rails:
         netdev, mine = rail["netdev"], ipaddress.ip_interface(rail["address"])
-        live = [ipaddress.ip_interface(a) for a in (addrs.get(netdev) or {}).get("ipv4", [])]
-        if netdev == default_dev:
+        info = addrs.get(netdev) or {}
+        live = [ipaddress.ip_interface(a) for a in info.get("ipv4", []) + info.get("ipv6", [])]
+        if netdev in default_devs:
             problems.append(f"{netdev} carries this Spark's default route (the management network), so it is not a "
                             "CX7 link rail: list the cabled CX7 port's netdevs in link_rails (`ip -br link`; they "
                             "look like enp1s0f0np0 / enP2p1s0f0np0)")
-        elif ssh_address and any(str(a.ip) == ssh_address for a in live):
+        elif ssh_address and any(_same_address(str(a.ip), ssh_address) for a in live):
             problems.append(f"{netdev} holds {ssh_address}, the address this deploy reaches the Spark on over ssh: "
                             "re-addressing it would cut the connection; list the CX7 netdevs in link_rails instead")
         for other, info in sorted(addrs.items()):
@@ -260,7 +273,7 @@ def netplan_link(rails: list[dict], mtu: int, netplan_file: str, rollback_s: int
 def rails_safe(rails: list[dict]):
     """Check, before any network change: no rail is the management netdev, the ssh path, or in a subnet that overlaps
     another interface's."""
-    problems = rail_hazards(rails, host.get_fact(IpAddresses), host.get_fact(DefaultRouteDevice),
+    problems = rail_hazards(rails, host.get_fact(IpAddresses), host.get_fact(DefaultRouteDevices),
                             host.get_fact(SshServerAddress))
     if not (yield from check_failed("link rails", problems)):
         host.noop("no rail touches the management network or another interface's subnet")

@@ -22,10 +22,11 @@ class NetdevDict(TypedDict):
     mtu: int | None
     operstate: str
     ipv4: list[str]  # "a.b.c.d/prefix"
+    ipv6: list[str]  # "x:y::z/prefix" (the ssh path may arrive over IPv6)
 
 
 class IpAddresses(FactBase[dict[str, NetdevDict]]):
-    """{netdev: its MTU, operstate and IPv4 addresses} from `ip -j addr show`: what the link step checks."""
+    """{netdev: its MTU, operstate, IPv4 and IPv6 addresses} from `ip -j addr show`: what the link step checks."""
 
     default = dict
 
@@ -46,12 +47,13 @@ class IpAddresses(FactBase[dict[str, NetdevDict]]):
             if not name:
                 continue
             # iproute2 sometimes emits empty {} entries in addr_info; skip anything without a local address
-            ipv4 = [
-                f"{a['local']}/{a.get('prefixlen', 32)}"
-                for a in link.get("addr_info") or []
-                if a.get("family") == "inet" and a.get("local")
-            ]
-            netdevs[name] = {"mtu": link.get("mtu"), "operstate": link.get("operstate", ""), "ipv4": ipv4}
+            found: dict[str, list[str]] = {"inet": [], "inet6": []}
+            for a in link.get("addr_info") or []:
+                if a.get("family") in found and a.get("local"):
+                    full = 32 if a["family"] == "inet" else 128
+                    found[a["family"]].append(f"{a['local']}/{a.get('prefixlen', full)}")
+            netdevs[name] = {"mtu": link.get("mtu"), "operstate": link.get("operstate", ""), "ipv4": found["inet"],
+                             "ipv6": found["inet6"]}
         return netdevs
 
 
@@ -73,6 +75,32 @@ class DefaultRouteDevice(FactBase[str | None]):
             if route.get("dev"):
                 return route["dev"]
         return None
+
+
+class DefaultRouteDevices(FactBase[list[str]]):
+    """The netdevs of the IPv4 and the IPv6 default routes (either may be the management network), IPv4's first."""
+
+    default = list
+
+    def requires_command(self) -> str:
+        return "ip"
+
+    def command(self) -> str:
+        # one JSON array per line, one per family
+        return "ip -j -4 route show default 2>/dev/null || echo '[]'; echo; ip -j -6 route show default 2>/dev/null " \
+               "|| echo '[]'"
+
+    def process(self, output: list[str]) -> list[str]:
+        devs: list[str] = []
+        for line in output:
+            try:
+                routes = json.loads(line) if line.strip() else []
+            except ValueError:
+                continue
+            for route in routes if isinstance(routes, list) else []:
+                if isinstance(route, dict) and route.get("dev") and route["dev"] not in devs:
+                    devs.append(route["dev"])
+        return devs
 
 
 class NetplanFileDict(TypedDict):

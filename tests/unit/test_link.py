@@ -55,10 +55,10 @@ def run_sh(command) -> list[str]:
 
 def test_ip_addresses_parses_ip_j_addr():
     a = addrs()
-    assert a["enp1s0f0np0"] == {"mtu": 9000, "operstate": "UP", "ipv4": ["192.168.100.1/24"]}
+    assert a["enp1s0f0np0"] == {"mtu": 9000, "operstate": "UP", "ipv4": ["192.168.100.1/24"], "ipv6": []}
     assert a["enP2p1s0f0np0"]["ipv4"] == ["192.168.101.1/24"]  # the empty {} entry is skipped
-    assert a["enp1s0f1np1"] == {"mtu": 1500, "operstate": "DOWN", "ipv4": []}
-    assert a["enP7s7"]["ipv4"] == ["10.0.0.21/24"]
+    assert a["enp1s0f1np1"] == {"mtu": 1500, "operstate": "DOWN", "ipv4": [], "ipv6": []}
+    assert a["enP7s7"]["ipv4"] == ["10.0.0.21/24"] and a["enP7s7"]["ipv6"] == ["fe80::4ebb:47ff:fe2a:1001/64"]
     assert parse_fact(IpAddresses, "not json") == {}
     assert parse_fact(IpAddresses, "") == {}
 
@@ -66,6 +66,13 @@ def test_ip_addresses_parses_ip_j_addr():
 def test_default_route_device():
     assert parse_fact(DefaultRouteDevice, fixture("ip-route-default.json")) == "enP7s7"
     assert parse_fact(DefaultRouteDevice, "[]") is None
+
+
+def test_default_route_devices_of_both_families():
+    from operations.facts.network import DefaultRouteDevices
+    v6 = '[{"dst":"default","gateway":"fe80::1","dev":"enP8s8","protocol":"ra","metric":1024,"pref":"medium"}]'
+    assert parse_fact(DefaultRouteDevices, fixture("ip-route-default.json") + "\n\n" + v6) == ["enP7s7", "enP8s8"]
+    assert parse_fact(DefaultRouteDevices, "[]\n\n[]") == [] and parse_fact(DefaultRouteDevices, "junk") == []
 
 
 def test_netplan_files_reads_a_directory(tmp_path):
@@ -524,22 +531,28 @@ MGMT = {"eth0": {"mtu": 1500, "operstate": "UP", "ipv4": ["10.20.0.5/24"]},
 
 
 def test_rail_hazards_both_ways():
-    ok = link.rail_hazards(RAILS, MGMT, "eth0", "10.20.0.5")
+    ok = link.rail_hazards(RAILS, MGMT, ["eth0"], "10.20.0.5")
     assert ok == []
     on_mgmt = [{"netdev": "eth0", "address": "192.168.100.1/24"}]
-    assert "carries this Spark's default route" in link.rail_hazards(on_mgmt, MGMT, "eth0", None)[0]
-    addrs = dict(MGMT, eth1={"mtu": 1500, "operstate": "UP", "ipv4": ["10.30.0.7/24"]})
+    assert "carries this Spark's default route" in link.rail_hazards(on_mgmt, MGMT, ["eth0"], None)[0]
+    # an IPv6-only default route is the management network too
+    on_v6_mgmt = [{"netdev": "eth2", "address": "192.168.100.1/24"}]
+    assert "carries this Spark's default route" in link.rail_hazards(on_v6_mgmt, MGMT, ["eth0", "eth2"], None)[0]
+    addrs = dict(MGMT, eth1={"mtu": 1500, "operstate": "UP", "ipv4": ["10.30.0.7/24"],
+                             "ipv6": ["2001:db8::7/64"]})
     via_ssh = [{"netdev": "eth1", "address": "10.30.0.7/24"}]
-    assert "the address this deploy reaches the Spark on over ssh" in link.rail_hazards(via_ssh, addrs, "eth0",
-                                                                                        "10.30.0.7")[0]
+    for arrived_on in ("10.30.0.7", "::ffff:10.30.0.7", "2001:db8:0::7"):  # as SSH_CONNECTION may spell it
+        assert "the address this deploy reaches the Spark on over ssh" in link.rail_hazards(
+            via_ssh, addrs, ["eth0"], arrived_on)[0], arrived_on
+    assert link.rail_hazards(via_ssh, addrs, ["eth0"], "2001:db8::8") == []
     overlapping = [{"netdev": "enp1s0f0np0", "address": "10.20.0.200/16"}]
-    found = link.rail_hazards(overlapping, MGMT, "eth0", None)
+    found = link.rail_hazards(overlapping, MGMT, ["eth0"], None)
     assert len(found) == 1 and "10.20.0.0/16 (link rail enp1s0f0np0) overlaps 10.20.0.0/24 on eth0" in found[0]
 
 
 def test_rails_safe_refuses_before_any_change(caplog):
-    from operations.facts.network import SshServerAddress
-    facts = {IpAddresses: MGMT, DefaultRouteDevice: "eth0", SshServerAddress: "10.20.0.5"}
+    from operations.facts.network import DefaultRouteDevices, SshServerAddress
+    facts = {IpAddresses: MGMT, DefaultRouteDevices: ["eth0"], SshServerAddress: "10.20.0.5"}
     assert run_op(link.rails_safe, facts, executing=True, rails=RAILS)[0] == []
     bad = [{"netdev": "eth0", "address": "192.168.100.1/24"}]
     cmds, _ = run_op(link.rails_safe, facts, executing=True, rails=bad)
