@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from pyinfra import host, logger
 from pyinfra.api import StringCommand, deploy, operation
-from pyinfra.operations import systemd
 
 from operations.facts.gpu import GpuClockState, GpuClockStateDict
 from operations.facts.systemd import UnitState
@@ -20,7 +19,7 @@ from operations.layout import GPU_CLOCK_RECORD, GPU_CLOCK_SCRIPT, GPU_CLOCK_TIME
 from operations.util import check_failed, sh
 from operations.util.durations import duration
 from operations.util.templates import render
-from operations.util.units import script_installed, unit_file, unit_installed
+from operations.util.units import script_installed, unit_file, unit_installed, unit_service
 
 OVER_CEILING_MHZ = 15  # a locked GPU reads at most the ceiling (one clock step of slack)
 STALE_PERIODS = 2  # a record older than this many timer periods (plus slack) means the timer is not doing its job
@@ -126,8 +125,8 @@ def gpu_clock(s) -> None:
     script_installed(GPU_CLOCK_SCRIPT)
     service = unit_file(GPU_CLOCK_UNIT, render_unit(s.gpu_clock_mhz, s.nvidia_smi_path, s.gpu_clock_period_s))
     # the timer's start is a no-op on an active unit: an older sparkfold's unit (RemainAfterExit) is stopped once
-    systemd.service(name=f"{GPU_CLOCK_UNIT} idle between the timer's runs", service=GPU_CLOCK_UNIT, running=False,
-                    daemon_reload=service.changed)
+    unit_service(name=f"{GPU_CLOCK_UNIT} idle between the timer's runs", service=GPU_CLOCK_UNIT, file_put=service,
+                 running=False)
     # locked before the timer starts: the run judges (and reports) the record the timer left, not its own first run
     gpu_clock_locked(name=f"locked at {s.gpu_clock_mhz} MHz", mhz=s.gpu_clock_mhz, nvidia_smi=s.nvidia_smi_path,
                      period_s=s.gpu_clock_period_s)

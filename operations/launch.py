@@ -73,10 +73,10 @@ class Launch:
         return read_capabilities(self.image, self.s.layout.capabilities_cache) if self.s.is_head else None
 
     def _inputs(self) -> tuple[list[str], dict[str, Any]]:
-        # read once per evaluation of an operation (its check asks for problems() and spec()): nothing the inputs
-        # depend on changes inside one evaluation, and the next operation, or the executing pass, reads afresh
-        op = getattr(host, "current_op_hash", None)
-        evaluation = (op, state.is_executing) if op else None
+        # read once per pass (planning, then executing) of the pair step: its operations check, record, stop and
+        # start the rank, and none of them changes an input (the link record, the snapshot, weight and kit links,
+        # the image's capabilities, the RDMA devices), which earlier steps make; the executing pass reads afresh
+        evaluation = state.is_executing if getattr(host, "current_op_hash", None) else None
         if evaluation is not None and self._read[0] == evaluation:
             return self._read[1]
         inputs = self._read_inputs()
@@ -85,10 +85,11 @@ class Launch:
 
     def _read_inputs(self) -> tuple[list[str], dict[str, Any]]:
         found = {"rails": self.rails(), "model": self.model_mount(), "folder": self.rank_folder(),
-                 "caps": self.capabilities() if self.s.is_head else True}
+                 "caps": self.capabilities() if self.s.is_head else True,
+                 "infiniband": bool(host.get_fact(InfinibandDevices)), "kit": _real(host, self.s.layout.kit) or ""}
         names = {"rails": "the link record (rails)", "model": "the model snapshot", "folder": "this rank's weight "
                  "folder", "caps": "the image's capabilities"}
-        return [names[k] for k, v in found.items() if not v], found
+        return [names[k] for k, v in found.items() if k in names and not v], found
 
     def spec(self) -> ContainerSpec | None:
         """The rank's container, or None while an input is missing."""
@@ -97,9 +98,9 @@ class Launch:
             return None
         caps = found["caps"] if self.s.is_head else None
         return rank_spec(self.s, self.image, found["rails"], found["model"], caps, rank_folder=found["folder"],
-                         has_infiniband=bool(host.get_fact(InfinibandDevices)),
+                         has_infiniband=found["infiniband"],
                          template_digest=template_digest(self.s) if self.s.is_head else "",
-                         kit_folder=_real(host, self.s.layout.kit) or "")
+                         kit_folder=found["kit"])
 
     def problems(self) -> list[str]:
         """Why the rank cannot be launched (missing inputs, the rails, rank 0's flags against the image)."""

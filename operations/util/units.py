@@ -8,6 +8,7 @@ from io import StringIO
 from pathlib import Path
 from typing import Any
 
+from pyinfra.api import operation
 from pyinfra.operations import files, systemd
 
 from ..layout import script_path, unit_path
@@ -41,8 +42,25 @@ def unit_installed(unit_name: str, text: str, restart_on_change: bool = False) -
     the file changed, and then a running unit is restarted only with restart_on_change (a guard picks up its new
     ExecStart)."""
     unit = unit_file(unit_name, text)
-    systemd.service(name=f"{unit_name} enabled and running", service=unit_name, running=True, enabled=True,
-                    daemon_reload=unit.changed, restarted=restart_on_change and unit.changed)
+    unit_service(name=f"{unit_name} enabled and running", service=unit_name, file_put=unit, running=True,
+                 enabled=True, restart_on_change=restart_on_change)
+
+
+def file_changed(put: Any) -> bool:
+    """Whether an earlier operation (a unit file's put) changes its file. Asked inside a later operation: once the
+    put ran, its result, with no fact read again (OperationMeta.changed read while the deploy is declared would run
+    the put's facts a second time)."""
+    return put.did_change() if put.is_complete() else put.will_change
+
+
+@operation()
+def unit_service(service: str, file_put: Any, running: bool, enabled: bool | None = None,
+                 restart_on_change: bool = False):
+    """systemd.service for a unit whose file `file_put` installs: daemon-reload (and, with restart_on_change, a
+    restart) only when that file changed. enabled None: left as it is."""
+    changed = file_changed(file_put)
+    yield from systemd.service._inner(service=service, running=running, enabled=enabled, daemon_reload=changed,
+                                      restarted=restart_on_change and changed)
 
 
 def unit_off(unit_name: str, **op_args: object) -> None:

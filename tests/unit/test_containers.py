@@ -454,7 +454,7 @@ def test_restart_health_and_stop(monkeypatch):
     assert [k for k, _ in calls] == ["rank_stopped"] and calls[0][1]["rank"] == 1
 
 
-def test_the_launch_inputs_are_read_once_per_operation_evaluation():
+def test_the_launch_inputs_are_read_once_per_pass_of_the_pair_step():
     from harness import _State
     from pyinfra.context import ctx_host, ctx_state
 
@@ -462,11 +462,17 @@ def test_the_launch_inputs_are_read_once_per_operation_evaluation():
     s = make_settings("head")
     h = FakeHost(state_of(s), name="head")
     launch = Launch(s)
-    with ctx_state.use(_State(executing=True)), ctx_host.use(h):
+    with ctx_state.use(_State(executing=False)), ctx_host.use(h):  # planning
         h.current_op_hash = "check"
         assert launch.spec() is not None and launch.problems() == []
         once = len(h.fact_calls)
-        h.current_op_hash = "start"  # the next operation reads what earlier ones made
+        assert once <= 7
+    with ctx_state.use(_State(executing=True)), ctx_host.use(h):  # executing: what earlier steps made, afresh
+        h.current_op_hash = "check"
         launch.spec()
-        assert len(h.fact_calls) > once and once <= 6
+        assert len(h.fact_calls) == 2 * once
+        for op in ("record", "stop", "start"):  # the pair step's other operations change no input: no round trip
+            h.current_op_hash = op
+            assert launch.spec() is not None and launch.problems() == []
+        assert len(h.fact_calls) == 2 * once
         assert sum(name.endswith("LinkRecord") for name, _ in h.fact_calls) == 2

@@ -319,7 +319,7 @@ def test_deploy_installs_script_and_service_locks_then_starts_the_timer(monkeypa
     service_put = SimpleNamespace(changed=True)
     monkeypatch.setattr(gc, "script_installed", lambda *a: calls.append(("script", a)))
     monkeypatch.setattr(gc, "unit_file", lambda *a: calls.append(("file", a)) or service_put)
-    monkeypatch.setattr(gc.systemd, "service", lambda **kw: calls.append(("service", kw)))
+    monkeypatch.setattr(gc, "unit_service", lambda **kw: calls.append(("service", kw)))
     monkeypatch.setattr(gc, "unit_installed", lambda *a, **kw: calls.append(("unit", a, kw)))
     monkeypatch.setattr(gc, "gpu_clock_locked", lambda **kw: calls.append(("lock", kw)))
     gc.gpu_clock._inner(SimpleNamespace(gpu_clock_mhz=2100, nvidia_smi_path="/opt/bin/nvidia-smi",
@@ -327,8 +327,9 @@ def test_deploy_installs_script_and_service_locks_then_starts_the_timer(monkeypa
     assert calls[0] == ("script", ("gpu_clock_lock.sh",))
     assert calls[1] == ("file", ("sparkfold-gpu-clock.service", gc.render_unit(2100, "/opt/bin/nvidia-smi", 90)))
     service = calls[2][1]
-    assert (service["service"], service["running"], service["daemon_reload"]) == (
-        "sparkfold-gpu-clock.service", False, True)
+    assert (service["service"], service["running"], service["file_put"]) == (
+        "sparkfold-gpu-clock.service", False, service_put)  # reloaded when its file changed
+    assert "enabled" not in service  # the timer starts it: its enablement is left alone
     assert calls[3] == ("lock", {"name": "locked at 2100 MHz", "mhz": 2100, "nvidia_smi": "/opt/bin/nvidia-smi",
                                  "period_s": 90})
     assert calls[4] == ("unit", ("sparkfold-gpu-clock.timer", gc.render_timer(2100, 90)), {})
