@@ -16,6 +16,7 @@ from pyinfra.api import StringCommand, operation
 
 from operations.facts.files import DirFiles, DiskFree, FolderCheck, FolderEntries, LinkTarget, PeerFolder
 from operations.hf_cache import PARTIAL_SUFFIX
+from operations.peer_ssh import ssh_prefix
 from operations.remote import heredoc_command
 from operations.util import check_failed
 from operations.util.progress import TICK_S, progress_command
@@ -24,8 +25,7 @@ MARKER = ".sparkfold-verified"
 # never copied to the worker: huggingface_hub's local_dir metadata, the head's own verification, partial downloads
 COPY_EXCLUDES = ("/.cache/", MARKER, f"*{PARTIAL_SUFFIX}")
 SUMS_STATE = ".sparkfold-sums.state"
-# the worker's link address is new to the head on a first deploy: accept its key then (the image ship does too)
-SSH = "ssh -o BatchMode=yes -o StrictHostKeyChecking=accept-new"
+SSH = ssh_prefix()  # the head's ssh to the worker (operations/peer_ssh.py)
 _KIT_GENERATED = re.compile(r"rope-[^/]*\.f32|vision/gate_bias_vl\.safetensors")
 
 

@@ -18,7 +18,8 @@ from pyinfra.api import FileUploadCommand, deploy, operation
 from pyinfra.operations import docker
 
 from operations import image_hash as content
-from operations.facts.docker import SSH_OPTIONS, DockerImageInfo, EngineCapabilities, PeerDockerImageInfo
+from operations.facts.docker import DockerImageInfo, EngineCapabilities, PeerDockerImageInfo
+from operations.peer_ssh import ssh_words
 from operations.settings import PREBUILT_REFERENCE, Settings
 from operations.util import check_failed, fail_command, sh
 from operations.util.progress import progress_command
@@ -96,7 +97,7 @@ def read_capabilities(image: str, cache_dir: str) -> dict:
 
 
 def _ssh(target: str, remote_command: str) -> str:
-    return sh("ssh", *SSH_OPTIONS, target, remote_command)
+    return sh(*ssh_words(), target, remote_command)
 
 
 # --- operations ---

@@ -15,14 +15,13 @@ from typing import Any, TypedDict
 
 from pyinfra.api import FactBase, QuoteString, StringCommand
 
+from operations.peer_ssh import ssh_words
 from operations.util import sh
 
 from .host import HostTools
 
 DAEMON_JSON = "/etc/docker/daemon.json"
 
-# BatchMode: never prompt. accept-new: the worker's link address is new to the head on a first deploy.
-SSH_OPTIONS = ("-o", "BatchMode=yes", "-o", "ConnectTimeout=15", "-o", "StrictHostKeyChecking=accept-new")
 
 _UNITS = {
     "b": 1, "kb": 1000, "mb": 1000**2, "gb": 1000**3, "tb": 1000**4,
@@ -185,7 +184,7 @@ class PeerDockerImageInfo(FactBase[ImageDict]):
 
     def command(self, target: str, image: str) -> str:
         remote = sh("docker", "image", "inspect", image)
-        return f"{sh('ssh', *SSH_OPTIONS, target, remote)} 2>/dev/null || true"
+        return f"{sh(*ssh_words(), target, remote)} 2>/dev/null || true"
 
     def process(self, output: list[str]) -> ImageDict:
         return summarize_inspect(output)

@@ -13,6 +13,7 @@ from typing import TypedDict
 
 from pyinfra.api import FactBase, QuoteString, StringCommand
 
+from operations.peer_ssh import ssh_prefix
 from operations.util import sh
 
 Listing = dict[str, list[int]]  # relative path -> [size, mtime seconds]
@@ -152,7 +153,7 @@ class PeerFolder(FactBase[PeerFolderDict]):
         if link:
             remote += f"echo \"#LINK $(readlink {shlex.quote(link)})\"; "
         remote += "echo '#OK'"
-        return (f"ssh -o BatchMode=yes -o ConnectTimeout=5 -o StrictHostKeyChecking=accept-new {shlex.quote(target)} "
+        return (f"{ssh_prefix(connect_timeout=5)} {shlex.quote(target)} "
                 f"{shlex.quote(remote)} "
                 "2>/dev/null || true")
 

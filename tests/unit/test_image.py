@@ -15,6 +15,7 @@ from settings_factory import make_settings
 from operations import image
 from operations.facts.docker import DockerImageInfo, EngineCapabilities, PeerDockerImageInfo
 from operations.image_hash import context_files, image_hash
+from operations.peer_ssh import ssh_prefix
 
 FIXTURES = Path(__file__).parent / "fixtures" / "image"
 TAG = "sparkfold/dsv41-tf:0123456789ab"
@@ -63,7 +64,7 @@ def test_fact_commands_always_exit_zero_and_quote():
     local = DockerImageInfo().command(image="a b:1")
     assert local == "docker image inspect 'a b:1' 2>/dev/null || true"
     peer = PeerDockerImageInfo().command(target=WORKER, image=TAG)
-    assert peer.startswith("ssh -o BatchMode=yes -o ConnectTimeout=15 ")
+    assert peer.startswith(ssh_prefix() + " ")
     assert f"{WORKER} 'docker image inspect {TAG}' 2>/dev/null || true" in peer
     caps = EngineCapabilities().command(image=TAG)
     assert f"docker run --rm --network none --entrypoint tensorfold-native {TAG} capabilities --json" in caps
@@ -203,7 +204,7 @@ def test_ship_streams_and_verifies(there):
     send, verify = commands
     label, _, options = unwrap_progress(send)  # relayed by the progress runner, which counts the bytes
     source, sink = options[options.index("--relay") + 1:options.index("--relay") + 3]
-    assert source == f"docker save {TAG}" and sink.startswith("ssh -o BatchMode=yes")
+    assert source == f"docker save {TAG}" and sink.startswith(ssh_prefix() + " ")
     assert sink.endswith(f"{WORKER} 'docker load'") and label == f"ship {TAG} to the worker"
     assert "docker image inspect -f" in verify and WORKER in verify and "exit 1" in verify
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from operations.data_copy import peer_copy_commands
+from operations.data_copy import SSH, peer_copy_commands
 
 pytestmark = pytest.mark.skipif(shutil.which("rsync") is None, reason="needs rsync")
 
@@ -31,7 +31,7 @@ def fake_ssh(tmp_path: Path, allowed_from: str = "127.0.0.1") -> str:
 def copy_script(src: Path, dest: Path, ssh: str) -> str:
     (command,) = peer_copy_commands(str(src), "nvidia@127.0.0.1", str(dest), "the test folder", 0)
     # the progress runner's --probe would ssh too: the stand-in runs it locally
-    return command.get_raw_value().replace("ssh -o BatchMode=yes -o StrictHostKeyChecking=accept-new", ssh)
+    return command.get_raw_value().replace(SSH, ssh)
 
 
 def daemons(dest: Path) -> list[str]:

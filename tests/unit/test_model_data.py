@@ -27,6 +27,7 @@ from operations.facts.files import (
     first_line,
 )
 from operations.facts.model import AblitShards, HfHubPython, HfPlan, RankFolder
+from operations.peer_ssh import ssh_prefix
 
 COMMIT = "a" * 40
 
@@ -107,8 +108,7 @@ def test_ablit_shards_fact(tmp_path):
 
 def test_peer_folder_parse_and_command():
     cmd = PeerFolder().command(target="nvidia@192.168.100.2", path="/d/engram", link="/d/l")
-    assert cmd.startswith("ssh -o BatchMode=yes -o ConnectTimeout=5 -o StrictHostKeyChecking=accept-new "
-                          "nvidia@192.168.100.2 ") and "|| true" in cmd
+    assert cmd.startswith(f"{ssh_prefix(connect_timeout=5)} nvidia@192.168.100.2 ") and "|| true" in cmd
     got = parse_fact(PeerFolder, "a.bin\t5\t1700000000.5\n#FREE 1000\n#LINK k/rank1\n#OK\n")
     assert got == {"reachable": True, "files": {"a.bin": [5, 1700000000]}, "free": 1000, "link": "k/rank1"}
     assert parse_fact(PeerFolder, "")["reachable"] is False
@@ -323,8 +323,7 @@ def test_folder_to_peer_fixes_only_the_link():
     facts = {DirFiles: ENGRAM, PeerFolder: _peer(dict(ENGRAM), link="old/rank1")}
     cmds, _ = run_op(data_copy.folder_to_peer, facts, executing=True, **PEER, link="/w/active-rank1",
                      link_to="new/rank1")
-    assert cmds == ["ssh -o BatchMode=yes -o StrictHostKeyChecking=accept-new nvidia@10.0.0.2 "
-                    "'ln -sfn new/rank1 /w/active-rank1'"]
+    assert cmds == [f"{data_copy.SSH} nvidia@10.0.0.2 'ln -sfn new/rank1 /w/active-rank1'"]
 
 
 def test_folder_placed_converged_and_changed():

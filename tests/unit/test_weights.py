@@ -12,6 +12,7 @@ from harness import run_fact, run_op, unwrap_progress
 from hf_fixture import build_cache, model_files
 
 from operations import weights
+from operations.data_copy import SSH
 from operations.facts.files import DirFiles, DiskFree, FileText, LinkTarget
 from operations.facts.model import HfPlan, RankFolder
 
@@ -187,5 +188,5 @@ def test_rank_file_to_peer_targets_same_layout_and_link():
     cmds, _ = run_op(weights.rank_file_to_peer, facts, executing=True, plan_args=PLAN, rank_cache="/d/rc", rank=1,
                      ablit_tag="", target="n@w", peer_rank_cache="/w/rc")
     assert f"python3 - /d/rc/{COMMIT}/rank1 --target n@w --dest /w/rc/{COMMIT}/rank1 " in cmds[0]
-    assert cmds[1] == (f"ssh -o BatchMode=yes -o StrictHostKeyChecking=accept-new n@w "
+    assert cmds[1] == (f"{SSH} n@w "
                        f"'ln -sfn {COMMIT}/rank1 /w/rc/active-rank1'")
