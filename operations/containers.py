@@ -26,6 +26,7 @@ from .launch_spec import LABEL_HASH, LABEL_MANAGED, ContainerSpec
 from .layout import unit_path
 from .util import MANAGED_HEADER, check_failed, fail_command, sh
 from .util.progress import LiveCommand
+from .util.run_memo import fact_until_change
 
 if TYPE_CHECKING:
     from .launch import Launch
@@ -128,8 +129,8 @@ def launch_checked(container_name: str, peer, launch: Launch, min_avail_gib: flo
     """Refuse before anything is touched: a foreign container with our name (here or on the peer), launch problems
     (rank 0's flags against the image, the link record), and, for a rank that is not running, too little memory or
     one of `ports` (the API's, the rendezvous') held by another process (a port our running rank uses is its own)."""
-    mine = host.get_fact(RankContainer, container=container_name)
-    theirs = peer.get_fact(RankContainer, container=container_name)
+    mine = fact_until_change(host, RankContainer, container=container_name)
+    theirs = fact_until_change(peer, RankContainer, container=container_name)
     refusals = [m for m in (unmanaged(here, container_name, mine), unmanaged(there, container_name, theirs)) if m]
     if refusals:
         yield from check_failed("the rank containers", refusals)
@@ -172,7 +173,7 @@ def spec_recorded(path: str, launch: Launch):
                                "run the whole deploy.py")
         return
     want = resolved.spec_hash()
-    if host.get_fact(SpecRecord, path=path) == want:
+    if fact_until_change(host, SpecRecord, path=path) == want:
         host.noop(f"{path} already records {want}")
         return
     body = f"{MANAGED_HEADER}\nspec-hash={want}\n"
@@ -181,11 +182,11 @@ def spec_recorded(path: str, launch: Launch):
 
 
 def _pair_reasons(container_name, rank, launch: Launch, peer, peer_rank, peer_record, force):
-    mine = host.get_fact(RankContainer, container=container_name)
-    theirs = peer.get_fact(RankContainer, container=container_name)
+    mine = fact_until_change(host, RankContainer, container=container_name)
+    theirs = fact_until_change(peer, RankContainer, container=container_name)
     resolved = launch.spec()
     want = resolved.spec_hash() if resolved is not None else None
-    peer_want = peer.get_fact(SpecRecord, path=peer_record)
+    peer_want = fact_until_change(peer, SpecRecord, path=peer_record)
     reasons = pair_verdict([(rank, mine, want), (peer_rank, theirs, peer_want)], force)
     return mine, theirs, resolved, reasons
 
@@ -235,7 +236,7 @@ def rank_started(container_name: str, rank: int, launch: Launch, peer, peer_rank
             return
         yield from start_commands(resolved, min_avail_gib, gpu_clock_mhz, nvidia_smi)
         return
-    mine = host.get_fact(RankContainer, container=container_name)
+    mine = fact_until_change(host, RankContainer, container=container_name)
     resolved = launch.spec()
     if resolved is None:
         yield fail_command(f"rank {rank}'s container spec is not known (link record or engine image missing): "

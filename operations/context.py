@@ -10,6 +10,7 @@ from pyinfra.api.host import Host
 from pyinfra.facts.server import Home
 
 from .settings import Layers, Settings, load, pair, validate_all
+from .util.ssh_socket import send_without_delay
 
 _loaded: dict[str, tuple[Settings, list[str]]] = {}
 
@@ -23,6 +24,7 @@ def layers_of(h: Host) -> Layers:
 
 def _load(h: Host) -> tuple[Settings, list[str]]:
     if h.name not in _loaded:
+        send_without_delay(h)  # every run reads its settings first: from here on, each command is sent at once
         home = h.get_fact(Home) or f"/home/{h.data.get('ssh_user') or 'root'}"
         _loaded[h.name] = load(layers_of(h), os.environ, home)
     return _loaded[h.name]

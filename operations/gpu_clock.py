@@ -14,10 +14,11 @@ from pyinfra import host, logger
 from pyinfra.api import StringCommand, deploy, operation
 
 from operations.facts.gpu import GpuClockState, GpuClockStateDict
-from operations.facts.systemd import UnitState
+from operations.facts.systemd import ServiceState
 from operations.layout import GPU_CLOCK_RECORD, GPU_CLOCK_SCRIPT, GPU_CLOCK_TIMER, GPU_CLOCK_UNIT, script_path
 from operations.util import check_failed, sh
 from operations.util.durations import duration
+from operations.util.run_memo import fact_until_change
 from operations.util.templates import render
 from operations.util.units import script_installed, unit_file, unit_installed, unit_service
 
@@ -109,8 +110,8 @@ def gpu_clock_locked(mhz: int, nvidia_smi: str, period_s: int, record_path: str 
                                        "check the NVIDIA driver (nvidia-smi -L) and the nvidia_smi path"]
     if (yield from check_failed("GPU clock", unreadable)):
         return
-    timer = host.get_fact(UnitState, unit=GPU_CLOCK_TIMER)
-    drift = lock_drift(st, mhz, period_s, timer_active=timer["active"] == "active")
+    timer = fact_until_change(host, ServiceState, unit=GPU_CLOCK_TIMER)  # the timer's own step asks it again
+    drift = lock_drift(st, mhz, period_s, timer_active=timer["running"])
     if drift is None:
         host.noop(f"GPU clock ceiling is {mhz} MHz")
         return

@@ -23,6 +23,7 @@ from operations.peer_ssh import ssh_words
 from operations.settings import PREBUILT_REFERENCE, Settings
 from operations.util import check_failed, fail_command, sh
 from operations.util.progress import progress_command
+from operations.util.run_memo import fact_until_change
 
 HASH_LABEL = "sparkfold.image-hash"
 ENGINE_FAMILY = ("deepseek_v41", "exl3-mul1")  # model_type and format the served checkpoint needs
@@ -93,7 +94,7 @@ def read_capabilities(image: str, cache_dir: str) -> dict:
     """Inside an operation (e.g. the launch step): the parsed capabilities document of `image` ({} if absent), kept
     in cache_dir (Layout.capabilities_cache) by image id. Flags: `caps["serve"]["flags"]` maps "--flag" to {} or
     {"values": [...]}."""
-    return host.get_fact(EngineCapabilities, image=image, cache_dir=cache_dir)
+    return fact_until_change(host, EngineCapabilities, image=image, cache_dir=cache_dir)
 
 
 def _ssh(target: str, remote_command: str) -> str:
@@ -108,7 +109,7 @@ def engine_image_built(image: str, image_hash: str, context_dir: str, files: lis
                        build_dir: str):
     """Build `image` (tag = content hash) on this host from `files` of `context_dir`, uploaded to `build_dir`.
     Skipped when the tag exists carrying the same hash label."""
-    have = host.get_fact(DockerImageInfo, image=image)
+    have = fact_until_change(host, DockerImageInfo, image=image)
     if have and have["labels"].get(HASH_LABEL) == image_hash:
         host.noop(f"engine image {image} is already built")
         return
@@ -129,7 +130,7 @@ def engine_image_built(image: str, image_hash: str, context_dir: str, files: lis
 def engine_image_shipped(image: str, worker_ssh: str):
     """Stream `image` from this host (the head) to the worker when the worker's copy is missing or differs, then
     check both hold the same image."""
-    here = host.get_fact(DockerImageInfo, image=image)
+    here = fact_until_change(host, DockerImageInfo, image=image)
     there = host.get_fact(PeerDockerImageInfo, target=worker_ssh, image=image)
     if same_image(here, there):
         host.noop(f"the worker already has {image} ({here['id'][:19]})")

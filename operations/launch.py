@@ -2,9 +2,9 @@
 
 The model-data steps point stable links (<repo>/sparkfold-current, <data_dir>/ablit/current,
 <data_dir>/rank-cache/active-rank<R>) at the current data, and the link step records the rails. `Launch` reads
-those as facts each time it is asked, so inside an operation at execute time it sees what the earlier operations
-of the same run made. The containers get the links' targets, so a new snapshot, pack or weight file changes the
-rank's spec and so recreates the pair.
+those as facts when it is asked (again only after an operation of the run changed something: run_memo), so inside
+an operation at execute time it sees what the earlier operations of the same run made. The containers get the
+links' targets, so a new snapshot, pack or weight file changes the rank's spec and so recreates the pair.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import hashlib
 import posixpath
 from typing import Any
 
-from pyinfra import host, state
+from pyinfra import host
 
 from .context import peer_host
 from .facts.files import LinkTarget
@@ -24,12 +24,13 @@ from .launch_spec import ContainerSpec, rail_problems, rank0_argv, rank_spec
 from .layout import InContainer
 from .model_data import served_model_path
 from .settings import Settings
+from .util.run_memo import fact_until_change
 
 CHAT_TEMPLATE = "model/chat_template.jinja"  # in this checkout; rank 0 serves it
 
 
 def _real(h: Any, path: str) -> str | None:
-    return h.get_fact(LinkTarget, path=path, resolve=True)
+    return fact_until_change(h, LinkTarget, path=path, resolve=True)
 
 
 def template_digest(s: Settings) -> str:
@@ -43,10 +44,9 @@ class Launch:
     def __init__(self, s: Settings):
         self.s = s
         self.image = image_ref(s)
-        self._read: tuple[Any, Any] = (None, None)  # (the operation evaluation, its inputs)
 
     def rails(self) -> list[dict] | None:
-        record = host.get_fact(LinkRecord, path=self.s.layout.link_record) or {}
+        record = fact_until_change(host, LinkRecord, path=self.s.layout.link_record) or {}
         return record.get("rails")
 
     def model_mount(self) -> tuple[str, str] | None:
@@ -73,20 +73,10 @@ class Launch:
         return read_capabilities(self.image, self.s.layout.capabilities_cache) if self.s.is_head else None
 
     def _inputs(self) -> tuple[list[str], dict[str, Any]]:
-        # read once per pass (planning, then executing) of the pair step: its operations check, record, stop and
-        # start the rank, and none of them changes an input (the link record, the snapshot, weight and kit links,
-        # the image's capabilities, the RDMA devices), which earlier steps make; the executing pass reads afresh
-        evaluation = state.is_executing if getattr(host, "current_op_hash", None) else None
-        if evaluation is not None and self._read[0] == evaluation:
-            return self._read[1]
-        inputs = self._read_inputs()
-        self._read = (evaluation, inputs)
-        return inputs
-
-    def _read_inputs(self) -> tuple[list[str], dict[str, Any]]:
         found = {"rails": self.rails(), "model": self.model_mount(), "folder": self.rank_folder(),
                  "caps": self.capabilities() if self.s.is_head else True,
-                 "infiniband": bool(host.get_fact(InfinibandDevices)), "kit": _real(host, self.s.layout.kit) or ""}
+                 "infiniband": bool(fact_until_change(host, InfinibandDevices)),
+                 "kit": _real(host, self.s.layout.kit) or ""}
         names = {"rails": "the link record (rails)", "model": "the model snapshot", "folder": "this rank's weight "
                  "folder", "caps": "the image's capabilities"}
         return [names[k] for k, v in found.items() if k in names and not v], found

@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Any
 
 from pyinfra.api import deploy
-from pyinfra.operations import files
 
 from . import containers, health
 from .api_key import open_api_note
@@ -14,6 +13,7 @@ from .data_copy import folder_versions_pruned, versions_dir
 from .launch import CHAT_TEMPLATE, Launch
 from .layout import SUPERVISOR_UNIT
 from .settings import Settings
+from .util.file_put import file_put
 
 
 @deploy("The pair of ranks")
@@ -23,8 +23,8 @@ def pair(s: Settings) -> None:
     peer, p = peer_host(s), s.layout
     here, there = ("head", "worker") if s.is_head else ("worker", "head")
     if s.is_head:
-        files.put(name="Chat template for rank 0", src=str(s.project_root / CHAT_TEMPLATE), dest=p.chat_template,
-                  mode="644")
+        file_put(name="Chat template for rank 0", src=str(s.project_root / CHAT_TEMPLATE), dest=p.chat_template,
+                 mode="644")
     launch = Launch(s)
     containers.launch_checked(
         name="Check the launch (container ownership, rank 0's flags, link record, memory)",

@@ -8,7 +8,7 @@ import ipaddress
 import json
 import os
 import shlex
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from io import StringIO
 
 import gevent
@@ -29,11 +29,14 @@ from operations.facts.network import (
 )
 from operations.link_rollback import guarded_apply, new_apply_dir, sudo_arguments
 from operations.util import check_failed, fail_command
+from operations.util.checks import is_settled, op_changed
 from operations.util.net import ip_of
-from operations.util.owned import owned_or_absent
+from operations.util.owned import foreign_file_problem
+from operations.util.run_memo import fact_until_change
 from operations.util.templates import render
 
 ROCE_PORT = 1
+NETPLAN_MODE = "600"  # netplan warns about a file others can read (it may hold secrets)
 GID_WAIT_TRIES = 10  # x 0.5 s for the GIDs of addresses this run applied
 
 
@@ -238,18 +241,22 @@ def netplan_link(rails: list[dict], mtu: int, netplan_file: str, rollback_s: int
         yield fail_command(f"link_netplan_file {netplan_file} must end in .yaml (netplan reads only *.yaml)")
         return
     netplan_files = host.get_fact(NetplanFiles, directory=os.path.dirname(netplan_file))
+    current = netplan_files.get(netplan_file)
+    if (yield from check_failed("a file sparkfold would write",
+                                [foreign_file_problem(netplan_file, current["text"] if current else None)])):
+        return
     moves, errors = plan_migration(netplan_files, netplan_file, [r["netdev"] for r in rails])
     if errors:
         yield fail_command("; ".join(errors))
         return
     want = render_netplan(rails, mtu)
-    current = netplan_files.get(netplan_file)
-    addrs = host.get_fact(IpAddresses)
+    addrs = fact_until_change(host, IpAddresses, _sudo=False)  # the same answer as the other checks'
     # drift: the file is right but an address or MTU is gone from a netdev (e.g. `ip addr del`): apply again
     drifted = bool(address_problems(rails, addrs, int(mtu), netplan_file))
     apply = bool(moves) or current is None or current["text"] != want or drifted  # a mode fix alone does not
-    if not apply:
-        yield from core_files.put._inner(src=StringIO(want), dest=netplan_file, mode="600")
+    if not apply and current is not None:
+        if current["mode"] != NETPLAN_MODE:
+            yield from core_files.put._inner(src=StringIO(want), dest=netplan_file, mode=NETPLAN_MODE)
         host.noop(f"{netplan_file} is up to date")
         return
     # the management address to keep: the default route's interface, unless it is one of the rails
@@ -263,7 +270,7 @@ def netplan_link(rails: list[dict], mtu: int, netplan_file: str, rollback_s: int
     # the file commands are made first (so --diff shows their diffs: pyinfra may stop reading an operation at its
     # first command when planning) but run after the snapshot of the files they change and the armed revert
     changes = [c for move in moves for c in migration_commands(move, netplan_files[move["path"]]["mode"])]
-    changes += list(core_files.put._inner(src=StringIO(want), dest=netplan_file, mode="600"))
+    changes += list(core_files.put._inner(src=StringIO(want), dest=netplan_file, mode=NETPLAN_MODE))
     yield from guard
     yield from changes
     yield from tail
@@ -273,16 +280,16 @@ def netplan_link(rails: list[dict], mtu: int, netplan_file: str, rollback_s: int
 def rails_safe(rails: list[dict]):
     """Check, before any network change: no rail is the management netdev, the ssh path, or in a subnet that overlaps
     another interface's."""
-    problems = rail_hazards(rails, host.get_fact(IpAddresses), host.get_fact(DefaultRouteDevices),
+    problems = rail_hazards(rails, fact_until_change(host, IpAddresses), host.get_fact(DefaultRouteDevices),
                             host.get_fact(SshServerAddress))
     if not (yield from check_failed("link rails", problems)):
         host.noop("no rail touches the management network or another interface's subnet")
 
 
 @operation()
-def link_addresses(rails: list[dict], mtu: int, netplan_file: str, settled: bool = False):
+def link_addresses(rails: list[dict], mtu: int, netplan_file: str, settled: bool | Callable[[], bool] = False):
     """Check: every rail netdev has its address and the link MTU. settled: no netplan apply in this run."""
-    problems = address_problems(rails, host.get_fact(IpAddresses), int(mtu), netplan_file)
+    problems = address_problems(rails, fact_until_change(host, IpAddresses), int(mtu), netplan_file)
     if not problems:
         host.noop("link addresses and MTU are in place")
         return
@@ -312,17 +319,17 @@ def link_ping(rails: list[dict], peer_rails: list[dict], mtu: int):
 
 
 @operation()
-def roce_gids(rails: list[dict], settled: bool = False):
+def roce_gids(rails: list[dict], settled: bool | Callable[[], bool] = False):
     """Check: each rail's RoCE device has a RoCE v2 GID holding this rail's IPv4 address. settled: no netplan
     apply in this run."""
-    records = rails_from_facts(rails, {}, host.get_fact(RoceDevices))
+    records = rails_from_facts(rails, {}, fact_until_change(host, RoceDevices))
     # the driver adds a new address's GIDs shortly after `netplan apply` (asynchronously): an executing run that
     # applied it waits for them a little before judging
-    for _ in range(GID_WAIT_TRIES if state.is_executing and not settled else 0):
+    for _ in range(GID_WAIT_TRIES if state.is_executing and not is_settled(settled) else 0):
         if all(r["ibdev"] is None or r["gid_index"] is not None for r in records):
             break
         gevent.sleep(0.5)
-        records = rails_from_facts(rails, {}, host.get_fact(RoceDevices))
+        records = rails_from_facts(rails, {}, fact_until_change(host, RoceDevices, _fresh=True))
     problems = []
     for record in records:
         ip = ip_of(record["address"])
@@ -342,11 +349,11 @@ def roce_gids(rails: list[dict], settled: bool = False):
 
 
 @operation()
-def link_recorded(rails: list[dict], path: str, settled: bool = False):
+def link_recorded(rails: list[dict], path: str, settled: bool | Callable[[], bool] = False):
     """Write <state_dir>/link.json with the rails (GID index included) when its content differs (files.put).
     settled: no netplan apply in this run."""
-    want = link_record(rails, host.get_fact(IpAddresses), host.get_fact(RoceDevices))
-    if host.get_fact(LinkRecord, path=path) == want:
+    want = link_record(rails, fact_until_change(host, IpAddresses), fact_until_change(host, RoceDevices))
+    if fact_until_change(host, LinkRecord, path=path) == want:
         host.noop(f"{path} is up to date")
         return
     if any(r["gid_index"] is None or r["ibdev"] is None for r in want["rails"]):  # the GID check names the cause
@@ -364,10 +371,11 @@ def link(s) -> None:
     peer_rails = [dict(r) for r in s.peer.link_rails]
     mtu = int(s.link_mtu)
     rails_safe(name="no rail on the management network", rails=rails)
-    owned_or_absent(name=f"{s.link_netplan_file} is sparkfold's or free", path=s.link_netplan_file, _sudo=True)
     netplan = netplan_link(name="netplan file and apply", rails=rails, mtu=mtu, netplan_file=s.link_netplan_file,
                            rollback_s=s.link_rollback_s, _sudo=True)
-    settled = not netplan.changed  # the checks below read what an apply in this run changes
+    def settled() -> bool:  # the checks below read what an apply in this run changes; asked when they run
+        return not op_changed(netplan)
+
     link_addresses(name="addresses and MTU", rails=rails, mtu=mtu, netplan_file=s.link_netplan_file,
                    settled=settled)
     # sudo: binding ping to a netdev (-I) needs CAP_NET_RAW where ping has no file capability

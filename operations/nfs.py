@@ -12,16 +12,19 @@ from io import StringIO
 from pyinfra import host
 from pyinfra.api import StringCommand, deploy, operation
 from pyinfra.facts.deb import DebPackages
-from pyinfra.operations import apt, files, systemd
+from pyinfra.operations import apt, files
 
 from operations.docker_runtime import APT_CACHE_S
 from operations.facts.docker import DockerVolumeInfo, VolumeContainers
-from operations.facts.files import FileText
+from operations.facts.files import FileSum, FileText
 from operations.facts.nfs import ExportTable
 from operations.util import fail_command, sh
+from operations.util.checks import check_failed
+from operations.util.file_put import put_unless_same
 from operations.util.net import ip_of
-from operations.util.owned import foreign_file_problem, owned_or_absent
+from operations.util.owned import foreign_file_problem
 from operations.util.templates import render
+from operations.util.units import unit_service
 
 NFS_PACKAGE = "nfs-kernel-server"
 NFS_SERVICE = "nfs-server"  # nfs-kernel-server.service is an alias of it on Ubuntu
@@ -55,10 +58,14 @@ def nfs_server_installed(package: str = NFS_PACKAGE):
 
 @operation()
 def nfs_exported(path: str, clients: list[str], exports_file: str, options: str = EXPORT_OPTIONS):
-    """Export `path` to each client in this project's exports file (files.put, mode 644); `exportfs -ra` when the
-    file changed or the live table lacks one of the entries. Custom: core writes the file, not the reload."""
-    written = list(files.put._inner(src=StringIO(render_exports(path, clients, options)), dest=exports_file,
-                                    mode="644"))
+    """Export `path` to each client in this project's exports file (files.put, mode 644; refused when the file is
+    someone else's); `exportfs -ra` when the file changed or the live table lacks one of the entries. Custom: core
+    writes the file, not the reload."""
+    have = host.get_fact(FileSum, path=exports_file)
+    if (yield from check_failed("a file sparkfold would write",
+                                [foreign_file_problem(exports_file, have["head"] if have else None)])):
+        return
+    written = list(put_unless_same(StringIO(render_exports(path, clients, options)), exports_file, "644", have=have))
     yield from written
     live = {(e["path"], e["client"]) for e in host.get_fact(ExportTable) if "ro" in e["options"]}
     missing = [c for c in clients if (path, c) not in live]
@@ -130,11 +137,10 @@ def nfs(s) -> None:
     if s.is_head:
         clients = [ip_of(r["address"]) for r in s.peer.link_rails]
         nfs_server_installed(name=f"{NFS_PACKAGE} installed", _sudo=True)
-        systemd.service(name=f"{NFS_SERVICE} enabled and running", service=NFS_SERVICE, running=True, enabled=True,
-                        _sudo=True)
+        unit_service(name=f"{NFS_SERVICE} enabled and running", service=f"{NFS_SERVICE}.service", file_put=None,
+                     running=True, enabled=True, _sudo=True)
         # the export must exist before exportfs; created as the ssh user, who owns the cache
         files.directory(name="Hugging Face cache hub folder", path=s.layout.hub, present=True, _sudo=False)
-        owned_or_absent(name=f"{s.nfs_exports_file} is sparkfold's or free", path=s.nfs_exports_file, _sudo=True)
         nfs_exported(name="the cache's hub/ exported to the worker", path=s.layout.hub, clients=clients,
                      exports_file=s.nfs_exports_file, _sudo=True)
     else:

@@ -11,11 +11,12 @@ from pyinfra import host, state
 from pyinfra.api import deploy, operation
 
 from operations.containers import memory_wait_command
-from operations.facts.docker import DockerMemoryUse, DockerMemoryUseDict, DockerRootDir, RunningContainers
-from operations.facts.files import DiskFree, PathUsage
+from operations.facts.docker import DockerMemoryUse, DockerMemoryUseDict, DockerRuntimeInfo, RunningContainers
+from operations.facts.files import DiskSpace
 from operations.facts.host import KNOWN_TOOLS, HostTools, MemInfo, OsRelease, SshReachable
 from operations.settings import Settings
 from operations.util import check_failed
+from operations.util.run_memo import fact_until_change
 
 GIB = 1024**3
 GB = 1000**3
@@ -162,21 +163,19 @@ def disk_free(need_gb: float, data_paths, image_gb: float, held_paths=(), docker
     """Fail unless the data paths have need_gb free (less what `held_paths` already hold) and the Docker root dir has
     image_gb free; the two are summed when they share a filesystem. Missing paths are measured at their nearest
     existing parent. docker_root "" = ask docker (DEFAULT_DOCKER_ROOT when it cannot be asked yet)."""
-    data = []
-    for path in data_paths:
-        d = host.get_fact(DiskFree, path=path)
-        if d is None:
-            yield from check_failed("free disk", [f"cannot measure free disk at {path} (df failed); check the path "
-                                                  "and the mount"])
-            return
-        data.append({**d, "path": path})
-    root = docker_root or host.get_fact(DockerRootDir) or DEFAULT_DOCKER_ROOT
-    d = host.get_fact(DiskFree, path=root)
-    if d is None:
-        yield from check_failed("free disk", [f"cannot measure free disk under the Docker root dir {root} (df failed)"])
+    # root: docker info as root (the ssh user may not be in group docker yet); the docker step asks the same
+    root = docker_root or fact_until_change(host, DockerRuntimeInfo, _sudo=True)["root_dir"] or DEFAULT_DOCKER_ROOT
+    space = host.get_fact(DiskSpace, paths=(*data_paths, root), held=tuple(held_paths))
+    unmeasured = [f"cannot measure free disk at {path} (df failed); check the path and the mount"
+                  for path, d in zip((*data_paths, root), space["free"], strict=False) if d is None]
+    if len(space["free"]) != len(data_paths) + 1:
+        unmeasured.append("cannot measure free disk (no answer from df)")
+    if unmeasured:
+        yield from check_failed("free disk", unmeasured)
         return
-    docker = {**d, "path": root}
-    held = sum(host.get_fact(PathUsage, path=p) or 0 for p in held_paths)
+    data = [{**d, "path": path} for path, d in zip(data_paths, space["free"], strict=False) if d]
+    docker = {**space["free"][-1], "path": root}  # type: ignore[dict-item]
+    held = space["held"]
     problems = disk_problems(float(need_gb), data, held, float(image_gb), docker)
     if not (yield from check_failed("free disk", problems)):
         host.noop("enough free disk")

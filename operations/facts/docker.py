@@ -279,32 +279,36 @@ class DockerRuntimeDict(TypedDict):
     reachable: bool
     default_runtime: str
     runtimes: list[str]  # sorted names
+    root_dir: str  # where images and containers are kept (DockerRootDir)
 
 
 class DockerRuntimeInfo(FactBase[DockerRuntimeDict]):
-    """The running daemon's runtimes, from `docker info`; reachable False when docker is missing or the daemon
-    does not answer."""
+    """The running daemon's runtimes and root directory, from `docker info`; reachable False when docker is missing
+    or the daemon does not answer."""
 
     @staticmethod
     def default() -> DockerRuntimeDict:
-        return {"reachable": False, "default_runtime": "", "runtimes": []}
+        return {"reachable": False, "default_runtime": "", "runtimes": [], "root_dir": ""}
 
     def requires_command(self) -> str:
         return "docker"
 
     def command(self) -> str:
-        return ("if out=$(docker info --format '{{.DefaultRuntime}}|{{json .Runtimes}}' 2>/dev/null); "
-                "then echo \"info=$out\"; else echo '##UNREACHABLE##'; fi")
+        # the runtimes' JSON last: it may hold any character but a newline
+        return ("if out=$(docker info --format '{{.DefaultRuntime}}|{{.DockerRootDir}}|{{json .Runtimes}}' "
+                "2>/dev/null); then echo \"info=$out\"; else echo '##UNREACHABLE##'; fi")
 
     def process(self, output: list[str]) -> DockerRuntimeDict:
         for line in output:
             if line.startswith("info="):
-                default, _, runtimes = line[len("info="):].partition("|")
+                default, _, rest = line[len("info="):].partition("|")
+                root, _, runtimes = rest.partition("|")
                 try:
                     names = sorted(json.loads(runtimes or "{}"))
                 except ValueError:
                     names = []
-                return {"reachable": True, "default_runtime": default.strip(), "runtimes": names}
+                return {"reachable": True, "default_runtime": default.strip(), "runtimes": names,
+                        "root_dir": root.strip() if root.strip().startswith("/") else ""}
         return self.default()
 
 
@@ -312,25 +316,6 @@ class ContainerRuntimeTools(HostTools):
     """{tool: bool} for docker, dockerd and the NVIDIA container runtime's tools on the PATH."""
 
     TOOLS = ("docker", "dockerd", "nvidia-container-runtime", "nvidia-container-runtime-hook", "nvidia-ctk")
-
-
-class DockerRootDir(FactBase[str]):
-    """Docker's root directory from `docker info`; "" when docker is missing or unreachable."""
-
-    default = str
-
-    def requires_command(self) -> str:
-        return "docker"
-
-    def command(self) -> str:
-        return "docker info --format '{{.DockerRootDir}}' 2>/dev/null || true"
-
-    def process(self, output: list[str]) -> str:
-        for line in output:
-            line = line.strip()
-            if line.startswith("/"):
-                return line
-        return ""
 
 
 class ContainerMemoryDict(TypedDict):

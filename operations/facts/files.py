@@ -56,6 +56,43 @@ class FileText(FactBase[str | None]):
             return ""
 
 
+class FileSumDict(TypedDict):
+    link: bool  # `path` is a symlink (files.put would replace it, so the put always runs)
+    sha1: str | None  # None when unreadable
+    mode: int | None  # octal digits as pyinfra writes them (644)
+    user: str | None
+    group: str | None
+    head: str  # the first three lines: where sparkfold's header is
+
+
+class FileSum(FactBase[FileSumDict | None]):
+    """In one round trip, what files.put reads in three (stat, its folder, sha1) and what the owner check reads (the
+    first lines); None when `path` is not a file."""
+
+    def command(self, path: str) -> StringCommand:
+        p = QuoteString(path)
+        return StringCommand("if [ -f", p, "]; then { [ -L", p, "] && echo '#LINK'; };",
+                             "echo \"#STAT $(stat -L -c '%a %U %G'", p, "2>/dev/null)\";",
+                             "echo \"#SHA1 $(sha1sum <", p, "2>/dev/null | cut -c1-40)\";",
+                             "echo \"#HEAD $(head -n 3", p, "2>/dev/null | base64 -w0)\"; fi; true")
+
+    def process(self, output: list[str]) -> FileSumDict | None:
+        fields = {line.split(" ", 1)[0]: line.partition(" ")[2].strip() for line in output if line.startswith("#")}
+        if "#STAT" not in fields:
+            return None
+        stat = fields["#STAT"].split()
+        sha1 = fields.get("#SHA1", "")
+        try:
+            head = base64.b64decode(fields.get("#HEAD", "")).decode("utf-8", "replace")
+        except (binascii.Error, ValueError):
+            head = ""
+        return {"link": "#LINK" in fields,
+                "sha1": sha1 if len(sha1) == 40 and all(c in "0123456789abcdef" for c in sha1) else None,
+                "mode": int(stat[0]) if len(stat) == 3 and stat[0].isdigit() else None,
+                "user": stat[1] if len(stat) == 3 else None, "group": stat[2] if len(stat) == 3 else None,
+                "head": head}
+
+
 class LinkTarget(FactBase[str | None]):
     """Where a link leads. resolve=False: the link's own target text (`readlink`), None when `path` is not a link.
     resolve=True: the real path with every link resolved (`readlink -e`), None when it or a link target is missing."""
@@ -214,6 +251,35 @@ class PathUsage(FactBase[int]):
             if first.isdigit():
                 return int(first) * 1024
         return 0
+
+
+class DiskSpaceDict(TypedDict):
+    free: list[DiskFreeDict | None]  # DiskFree of each of `paths`, in order
+    held: int  # PathUsage summed over `held`
+
+
+class DiskSpace(FactBase[DiskSpaceDict]):
+    """DiskFree of each of `paths` and the bytes `held` already hold, in one round trip (the preflight's
+    question, asked about several folders)."""
+
+    @staticmethod
+    def default() -> DiskSpaceDict:
+        return {"free": [], "held": 0}
+
+    def command(self, paths: tuple[str, ...], held: tuple[str, ...] = ()) -> str:
+        parts = [f"echo '#FREE'; ( {DiskFree().command(p)} )" for p in paths]
+        parts += [f"echo '#HELD'; ( {PathUsage().command(p)} )" for p in held]
+        return "; ".join(parts) or "true"
+
+    def process(self, output: list[str]) -> DiskSpaceDict:
+        sections: list[tuple[str, list[str]]] = []
+        for line in output:
+            if line in ("#FREE", "#HELD"):
+                sections.append((line, []))
+            elif sections:
+                sections[-1][1].append(line)
+        return {"free": [DiskFree().process(lines) for kind, lines in sections if kind == "#FREE"],
+                "held": sum(PathUsage().process(lines) for kind, lines in sections if kind == "#HELD")}
 
 
 class ApiKeyFileDict(TypedDict):

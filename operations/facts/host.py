@@ -100,6 +100,18 @@ class HostTools(FactBase[dict[str, bool]]):
         return tools
 
 
+class UserGroups(FactBase[list[str] | None]):
+    """The groups `user` is in as the system resolves them (`id -nG`: /etc/group, LDAP, ...); None when there is no
+    such user."""
+
+    def command(self, user: str) -> str:
+        return f"id -nG {shlex.quote(user)} 2>/dev/null || echo '#NOUSER'"
+
+    def process(self, output: list[str]) -> list[str] | None:
+        words = " ".join(output).split()
+        return None if "#NOUSER" in words else words
+
+
 class SshReachableDict(TypedDict):
     ok: bool
     rc: int | None  # ssh's exit status

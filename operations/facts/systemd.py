@@ -6,6 +6,7 @@ import shlex
 from typing import TypedDict
 
 from pyinfra.api import FactBase
+from pyinfra.facts.systemd import SystemdEnabled, SystemdStatus
 
 
 class UnitStateDict(TypedDict):
@@ -42,4 +43,34 @@ class UnitState(FactBase[UnitStateDict]):
                 found["active"] = word
             elif key == "sha256":
                 found["sha256"] = word or None
+        return found
+
+
+class ServiceStateDict(TypedDict):
+    running: bool  # as pyinfra's SystemdStatus judges it (a waiting timer runs)
+    enabled: bool  # as pyinfra's SystemdEnabled judges it (static counts)
+
+
+class ServiceState(FactBase[ServiceStateDict]):
+    """What systemd.service reads in two facts, in one `systemctl show`: whether the unit runs and is enabled, judged
+    by the same words pyinfra's facts use. An unknown unit is neither."""
+
+    def requires_command(self, *args, **kwargs) -> str:
+        return "systemctl"
+
+    @staticmethod
+    def default() -> ServiceStateDict:
+        return {"running": False, "enabled": False}
+
+    def command(self, unit: str) -> str:
+        return f"systemctl show --property SubState --property UnitFileState {shlex.quote(unit)}"
+
+    def process(self, output: list[str]) -> ServiceStateDict:
+        found = self.default()
+        for line in output:
+            key, _, value = line.strip().partition("=")
+            if key == SystemdStatus.state_key:
+                found["running"] = value in SystemdStatus.state_values
+            elif key == SystemdEnabled.state_key:
+                found["enabled"] = value in SystemdEnabled.state_values
         return found

@@ -7,7 +7,8 @@ same message fails that Spark (and so the run: FAIL_PERCENT is 0).
 
 from __future__ import annotations
 
-from collections.abc import Generator, Iterable
+from collections.abc import Callable, Generator, Iterable
+from typing import Any
 
 from pyinfra import host, logger, state
 from pyinfra.api import StringCommand
@@ -15,8 +16,20 @@ from pyinfra.api import StringCommand
 from .commands import fail_command
 
 
+def op_changed(op: Any) -> bool:
+    """Whether an earlier operation changes its host. Asked inside a later operation: once it ran, its result, with
+    no fact read again (OperationMeta.changed read while the deploy is declared would run its facts a second time);
+    while planning, whether it will."""
+    return op.did_change() if op.is_complete() else op.will_change
+
+
+def is_settled(settled: bool | Callable[[], bool]) -> bool:
+    """A check's `settled`, given as a value or asked when the check runs (e.g. `lambda: not op_changed(apply)`)."""
+    return settled() if callable(settled) else bool(settled)
+
+
 def check_failed(check: str, problems: Iterable[str | None], *,
-                 settled: bool = True) -> Generator[StringCommand, None, bool]:
+                 settled: bool | Callable[[], bool] = True) -> Generator[StringCommand, None, bool]:
     """`stop = yield from check_failed("CX7 link addresses", problems)`; return from the operation when stop is True.
 
     settled=False: an earlier operation of this run changes what the check reads (e.g. netplan apply), so while
@@ -29,6 +42,6 @@ def check_failed(check: str, problems: Iterable[str | None], *,
     if state.is_executing:
         yield fail_command(message)
         return True
-    if settled:
+    if is_settled(settled):
         logger.warning(f"{host.name}: will fail: {message}")
     return False

@@ -1,5 +1,6 @@
 """The one way sparkfold installs a systemd unit, uploads the script a unit runs, or turns a unit off: files through
-files.put (so `--dry --diff` shows them), units through systemd.service. Call these inside a @deploy step."""
+files.put (so `--dry --diff` shows them; operations/util/file_put.py), units through systemd.service. Call these
+inside a @deploy step."""
 
 from __future__ import annotations
 
@@ -8,11 +9,15 @@ from io import StringIO
 from pathlib import Path
 from typing import Any
 
+from pyinfra import host
 from pyinfra.api import operation
-from pyinfra.operations import files, systemd
+from pyinfra.operations import systemd
 
+from ..facts.systemd import ServiceState
 from ..layout import script_path, unit_path
-from .owned import owned_or_absent
+from .checks import op_changed
+from .file_put import file_put, owned_file_put
+from .run_memo import fact_until_change
 
 REMOTE_SCRIPTS = Path(__file__).resolve().parents[1] / "remote"  # operations/remote/: uploaded to SCRIPT_DIR
 
@@ -25,16 +30,15 @@ def script_sha256(script: str) -> str:
 
 def script_installed(script: str) -> None:
     """operations/remote/<script> at SCRIPT_DIR/<script>, mode 755."""
-    files.put(name=f"script {script_path(script)}", src=str(REMOTE_SCRIPTS / script), dest=script_path(script),
-              mode="755")
+    file_put(name=f"script {script_path(script)}", src=str(REMOTE_SCRIPTS / script), dest=script_path(script),
+             mode="755")
 
 
 def unit_file(unit_name: str, text: str) -> Any:
     """UNIT_DIR/<unit_name> holds `text` (mode 644), refused when the path holds a file that is not sparkfold's.
     Returns the put (its .changed drives the daemon-reload). Alone, for a unit another one starts (a timer's)."""
-    owned_or_absent(name=f"{unit_path(unit_name)} is sparkfold's or free", path=unit_path(unit_name))
-    return files.put(name=f"unit file {unit_path(unit_name)}", src=StringIO(text), dest=unit_path(unit_name),
-                     mode="644")
+    return owned_file_put(name=f"unit file {unit_path(unit_name)}", src=StringIO(text), dest=unit_path(unit_name),
+                          mode="644")
 
 
 def unit_installed(unit_name: str, text: str, restart_on_change: bool = False) -> None:
@@ -46,19 +50,18 @@ def unit_installed(unit_name: str, text: str, restart_on_change: bool = False) -
                  enabled=True, restart_on_change=restart_on_change)
 
 
-def file_changed(put: Any) -> bool:
-    """Whether an earlier operation (a unit file's put) changes its file. Asked inside a later operation: once the
-    put ran, its result, with no fact read again (OperationMeta.changed read while the deploy is declared would run
-    the put's facts a second time)."""
-    return put.did_change() if put.is_complete() else put.will_change
-
-
 @operation()
 def unit_service(service: str, file_put: Any, running: bool, enabled: bool | None = None,
                  restart_on_change: bool = False):
-    """systemd.service for a unit whose file `file_put` installs: daemon-reload (and, with restart_on_change, a
-    restart) only when that file changed. enabled None: left as it is."""
-    changed = file_changed(file_put)
+    """systemd.service for a unit (whose file `file_put` installs, None when sparkfold writes no file): daemon-reload
+    (and, with restart_on_change, a restart) only when that file changed. enabled None: left as it is. One
+    `systemctl show` when nothing is to be done, where systemd.service reads two facts."""
+    changed = file_put is not None and op_changed(file_put)
+    st = fact_until_change(host, ServiceState, unit=service)
+    if not changed and st["running"] == running and enabled in (None, st["enabled"]):
+        host.noop(f"{service} is {'running' if running else 'stopped'}"
+                  + ("" if enabled is None else f" and {'enabled' if enabled else 'disabled'}"))
+        return
     yield from systemd.service._inner(service=service, running=running, enabled=enabled, daemon_reload=changed,
                                       restarted=restart_on_change and changed)
 
@@ -66,4 +69,4 @@ def unit_service(service: str, file_put: Any, running: bool, enabled: bool | Non
 def unit_off(unit_name: str, **op_args: object) -> None:
     """A unit sparkfold installed earlier is stopped and disabled when present; its file stays."""
     op_args.setdefault("name", f"{unit_name} stopped and disabled (if present)")
-    systemd.service(service=unit_name, running=False, enabled=False, **op_args)  # type: ignore[arg-type]
+    unit_service(service=unit_name, file_put=None, running=False, enabled=False, **op_args)  # type: ignore[arg-type]

@@ -1,8 +1,9 @@
 """Scripted facts of the pyinfra core operations that sparkfold composes (files.put, systemd.service), and a runner
 that also returns what files.put would upload.
 
-remote_file(path, text=None, mode=644): the facts files.put reads for `path` (absent, or holding `text`).
-unit(name, running, enabled): the facts systemd.service reads for one unit.
+remote_file(path, text=None, mode=644): the facts files.put reads for `path` (absent, or holding `text`), and the
+  FileSum sparkfold's file_put reads for it.
+unit(name, running, enabled): the facts systemd.service reads for one unit, and sparkfold's one-read ServiceState.
 merged(*facts): fact dicts combined (tables of the same fact merged).
 run_put(op, facts, executing=False, **kwargs) -> (commands as strings, {dest: uploaded text}, host).
 """
@@ -17,6 +18,9 @@ from pyinfra.api import FileUploadCommand
 from pyinfra.context import ctx_host, ctx_state
 from pyinfra.facts.files import Directory, File, Sha1File
 from pyinfra.facts.systemd import SystemdEnabled, SystemdStatus
+
+from operations.facts.files import FileSum
+from operations.facts.systemd import ServiceState
 
 
 def merged(*fact_sets: dict) -> dict:
@@ -38,12 +42,16 @@ def remote_file(path: str, text: str | None = None, mode: int = 644, dir_exists:
     }
     if text is not None:
         facts[Sha1File] = with_args({f"path={path}": hashlib.sha1(text.encode()).hexdigest()})
+    facts[FileSum] = with_args({f"path={path}": None if text is None else {
+        "link": False, "sha1": hashlib.sha1(text.encode()).hexdigest(), "mode": mode, "user": "root",
+        "group": "root", "head": "".join(text.splitlines(keepends=True)[:3])}})
     return facts
 
 
 def unit(name: str, running: bool, enabled: bool) -> dict:
     key = f"machine=None, services=['{name}'], user_mode=False, user_name=None"
-    return {SystemdStatus: with_args({key: {name: running}}), SystemdEnabled: with_args({key: {name: enabled}})}
+    return {SystemdStatus: with_args({key: {name: running}}), SystemdEnabled: with_args({key: {name: enabled}}),
+            ServiceState: with_args({f"unit={name}": {"running": running, "enabled": enabled}})}
 
 
 def run_put(op, facts: dict, executing: bool = False, **kwargs) -> tuple[list[str], dict[str, str], FakeHost]:

@@ -20,6 +20,8 @@ class _State:
     def __init__(self, executing: bool):
         self.is_executing = executing
         self.config = type("C", (), {"DIFF": False})()
+        self.ops: dict = {}  # no operation has run: run_memo keeps what it read for the operation under test
+        self.cwd = ""  # files.put joins it to a relative src
 
 
 def _kwargs_key(kwargs: dict) -> str:
@@ -52,6 +54,16 @@ class FakeHost:
                 raise KeyError(f"missing test fact {name} for {key}")
             return table[key]
         return value
+
+    @property
+    def state(self):
+        """The run this host is in: the state run_op set, else one planning run of its own (pyinfra's Host keeps
+        its own)."""
+        if ctx_state.get() is not None:
+            return ctx_state.get()
+        if "_own_state" not in self.__dict__:
+            self._own_state = _State(False)
+        return self._own_state
 
     def noop(self, description: str) -> None:
         self.noops.append(description)

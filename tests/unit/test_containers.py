@@ -367,7 +367,7 @@ def _recording(monkeypatch):
     for kind in ("launch_checked", "spec_recorded", "stale_pair_removed", "rank_started", "rank_stopped"):
         monkeypatch.setattr(lifecycle.containers, kind, rec(kind))
     monkeypatch.setattr(lifecycle.health, "api_serving", rec("api_serving"))
-    monkeypatch.setattr(lifecycle.files, "put", rec("put"))
+    monkeypatch.setattr(lifecycle, "file_put", rec("put"))
     monkeypatch.setattr(lifecycle, "folder_versions_pruned", rec("folder_versions_pruned"))
     hs, ws = make_pair(worker={"data_dir": "/home/w/.cache/sparkfold", "state_dir": "/home/w/.local/state/sparkfold"})
     head_host, worker_host = FakeHost({}, name="head"), FakeHost({}, name="worker")
@@ -454,7 +454,9 @@ def test_restart_health_and_stop(monkeypatch):
     assert [k for k, _ in calls] == ["rank_stopped"] and calls[0][1]["rank"] == 1
 
 
-def test_the_launch_inputs_are_read_once_per_pass_of_the_pair_step():
+def test_the_launch_inputs_are_read_again_only_after_a_change():
+    from types import SimpleNamespace
+
     from harness import _State
     from pyinfra.context import ctx_host, ctx_state
 
@@ -467,12 +469,18 @@ def test_the_launch_inputs_are_read_once_per_pass_of_the_pair_step():
         assert launch.spec() is not None and launch.problems() == []
         once = len(h.fact_calls)
         assert once <= 7
-    with ctx_state.use(_State(executing=True)), ctx_host.use(h):  # executing: what earlier steps made, afresh
+    executing = _State(executing=True)
+    with ctx_state.use(executing), ctx_host.use(h):  # executing: what earlier steps made, afresh
         h.current_op_hash = "check"
         launch.spec()
         assert len(h.fact_calls) == 2 * once
-        for op in ("record", "stop", "start"):  # the pair step's other operations change no input: no round trip
+        for op in ("record", "stop", "start"):  # operations that changed nothing: no round trip
             h.current_op_hash = op
             assert launch.spec() is not None and launch.problems() == []
         assert len(h.fact_calls) == 2 * once
         assert sum(name.endswith("LinkRecord") for name, _ in h.fact_calls) == 2
+        # an operation that changed a Spark (a new weight file linked, say): the inputs are read again
+        changed = SimpleNamespace(is_complete=lambda: True, did_change=lambda: True)
+        executing.ops = {h: {"weights": SimpleNamespace(operation_meta=changed)}}
+        launch.spec()
+        assert len(h.fact_calls) == 3 * once

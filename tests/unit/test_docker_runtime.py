@@ -1,25 +1,30 @@
 """Docker with the NVIDIA runtime: daemon.json merge (other keys kept), restart exactly when needed, packages,
 the docker group."""
 
+import getpass
+import grp
 import json
+import os
 from datetime import datetime, timedelta
 from pathlib import Path
 from types import SimpleNamespace
 
 from core_facts import merged, remote_file, run_put, unit
-from harness import parse_fact, run_op, with_args
+from harness import parse_fact, run_fact, run_op, with_args
 from pyinfra.facts.deb import DebPackages
 from pyinfra.facts.files import File
-from pyinfra.facts.server import Date, Groups, Os, Users, Which
-from pyinfra.operations import server
+from pyinfra.facts.server import Date
 
 from operations import docker_runtime as dr
 from operations.facts.docker import ContainerRuntimeTools, DaemonJson, DockerRuntimeInfo, RunningContainers
+from operations.facts.host import UserGroups
 
 FIX = Path(__file__).parent / "fixtures" / "host"
 PATH = "path=/etc/docker/daemon.json"
-NVIDIA_LIVE = {"reachable": True, "default_runtime": "nvidia", "runtimes": ["io.containerd.runc.v2", "nvidia", "runc"]}
-RUNC_LIVE = {"reachable": True, "default_runtime": "runc", "runtimes": ["io.containerd.runc.v2", "runc"]}
+NVIDIA_LIVE = {"reachable": True, "default_runtime": "nvidia", "runtimes": ["io.containerd.runc.v2", "nvidia", "runc"],
+               "root_dir": "/var/lib/docker"}
+RUNC_LIVE = {"reachable": True, "default_runtime": "runc", "runtimes": ["io.containerd.runc.v2", "runc"],
+             "root_dir": "/var/lib/docker"}
 
 
 def daemon_facts(daemon_json, live, running=None):
@@ -47,10 +52,13 @@ def test_daemon_json_fact_missing_empty_malformed():
 
 
 def test_runtime_info_and_tools():
-    live = parse_fact(DockerRuntimeInfo, 'info=nvidia|{"io.containerd.runc.v2":{"path":"runc"},"nvidia":{"path":'
-                                          '"nvidia-container-runtime"},"runc":{"path":"runc"}}')
+    live = parse_fact(DockerRuntimeInfo, 'info=nvidia|/var/lib/docker|{"io.containerd.runc.v2":{"path":"runc"},'
+                                          '"nvidia":{"path":"nvidia-container-runtime"},"runc":{"path":"runc"}}')
     assert live == NVIDIA_LIVE
     assert parse_fact(DockerRuntimeInfo, "##UNREACHABLE##")["reachable"] is False
+    assert parse_fact(DockerRuntimeInfo, "##UNREACHABLE##")["root_dir"] == ""
+    # a root dir that is not a path (an odd docker) reads as unknown, so the preflight measures its default
+    assert parse_fact(DockerRuntimeInfo, 'info=runc|<no value>|{}')["root_dir"] == ""
     tools = parse_fact(ContainerRuntimeTools, "docker=yes\nnvidia-container-runtime=no\n")
     assert tools == {"docker": True, "nvidia-container-runtime": False}
 
@@ -179,21 +187,25 @@ def test_runtime_install_skips_a_fresh_apt_index():
     assert cmds[0] == "apt-get update"
 
 
-def group_facts(groups):
-    return {Users: {"nvidia": {"home": "/home/nvidia", "shell": "/bin/bash", "group": "nvidia", "groups": groups,
-                               "comment": "", "password": ""}},
-            Groups: ["nvidia", "sudo", "docker"], Os: "Linux",
-            Which: with_args({"command=usermod": "/usr/sbin/usermod"})}
-
-
 def test_user_in_group_both_ways(monkeypatch):
-    calls, core_user = [], server.user
-    monkeypatch.setattr(dr.server, "user", lambda **kw: calls.append(kw))
+    calls, op = [], dr.user_in_group
+    monkeypatch.setattr(dr, "user_in_group", lambda **kw: calls.append(kw))
     monkeypatch.setattr(dr, "runtime_installed", lambda **kw: None)
     monkeypatch.setattr(dr, "daemon_uses_nvidia", lambda **kw: None)
     dr.docker_runtime._inner(SimpleNamespace(ssh_user="nvidia", docker_install=True, docker_restart_ok=False))
-    user = {k: v for k, v in calls[0].items() if k != "name"}
-    assert user == {"user": "nvidia", "groups": ["docker"], "append": True, "ensure_home": False}
-    cmds, _ = run_op(core_user, group_facts(["nvidia", "sudo"]), **user)
-    assert cmds == ["usermod -a -G docker nvidia"]  # other groups kept
-    assert run_op(core_user, group_facts(["nvidia", "docker"]), **user)[0] == []
+    wanted = {k: v for k, v in calls[0].items() if k != "name"}
+    assert wanted == {"user": "nvidia", "group": "docker"}
+    cmds, _ = run_op(op, {UserGroups: with_args({"user=nvidia": ["nvidia", "sudo"]})}, **wanted)
+    assert cmds == ["usermod -a -G docker nvidia"]  # appended: the other groups kept
+    cmds, h = run_op(op, {UserGroups: with_args({"user=nvidia": ["nvidia", "docker"]})}, **wanted)
+    assert cmds == [] and h.noops
+    cmds, _ = run_op(op, {UserGroups: with_args({"user=nvidia": None})}, **wanted)
+    assert len(cmds) == 1 and "no user nvidia" in cmds[0] and "exit 1" in cmds[0]
+
+
+def test_user_groups_fact_reads_id(tmp_path):
+    assert parse_fact(UserGroups, "nvidia adm sudo docker\n") == ["nvidia", "adm", "sudo", "docker"]
+    assert parse_fact(UserGroups, "#NOUSER\n") is None
+    me = run_fact(UserGroups, user=getpass.getuser())  # the real `id -nG` of whoever runs the tests
+    assert me and grp.getgrgid(os.getgid()).gr_name in me
+    assert run_fact(UserGroups, user="no-such-user-sparkfold") is None

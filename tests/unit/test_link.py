@@ -275,6 +275,21 @@ def test_netplan_converged_yields_nothing():
     assert host.noops[-1] == f"{OWN} is up to date"
 
 
+def test_netplan_converged_reads_the_listing_and_the_addresses_only():
+    files = {OWN: {"mode": "600", "text": link.render_netplan(RAILS, 9000)}}
+    _, _, host = netplan(files)
+    # the listing holds the file's text and mode: files.put's own three facts are not read for a file that is right
+    assert [name.rsplit(".", 1)[1] for name, _ in host.fact_calls] == ["NetplanFiles", "IpAddresses"]
+
+
+def test_netplan_refuses_a_file_at_its_path_that_is_not_sparkfolds():
+    files = {OWN: {"mode": "600", "text": "network:\n  version: 2\n"}}
+    commands, uploads, _ = run_put(link.netplan_link, netplan_facts(files), executing=True, rails=RAILS, mtu=9000,
+                                   netplan_file=OWN)
+    assert len(commands) == 1 and "was not written by sparkfold" in commands[0] and "exit 1" in commands[0]
+    assert uploads == {}
+
+
 def test_netplan_mode_only_fix_does_not_apply():
     files = {OWN: {"mode": "644", "text": link.render_netplan(RAILS, 9000)}}
     commands, _, _ = netplan(files)
@@ -482,24 +497,22 @@ def test_record_waits_for_a_gid(caplog):
 @pytest.mark.parametrize("applies", [True, False])
 def test_link_calls_each_op_once_with_settings(monkeypatch, applies):
     calls = []
-    for op in ("rails_safe", "owned_or_absent", "netplan_link", "link_addresses", "link_ping", "roce_gids",
-               "link_recorded"):
+    for op in ("rails_safe", "netplan_link", "link_addresses", "link_ping", "roce_gids", "link_recorded"):
         monkeypatch.setattr(link, op, lambda _op=op, **kw: calls.append((_op, kw)) or types.SimpleNamespace(
-            changed=applies))
+            is_complete=lambda: True, did_change=lambda: applies))
     s = types.SimpleNamespace(link_rails=RAILS, peer=types.SimpleNamespace(link_rails=PEER), link_mtu=9000,
                               link_netplan_file=OWN, link_rollback_s=90,
                               layout=types.SimpleNamespace(link_record=RECORD_PATH))
     link.link._inner(s)
     safe = calls.pop(0)  # before any network change: no rail on the management network
     assert safe[0] == "rails_safe" and safe[1]["rails"] == RAILS
-    owned = calls.pop(0)  # a foreign file at the netplan path is refused before anything writes it
-    assert owned[0] == "owned_or_absent" and owned[1]["path"] == OWN and owned[1]["_sudo"] is True
     assert [c[0] for c in calls] == ["netplan_link", "link_addresses", "link_ping", "roce_gids", "link_recorded"]
     assert calls[0][1]["_sudo"] is True and calls[0][1]["netplan_file"] == OWN and calls[0][1]["rollback_s"] == 90
     assert calls[2][1]["peer_rails"] == PEER and calls[2][1]["_sudo"] is True
     assert calls[4][1]["path"] == RECORD_PATH and calls[4][1]["_sudo"] is False
-    # the checks an apply in this run changes are judged while planning only when nothing applies
-    assert [calls[i][1]["settled"] for i in (1, 3, 4)] == [not applies] * 3
+    # the checks an apply in this run changes are judged while planning only when nothing applies, asked when they
+    # run (the netplan operation's result, not its facts read again while the deploy is declared)
+    assert [calls[i][1]["settled"]() for i in (1, 3, 4)] == [not applies] * 3
 
 
 @pytest.mark.parametrize("name", ["60-sparkfold-cx7.yml", "sparkfold"])

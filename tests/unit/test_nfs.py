@@ -9,7 +9,6 @@ from core_facts import merged, remote_file, run_put, unit
 from harness import parse_fact, run_op, with_args
 from pyinfra.facts.deb import DebPackages
 from pyinfra.facts.files import File
-from pyinfra.operations import systemd
 from settings_factory import make_pair
 
 from operations import nfs
@@ -18,6 +17,7 @@ from operations.facts.files import FileText
 from operations.facts.nfs import ExportTable
 from operations.facts.systemd import UnitState
 from operations.util import MANAGED_HEADER
+from operations.util.units import unit_service
 
 FIX = Path(__file__).parent / "fixtures" / "nfs"
 CACHE = "/home/nvidia/.cache/huggingface"
@@ -107,6 +107,15 @@ def test_export_converged_yields_nothing():
     table = parse_fact(ExportTable, fixture("exportfs-v.txt"))
     commands, _, host = export(nfs.render_exports(CACHE, CLIENTS), table)
     assert commands == [] and host.noops
+    # one read of the file (content, mode, header) and the live table: not files.put's three
+    assert [name.rsplit(".", 1)[1] for name, _ in host.fact_calls] == ["FileSum", "ExportTable"]
+
+
+def test_export_refuses_an_exports_file_that_is_not_sparkfolds():
+    table = parse_fact(ExportTable, fixture("exportfs-v.txt"))
+    commands, uploads, _ = run_put(nfs.nfs_exported, export_facts("/srv/share 10.0.0.0/24(rw)\n", table),
+                                   executing=True, path=CACHE, clients=CLIENTS, exports_file=EXPORTS)
+    assert len(commands) == 1 and "was not written by sparkfold" in commands[0] and uploads == {}
 
 
 def test_export_reloaded_when_the_live_table_lacks_a_client():
@@ -130,11 +139,11 @@ def test_server_package_both_ways():
 
 
 def test_server_service_both_ways():
-    commands, _, _ = run_put(systemd.service, unit("nfs-server.service", False, False), service=nfs.NFS_SERVICE,
-                             running=True, enabled=True)
+    commands, _, _ = run_put(unit_service, unit("nfs-server.service", False, False), service="nfs-server.service",
+                             file_put=None, running=True, enabled=True)
     assert commands == ["systemctl start nfs-server.service", "systemctl enable nfs-server.service"]
-    commands, _, _ = run_put(systemd.service, unit("nfs-server.service", True, True), service=nfs.NFS_SERVICE,
-                             running=True, enabled=True)
+    commands, _, _ = run_put(unit_service, unit("nfs-server.service", True, True), service="nfs-server.service",
+                             file_put=None, running=True, enabled=True)
     assert commands == []
 
 
@@ -199,9 +208,9 @@ def settings(is_head=True, **over):
 
 def record_calls(monkeypatch):
     calls = []
-    for op in ("nfs_server_installed", "owned_or_absent", "nfs_exported", "nfs_volume", "nfs_unexported"):
+    for op in ("nfs_server_installed", "nfs_exported", "nfs_volume", "nfs_unexported"):
         monkeypatch.setattr(nfs, op, lambda _op=op, **kw: calls.append((_op, kw)))
-    monkeypatch.setattr(nfs.systemd, "service", lambda **kw: calls.append(("service", kw)))
+    monkeypatch.setattr(nfs, "unit_service", lambda **kw: calls.append(("service", kw)))
     monkeypatch.setattr(nfs.files, "directory", lambda **kw: calls.append(("directory", kw)))
     return calls
 
@@ -209,13 +218,14 @@ def record_calls(monkeypatch):
 def test_deploy_nfs_head_and_worker(monkeypatch):
     calls = record_calls(monkeypatch)
     nfs.nfs._inner(settings())
-    assert [c[0] for c in calls] == ["nfs_server_installed", "service", "directory", "owned_or_absent", "nfs_exported"]
-    assert calls[1][1]["service"] == "nfs-server" and calls[1][1]["running"] and calls[1][1]["enabled"]
-    assert calls[3][1]["path"] == "/etc/exports.d/sparkfold.exports"  # a foreign exports file is never replaced
-    assert calls[4][1]["clients"] == CLIENTS and calls[4][1]["_sudo"] is True
+    assert [c[0] for c in calls] == ["nfs_server_installed", "service", "directory", "nfs_exported"]
+    assert calls[1][1]["service"] == "nfs-server.service" and calls[1][1]["running"] and calls[1][1]["enabled"]
+    assert calls[1][1]["file_put"] is None  # the package's unit: sparkfold writes no file for it
+    assert calls[3][1]["exports_file"] == "/etc/exports.d/sparkfold.exports"
+    assert calls[3][1]["clients"] == CLIENTS and calls[3][1]["_sudo"] is True
     assert calls[2][1]["_sudo"] is False  # the cache belongs to the ssh user
     # only hub/ is exported: the cache's top folder holds the token `hf auth login` writes
-    assert calls[2][1]["path"] == calls[4][1]["path"] == f"{CACHE}/hub"
+    assert calls[2][1]["path"] == calls[3][1]["path"] == f"{CACHE}/hub"
     calls.clear()
     nfs.nfs._inner(settings(is_head=False, hf_cache="/home/other/.cache/huggingface"))
     assert calls == [("nfs_volume", {"name": "docker volume of the head's cache", "volume": "sparkfold-hf",

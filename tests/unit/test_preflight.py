@@ -5,11 +5,11 @@ from pathlib import Path
 
 import harness
 import pytest
-from harness import parse_fact, with_args
+from harness import parse_fact, run_fact, with_args
 
 from operations import preflight
-from operations.facts.docker import DockerMemoryUse, DockerRootDir, RunningContainers, parse_size
-from operations.facts.files import DiskFree, PathUsage
+from operations.facts.docker import DockerMemoryUse, DockerRuntimeInfo, RunningContainers, parse_size
+from operations.facts.files import DiskFree, DiskSpace, PathUsage
 from operations.facts.host import HostTools, MemInfo, OsRelease, SshReachable
 
 # the checks judged as a run judges them; test_a_problem_while_planning_is_a_warning covers --dry
@@ -79,9 +79,7 @@ def test_path_usage_and_missing_path(tmp_path):
     assert parse_fact(PathUsage, missing) == 0
 
 
-def test_docker_root_tools_ssh():
-    assert parse_fact(DockerRootDir, "/var/lib/docker\n") == "/var/lib/docker"
-    assert parse_fact(DockerRootDir, "Cannot connect to the Docker daemon") == ""
+def test_tools_ssh():
     assert parse_fact(HostTools, "docker=yes\ngit=no\n") == {"docker": True, "git": False}
     ok = parse_fact(SshReachable, "rc=0\n")
     assert ok["ok"] is True
@@ -195,17 +193,17 @@ def _df(mount, free_gb, device="/dev/nvme0n1p2"):
     return {"measured": mount, "device": device, "mount": mount, "free_bytes": int(free_gb * GB)}
 
 
-def _disk_facts(hf, data, docker, root="/var/lib/docker", usage=0):
-    return {
-        DiskFree: with_args({"path=/home/nvidia/.cache/huggingface": hf, "path=/home/nvidia/.cache/sparkfold": data,
-                             f"path={root}": docker}),
-        DockerRootDir: root,
-        PathUsage: with_args({"path=/home/nvidia/.cache/sparkfold": usage, "path=/hf/models--a--b": 0}),
-    }
-
-
 DISK_ARGS = dict(need_gb=505, data_paths=["/home/nvidia/.cache/huggingface", "/home/nvidia/.cache/sparkfold"],
                  image_gb=35, held_paths=["/home/nvidia/.cache/sparkfold", "/hf/models--a--b"])
+
+
+def _disk_facts(hf, data, docker, root="/var/lib/docker", usage=0, asked_root=None):
+    """The one DiskSpace read (data paths, then the docker root) and docker info; asked_root: what docker says."""
+    paths = (*DISK_ARGS["data_paths"], root)
+    key = f"held={tuple(DISK_ARGS['held_paths'])}, paths={paths}"
+    info = {"reachable": True, "default_runtime": "nvidia", "runtimes": ["nvidia", "runc"],
+            "root_dir": root if asked_root is None else asked_root}
+    return {DiskSpace: with_args({key: {"free": [hf, data, docker], "held": usage}}), DockerRuntimeInfo: info}
 
 
 def test_disk_same_filesystem_sums_data_and_image():
@@ -235,11 +233,27 @@ def test_disk_counts_what_is_already_held():
 
 def test_disk_uses_default_docker_root_when_docker_cannot_be_asked():
     root = _df("/", 900)
-    facts = _disk_facts(root, root, root)
-    facts[DockerRootDir] = ""
-    cmds, h = run_op(preflight.disk_free, facts, **DISK_ARGS)
+    cmds, h = run_op(preflight.disk_free, _disk_facts(root, root, root, asked_root=""), **DISK_ARGS)
     assert cmds == []
-    assert ("operations.facts.files.DiskFree", {"path": "/var/lib/docker"}) in h.fact_calls
+    assert [n.rsplit(".", 1)[1] for n, _ in h.fact_calls] == ["DockerRuntimeInfo", "DiskSpace"]  # two round trips
+    assert h.fact_calls[1][1]["paths"][-1] == "/var/lib/docker"
+    cmds, h = run_op(preflight.disk_free, _disk_facts(root, root, root, root="/data/docker"), **DISK_ARGS)
+    assert cmds == [] and h.fact_calls[1][1]["paths"][-1] == "/data/docker"  # docker's own root dir is measured
+
+
+def test_disk_names_a_path_df_cannot_measure():
+    root = _df("/", 900)
+    cmds, _ = run_op(preflight.disk_free, _disk_facts(root, None, root), executing=True, **DISK_ARGS)
+    assert len(cmds) == 1 and "cannot measure free disk at /home/nvidia/.cache/sparkfold" in cmds[0]
+
+
+def test_disk_space_fact_measures_every_path_at_once(tmp_path):
+    (tmp_path / "held").mkdir()
+    (tmp_path / "held" / "blob").write_bytes(b"x" * 300_000)
+    got = run_fact(DiskSpace, paths=(str(tmp_path / "not" / "yet"), str(tmp_path)),
+                   held=(str(tmp_path / "held"), str(tmp_path / "nope")))
+    assert [d["measured"] for d in got["free"]] == [str(tmp_path), str(tmp_path)]
+    assert all(d["free_bytes"] > 0 for d in got["free"]) and got["held"] >= 300_000
 
 
 def test_tools_missing_and_installed_later():

@@ -1,13 +1,19 @@
-"""operations/util/units.py: a unit's file through files.put (path, mode 644, content), the unit through
-systemd.service; daemon-reload and the restart only when the file changed, enable/start only when needed."""
+"""operations/util/units.py and file_put.py: a unit's file through files.put (path, mode 644, content), the unit
+through systemd.service; daemon-reload and the restart only when the file changed, enable/start only when needed;
+one fact each when the file and the unit are already right."""
 
+import hashlib
 from io import StringIO
 
 import pytest
 from core_facts import remote_file, run_put, unit
-from pyinfra.operations import files, systemd
+from harness import parse_fact, run_fact
+from pyinfra.operations import systemd
 
-from operations.util import units
+from operations.facts.files import FileSum
+from operations.facts.systemd import ServiceState
+from operations.util import MANAGED_HEADER, units
+from operations.util.file_put import already_there, file_put, owned_file_put
 
 UNIT = "sparkfold-test.service"
 PATH = f"/etc/systemd/system/{UNIT}"
@@ -36,30 +42,31 @@ class PutResult:
 
 @pytest.fixture
 def calls(monkeypatch):
-    """files.put / the unit's service operation recorded; `changed` is what the unit file's put reports."""
+    """The file and service operations recorded; `changed` is what the unit file's put reports."""
     seen = {"changed": True, "ops": []}
 
-    def put(**kw):
-        seen["ops"].append(("put", kw))
-        return PutResult(seen["changed"])
+    def recorder(kind):
+        def op(**kw):
+            seen["ops"].append((kind, kw))
+            return PutResult(seen["changed"])
+        return op
 
-    monkeypatch.setattr(files, "put", put)
-    monkeypatch.setattr(units, "owned_or_absent", lambda **kw: seen["ops"].append(("owned", kw)))
-    monkeypatch.setattr(units, "unit_service", lambda **kw: seen["ops"].append(("service", kw)))
-    monkeypatch.setattr(systemd, "service", lambda **kw: seen["ops"].append(("service", kw)))
+    monkeypatch.setattr(units, "owned_file_put", recorder("owned put"))
+    monkeypatch.setattr(units, "file_put", recorder("put"))
+    monkeypatch.setattr(units, "unit_service", recorder("service"))
     return seen
 
 
 def test_unit_installed_puts_the_file_then_runs_its_service(calls):
     units.unit_installed(UNIT, CONTENT)
-    (_, owned), (_, put), (_, service) = calls["ops"]
-    assert owned["path"] == PATH  # a foreign file at the unit's path is refused before the put
+    (kind, put), (_, service) = calls["ops"]
+    assert kind == "owned put"  # a foreign file at the unit's path is refused, never overwritten
     assert put["dest"] == PATH and put["mode"] == "644" and put["src"].getvalue() == CONTENT
     assert service["service"] == UNIT and (service["running"], service["enabled"]) == (True, True)
     assert isinstance(service["file_put"], PutResult) and service["restart_on_change"] is False
     calls["ops"].clear()
     units.unit_installed(UNIT, CONTENT, restart_on_change=True)
-    assert calls["ops"][2][1]["restart_on_change"] is True
+    assert calls["ops"][1][1]["restart_on_change"] is True
 
 
 @pytest.mark.parametrize("changed, restart, want", [
@@ -85,30 +92,104 @@ def test_while_planning_the_service_asks_whether_the_put_will_change():
 def test_unit_off_stops_and_disables(calls):
     units.unit_off(UNIT, _sudo=True)
     assert calls["ops"] == [("service", {"name": f"{UNIT} stopped and disabled (if present)", "service": UNIT,
-                                         "running": False, "enabled": False, "_sudo": True})]
+                                         "file_put": None, "running": False, "enabled": False, "_sudo": True})]
 
 
 def test_script_installed_uploads_the_remote_script(calls):
     units.script_installed("memguard.py")
-    put = calls["ops"][0][1]
-    assert put["dest"] == "/usr/local/lib/sparkfold/memguard.py" and put["mode"] == "755"
+    kind, put = calls["ops"][0]
+    assert kind == "put" and put["dest"] == "/usr/local/lib/sparkfold/memguard.py" and put["mode"] == "755"
     assert put["src"] == str(units.REMOTE_SCRIPTS / "memguard.py")
 
 
-# --- what the composed core operations do with the facts --------------------------------------------------------
+# --- what the file operations do with the facts --------------------------------------------------------------
 
-def test_new_unit_file_is_uploaded_with_mode_644():
-    cmds, uploads, _ = run_put(files.put, remote_file(PATH), src=StringIO(CONTENT), dest=PATH, mode="644")
+def fact_names(host):
+    return [name.rsplit(".", 1)[1] for name, _ in host.fact_calls]
+
+
+@pytest.mark.parametrize("op", [file_put, owned_file_put])
+def test_new_unit_file_is_uploaded_with_mode_644(op):
+    cmds, uploads, _ = run_put(op, remote_file(PATH), src=StringIO(CONTENT), dest=PATH, mode="644")
     assert uploads == {PATH: CONTENT}
     assert cmds[0].startswith("FileUploadCommand") and cmds[1:] == [f"chmod 644 {PATH}"]
 
 
-def test_converged_unit_file_yields_nothing():
-    cmds, _, _ = run_put(files.put, remote_file(PATH, CONTENT), src=StringIO(CONTENT), dest=PATH, mode="644")
-    assert cmds == []
-    cmds, _, _ = run_put(files.put, remote_file(PATH, CONTENT, mode=600), src=StringIO(CONTENT), dest=PATH,
-                         mode="644")
+@pytest.mark.parametrize("op", [file_put, owned_file_put])
+def test_converged_unit_file_yields_nothing_from_one_fact(op):
+    text = f"{MANAGED_HEADER}\n{CONTENT}"
+    cmds, _, host = run_put(op, remote_file(PATH, text), src=StringIO(text), dest=PATH, mode="644")
+    assert cmds == [] and host.noops == [f"{PATH} is up to date"]
+    assert fact_names(host) == ["FileSum"]  # not files.put's stat, folder and sha1
+    cmds, _, _ = run_put(op, remote_file(PATH, text, mode=600), src=StringIO(text), dest=PATH, mode="644")
     assert cmds == [f"chmod 644 {PATH}"]
+    cmds, uploads, _ = run_put(op, remote_file(PATH, text), src=StringIO(text + "# new\n"), dest=PATH, mode="644")
+    assert cmds[0].startswith("FileUploadCommand") and uploads[PATH].endswith("# new\n")
+
+
+def test_a_local_file_is_compared_by_its_bytes(tmp_path):
+    local = tmp_path / "script.sh"
+    local.write_text("#!/bin/sh\necho hi\n")
+    cmds, _, _ = run_put(file_put, remote_file(PATH, local.read_text(), mode=755), src=str(local), dest=PATH,
+                         mode="755")
+    assert cmds == []
+    local.write_text("#!/bin/sh\necho bye\n")
+    cmds, _, _ = run_put(file_put, remote_file(PATH, "#!/bin/sh\necho hi\n", mode=755), src=str(local), dest=PATH,
+                         mode="755")
+    assert cmds[0].startswith("FileUploadCommand")
+
+
+def test_a_link_or_an_unreadable_file_goes_to_files_put():
+    have = {"link": False, "sha1": hashlib.sha1(CONTENT.encode()).hexdigest(), "mode": 644, "user": "root",
+            "group": "root", "head": ""}
+    assert already_there(have, StringIO(CONTENT), "644") and already_there(have, StringIO(CONTENT), "0644")
+    assert not already_there({**have, "link": True}, StringIO(CONTENT), "644")
+    assert not already_there({**have, "sha1": None}, StringIO(CONTENT), "644")
+    assert not already_there(have, StringIO(CONTENT), "u+x")  # a symbolic mode: files.put decides
+    assert not already_there(None, StringIO(CONTENT), "644")
+
+
+def test_owned_put_refuses_a_file_that_is_not_sparkfolds():
+    cmds, uploads, _ = run_put(owned_file_put, remote_file(PATH, CONTENT), executing=True,
+                               src=StringIO(f"{MANAGED_HEADER}\n{CONTENT}"), dest=PATH, mode="644")
+    assert len(cmds) == 1 and "was not written by sparkfold" in cmds[0] and uploads == {}
+
+
+def test_file_sum_fact_on_real_files(tmp_path):
+    path = tmp_path / "unit.service"
+    assert run_fact(FileSum, path=str(path)) is None
+    path.write_text(f"{MANAGED_HEADER}\n{CONTENT}")
+    path.chmod(0o640)
+    got = run_fact(FileSum, path=str(path))
+    assert got["sha1"] == hashlib.sha1(path.read_bytes()).hexdigest() and got["mode"] == 640
+    assert got["head"].splitlines() == path.read_text().splitlines()[:3] and got["link"] is False
+    link = tmp_path / "link.service"
+    link.symlink_to(path)
+    assert run_fact(FileSum, path=str(link))["link"] is True
+    empty = tmp_path / "empty"
+    empty.write_text("")
+    assert run_fact(FileSum, path=str(empty))["sha1"] == hashlib.sha1(b"").hexdigest()
+    assert run_fact(FileSum, path=str(tmp_path)) is None  # a folder is not a file
+
+
+# --- what the service operation does with the facts ------------------------------------------------------------
+
+def test_converged_service_reads_one_fact():
+    cmds, _, host = run_put(units.unit_service, unit(UNIT, True, True), service=UNIT, file_put=None, running=True,
+                            enabled=True)
+    assert cmds == [] and host.noops and fact_names(host) == ["ServiceState"]
+    cmds, _, host = run_put(units.unit_service, unit(UNIT, False, False), service=UNIT, file_put=None,
+                            running=False, enabled=False)
+    assert cmds == [] and fact_names(host) == ["ServiceState"]
+    cmds, _, _ = run_put(units.unit_service, unit(UNIT, False, True), service=UNIT, file_put=None, running=True)
+    assert cmds == [f"systemctl start {UNIT}"]  # enabled None: left as it is
+
+
+def test_service_state_fact_reads_pyinfras_words():
+    out = parse_fact(ServiceState, "SubState=waiting\nUnitFileState=enabled\n")
+    assert out == {"running": True, "enabled": True}  # a timer that waits runs
+    assert parse_fact(ServiceState, "SubState=dead\nUnitFileState=static\n") == {"running": False, "enabled": True}
+    assert parse_fact(ServiceState, "SubState=dead\nUnitFileState=\n") == {"running": False, "enabled": False}
 
 
 def test_service_reloads_enables_starts_or_restarts():

@@ -1,0 +1,116 @@
+"""operations/util/run_memo.py: an answer is kept exactly as long as nothing in the run can have changed it."""
+
+from types import SimpleNamespace
+
+from harness import FakeHost, _State
+from pyinfra.context import ctx_state
+
+from operations.facts.network import IpAddresses
+from operations.util.run_memo import fact_once, fact_until_change
+
+
+class Meta:
+    """An OperationMeta as far as run_memo reads it."""
+
+    def __init__(self, complete: bool, changed: bool):
+        self.complete, self.changed = complete, changed
+
+    def is_complete(self):
+        return self.complete
+
+    def did_change(self):
+        return self.complete and self.changed
+
+
+def ran(state, host, op_hash, complete=True, changed=True):
+    """An operation of the run has ended on `host` (changing it or not)."""
+    state.ops.setdefault(host, {})[op_hash] = SimpleNamespace(operation_meta=Meta(complete, changed))
+
+
+def reads(host):
+    return sum(name.endswith("IpAddresses") for name, _ in host.fact_calls)
+
+
+def test_kept_until_an_operation_changes_a_spark():
+    state, h = _State(True), FakeHost({IpAddresses: {"a": 1}}, name="head")
+    peer = FakeHost({IpAddresses: {"b": 2}}, name="worker")
+    with ctx_state.use(state):
+        assert fact_until_change(h, IpAddresses) == {"a": 1}
+        fact_until_change(h, IpAddresses)
+        assert reads(h) == 1
+        ran(state, h, "checks", changed=False)  # an operation that changed nothing keeps it
+        fact_until_change(h, IpAddresses)
+        assert reads(h) == 1
+        ran(state, peer, "apply", complete=False)  # still running: not counted until it ends
+        fact_until_change(h, IpAddresses)
+        assert reads(h) == 1
+        ran(state, peer, "apply")  # a change on either Spark (the head acts on the worker over ssh)
+        h._facts["operations.facts.network.IpAddresses"] = {"a": 3}
+        assert fact_until_change(h, IpAddresses) == {"a": 3}
+        assert reads(h) == 2
+        fact_until_change(peer, IpAddresses)  # kept per host
+        assert reads(peer) == 1
+
+
+def test_read_afresh_when_the_run_moves_from_planning_to_executing():
+    state, h = _State(False), FakeHost({IpAddresses: {}})
+    with ctx_state.use(state):
+        fact_until_change(h, IpAddresses)
+        state.is_executing = True  # a prompt may have waited between the plan and the run
+        fact_until_change(h, IpAddresses)
+    assert reads(h) == 2
+
+
+def test_fresh_reads_now_and_keeps_that():
+    state, h = _State(True), FakeHost({IpAddresses: {"gid": None}})
+    with ctx_state.use(state):
+        fact_until_change(h, IpAddresses)
+        h._facts["operations.facts.network.IpAddresses"] = {"gid": 3}  # the driver added it meanwhile
+        assert fact_until_change(h, IpAddresses, _fresh=True) == {"gid": 3}
+        assert fact_until_change(h, IpAddresses) == {"gid": 3}
+    assert reads(h) == 2
+
+
+def test_root_and_user_reads_are_kept_apart():
+    state, h = _State(True), FakeHost({IpAddresses: {}})
+    with ctx_state.use(state):
+        fact_until_change(h, IpAddresses)
+        fact_until_change(h, IpAddresses, _sudo=False)  # the same as no sudo
+        assert reads(h) == 1
+        fact_until_change(h, IpAddresses, _sudo=True)
+        h.current_op_global_arguments = {"_sudo": True}  # inside an operation run with sudo
+        fact_until_change(h, IpAddresses)
+    assert reads(h) == 2
+
+
+def test_each_run_keeps_its_own():
+    h = FakeHost({IpAddresses: {}})
+    for _ in range(2):
+        with ctx_state.use(_State(True)):
+            fact_until_change(h, IpAddresses)
+    assert reads(h) == 2
+
+
+def test_fact_once_keeps_only_a_settled_answer():
+    h = FakeHost({IpAddresses: {"complete": False}})
+    settled = lambda value: value["complete"]  # noqa: E731
+    fact_once(h, IpAddresses, settled)
+    fact_once(h, IpAddresses, settled)
+    assert reads(h) == 2
+    h._facts["operations.facts.network.IpAddresses"] = {"complete": True}
+    fact_once(h, IpAddresses, settled)
+    fact_once(h, IpAddresses, settled)
+    assert reads(h) == 3
+
+
+def test_pyinfras_host_proxy_keeps_each_host_apart():
+    # operations pass pyinfra's `host`: one proxy object whatever host the greenlet runs for
+    from pyinfra import host as proxy
+    from pyinfra.context import ctx_host
+    head = FakeHost({IpAddresses: {"head": 1}}, name="head")
+    worker = FakeHost({IpAddresses: {"worker": 1}}, name="worker")
+    with ctx_state.use(_State(True)):
+        for h, want in ((head, {"head": 1}), (worker, {"worker": 1}), (head, {"head": 1})):
+            with ctx_host.use(h):
+                assert fact_until_change(proxy, IpAddresses) == want
+                assert fact_once(proxy, IpAddresses, lambda value: True) == want
