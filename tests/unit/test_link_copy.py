@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -82,3 +83,120 @@ def test_an_interrupted_copy_resumes_from_its_partial_file(tmp_path):
     assert done.returncode == 0, done.stderr
     assert "already there" in done.stdout.splitlines()[0]
     assert (dest / "big.bin").read_bytes() == data
+
+
+# --- the receiver the worker runs for the streamed files ------------------------------------------------------
+
+@pytest.fixture
+def receiver(tmp_path):
+    """RECEIVER on 127.0.0.1 as the worker's daemon script starts it: (port, dest, secret); stopped afterwards."""
+    from operations.remote import link_copy
+
+    def start(client: str = "127.0.0.1", secret: str = "s3cret"):
+        dest = tmp_path / "worker-dest"
+        dest.mkdir(exist_ok=True)
+        (tmp_path / "secrets").write_text(f"sparkfold:{secret}\n")
+        port_file = tmp_path / "port"
+        port_file.unlink(missing_ok=True)
+        proc = subprocess.Popen([sys.executable, "-c", link_copy.RECEIVER, "127.0.0.1", str(dest),
+                                 str(tmp_path / "secrets"), client, str(port_file)])
+        started.append(proc)
+        for _ in range(100):
+            if port_file.exists():
+                return int(port_file.read_text()), dest
+            time.sleep(0.05)
+        raise AssertionError("the receiver did not start")
+
+    started: list[subprocess.Popen] = []
+    yield start
+    for proc in started:
+        proc.kill()
+        proc.wait()
+
+
+def test_streamed_files_arrive_with_their_mode_and_time(tmp_path, receiver):
+    from operations.remote.link_copy import stream_missing
+    port, dest = receiver()
+    src = tmp_path / "src"
+    (src / "blobs").mkdir(parents=True)
+    big, small = os.urandom(3_000_000), b"tok"
+    (src / "blobs" / "big").write_bytes(big)
+    (src / "run.sh").write_bytes(small)
+    (src / "run.sh").chmod(0o750)
+    (src / "link").symlink_to("blobs/big")  # rsync's to copy: links stay links
+    (src / "x.incomplete").write_bytes(b"partial download")
+    (src / ".cache").mkdir()
+    (src / ".cache" / "meta").write_text("hub metadata")
+    assert stream_missing(str(src), "127.0.0.1", port, "s3cret", ["/.cache/", "*.incomplete"])
+    assert (dest / "blobs" / "big").read_bytes() == big and (dest / "run.sh").read_bytes() == small
+    assert (dest / "run.sh").stat().st_mode & 0o777 == 0o750
+    assert (dest / "blobs" / "big").stat().st_mtime_ns == (src / "blobs" / "big").stat().st_mtime_ns
+    assert not (dest / "link").exists() and not (dest / "x.incomplete").exists() and not (dest / ".cache").exists()
+    (dest / "run.sh").write_bytes(b"t")  # a file the worker has (any size) is left for rsync's delta
+    assert stream_missing(str(src), "127.0.0.1", port, "s3cret", [])
+    assert (dest / "run.sh").read_bytes() == b"t"
+
+
+def test_the_receiver_writes_nothing_without_the_secret_or_from_another_address(tmp_path, receiver):
+    from operations.remote.link_copy import send_file
+    src = tmp_path / "f"
+    src.write_bytes(b"data")
+    port, dest = receiver()
+    with pytest.raises(EOFError):
+        send_file("127.0.0.1", port, "wrong", "f", str(src))
+    port, dest = receiver(client="10.9.9.9")  # only the address the head's ssh came from
+    with pytest.raises(EOFError):
+        send_file("127.0.0.1", port, "s3cret", "f", str(src))
+    assert not (dest / "f").exists()
+
+
+@pytest.mark.parametrize("rel", ["../escape", "/etc/escape", "a/../../escape", "a//b", "./x", "a\u0000b"])
+def test_the_receiver_keeps_every_path_inside_the_destination(tmp_path, receiver, rel):
+    from operations.remote.link_copy import send_file
+    src = tmp_path / "f"
+    src.write_bytes(b"data")
+    port, dest = receiver()
+    with pytest.raises(EOFError):
+        send_file("127.0.0.1", port, "s3cret", rel, str(src))
+    assert not (tmp_path / "escape").exists() and list(dest.iterdir()) == []
+
+
+def test_the_receiver_does_not_follow_a_link_out_of_the_destination(tmp_path, receiver):
+    from operations.remote.link_copy import send_file
+    src, outside = tmp_path / "f", tmp_path / "outside"
+    src.write_bytes(b"data")
+    outside.mkdir()
+    port, dest = receiver()
+    (dest / "sub").symlink_to(outside)
+    with pytest.raises(EOFError):
+        send_file("127.0.0.1", port, "s3cret", "sub/f", str(src))
+    assert list(outside.iterdir()) == []
+
+
+def test_an_interrupted_stream_leaves_a_partial_file_that_rsync_resumes(tmp_path, receiver):
+    import hashlib
+    import hmac
+    import json
+    import socket
+    port, dest = receiver()
+    with socket.create_connection(("127.0.0.1", port)) as sock:
+        nonce = sock.recv(100).decode().strip()
+        sock.sendall(hmac.new(b"s3cret", nonce.encode(), hashlib.sha256).hexdigest().encode() + b"\n")
+        sock.sendall(json.dumps({"path": "big.bin", "size": 4_000_000, "mode": 0o644, "mtime_ns": 0}).encode()
+                     + b"\n")
+        assert sock.recv(3) == b"go\n"
+        sock.sendall(b"x" * 1_000_000)  # then the head is gone
+    for _ in range(100):
+        if (dest / "big.bin").exists() and (dest / "big.bin").stat().st_size == 1_000_000:
+            break
+        time.sleep(0.05)
+    assert (dest / "big.bin").stat().st_size == 1_000_000  # at its name: the next rsync pass finishes it
+
+
+def test_excludes_read_like_rsyncs():
+    from operations.remote.link_copy import excluded
+    patterns = ["/.cache/", ".sparkfold-verified", "*.incomplete"]
+    assert excluded(".cache/huggingface/x", patterns) and not excluded("sub/.cache/x", patterns)
+    assert excluded("a/b/.sparkfold-verified", patterns) and excluded("blobs/abc.incomplete", patterns)
+    assert not excluded("blobs/abc", patterns) and not excluded("incomplete", patterns)
+    assert excluded("a/tmp/x", ["tmp/"]) and not excluded("tmp", ["tmp/"])
