@@ -242,8 +242,8 @@ def netplan_link(rails: list[dict], mtu: int, netplan_file: str, rollback_s: int
         return
     netplan_files = host.get_fact(NetplanFiles, directory=os.path.dirname(netplan_file))
     current = netplan_files.get(netplan_file)
-    if (yield from check_failed("a file sparkfold would write",
-                                [foreign_file_problem(netplan_file, current["text"] if current else None)])):
+    if problem := foreign_file_problem(netplan_file, current["text"] if current else None):
+        yield from check_failed("a file sparkfold would write", [problem])  # --dry: "will fail", nothing planned
         return
     moves, errors = plan_migration(netplan_files, netplan_file, [r["netdev"] for r in rails])
     if errors:

@@ -62,8 +62,8 @@ def nfs_exported(path: str, clients: list[str], exports_file: str, options: str 
     someone else's); `exportfs -ra` when the file changed or the live table lacks one of the entries. Custom: core
     writes the file, not the reload."""
     have = host.get_fact(FileSum, path=exports_file)
-    if (yield from check_failed("a file sparkfold would write",
-                                [foreign_file_problem(exports_file, have["head"] if have else None)])):
+    if problem := foreign_file_problem(exports_file, have["head"] if have else None):
+        yield from check_failed("a file sparkfold would write", [problem])  # --dry: "will fail", nothing planned
         return
     written = list(put_unless_same(StringIO(render_exports(path, clients, options)), exports_file, "644", have=have))
     yield from written

@@ -190,7 +190,7 @@ def _line(sock: socket.socket) -> str:
     while not out.endswith(b"\n"):
         b = sock.recv(1)
         if not b:
-            raise EOFError("the worker's receiver closed the stream")
+            raise ConnectionError("the worker's receiver closed the stream")
         out += b
     return out[:-1].decode()
 

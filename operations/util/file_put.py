@@ -62,8 +62,8 @@ def owned_file_put(src: str | IO[Any], dest: str, mode: int | str | None = None)
     """file_put for a path sparkfold owns: refused, never overwritten, when `dest` holds a file without sparkfold's
     header (operations/util/owned.py)."""
     have = host.get_fact(FileSum, path=dest)
-    if (yield from check_failed("a file sparkfold would write",
-                                [foreign_file_problem(dest, have["head"] if have else None)])):
+    if problem := foreign_file_problem(dest, have["head"] if have else None):
+        yield from check_failed("a file sparkfold would write", [problem])  # --dry: "will fail", nothing planned
         return
     if not (changes := list(put_unless_same(src, dest, mode, have=have))):
         host.noop(f"{dest} is up to date")

@@ -3,11 +3,6 @@ refused, never overwritten (a setting that points at /etc/netplan/50-cloud-init.
 
 from __future__ import annotations
 
-from pyinfra import host
-from pyinfra.api import operation
-
-from ..facts.files import FileText
-from .checks import check_failed
 from .commands import MANAGED_HEADER
 
 
@@ -18,11 +13,3 @@ def foreign_file_problem(path: str, text: str | None) -> str | None:
     return (f"{path} exists and was not written by sparkfold (no '{MANAGED_HEADER.split(':')[0]}' line), so it is "
             "left alone: move it away yourself if sparkfold should own that path, or point the setting at another "
             "file")
-
-
-@operation()
-def owned_or_absent(path: str):
-    """Check: `path` is free or already sparkfold's, so the operation after this one may write it."""
-    problem = foreign_file_problem(path, host.get_fact(FileText, path=path))
-    if not (yield from check_failed("a file sparkfold would write", [problem])):
-        host.noop(f"{path} is sparkfold's to write")

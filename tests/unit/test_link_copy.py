@@ -142,10 +142,10 @@ def test_the_receiver_writes_nothing_without_the_secret_or_from_another_address(
     src = tmp_path / "f"
     src.write_bytes(b"data")
     port, dest = receiver()
-    with pytest.raises(EOFError):
+    with pytest.raises(ConnectionError):
         send_file("127.0.0.1", port, "wrong", "f", str(src))
     port, dest = receiver(client="10.9.9.9")  # only the address the head's ssh came from
-    with pytest.raises(EOFError):
+    with pytest.raises(ConnectionError):
         send_file("127.0.0.1", port, "s3cret", "f", str(src))
     assert not (dest / "f").exists()
 
@@ -156,7 +156,7 @@ def test_the_receiver_keeps_every_path_inside_the_destination(tmp_path, receiver
     src = tmp_path / "f"
     src.write_bytes(b"data")
     port, dest = receiver()
-    with pytest.raises(EOFError):
+    with pytest.raises(ConnectionError):
         send_file("127.0.0.1", port, "s3cret", rel, str(src))
     assert not (tmp_path / "escape").exists() and list(dest.iterdir()) == []
 
@@ -168,7 +168,7 @@ def test_the_receiver_does_not_follow_a_link_out_of_the_destination(tmp_path, re
     outside.mkdir()
     port, dest = receiver()
     (dest / "sub").symlink_to(outside)
-    with pytest.raises(EOFError):
+    with pytest.raises(ConnectionError):
         send_file("127.0.0.1", port, "s3cret", "sub/f", str(src))
     assert list(outside.iterdir()) == []
 
