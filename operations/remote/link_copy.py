@@ -133,7 +133,7 @@ rsync --daemon --no-detach --address={address} --port={port} --config="$d/conf" 
 pid=$!
 python3 -c {receiver} {address} {dest} "$d/secrets" "${{SSH_CONNECTION%% *}}" "$d/port" &
 pid="$pid $!"
-for _ in $(seq 50); do [ -e "$d/port" ] && break; sleep 0.1; done
+for _ in $(seq 250); do [ -e "$d/port" ] && break; sleep 0.02; done
 echo "started $(cat "$d/port" 2>/dev/null)"
 cat > /dev/null
 """

@@ -158,6 +158,18 @@ def main(argv: list[str] | None = None) -> int:
     return 1
 
 
+def wait_a_little(last: subprocess.Popen | None, seconds: float) -> None:
+    """Up to `seconds`, ended early by the end of `last` (the command, or a relay's sink): a finished step costs no
+    extra half second."""
+    if last is None or last.poll() is not None:
+        time.sleep(0.05)  # it ended: the relay's copy thread or source is a moment behind
+        return
+    try:
+        last.wait(seconds)
+    except subprocess.TimeoutExpired:
+        pass
+
+
 def measure_there(args: argparse.Namespace) -> int | None:
     if args.size_of:
         return folder_bytes(args.size_of)
@@ -184,7 +196,7 @@ def watch(args: argparse.Namespace, relay: Relay | None, proc: subprocess.Popen 
         rc = relay.poll() if relay else proc.poll() if proc else 0
         if rc is not None:
             break
-        time.sleep(0.5)
+        wait_a_little(relay.dst if relay else proc, 0.5)
         now = time.monotonic()
         if now < next_line:
             continue

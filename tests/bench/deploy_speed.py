@@ -97,7 +97,9 @@ c.shutdown(socket.SHUT_WR); assert c.recv(1) == b"k"
 
 def raw_copy(src_file: str, dest_dir: str) -> float:
     ready = f"/tmp/bench-raw-ready-{RAW_PORT}"
-    sim.exec_in("worker", f"rm -rf {dest_dir} {ready}; mkdir -p {dest_dir}; chown nvidia: {dest_dir}", check=True)
+    # sync: the previous copy's dirty pages are written out first, so neither copy pays for the other's writeback
+    sim.exec_in("worker", f"rm -rf {dest_dir} {ready}; mkdir -p {dest_dir}; chown nvidia: {dest_dir}; sync",
+                check=True)
     receiver = subprocess.Popen(["docker", "exec", "-u", "nvidia", sim.CONTAINER["worker"], "python3", "-c", RECEIVER,
                                  WORKER_LINK_IP, str(RAW_PORT), f"{dest_dir}/blob.bin", ready])
     while sim.exec_in("worker", ["test", "-e", ready]).returncode != 0:
@@ -110,7 +112,7 @@ def raw_copy(src_file: str, dest_dir: str) -> float:
 
 
 def sparkfold_copy(src_dir: str, dest_dir: str, total: int) -> float:
-    sim.exec_in("worker", f"rm -rf {dest_dir}", check=True)
+    sim.exec_in("worker", f"rm -rf {dest_dir}; sync", check=True)  # as raw_copy: no writeback left over
     commands = peer_copy_commands(src_dir, f"nvidia@{WORKER_LINK_IP}", dest_dir, "the benchmark file", total)
     script = " && ".join(c if isinstance(c, str) else c.get_raw_value() for c in commands)
     return on_head(script)

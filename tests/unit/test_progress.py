@@ -168,3 +168,12 @@ def test_beside_an_amount_only_the_matched_text_of_the_newest_line_is_shown(tmp_
     middle = [line for line in lines if " of 4 MiB (" in line]
     assert run.returncode == 0 and middle, lines
     assert all(re.search(r"elapsed, [1-4] of 4 files whole$", line) for line in middle), middle
+
+
+def test_the_wait_between_lines_ends_with_the_command():
+    from operations.remote.progress import wait_a_little
+    proc = subprocess.Popen(["sleep", "0.3"])
+    wait_a_little(proc, 60)  # returns when the command ends, not after the minute
+    assert proc.poll() == 0
+    wait_a_little(proc, 60)  # an ended command: no wait at all
+    wait_a_little(None, 60)
