@@ -25,7 +25,7 @@ from .gpu_clock import lock_command
 from .launch_spec import LABEL_HASH, LABEL_MANAGED, ContainerSpec
 from .layout import unit_path
 from .util import MANAGED_HEADER, check_failed, fail_command, sh
-from .util.progress import LiveCommand
+from .util.progress import TICK_S, LiveCommand
 from .util.run_memo import fact_until_change
 
 if TYPE_CHECKING:
@@ -86,6 +86,9 @@ def removal_commands(name: str, rank: int, running: bool, stop_timeout: int, log
     yield StringCommand(sh("docker", "rm", "-f", name), ">/dev/null")
 
 
+MEMORY_POLL_S = 2  # between two reads of MemAvailable while a rank's memory comes back
+
+
 def memory_wait_command(rank: int, min_avail_gib: float, tries: int = 30, failure: str = "") -> StringCommand:
     """Fail unless MemAvailable reaches min_avail_gib within about a minute (memory comes back after a stop).
     failure: the message on timeout (default: rank `rank` needs ...)."""
@@ -94,12 +97,13 @@ def memory_wait_command(rank: int, min_avail_gib: float, tries: int = 30, failur
             f"echo \"sparkfold: rank {rank} needs min_avail_gib = {min_avail_gib:g} GiB of MemAvailable on this "
             "Spark but only $((${a:-0}/1048576)) GiB is available: stop what else uses memory here, or lower "
             "min_avail_gib\" >&2")
-    # a line every 10 s while it waits (LiveCommand: shown as it comes, at pyinfra's default verbosity)
+    # a line every TICK_S while it waits (LiveCommand: shown as it comes, at pyinfra's default verbosity)
+    per_line = max(TICK_S // MEMORY_POLL_S, 1)
     script = (
         f"i=0; while :; do a=$(awk '/^MemAvailable:/ {{print $2}}' /proc/meminfo); [ \"${{a:-0}}\" -ge {need_kib} ] "
         f"&& break; i=$((i+1)); if [ $i -ge {tries} ]; then {said}; exit 1; fi; "
-        f"[ $((i % 5)) = 0 ] && echo \"rank {rank}: waiting for memory: $((${{a:-0}}/1048576)) of "
-        f"{min_avail_gib:g} GiB available ($((i*2)) s)\"; sleep 2; done"
+        f"[ $((i % {per_line})) = 0 ] && echo \"rank {rank}: waiting for memory: $((${{a:-0}}/1048576)) of "
+        f"{min_avail_gib:g} GiB available ($((i*{MEMORY_POLL_S})) s)\"; sleep {MEMORY_POLL_S}; done"
     )
     return LiveCommand("sh", "-c", shlex.quote(script))
 

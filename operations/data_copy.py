@@ -121,7 +121,8 @@ def folder_verified(folder: str, sums: str, what: str, generated_fix: str = ""):
             return
     complaint = (f"sparkfold: {what} in {folder} does not match {sums} (the lines above name the files): "
                  "re-run the deploy to copy or download them again")
-    total = sum(size for name, (size, _mtime) in check["files"].items() if name in set(check["names"]))
+    listed = set(check["names"])
+    total = sum(size for name, (size, _mtime) in check["files"].items() if name in listed)
     yield hashing_command(f"{what}: checking {sums}", folder, f"sha256sum -c --quiet {q(sums)}", total, complaint)
     yield f"cd {q(folder)} && printf '%s\\n' {expected} > {MARKER}"
 

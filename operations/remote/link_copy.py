@@ -27,8 +27,10 @@ import random
 import secrets
 import shlex
 import socket
+import stat
 import subprocess
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -37,26 +39,28 @@ TRIES = 5  # ports tried (another program may hold one)
 REFUSED = 10  # rsync: "error in socket IO", i.e. the daemon is not listening (yet)
 STREAMS = 4  # files streamed at once: one stream is held to one core's rate on each end
 STREAM_TIMEOUT_S = 60  # a stream that moves nothing this long has lost the worker
+CONNECT_TIMEOUT_S = 5  # the receiver is one cable away: no answer means a firewall, and rsync takes over
 
 # The worker's receiver: one file per connection, after an HMAC of a fresh nonce with the copy's secret. A file
 # the worker already has (any size) is skipped: rsync's delta finishes it. Paths stay inside the destination.
 RECEIVER = r"""
-import hashlib, hmac, json, os, secrets, socket, sys, threading
-address, dest, secret_file, client, port_file = sys.argv[1:6]
+import hashlib, hmac, json, os, secrets, socket, sys, threading, time
+address, port, dest, secret_file, client, port_file = sys.argv[1:7]
 secret = open(secret_file).read().strip().split(":", 1)[1].encode()
 root = os.path.realpath(dest)
 srv = socket.socket(socket.AF_INET6 if ":" in address else socket.AF_INET)
-srv.bind((address, 0))
+srv.bind((address, int(port)))
 srv.listen(16)
 with open(port_file + ".tmp", "w") as f:
-    f.write(str(srv.getsockname()[1]))
+    f.write(port)
 os.rename(port_file + ".tmp", port_file)
+slots = threading.BoundedSemaphore(8)  # streams at once: the head sends 4
 
-def line(c, limit=4096):
+def line(c, deadline, limit=4096):
     out = b""
     while not out.endswith(b"\n"):
         b = c.recv(1)
-        if not b or len(out) > limit:
+        if not b or len(out) > limit or time.monotonic() > deadline:
             raise EOFError
         out += b
     return out[:-1].decode()
@@ -70,15 +74,15 @@ def place(rel):
         raise ValueError(rel)
     return path
 
-def handle(c, peer):
+def handle(c):
     try:
-        if peer[0] != client:
-            return
+        deadline = time.monotonic() + 10  # the handshake, from a head that knows the secret, takes milliseconds
+        c.settimeout(10)
         nonce = secrets.token_hex(16)
         c.sendall(nonce.encode() + b"\n")
-        if not hmac.compare_digest(line(c), hmac.new(secret, nonce.encode(), hashlib.sha256).hexdigest()):
+        if not hmac.compare_digest(line(c, deadline), hmac.new(secret, nonce.encode(), hashlib.sha256).hexdigest()):
             return
-        head = json.loads(line(c))
+        head = json.loads(line(c, deadline))
         path, size = place(head["path"]), int(head["size"])
         os.makedirs(os.path.dirname(path), exist_ok=True)
         if os.path.lexists(path):
@@ -86,6 +90,7 @@ def handle(c, peer):
             return
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
         c.sendall(b"go\n")
+        c.settimeout(60)
         with os.fdopen(fd, "wb") as f:
             left = size
             while left:
@@ -101,11 +106,14 @@ def handle(c, peer):
         pass
     finally:
         c.close()
+        slots.release()
 
 while True:
     conn, peer = srv.accept()
-    conn.settimeout(60)
-    threading.Thread(target=handle, args=(conn, peer), daemon=True).start()
+    if peer[0] != client or not slots.acquire(blocking=False):
+        conn.close()
+        continue
+    threading.Thread(target=handle, args=(conn,), daemon=True).start()
 """
 
 # On the worker: the daemon's files in a private temporary folder, the daemon in the background, then wait for the
@@ -131,7 +139,7 @@ hosts allow = ${{SSH_CONNECTION%% *}}
 EOF
 rsync --daemon --no-detach --address={address} --port={port} --config="$d/conf" --log-file=/dev/null &
 pid=$!
-python3 -c {receiver} {address} {dest} "$d/secrets" "${{SSH_CONNECTION%% *}}" "$d/port" &
+python3 -c {receiver} {address} {stream_port} {dest} "$d/secrets" "${{SSH_CONNECTION%% *}}" "$d/port" &
 pid="$pid $!"
 for _ in $(seq 250); do [ -e "$d/port" ] && break; sleep 0.02; done
 echo "started $(cat "$d/port" 2>/dev/null)"
@@ -145,9 +153,10 @@ def url_host(address: str) -> str:
 
 def start_daemon(ssh: list[str], target: str, address: str, port: int, dest: str,
                  secret: str) -> tuple[subprocess.Popen, int | None]:
-    """The worker's rsync daemon and receiver; (their ssh session, the receiver's port or None)."""
+    """The worker's rsync daemon on `port` and receiver on port + 1; (their ssh session, the receiver's port, None
+    when it could not listen: rsync then carries every file)."""
     script = DAEMON.format(dest=shlex.quote(dest), module=MODULE, address=shlex.quote(address), port=port,
-                           receiver=shlex.quote(RECEIVER))
+                           stream_port=port + 1, receiver=shlex.quote(RECEIVER))
     proc = subprocess.Popen([*ssh, target, script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     assert proc.stdin and proc.stdout
     proc.stdin.write(secret + "\n")
@@ -173,16 +182,22 @@ def excluded(rel: str, patterns: list[str]) -> bool:
     return False
 
 
-def files_to_stream(src: str, patterns: list[str]) -> list[tuple[str, str]]:
-    """(relative path, full path) of src's regular files (links are rsync's), biggest first."""
+def files_to_stream(src: str, patterns: list[str]) -> list[tuple[str, str, int]]:
+    """(relative path, full path, size) of src's regular files (links are rsync's), biggest first."""
     found = []
     for folder, _dirs, names in os.walk(src):
         for name in names:
             full = os.path.join(folder, name)
             rel = os.path.relpath(full, src)
-            if not os.path.islink(full) and os.path.isfile(full) and not excluded(rel, patterns):
-                found.append((rel, full))
-    return sorted(found, key=lambda item: -os.path.getsize(item[1]))
+            if excluded(rel, patterns) or os.path.islink(full):
+                continue
+            try:
+                st = os.stat(full)
+            except OSError:  # gone meanwhile: rsync's pass sees what is there
+                continue
+            if stat.S_ISREG(st.st_mode):
+                found.append((rel, full, st.st_size))
+    return sorted(found, key=lambda item: -item[2])
 
 
 def _line(sock: socket.socket) -> str:
@@ -198,7 +213,8 @@ def _line(sock: socket.socket) -> str:
 def send_file(address: str, port: int, secret: str, rel: str, full: str) -> bool:
     """One file to the worker's receiver; True when it arrived whole or was there already."""
     st = os.stat(full)
-    with socket.create_connection((address, port), timeout=STREAM_TIMEOUT_S) as sock, open(full, "rb") as f:
+    with socket.create_connection((address, port), timeout=CONNECT_TIMEOUT_S) as sock, open(full, "rb") as f:
+        sock.settimeout(STREAM_TIMEOUT_S)
         nonce = _line(sock)
         sock.sendall(hmac.new(secret.encode(), nonce.encode(), hashlib.sha256).hexdigest().encode() + b"\n")
         head = {"path": rel, "size": st.st_size, "mode": st.st_mode & 0o777, "mtime_ns": st.st_mtime_ns}
@@ -212,18 +228,24 @@ def send_file(address: str, port: int, secret: str, rel: str, full: str) -> bool
 
 def stream_missing(src: str, address: str, port: int, secret: str, patterns: list[str],
                    streams: int = STREAMS) -> bool:
-    """Every file the worker lacks, streamed; False when one did not arrive (rsync then carries it)."""
+    """Every file the worker lacks, streamed; False when one did not arrive (rsync then carries it). The first
+    failure stops the rest: a receiver that cannot be reached is not asked again for every file."""
     files = files_to_stream(src, patterns)
+    failed = threading.Event()
+
+    def one(item: tuple[str, str, int]) -> bool:
+        if failed.is_set():
+            return False
+        try:
+            if send_file(address, port, secret, item[0], item[1]):
+                return True
+        except (OSError, ValueError) as e:
+            print(f"sparkfold: streaming {item[0]} stopped ({e}); rsync carries the rest", file=sys.stderr)
+        failed.set()
+        return False
+
     if not files:
         return True
-
-    def one(item: tuple[str, str]) -> bool:
-        try:
-            return send_file(address, port, secret, *item)
-        except OSError as e:
-            print(f"sparkfold: streaming {item[0]} stopped ({e}); rsync carries it", file=sys.stderr)
-            return False
-
     with ThreadPoolExecutor(max(1, min(streams, len(files)))) as pool:
         return all(list(pool.map(one, files)))
 
@@ -245,7 +267,11 @@ def copy(src: str, address: str, port: int, secret: str, options: list[str], str
     resumes from what is there."""
     url = f"rsync://{MODULE}@{url_host(address)}:{port}/{MODULE}/"
     patterns = [o.split("=", 1)[1] for o in options if o.startswith("--exclude=")]
-    streamed = stream_port is not None and stream_missing(src, address, stream_port, secret, patterns)
+    try:
+        streamed = stream_port is not None and stream_missing(src, address, stream_port, secret, patterns)
+    except Exception as e:  # the stream is only the fast way: rsync alone still copies everything
+        print(f"sparkfold: streaming stopped ({type(e).__name__}: {e}); rsync carries the files", file=sys.stderr)
+        streamed = False
     if not streamed:
         rc = rsync(src, url, secret, [*options, "--whole-file", "--ignore-existing"])
         if rc:
@@ -264,7 +290,7 @@ def main(argv: list[str] | None = None) -> int:
     address = args.target.rsplit("@", 1)[-1]
     rc = 1
     for _ in range(TRIES):
-        secret, port = secrets.token_hex(24), random.randint(20000, 59999)
+        secret, port = secrets.token_hex(24), random.randint(20000, 59998)  # and port + 1 (docs/security.md)
         daemon, stream_port = start_daemon(shlex.split(args.ssh), args.target, address, port, args.dest, secret)
         try:
             rc = copy(args.src, address, port, secret, args.options, stream_port)

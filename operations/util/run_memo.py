@@ -5,7 +5,7 @@ several operations (the addresses, a rank's container, a link's target). Two rul
 
 - fact_once: an answer that stays true for the rest of the run (a complete download: nothing in the run removes
   it) is kept for this process, i.e. this run.
-- fact_until_change: any answer is kept until an operation of this run has changed a Spark, or the run moves
+- fact_until_change: any answer is kept until an operation of this run has run a command on a Spark, or the run moves
   from planning to executing (a prompt may lie between them). Read it before the operation yields its first
   command: the operation's own commands are not seen until it ends.
 """
@@ -45,8 +45,9 @@ def _generation(h: Any) -> tuple[int, bool]:
     """(operations of this run that changed a Spark so far, executing): counted from pyinfra's own results, so any
     run mode (lock-step, --serial, --no-wait) is seen the moment an operation ends on a host."""
     state = h.state
+    # executed, not did_change: an operation that ran commands and then failed (ignored errors) changed things too
     changed = sum(1 for ops in state.ops.values() for data in ops.values()
-                  if data.operation_meta.is_complete() and data.operation_meta.did_change())
+                  if data.operation_meta.is_complete() and data.operation_meta.executed)
     return changed, bool(state.is_executing)
 
 

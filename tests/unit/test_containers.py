@@ -480,7 +480,7 @@ def test_the_launch_inputs_are_read_again_only_after_a_change():
         assert len(h.fact_calls) == 2 * once
         assert sum(name.endswith("LinkRecord") for name, _ in h.fact_calls) == 2
         # an operation that changed a Spark (a new weight file linked, say): the inputs are read again
-        changed = SimpleNamespace(is_complete=lambda: True, did_change=lambda: True)
+        changed = SimpleNamespace(is_complete=lambda: True, did_change=lambda: True, executed=True)
         executing.ops = {h: {"weights": SimpleNamespace(operation_meta=changed)}}
         launch.spec()
         assert len(h.fact_calls) == 3 * once

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -87,9 +88,15 @@ def test_an_interrupted_copy_resumes_from_its_partial_file(tmp_path):
 
 # --- the receiver the worker runs for the streamed files ------------------------------------------------------
 
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
 @pytest.fixture
 def receiver(tmp_path):
-    """RECEIVER on 127.0.0.1 as the worker's daemon script starts it: (port, dest, secret); stopped afterwards."""
+    """RECEIVER on 127.0.0.1 as the worker's daemon script starts it: (port, dest); stopped afterwards."""
     from operations.remote import link_copy
 
     def start(client: str = "127.0.0.1", secret: str = "s3cret"):
@@ -98,7 +105,7 @@ def receiver(tmp_path):
         (tmp_path / "secrets").write_text(f"sparkfold:{secret}\n")
         port_file = tmp_path / "port"
         port_file.unlink(missing_ok=True)
-        proc = subprocess.Popen([sys.executable, "-c", link_copy.RECEIVER, "127.0.0.1", str(dest),
+        proc = subprocess.Popen([sys.executable, "-c", link_copy.RECEIVER, "127.0.0.1", str(free_port()), str(dest),
                                  str(tmp_path / "secrets"), client, str(port_file)])
         started.append(proc)
         for _ in range(100):
@@ -200,3 +207,81 @@ def test_excludes_read_like_rsyncs():
     assert excluded("a/b/.sparkfold-verified", patterns) and excluded("blobs/abc.incomplete", patterns)
     assert not excluded("blobs/abc", patterns) and not excluded("incomplete", patterns)
     assert excluded("a/tmp/x", ["tmp/"]) and not excluded("tmp", ["tmp/"])
+
+
+def test_idle_connections_cannot_hold_every_slot_for_long(tmp_path, receiver):
+    from operations.remote.link_copy import send_file
+    src = tmp_path / "f"
+    src.write_bytes(b"data")
+    port, dest = receiver()
+    idle = [socket.create_connection(("127.0.0.1", port)) for _ in range(8)]  # no secret: they only wait
+    extra = socket.create_connection(("127.0.0.1", port))
+    extra.settimeout(10)
+    assert extra.recv(100) == b""  # every slot taken: closed at once, not queued behind them
+    for sock in idle + [extra]:
+        sock.close()
+    for _ in range(100):  # the idle handlers end with their connections and give their slots back
+        try:
+            if send_file("127.0.0.1", port, "s3cret", "f", str(src)):
+                break
+        except ConnectionError:
+            time.sleep(0.05)
+    assert (dest / "f").read_bytes() == b"data"
+
+
+def test_an_unreachable_receiver_is_tried_once_then_rsync_carries_everything(tmp_path, monkeypatch):
+    from operations.remote import link_copy
+    src = tmp_path / "src"
+    src.mkdir()
+    for i in range(6):
+        (src / f"f{i}").write_bytes(b"x" * (i + 1))
+    tried = []
+    real = link_copy.send_file
+    monkeypatch.setattr(link_copy, "send_file", lambda *a: tried.append(a[3]) or real(*a))
+    assert link_copy.stream_missing(str(src), "127.0.0.1", free_port(), "s", [], streams=1) is False
+    assert len(tried) == 1  # refused: the other five go straight to rsync
+
+
+def _main(src: Path, dest: Path, ssh: str) -> int:
+    from operations.remote import link_copy
+    return link_copy.main([str(src), "--target", "nvidia@127.0.0.1", "--dest", str(dest), "--ssh", ssh,
+                           "--rsync-option=-a", "--rsync-option=--partial"])
+
+
+def test_the_copy_streams_what_the_worker_lacks_then_rsync_adds_the_links(tmp_path, monkeypatch):
+    from operations.remote import link_copy
+    src, dest = tmp_path / "src", tmp_path / "dest"
+    (src / "blobs").mkdir(parents=True)
+    (src / "blobs" / "abc").write_bytes(os.urandom(500_000))
+    (src / "model.safetensors").symlink_to("blobs/abc")
+    streamed, real = [], link_copy.send_file
+    monkeypatch.setattr(link_copy, "send_file", lambda *a: streamed.append(a[3]) or real(*a))
+    assert _main(src, dest, fake_ssh(tmp_path)) == 0
+    assert streamed == ["blobs/abc"]  # the file went by the stream, the link by rsync
+    assert (dest / "blobs" / "abc").read_bytes() == (src / "blobs" / "abc").read_bytes()
+    assert os.readlink(dest / "model.safetensors") == "blobs/abc"
+
+
+def test_a_stream_cut_half_way_is_finished_by_rsync(tmp_path, monkeypatch):
+    src, dest = tmp_path / "src", tmp_path / "dest"
+    src.mkdir()
+    data = os.urandom(2_000_000)
+    (src / "big.bin").write_bytes(data)
+    real_sendfile = socket.socket.sendfile
+
+    def half_then_gone(self, file, offset=0, count=None):
+        real_sendfile(self, file, offset, len(data) // 2)
+        raise ConnectionResetError("the cable was pulled")
+
+    monkeypatch.setattr(socket.socket, "sendfile", half_then_gone)
+    assert _main(src, dest, fake_ssh(tmp_path)) == 0
+    assert (dest / "big.bin").read_bytes() == data  # rsync's delta completed the half the stream left
+
+
+def test_a_file_gone_before_it_is_streamed_is_left_to_rsync(tmp_path):
+    from operations.remote.link_copy import files_to_stream
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "kept").write_bytes(b"12")
+    (src / "dangling").symlink_to("nowhere")
+    assert files_to_stream(str(src), []) == [("kept", str(src / "kept"), 2)]

@@ -173,7 +173,8 @@ def test_beside_an_amount_only_the_matched_text_of_the_newest_line_is_shown(tmp_
 def test_the_wait_between_lines_ends_with_the_command():
     from operations.remote.progress import wait_a_little
     proc = subprocess.Popen(["sleep", "0.3"])
+    start = time.monotonic()
     wait_a_little(proc, 60)  # returns when the command ends, not after the minute
-    assert proc.poll() == 0
+    assert proc.poll() == 0 and time.monotonic() - start < 30
     wait_a_little(proc, 60)  # an ended command: no wait at all
     wait_a_little(None, 60)

@@ -12,19 +12,23 @@ from operations.util.run_memo import fact_once, fact_until_change
 class Meta:
     """An OperationMeta as far as run_memo reads it."""
 
-    def __init__(self, complete: bool, changed: bool):
-        self.complete, self.changed = complete, changed
+    def __init__(self, complete: bool, changed: bool, failed: bool = False):
+        self.complete, self.changed, self.failed = complete, changed, failed
 
     def is_complete(self):
         return self.complete
 
+    @property
+    def executed(self):  # commands ran, whether or not the operation then succeeded
+        return self.changed
+
     def did_change(self):
-        return self.complete and self.changed
+        return self.complete and self.changed and not self.failed
 
 
-def ran(state, host, op_hash, complete=True, changed=True):
+def ran(state, host, op_hash, complete=True, changed=True, failed=False):
     """An operation of the run has ended on `host` (changing it or not)."""
-    state.ops.setdefault(host, {})[op_hash] = SimpleNamespace(operation_meta=Meta(complete, changed))
+    state.ops.setdefault(host, {})[op_hash] = SimpleNamespace(operation_meta=Meta(complete, changed, failed))
 
 
 def reads(host):
@@ -50,6 +54,9 @@ def test_kept_until_an_operation_changes_a_spark():
         assert reads(h) == 2
         fact_until_change(peer, IpAddresses)  # kept per host
         assert reads(peer) == 1
+        ran(state, peer, "logs", failed=True)  # ran its commands, then failed with its errors ignored: counted
+        fact_until_change(h, IpAddresses)
+        assert reads(h) == 3
 
 
 def test_read_afresh_when_the_run_moves_from_planning_to_executing():
