@@ -16,11 +16,10 @@ from pyinfra.operations import apt, files
 
 from operations.docker_runtime import APT_CACHE_S
 from operations.facts.docker import DockerVolumeInfo, VolumeContainers
-from operations.facts.files import FileSum, FileText
+from operations.facts.files import FileText
 from operations.facts.nfs import ExportTable
 from operations.util import fail_command, sh
-from operations.util.checks import check_failed
-from operations.util.file_put import put_unless_same
+from operations.util.file_put import owned_put_changes
 from operations.util.net import ip_of
 from operations.util.owned import foreign_file_problem
 from operations.util.templates import render
@@ -61,11 +60,9 @@ def nfs_exported(path: str, clients: list[str], exports_file: str, options: str 
     """Export `path` to each client in this project's exports file (files.put, mode 644; refused when the file is
     someone else's); `exportfs -ra` when the file changed or the live table lacks one of the entries. Custom: core
     writes the file, not the reload."""
-    have = host.get_fact(FileSum, path=exports_file)
-    if problem := foreign_file_problem(exports_file, have["head"] if have else None):
-        yield from check_failed("a file sparkfold would write", [problem])  # --dry: "will fail", nothing planned
+    written = yield from owned_put_changes(StringIO(render_exports(path, clients, options)), exports_file, "644")
+    if written is None:  # someone else's file: refused
         return
-    written = list(put_unless_same(StringIO(render_exports(path, clients, options)), exports_file, "644", have=have))
     yield from written
     live = {(e["path"], e["client"]) for e in host.get_fact(ExportTable) if "ro" in e["options"]}
     missing = [c for c in clients if (path, c) not in live]

@@ -8,12 +8,12 @@ for a file that differs (content, mode, a link in the way).
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterator
+from collections.abc import Generator
 from pathlib import Path
 from typing import IO, Any
 
 from pyinfra import host
-from pyinfra.api import operation
+from pyinfra.api import StringCommand, operation
 from pyinfra.operations import files
 from pyinfra.operations.util.files import ensure_mode_int
 
@@ -38,21 +38,28 @@ def already_there(have: FileSumDict | None, src: str | IO[Any], mode: int | str 
     return have["sha1"] == _sha1(src) and (want_mode is None or have["mode"] == want_mode)
 
 
-def put_unless_same(src: str | IO[Any], dest: str, mode: int | str | None = None,
-                    have: FileSumDict | None | bool = False) -> Iterator:
-    """Inside an operation: files.put's commands, or none when the file is already right. `have`: FileSum of `dest`
-    when the operation already read it."""
-    if have is False:
-        have = host.get_fact(FileSum, path=dest)
-    if already_there(have, src, mode):  # type: ignore[arg-type]
-        return
-    yield from files.put._inner(src=src, dest=dest, mode=mode)
+def put_changes(src: str | IO[Any], dest: str, mode: int | str | None, have: FileSumDict | None) -> list:
+    """Inside an operation: files.put's commands, [] when FileSum read `have` already right (files.put's own facts
+    are read only for a file that differs)."""
+    return [] if already_there(have, src, mode) else list(files.put._inner(src=src, dest=dest, mode=mode))
+
+
+def owned_put_changes(src: str | IO[Any], dest: str,
+                      mode: int | str | None) -> Generator[StringCommand, None, list | None]:
+    """`changes = yield from owned_put_changes(...)` inside an operation: None (after yielding the refusal while
+    executing; only a "will fail" line while planning) when `dest` holds a file without sparkfold's header
+    (operations/util/owned.py), else put_changes for it."""
+    have = host.get_fact(FileSum, path=dest)
+    if problem := foreign_file_problem(dest, have["head"] if have else None):
+        yield from check_failed("a file sparkfold would write", [problem])  # --dry: "will fail", nothing planned
+        return None
+    return put_changes(src, dest, mode, have)
 
 
 @operation()
 def file_put(src: str | IO[Any], dest: str, mode: int | str | None = None):
     """files.put(src, dest, mode), one fact when `dest` is already right."""
-    if not (changes := list(put_unless_same(src, dest, mode))):
+    if not (changes := put_changes(src, dest, mode, host.get_fact(FileSum, path=dest))):
         host.noop(f"{dest} is up to date")
     yield from changes
 
@@ -60,11 +67,10 @@ def file_put(src: str | IO[Any], dest: str, mode: int | str | None = None):
 @operation()
 def owned_file_put(src: str | IO[Any], dest: str, mode: int | str | None = None):
     """file_put for a path sparkfold owns: refused, never overwritten, when `dest` holds a file without sparkfold's
-    header (operations/util/owned.py)."""
-    have = host.get_fact(FileSum, path=dest)
-    if problem := foreign_file_problem(dest, have["head"] if have else None):
-        yield from check_failed("a file sparkfold would write", [problem])  # --dry: "will fail", nothing planned
+    header."""
+    changes = yield from owned_put_changes(src, dest, mode)
+    if changes is None:
         return
-    if not (changes := list(put_unless_same(src, dest, mode, have=have))):
+    if not changes:
         host.noop(f"{dest} is up to date")
     yield from changes
