@@ -40,6 +40,7 @@ REFUSED = 10  # rsync: "error in socket IO", i.e. the daemon is not listening (y
 STREAMS = 4  # files streamed at once: one stream is held to one core's rate on each end
 STREAM_TIMEOUT_S = 60  # a stream that moves nothing this long has lost the worker
 CONNECT_TIMEOUT_S = 5  # the receiver is one cable away: no answer means a firewall, and rsync takes over
+RSYNC_TIMEOUT_S = 600  # rsync that moves nothing this long (keep-alives included) has lost the worker's daemon
 
 # The worker's receiver: one file per connection, after an HMAC of a fresh nonce with the copy's secret. A file
 # the worker already has (any size) is skipped: rsync's delta finishes it. Paths stay inside the destination.
@@ -116,6 +117,35 @@ while True:
     threading.Thread(target=handle, args=(conn,), daemon=True).start()
 """
 
+# Exit 0 once process PID holds a listening TCP socket on PORT; 1 when it has ended or 5 s have passed. Its own
+# socket, not just the port: another program's listener on it would take the rsync client's connection.
+LISTENS = r"""
+import os, sys, time
+pid, port = sys.argv[1], int(sys.argv[2])
+for _ in range(500):
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        sys.exit(1)
+    owned = set()
+    for fd in fds:
+        try:
+            link = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if link.startswith("socket:["):
+            owned.add(link[8:-1])
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            rows = [row.split() for row in open(table).readlines()[1:]]
+        except OSError:
+            continue
+        if any(int(r[1].rsplit(":", 1)[1], 16) == port and r[3] == "0A" and r[9] in owned for r in rows):
+            sys.exit(0)
+    time.sleep(0.01)
+sys.exit(1)
+"""
+
 # On the worker: the daemon's files in a private temporary folder, the daemon in the background, then wait for the
 # head to close this session's stdin (the copy's end, or the run's); the first stdin line is the secret.
 DAEMON = r"""set -e
@@ -138,11 +168,21 @@ secrets file = $d/secrets
 hosts allow = ${{SSH_CONNECTION%% *}}
 EOF
 rsync --daemon --no-detach --address={address} --port={port} --config="$d/conf" --log-file=/dev/null &
-pid=$!
+daemon=$!
 python3 -c {receiver} {address} {stream_port} {dest} "$d/secrets" "${{SSH_CONNECTION%% *}}" "$d/port" &
-pid="$pid $!"
-for _ in $(seq 250); do [ -e "$d/port" ] && break; sleep 0.02; done
-echo "started $(cat "$d/port" 2>/dev/null)"
+receiver=$!
+pid="$daemon $receiver"
+# "started" only once the daemon listens (a port another program holds ends it: the head then tries another)
+if python3 -c {listens} $daemon {port}; then
+  for _ in $(seq 250); do
+    [ -e "$d/port" ] && break
+    kill -0 $receiver 2>/dev/null || break  # it could not listen: rsync carries every file
+    sleep 0.02
+  done
+  echo "started $(cat "$d/port" 2>/dev/null)"
+else
+  echo "not-listening"
+fi
 cat > /dev/null
 """
 
@@ -152,17 +192,18 @@ def url_host(address: str) -> str:
 
 
 def start_daemon(ssh: list[str], target: str, address: str, port: int, dest: str,
-                 secret: str) -> tuple[subprocess.Popen, int | None]:
-    """The worker's rsync daemon on `port` and receiver on port + 1; (their ssh session, the receiver's port, None
-    when it could not listen: rsync then carries every file)."""
+                 secret: str) -> tuple[subprocess.Popen, str, int | None]:
+    """The worker's rsync daemon on `port` and receiver on port + 1: (their ssh session, "started" / "not-listening"
+    / "" when ssh itself failed, the receiver's port or None when it could not listen: rsync then carries every
+    file)."""
     script = DAEMON.format(dest=shlex.quote(dest), module=MODULE, address=shlex.quote(address), port=port,
-                           stream_port=port + 1, receiver=shlex.quote(RECEIVER))
+                           listens=shlex.quote(LISTENS), stream_port=port + 1, receiver=shlex.quote(RECEIVER))
     proc = subprocess.Popen([*ssh, target, script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     assert proc.stdin and proc.stdout
     proc.stdin.write(secret + "\n")
     proc.stdin.flush()
-    said = proc.stdout.readline().split()  # "started <port>" ("" when ssh failed: the rsync below then reports it)
-    return proc, int(said[1]) if len(said) == 2 and said[1].isdigit() else None
+    said = proc.stdout.readline().split() or [""]
+    return proc, said[0], int(said[1]) if len(said) == 2 and said[1].isdigit() else None
 
 
 def excluded(rel: str, patterns: list[str]) -> bool:
@@ -255,7 +296,8 @@ def rsync(src: str, url: str, secret: str, options: list[str]) -> int:
     env = dict(os.environ, RSYNC_PASSWORD=secret)
     rc, deadline = REFUSED, time.monotonic() + 3
     while rc == REFUSED and time.monotonic() < deadline:
-        rc = subprocess.run(["rsync", *options, src.rstrip("/") + "/", url], env=env).returncode
+        rc = subprocess.run(["rsync", f"--timeout={RSYNC_TIMEOUT_S}", *options, src.rstrip("/") + "/", url],
+                            env=env).returncode
         if rc == REFUSED:
             time.sleep(0.1)
     return rc
@@ -291,15 +333,20 @@ def main(argv: list[str] | None = None) -> int:
     rc = 1
     for _ in range(TRIES):
         secret, port = secrets.token_hex(24), random.randint(20000, 59998)  # and port + 1 (docs/security.md)
-        daemon, stream_port = start_daemon(shlex.split(args.ssh), args.target, address, port, args.dest, secret)
+        daemon, state, stream_port = start_daemon(shlex.split(args.ssh), args.target, address, port, args.dest,
+                                                  secret)
         try:
-            rc = copy(args.src, address, port, secret, args.options, stream_port)
+            rc = copy(args.src, address, port, secret, args.options, stream_port) if state == "started" else REFUSED
         finally:
             if daemon.stdin:
                 daemon.stdin.close()  # the session ends, and the daemon with it
             daemon.wait()
-        if rc != REFUSED or daemon.returncode == 255:  # copied or failed for good; 255: ssh itself failed
+        if not state:  # ssh itself failed (it said why)
+            return daemon.returncode or 255
+        if rc != REFUSED:  # copied, or failed for good
             break
+        print(f"sparkfold: the worker's rsync daemon did not listen on port {port}; trying another",
+              file=sys.stderr)
     return rc
 
 

@@ -285,3 +285,35 @@ def test_a_file_gone_before_it_is_streamed_is_left_to_rsync(tmp_path):
     (src / "kept").write_bytes(b"12")
     (src / "dangling").symlink_to("nowhere")
     assert files_to_stream(str(src), []) == [("kept", str(src / "kept"), 2)]
+
+
+def test_a_port_another_program_listens_on_is_left_for_another_before_anything_is_streamed(tmp_path, monkeypatch):
+    from operations.remote import link_copy
+    src, dest = tmp_path / "src", tmp_path / "dest"
+    src.mkdir()
+    (src / "f").write_bytes(os.urandom(100_000))
+    held = socket.socket()
+    held.bind(("127.0.0.1", 0))
+    held.listen()  # it never answers: an rsync client sent here would wait forever
+    ports = iter([held.getsockname()[1], free_port()])
+    monkeypatch.setattr(link_copy.random, "randint", lambda *_: next(ports))
+    streamed, real = [], link_copy.send_file
+    monkeypatch.setattr(link_copy, "send_file", lambda *a: streamed.append(a[3]) or real(*a))
+    try:
+        assert _main(src, dest, fake_ssh(tmp_path)) == 0
+    finally:
+        held.close()
+    assert streamed == ["f"] and (dest / "f").read_bytes() == (src / "f").read_bytes()
+    sessions = (tmp_path / "ssh.log").read_text().count("rsync --daemon")
+    assert sessions == 2  # the held port, then a free one
+
+
+def test_a_worker_ssh_cannot_reach_ends_the_copy_with_sshs_own_code(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "f").write_text("x")
+    ssh = tmp_path / "ssh"
+    ssh.write_text(f"#!/bin/sh\necho x >> {tmp_path}/ssh.log\necho 'ssh: connect: No route to host' >&2\nexit 255\n")
+    ssh.chmod(0o755)
+    assert _main(src, tmp_path / "dest", str(ssh)) == 255
+    assert len((tmp_path / "ssh.log").read_text().splitlines()) == 1  # not tried again on other ports
