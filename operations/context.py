@@ -25,7 +25,8 @@ def layers_of(h: Host) -> Layers:
 def _load(h: Host) -> tuple[Settings, list[str]]:
     if h.name not in _loaded:
         send_without_delay(h)  # every run reads its settings first: from here on, each command is sent at once
-        home = h.get_fact(Home) or f"/home/{h.data.get('ssh_user') or 'root'}"
+        # a Spark that did not answer (only the read-only tools go on without one) is not asked again
+        home = (h.get_fact(Home) if h.connected else None) or f"/home/{h.data.get('ssh_user') or 'root'}"
         _loaded[h.name] = load(layers_of(h), os.environ, home)
     return _loaded[h.name]
 
@@ -35,18 +36,32 @@ def pair_hosts() -> tuple[Host, Host]:
     return inventory.get_group("head")[0], inventory.get_group("worker")[0]
 
 
+def reports_for_pair() -> bool:
+    """Whether this host's run prints a read-only tool's report for both Sparks: the head's, or the worker's when
+    the head did not answer."""
+    head, _worker = pair_hosts()
+    return current_host.name == head.name or not head.connected
+
+
 def peer_host(s: Settings) -> Host:
     head, worker = pair_hosts()
     return worker if s.is_head else head
 
 
-def current_settings() -> tuple[Settings, list[str]]:
-    """This host's Settings (with its peer's under .peer) and every problem of the pair's settings."""
+def pair_settings() -> tuple[Settings, Settings, list[str]]:
+    """(the head's Settings, the worker's, each with the other's under .peer; every problem of the pair's
+    settings)."""
     head, worker = pair_hosts()
     (hs, head_problems), (ws, worker_problems) = _load(head), _load(worker)
     hs, ws = pair(hs, ws)
     problems = validate_all(hs, ws, _target(head), _target(worker), loaded=(head_problems, worker_problems))
-    return (hs if current_host.name == head.name else ws), problems
+    return hs, ws, problems
+
+
+def current_settings() -> tuple[Settings, list[str]]:
+    """This host's Settings (with its peer's under .peer) and every problem of the pair's settings."""
+    hs, ws, problems = pair_settings()
+    return (hs if current_host.name == pair_hosts()[0].name else ws), problems
 
 
 def _target(h: Host) -> str:

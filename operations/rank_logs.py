@@ -19,12 +19,15 @@ def log_section(rank: int, role: str, host_name: str, container: str, log_dir: s
         "live": f"live log of {container}",
         "stopped": f"log of the stopped container {container}",
         "saved": f"saved log {tail['path']} (no container {container})",
+        "unreachable": "no answer over ssh (pyinfra's message is above)",
     }.get(tail["source"], f"no container {container} and no saved log in {log_dir}")
     header = f"--- rank {rank} ({role} {host_name}): {where}, last {lines} lines ---"
     return "\n".join([header, *tail["lines"]])
 
 
 def rank_log_text(h: Any, s: Settings) -> str:
-    tail = h.get_fact(RankLogTail, container=s.container_name, log_dir=s.layout.logs, rank=s.rank,
-                      lines=s.log_lines, _ignore_errors=True)
+    tail: RankLogTailDict = {"source": "unreachable", "path": "", "lines": []}
+    if h.connected:  # asking a Spark that did not answer would try to connect again
+        tail = h.get_fact(RankLogTail, container=s.container_name, log_dir=s.layout.logs, rank=s.rank,
+                          lines=s.log_lines, _ignore_errors=True)
     return log_section(s.rank, s.role, h.name, s.container_name, s.layout.logs, s.log_lines, tail)

@@ -58,6 +58,7 @@ class Row:
 class SparkFacts(TypedDict, total=False):
     """One Spark's fact values, as `gather` reads them (a missing key reads as "not known")."""
 
+    unreachable: str  # set when the Spark did not answer over ssh: why, and no other key is read
     container: RankContainerDict
     want_hash: str | None  # Launch(s).spec().spec_hash(); None when the spec cannot be built
     spec_note: str  # why it cannot
@@ -81,7 +82,7 @@ class ApiProbe(TypedDict):
     problem: str | None  # None: /v1/models lists the served model
     latency_ms: float | None
     key_on: bool  # api_key = true
-    key_read: bool  # the key file on the head gave a key
+    key_read: bool | None  # the key file on the head gave a key; None: the head did not answer to be asked
 
 
 class PlanCount(TypedDict):
@@ -145,10 +146,15 @@ def rank_row(role: str, rank: int, name: str, container: Mapping[str, Any], want
                f"exit code {container.get('exit_code')}{oom}{at}; {spec_text}; {image}", False)
 
 
+def unreachable_row(role: str, why: str) -> Row:
+    return Row(role, "ssh", "no answer", f"{why}; nothing else of this Spark is known", False)
+
+
 def api_row(base_url: str, served_name: str, api: ApiProbe) -> Row:
     key = "key off"
     if api["key_on"]:
-        key = "key on" if api["key_read"] else "key on, but the key file on the head gave no key"
+        key = {True: "key on", False: "key on, but the key file on the head gave no key",
+               None: "key on, but the head did not answer: asked without it"}[api["key_read"]]
     if api["problem"] is None:
         ms = f" in {api['latency_ms']:.0f} ms" if api["latency_ms"] is not None else ""
         return Row("head", "API", "answers", f"model {served_name} at {base_url}/v1{ms}; {key}", True)
@@ -322,9 +328,10 @@ def build_rows(hs: Settings, ws: Settings, head: SparkFacts, worker: SparkFacts,
                plan: PlanCount | None, now: datetime, host_names: Mapping[str, str] | None = None) -> list[Row]:
     """The table: the ranks, the API, the deploy plan, then per Spark the GPU lock, the link, memory, data, units.
     host_names: role -> inventory name (the plan counts by host name)."""
-    sparks = ((hs, head), (ws, worker))
-    rows = [rank_row(s.role, s.rank, s.container_name, f.get("container") or {}, f.get("want_hash"),
-                     f.get("spec_note", ""), now) for s, f in sparks]
+    rows = [unreachable_row(s.role, f["unreachable"]) if "unreachable" in f else
+            rank_row(s.role, s.rank, s.container_name, f.get("container") or {}, f.get("want_hash"),
+                     f.get("spec_note", ""), now) for s, f in ((hs, head), (ws, worker))]
+    sparks = [(s, f) for s, f in ((hs, head), (ws, worker)) if "unreachable" not in f]  # the rest: what they say
     rows.append(api_row(hs.api_base_url, hs.served_name, api))
     if plan is not None:
         rows.append(plan_row(plan, host_names or {"head": "head", "worker": "worker"}))
@@ -355,13 +362,16 @@ def build_rows(hs: Settings, ws: Settings, head: SparkFacts, worker: SparkFacts,
     return rows
 
 
-def not_serving(containers: Mapping[int, Mapping[str, Any]], api: ApiProbe) -> str | None:
-    """None while rank 0's API lists the model; else one line saying why the pair is not serving."""
+def not_serving(containers: Mapping[int, Mapping[str, Any] | None], api: ApiProbe) -> str | None:
+    """None while rank 0's API lists the model; else one line saying why the pair is not serving. A container
+    None: its Spark did not answer."""
     if api["problem"] is None:
         return None
     reasons = []
     for rank, c in sorted(containers.items()):
-        if not c:
+        if c is None:
+            reasons.append(f"rank {rank}'s Spark does not answer over ssh")
+        elif not c:
             reasons.append(f"rank {rank} has no container")
         elif not c.get("running"):
             reasons.append(f"rank {rank} is not running (exit code {c.get('exit_code')})")
@@ -401,6 +411,8 @@ def wanted_hash(h: Any, s: Settings) -> tuple[str | None, str]:
 
 
 def spark_facts(h: Any, s: Settings) -> SparkFacts:
+    if not h.connected:  # pyinfra said why above; asking a fact would try to connect again
+        return {"unreachable": f"{h.name} did not answer over ssh (pyinfra's message is above)"}
     p = s.layout
     f: SparkFacts = {"container": _fact(h, RankContainer, container=s.container_name)}
     f["want_hash"], f["spec_note"] = wanted_hash(h, s)
@@ -431,11 +443,11 @@ def spark_facts(h: Any, s: Settings) -> SparkFacts:
 
 def probe_api(head: Any, s: Settings) -> ApiProbe:
     """GET /v1/models from this machine (with the key from the head's key file when api_key is on), timed."""
-    key = read_api_key(head, s.layout.api_key) if s.api_key else ""
+    key = read_api_key(head, s.layout.api_key) if s.api_key and head.connected else ""
     start = time.monotonic()
     problem = models_listed(s.api_base_url, s.served_name, key)
     return {"problem": problem, "latency_ms": (time.monotonic() - start) * 1000, "key_on": s.api_key,
-            "key_read": bool(key)}
+            "key_read": bool(key) if head.connected else None}
 
 
 def dry_run_argv(argv: Sequence[str]) -> list[str]:
@@ -483,8 +495,10 @@ def gather(head: Any, worker: Any, hs: Settings, ws: Settings, argv: Sequence[st
     """Read both Sparks (and, with argv, the deploy plan) and build the table. argv: this run's command line."""
     facts = spark_facts(head, hs), spark_facts(worker, ws)
     api = probe_api(head, hs)
-    plan = deploy_plan(argv) if argv is not None else None
+    # deploy.py --dry stops at a Spark that does not answer: its plan would say only that, after a timeout
+    plan = deploy_plan(argv) if argv is not None and head.connected and worker.connected else None
     rows = build_rows(hs, ws, facts[0], facts[1], api, plan, datetime.now(UTC),
                       {"head": head.name, "worker": worker.name})
-    containers = {hs.rank: facts[0].get("container") or {}, ws.rank: facts[1].get("container") or {}}
+    containers = {s.rank: None if "unreachable" in f else f.get("container") or {}
+                  for s, f in ((hs, facts[0]), (ws, facts[1]))}
     return Report(rows, not_serving(containers, api))

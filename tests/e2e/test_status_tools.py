@@ -6,6 +6,10 @@ Runs after test_deploy.py (file order) and leaves a converged, serving pair.
 
 from __future__ import annotations
 
+import socket
+
+import pytest
+import yaml
 from test_deploy import NAME, changed_ops, deploy, pair_ids
 
 
@@ -37,3 +41,31 @@ def test_status_exits_non_zero_when_a_rank_is_gone_and_logs_show_both_ranks(run_
     text = logs.stdout + logs.stderr
     assert logs.returncode == 0 and "--- rank 1 (worker sim-worker): saved log " in text, text[-3000:]
     assert "Start rank 1 (worker)" in " ".join(changed_ops(deploy(run_pyinfra)))
+
+
+def site_without(sim_pair, tmp_path, role: str):
+    """The sim's site file with `role`'s ssh port pointing where nothing listens: a Spark that does not answer."""
+    site = yaml.safe_load(sim_pair.read_text())
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        site[role]["ssh_port"] = sock.getsockname()[1]
+    path = tmp_path / "site.yaml"
+    path.write_text(yaml.safe_dump(site))
+    return path
+
+
+@pytest.mark.parametrize("gone", ["worker", "head"])
+def test_status_and_logs_show_the_spark_that_answers_when_the_other_does_not(run_pyinfra, sim_pair, tmp_path, gone):
+    env = {"SPARKFOLD_SITE": str(site_without(sim_pair, tmp_path, gone))}
+    run = run_pyinfra("inventory.py", "status.py", "-y", env=env)
+    out = run.stdout + run.stderr
+    assert run.returncode != 0 and out.count("sparkfold status: head") == 1, out[-4000:]
+    rows = [line.split() for line in out.splitlines() if line[:1] in "✔✘·" and len(line.split()) > 3]
+    assert [r[:4] for r in rows if r[1] == gone] == [["✘", gone, "ssh", "no"]]  # one row says so, nothing else
+    answered = "head" if gone == "worker" else "worker"
+    rank = 0 if answered == "head" else 1
+    assert ["✔", answered, "rank", str(rank), "running"] in [r[:5] for r in rows], out[-4000:]
+    logs = run_pyinfra("inventory.py", "logs.py", "-y", "--data", "log_lines=5", env=env)
+    text = logs.stdout + logs.stderr
+    assert f"--- rank {1 - rank} ({gone} sim-{gone}): no answer over ssh" in text, text[-3000:]
+    assert f"--- rank {rank} ({answered} sim-{answered}): live log of {NAME}" in text, text[-3000:]

@@ -36,6 +36,7 @@ class FakeHost:
             self._facts[name_] = value
         self.name = name
         self.data = data or {}
+        self.connected = True  # pyinfra's Host: False for a Spark that did not answer over ssh
         self.noops: list[str] = []
         self.fact_calls: list[tuple[str, dict]] = []
         self.current_op_global_arguments = {}

@@ -59,3 +59,12 @@ def test_log_lines_setting_reaches_the_fact():
     assert h.fact_calls == [("operations.facts.docker.RankLogTail",
                              {"container": "dsv41-1017-exl3-tf", "log_dir": "/home/nvidia/.cache/sparkfold/logs",
                               "rank": 1, "lines": 500})]
+
+
+def test_a_spark_that_did_not_answer_is_not_asked_and_its_block_says_so():
+    _hs, ws = make_pair()
+    h = FakeHost({}, name="spark-b")
+    h.connected = False
+    assert rank_log_text(h, ws) == ("--- rank 1 (worker spark-b): no answer over ssh (pyinfra's message is above), "
+                                    "last 100 lines ---")
+    assert h.fact_calls == []

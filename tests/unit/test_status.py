@@ -387,7 +387,9 @@ def test_wanted_hash_reports_a_spec_it_cannot_build(monkeypatch):
 
 # --- the deploy file ----------------------------------------------------------------------------------------------
 
-def _run_status_py(monkeypatch, capsys, api_problem):
+def _run_status_py(monkeypatch, capsys, api_problem, unreachable: str = "", run_on: str = "head"):
+    """status.py's run on `run_on` ("head" or "worker"); `unreachable` names a Spark pyinfra could not connect to.
+    (output, the DeployError's message or None, the head's FakeHost, the worker's)"""
     from pyinfra.api.exceptions import DeployError
     from pyinfra.context import ctx_host
     from settings_factory import ROOT
@@ -400,21 +402,24 @@ def _run_status_py(monkeypatch, capsys, api_problem):
              UnitState: UNIT_NONE, HfPlan: HfPlan.default(), DockerVolumeInfo: None}
     head = FakeHost({**facts, RankContainer: container(0)}, name="spark-a")
     worker = FakeHost({**facts, RankContainer: {}}, name="spark-b")
-    monkeypatch.setattr(context, "current_settings", lambda: (hs, ["context = 3 must be a power of two"]))
+    hosts = {"head": head, "worker": worker}
+    if unreachable:
+        hosts[unreachable].connected = False
+    monkeypatch.setattr(context, "pair_settings", lambda: (hs, ws, ["context = 3 must be a power of two"]))
     monkeypatch.setattr(context, "pair_hosts", lambda: (head, worker))
     monkeypatch.setattr(st, "models_listed", lambda url, name, key: api_problem)
     source = (ROOT / "status.py").read_text()
     error = None
-    with ctx_host.use(head):
+    with ctx_host.use(hosts[run_on]):
         try:
             exec(compile(source, "status.py", "exec"), {"__name__": "status"})
         except DeployError as e:
             error = str(e)
-    return capsys.readouterr().out, error, head
+    return capsys.readouterr().out, error, head, worker
 
 
 def test_status_py_prints_one_table_then_fails_when_not_serving(monkeypatch, capsys):
-    out, error, head = _run_status_py(monkeypatch, capsys, "no answer from http://spark-a.local:8888/v1/models")
+    out, error, head, _worker = _run_status_py(monkeypatch, capsys, "no answer from http://spark-a.local:8888/v1/models")
     lines = out.splitlines()
     assert lines[0] == "sparkfold status: head spark-a, worker spark-b"
     assert lines[1] == "  settings problem (deploy.py stops on it): context = 3 must be a power of two"
@@ -427,9 +432,45 @@ def test_status_py_prints_one_table_then_fails_when_not_serving(monkeypatch, cap
 
 
 def test_status_py_exits_quietly_while_serving(monkeypatch, capsys):
-    out, error, _ = _run_status_py(monkeypatch, capsys, None)
+    out, error, _, _ = _run_status_py(monkeypatch, capsys, None)
     assert error is None and out.splitlines()[-1] == ("serving: DeepSeek-V4.1-Flash-1017 at "
                                                       "http://spark-a.local:8888/v1")
+
+
+def test_status_py_shows_the_head_when_the_worker_does_not_answer(monkeypatch, capsys):
+    out, error, head, worker = _run_status_py(monkeypatch, capsys, "no answer from http://spark-a.local:8888/v1/models",
+                                              unreachable="worker")
+    assert "✘ worker  ssh" in out and "spark-b did not answer over ssh" in out
+    assert "✔ head    rank 0" in out and "head    GPU clock" in out
+    assert [r for r in out.splitlines() if r[2:].startswith("worker") and "ssh" not in r] == []
+    assert worker.fact_calls == []  # pyinfra would try to connect again for each
+    assert error == ("the pair is not serving: rank 1's Spark does not answer over ssh; "
+                     "no answer from http://spark-a.local:8888/v1/models")
+
+
+def test_status_py_is_printed_by_the_worker_when_the_head_does_not_answer(monkeypatch, capsys):
+    out, error, head, worker = _run_status_py(monkeypatch, capsys, "401 Unauthorized", unreachable="head",
+                                              run_on="worker")
+    assert out.count("sparkfold status: head spark-a, worker spark-b") == 1
+    assert "✘ head    ssh" in out and "spark-a did not answer over ssh" in out and "worker  rank 1" in out
+    assert head.fact_calls == [] and worker.fact_calls != []
+    assert error is not None and "rank 0's Spark does not answer over ssh" in error
+
+
+def test_status_py_prints_nothing_on_the_worker_while_the_head_answers(monkeypatch, capsys):
+    out, error, head, worker = _run_status_py(monkeypatch, capsys, None, run_on="worker")
+    assert out == "" and error is None and head.fact_calls == worker.fact_calls == []
+
+
+def test_the_api_is_asked_without_a_key_the_head_could_not_give(monkeypatch):
+    hs, _ws = make_pair(head={"api_key": True})
+    head = FakeHost({}, name="spark-a")
+    head.connected = False
+    asked = []
+    monkeypatch.setattr(st, "models_listed", lambda url, name, key: asked.append(key) or "401 Unauthorized")
+    api = st.probe_api(head, hs)
+    assert asked == [""] and api["key_on"] and api["key_read"] is None and head.fact_calls == []
+    assert "key on, but the head did not answer" in st.api_row(hs.api_base_url, hs.served_name, api).detail
 
 
 def test_deploy_plan_counts_a_real_dry_run(tmp_path):
