@@ -200,8 +200,11 @@ def start_daemon(ssh: list[str], target: str, address: str, port: int, dest: str
                            listens=shlex.quote(LISTENS), stream_port=port + 1, receiver=shlex.quote(RECEIVER))
     proc = subprocess.Popen([*ssh, target, script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     assert proc.stdin and proc.stdout
-    proc.stdin.write(secret + "\n")
-    proc.stdin.flush()
+    try:
+        proc.stdin.write(secret + "\n")
+        proc.stdin.flush()
+    except BrokenPipeError:  # ssh has ended already (it said why): nothing started
+        return proc, "", None
     said = proc.stdout.readline().split() or [""]
     return proc, said[0], int(said[1]) if len(said) == 2 and said[1].isdigit() else None
 
