@@ -18,6 +18,7 @@ afterwards, as before.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import fnmatch
 import hashlib
 import hmac
@@ -324,6 +325,15 @@ def copy(src: str, address: str, port: int, secret: str, options: list[str], str
     return rsync(src, url, secret, options)
 
 
+def end_session(daemon: subprocess.Popen) -> None:
+    """Closing ssh's stdin ends the session, and the daemon with it; an ssh that has ended already refuses the
+    close's flush of what it never read."""
+    with contextlib.suppress(BrokenPipeError):
+        if daemon.stdin:
+            daemon.stdin.close()
+    daemon.wait()
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description="copy SRC into DEST on the worker through a transient rsync daemon")
     p.add_argument("src")
@@ -341,9 +351,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             rc = copy(args.src, address, port, secret, args.options, stream_port) if state == "started" else REFUSED
         finally:
-            if daemon.stdin:
-                daemon.stdin.close()  # the session ends, and the daemon with it
-            daemon.wait()
+            end_session(daemon)
         if not state:  # ssh itself failed (it said why)
             return daemon.returncode or 255
         if rc != REFUSED:  # copied, or failed for good
