@@ -205,6 +205,8 @@ def start_daemon(ssh: list[str], target: str, address: str, port: int, dest: str
         proc.stdin.write(secret + "\n")
         proc.stdin.flush()
     except BrokenPipeError:  # ssh has ended already (it said why): nothing started
+        with contextlib.suppress(BrokenPipeError):
+            proc.stdin.close()  # drops the unsent secret (the close's own flush raises again), so the file is closed
         return proc, "", None
     said = proc.stdout.readline().split() or [""]
     return proc, said[0], int(said[1]) if len(said) == 2 and said[1].isdigit() else None
@@ -325,15 +327,6 @@ def copy(src: str, address: str, port: int, secret: str, options: list[str], str
     return rsync(src, url, secret, options)
 
 
-def end_session(daemon: subprocess.Popen) -> None:
-    """Closing ssh's stdin ends the session, and the daemon with it; an ssh that has ended already refuses the
-    close's flush of what it never read."""
-    with contextlib.suppress(BrokenPipeError):
-        if daemon.stdin:
-            daemon.stdin.close()
-    daemon.wait()
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description="copy SRC into DEST on the worker through a transient rsync daemon")
     p.add_argument("src")
@@ -351,7 +344,9 @@ def main(argv: list[str] | None = None) -> int:
         try:
             rc = copy(args.src, address, port, secret, args.options, stream_port) if state == "started" else REFUSED
         finally:
-            end_session(daemon)
+            if daemon.stdin:
+                daemon.stdin.close()  # the session ends, and the daemon with it
+            daemon.wait()
         if not state:  # ssh itself failed (it said why)
             return daemon.returncode or 255
         if rc != REFUSED:  # copied, or failed for good
