@@ -7,12 +7,12 @@ from operations.context import current_settings
 from operations.docker_runtime import docker_runtime
 from operations.gpu_clock import gpu_clock
 from operations.image import engine_image
-from operations.lifecycle import pair
 from operations.link import link
 from operations.memguard import memguard
 from operations.model_data import model_data
 from operations.nfs import nfs
 from operations.preflight import preflight
+from operations.ranks import ranks_serving
 from operations.run_lock import locked, unlocked
 from operations.supervise import supervision
 from operations.sync import both_sparks_reached
@@ -44,7 +44,7 @@ api_key(s=s)
 both_sparks_reached(name="Guards in place on both Sparks", step="the guards")
 
 # 9-10. the pair: rank 1, then rank 0; then the health wait, the smoke test and the LIVE line
-pair(s=s)
+ranks_serving(s=s)
 
 # 11. the optional supervisor (head), started once the pair serves
 supervision(s=s, _sudo=True)

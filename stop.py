@@ -2,7 +2,7 @@
 # Each rank's log is saved first (<data_dir>/logs), then its container is removed, which frees its GPU memory.
 # The supervisor (if installed) is stopped first so it does not start the pair again; deploy.py starts it again.
 from operations.context import current_settings
-from operations.lifecycle import stopped
+from operations.ranks import ranks_stopped
 from operations.run_lock import locked, unlocked
 from operations.supervise import supervisor_paused
 
@@ -11,5 +11,5 @@ s, _problems = current_settings()
 
 locked(s=s)
 supervisor_paused(s=s, _sudo=True)
-stopped(s=s)
+ranks_stopped(s=s)
 unlocked(s=s)

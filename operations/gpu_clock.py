@@ -16,6 +16,7 @@ from pyinfra.api import StringCommand, deploy, operation
 from operations.facts.gpu import GpuClockState, GpuClockStateDict
 from operations.facts.systemd import ServiceState
 from operations.layout import GPU_CLOCK_RECORD, GPU_CLOCK_SCRIPT, GPU_CLOCK_TIMER, GPU_CLOCK_UNIT, script_path
+from operations.rank.commands import lock_command
 from operations.util import check_failed, sh
 from operations.util.durations import duration
 from operations.util.run_memo import fact_until_change
@@ -78,12 +79,6 @@ def lock_drift(st: GpuClockStateDict, mhz: int, period_s: int, timer_active: boo
     """Why the lock must be applied now (lock_verdict's reason), or None."""
     verdict = lock_verdict(st, mhz, period_s, timer_active)
     return verdict[1] if verdict else None
-
-
-def lock_command(mhz: int, nvidia_smi: str, record_path: str = GPU_CLOCK_RECORD, **arguments) -> StringCommand:
-    """Apply the lock now and record it (the script the timer runs): fails unless every GPU got exactly `mhz`."""
-    return StringCommand("sh", sh(script_path(GPU_CLOCK_SCRIPT)), sh(nvidia_smi), str(int(mhz)), sh(record_path),
-                         **arguments)
 
 
 def _readback_command(mhz: int, nvidia_smi: str) -> StringCommand:

@@ -19,6 +19,7 @@ from pyinfra.operations import docker
 
 from operations import image_hash as content
 from operations.facts.docker import DockerImageInfo, EngineCapabilities, PeerDockerImageInfo
+from operations.image_hash import computed_hash, image_ref
 from operations.peer_ssh import ssh_words
 from operations.settings import PREBUILT_REFERENCE, Settings
 from operations.util import check_failed, fail_command, sh
@@ -49,17 +50,6 @@ def parse_prebuilt(reference: str) -> tuple[str, str]:
             " (docker buildx imagetools inspect NAME:TAG shows it) or set prebuilt_image = \"\" to build"
         )
     return match["name"], match["digest"]
-
-
-def computed_hash(s) -> str:
-    return content.image_hash(s.engine_context_path, content.build_args(s))
-
-
-def image_ref(s) -> str:
-    """The image both ranks run: the prebuilt reference, or `<engine_image>:<content hash>`."""
-    if s.prebuilt_image:
-        return s.prebuilt_image
-    return f"{s.engine_image}:{computed_hash(s)}"
 
 
 def same_image(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:

@@ -113,3 +113,15 @@ def image_hash(context: str | Path, args: Mapping[str, str]) -> str:
     for name in sorted(args):
         field(b"A", name.encode(), str(args[name]).encode())
     return digest.hexdigest()[:HASH_LENGTH]
+
+
+def computed_hash(s) -> str:
+    """This checkout's image hash for Settings `s` (its build context and build arguments)."""
+    return image_hash(s.engine_context_path, build_args(s))
+
+
+def image_ref(s) -> str:
+    """The image both ranks run: the prebuilt reference, or `<engine_image>:<content hash>`."""
+    if s.prebuilt_image:
+        return s.prebuilt_image
+    return f"{s.engine_image}:{computed_hash(s)}"

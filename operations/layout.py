@@ -176,10 +176,6 @@ class Layout:
         """The engines' `capabilities --json` documents, one file per image id (facts/docker.EngineCapabilities)."""
         return f"{self.state_dir}/capabilities"
 
-    @property
-    def spec_record(self) -> str:
-        return f"{self.state_dir}/rank.spec"
-
     def relative_to_cache(self, path: str) -> str:
         """`path` (inside hf_cache) as the container sees it under InContainer.HF."""
         return f"{InContainer.HF}/{posixpath.relpath(path, self.hf_cache)}"

@@ -31,8 +31,7 @@ from operations.data_copy import (
 from operations.facts.files import FolderCheck
 from operations.facts.model import HfHubPython, HfPlanDict, hf_plan
 from operations.hf_cache import repo_folder_name
-from operations.image import image_ref
-from operations.layout import ABLIT_CURRENT, InContainer
+from operations.image_hash import image_ref
 from operations.model_paths import hub_python
 from operations.remote import heredoc_command
 from operations.settings import Settings
@@ -46,21 +45,6 @@ BLOB_SUMS = ".sparkfold-SHA256SUMS"  # the checkpoint's LFS blobs, for the worke
 KIT_GENERATED_FIX = ("The kit_repo Hugging Face mirror ships them: check kit_repo/kit_revision. Generating them "
                      "instead needs torch and DeepSeek's original checkpoint (kit/tools/make_rope.py, "
                      "kit/tools/make_bias_vl.py), which sparkfold does not do.")
-
-
-def served_model_path(s) -> tuple[str, str]:
-    """(host folder or docker volume to mount, model path inside the container) for this Spark's rank.
-
-    Stock: the Hugging Face cache (the NFS volume on a worker with worker_weights = "nfs") mounted at
-    /root/.cache/huggingface; the path is the repo folder's sparkfold-current link, which the deploy points at the
-    snapshot of the active revision. ABLIT on the head: <data_dir>/ablit mounted at /model-ablit, its `current`
-    link points at the applied pack. Rank 1 keeps the stock snapshot (config and tokenizer): its weights, with the
-    overlay applied, come from its own weight file.
-    """
-    if s.ablit and s.is_head:
-        return s.layout.ablit, f"{InContainer.ABLIT}/{ABLIT_CURRENT}"
-    source = s.nfs_volume if (not s.is_head and s.worker_weights == "nfs") else s.hf_cache
-    return source, s.layout.relative_to_cache(s.layout.served_link)
 
 
 # ---- operations ----

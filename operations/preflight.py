@@ -10,10 +10,10 @@ from typing import Any
 from pyinfra import host, state
 from pyinfra.api import deploy, operation
 
-from operations.containers import memory_wait_command
 from operations.facts.docker import DockerMemoryUse, DockerMemoryUseDict, DockerRuntimeInfo, RunningContainers
 from operations.facts.files import DiskSpace
 from operations.facts.host import KNOWN_TOOLS, HostTools, MemInfo, OsRelease, SshReachable
+from operations.rank.commands import memory_wait_command
 from operations.settings import Settings
 from operations.util import check_failed
 from operations.util.run_memo import fact_until_change
@@ -21,7 +21,7 @@ from operations.util.run_memo import fact_until_change
 GIB = 1024**3
 GB = 1000**3
 DEFAULT_DOCKER_ROOT = "/var/lib/docker"  # measured when docker is not installed or not reachable yet
-MEMORY_WAIT_TRIES = 15  # x containers.MEMORY_POLL_S: a stopped rank's ~98 GiB comes back within seconds
+MEMORY_WAIT_TRIES = 15  # x rank.commands.MEMORY_POLL_S: a stopped rank's ~98 GiB comes back within seconds
 
 TOOL_FIX = {
     "docker": "install Docker (apt-get install docker.io) or set docker_install = True",

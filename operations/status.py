@@ -19,24 +19,24 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, TypedDict
 
-from pyinfra.context import ctx_host
-
 from .data_copy import MARKER, SUMS_STATE, listing_digest
-from .facts.docker import DockerVolumeInfo, RankContainer, RankContainerDict
+from .facts.docker import DockerVolumeInfo, RankContainerDict
 from .facts.files import FolderCheck, FolderCheckDict, LinkTarget
 from .facts.gpu import GpuClockState, GpuClockStateDict
 from .facts.host import MemInfo, mem_available_gib
 from .facts.model import HfPlan, HfPlanDict, RankFolder, RankFolderDict
 from .facts.network import IpAddresses, PingOk, RoceDevices
+from .facts.rank import RankInputs, RankInputsDict
 from .facts.systemd import UnitState, UnitStateDict
 from .gpu_clock import lock_verdict
 from .health import models_listed, read_api_key
-from .launch import Launch
-from .launch_spec import LABEL_HASH
+from .image_hash import image_ref
 from .layout import GPU_CLOCK_RECORD, GPU_CLOCK_TIMER, MEMGUARD_UNIT, SUPERVISOR_UNIT, unit_path
 from .link import rails_from_facts
 from .model_data import BLOB_SUMS, fetch_summary
 from .model_paths import checkpoint_plan_args
+from .rank.plan import pair_plan, rank_inputs_args
+from .rank.spec import LABEL_HASH, template_digest
 from .settings import Settings
 from .util.durations import duration
 from .util.net import ip_of
@@ -60,7 +60,8 @@ class SparkFacts(TypedDict, total=False):
 
     unreachable: str  # set when the Spark did not answer over ssh: why, and no other key is read
     container: RankContainerDict
-    want_hash: str | None  # Launch(s).spec().spec_hash(); None when the spec cannot be built
+    rank_inputs: RankInputsDict  # what the pair plan reads (operations/facts/rank.py)
+    want_hash: str | None  # the pair plan's spec hash for this rank; None when the spec cannot be built
     spec_note: str  # why it cannot
     gpu: GpuClockStateDict
     addrs: dict[str, Any]  # IpAddresses
@@ -397,25 +398,32 @@ def _fact(h: Any, cls: type, **kwargs: Any) -> Any:
     return h.get_fact(cls, _ignore_errors=True, **kwargs)
 
 
-def wanted_hash(h: Any, s: Settings) -> tuple[str | None, str]:
-    """(the spec hash this Spark's rank should run, "") or (None, why it cannot be built)."""
+def wanted_hashes(hs: Settings, ws: Settings, head: SparkFacts, worker: SparkFacts) -> None:
+    """Set each reachable Spark's want_hash and spec_note from the pair plan of both Sparks' rank inputs."""
+    found = [f.get("rank_inputs") for f in (head, worker)]
+    if found[0] is None or found[1] is None:
+        for f in (head, worker):
+            f["want_hash"], f["spec_note"] = None, "the other Spark's inputs are not known"
+        return
     try:
-        with ctx_host.use(h):
-            launch = Launch(s)
-            spec = launch.spec()
-            if spec is None:
-                return None, "; ".join(launch.problems()) or "its inputs are missing"
-            return spec.spec_hash(), ""
+        plan = pair_plan(hs, ws, found[0], found[1], image=image_ref(hs), template_digest=template_digest(hs),
+                         force=False)
     except Exception as e:  # settings with problems: the rest of the table still shows
-        return None, f"the spec cannot be built ({type(e).__name__}: {e})"
+        for f in (head, worker):
+            f["want_hash"], f["spec_note"] = None, f"the spec cannot be built ({type(e).__name__}: {e})"
+        return
+    for rank, f in enumerate((head, worker)):
+        spec = plan.rank(rank).spec
+        f["want_hash"] = spec.spec_hash() if spec else None
+        f["spec_note"] = "" if spec else "; ".join(plan.rank(rank).problems) or "its inputs are missing"
 
 
 def spark_facts(h: Any, s: Settings) -> SparkFacts:
     if not h.connected:  # pyinfra said why above; asking a fact would try to connect again
         return {"unreachable": f"{h.name} did not answer over ssh (pyinfra's message is above)"}
     p = s.layout
-    f: SparkFacts = {"container": _fact(h, RankContainer, container=s.container_name)}
-    f["want_hash"], f["spec_note"] = wanted_hash(h, s)
+    inputs = _fact(h, RankInputs, _sudo=True, **rank_inputs_args(s, image_ref(s)))
+    f: SparkFacts = {"container": inputs["container"], "rank_inputs": inputs}
     f["gpu"] = _fact(h, GpuClockState, nvidia_smi=s.nvidia_smi_path, record_path=GPU_CLOCK_RECORD)
     f["addrs"], f["roce"] = _fact(h, IpAddresses), _fact(h, RoceDevices)
     # sudo: binding ping to a netdev (-I) needs CAP_NET_RAW, as in the link step
@@ -494,6 +502,7 @@ class Report:
 def gather(head: Any, worker: Any, hs: Settings, ws: Settings, argv: Sequence[str] | None) -> Report:
     """Read both Sparks (and, with argv, the deploy plan) and build the table. argv: this run's command line."""
     facts = spark_facts(head, hs), spark_facts(worker, ws)
+    wanted_hashes(hs, ws, *facts)
     api = probe_api(head, hs)
     # deploy.py --dry stops at a Spark that does not answer: its plan would say only that, after a timeout
     plan = deploy_plan(argv) if argv is not None and head.connected and worker.connected else None

@@ -109,20 +109,6 @@ class RankContainer(FactBase[RankContainerDict]):
         return {}
 
 
-class SpecRecord(FactBase[str | None]):
-    """The spec hash this Spark's rank should run (written by the lifecycle before the pair decision), or None."""
-
-    def command(self, path: str) -> StringCommand:
-        return StringCommand("cat", QuoteString(path), "2>/dev/null", "||", "true")
-
-    def process(self, output: list[str]) -> str | None:
-        for line in output:
-            key, _, value = line.strip().partition("=")
-            if key == "spec-hash" and value:
-                return value
-        return None
-
-
 # --- images and the engine inside --------------------------------------------------------------------------------
 
 class ImageDict(TypedDict, total=False):

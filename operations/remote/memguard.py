@@ -73,7 +73,7 @@ def mem_available_gib(path: str = "/proc/meminfo") -> float:
     raise RuntimeError(f"no MemAvailable in {path}")
 
 
-MANAGED_LABEL = "sparkfold.managed"  # the label sparkfold's rank containers carry (operations/launch_spec.py)
+MANAGED_LABEL = "sparkfold.managed"  # the label sparkfold's rank containers carry (operations/rank/spec.py)
 
 
 def running_rank(name: str) -> tuple[str | None, bool]:

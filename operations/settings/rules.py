@@ -30,7 +30,7 @@ _HEX = re.compile(r"[0-9a-f]+")
 PREBUILT_REFERENCE = re.compile(r"(?P<name>[^@\s]+)@(?P<digest>sha256:[0-9a-f]{64})")
 _ULIMIT = re.compile(r"[a-z]+=-?[0-9]+(:-?[0-9]+)?")
 _API_URL = re.compile(r"https?://[^/\s]+(/\S*)?", re.ASCII)
-# Flags rank 0's command line gets from sparkfold (launch_spec.rank0_argv) -> the setting that sets each; given
+# Flags rank 0's command line gets from sparkfold (rank.spec.rank0_argv) -> the setting that sets each; given
 # again in extra_serve_args they would sidestep that setting's checks (reserved ports, the open-API warning).
 OWN_SERVE_FLAGS = {
     "--name": "served_name", "--host": "host", "--port": "port", "--master-port": "master_port",

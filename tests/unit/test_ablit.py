@@ -10,9 +10,10 @@ from hf_fixture import build_cache, model_files
 from test_model_data import settings
 from test_weights import local_fact, run_all
 
-from operations import ablit, hf_cache, model_data
+from operations import ablit, hf_cache
 from operations.facts.files import DiskFree, FileText
 from operations.facts.model import AblitShards, HfPlan
+from operations.rank.plan import served_model_path
 
 COMMIT = "e" * 40
 PLAN = {"python": "/v/bin/python", "repo": "Org/M", "revision": "main", "cache_dir": "/h/hub", "local_dir": "",
@@ -88,6 +89,6 @@ def test_apply_end_to_end_keeps_stock_untouched(tmp_path):
 
 
 def test_ablit_off_serves_stock_again():
-    on = model_data.served_model_path(settings(ablit=True))
-    off = model_data.served_model_path(settings(ablit=False))
+    on = served_model_path(settings(ablit=True))
+    off = served_model_path(settings(ablit=False))
     assert on[1] == "/model-ablit/current" and off[1].endswith("/hub/models--Org--M/sparkfold-current")

@@ -11,7 +11,7 @@ import pytest
 from settings_factory import load_one, make_pair, make_settings
 
 from operations import gpu_clock, link, memguard, nfs, supervise
-from operations.launch_spec import rank0_argv, rank_spec
+from operations.rank.spec import rank0_argv, rank_spec
 from operations.settings import SETTING_NAMES, validate, validate_pair
 from operations.settings.rules import OWN_SERVE_FLAGS
 from operations.settings.shapes import ITEM_SHAPES, SHAPES

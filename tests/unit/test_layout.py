@@ -13,8 +13,7 @@ def test_paths_derive_from_the_roots():
                                                           "/d/token-map/dsv41_token_map.json")
     assert p.active_rank_link() == "/d/rank-cache/active-rank1" and p.active_rank_link(0).endswith("active-rank0")
     assert (p.ablit_current, p.logs, p.build_dir("abc")) == ("/d/ablit/current", "/d/logs", "/d/build/abc")
-    assert (p.api_key, p.link_record, p.spec_record, p.hf_token) == ("/s/api-key.d/key", "/s/link.json", "/s/rank.spec",
-                                                                     "/s/hf-token")
+    assert (p.api_key, p.link_record, p.hf_token) == ("/s/api-key.d/key", "/s/link.json", "/s/hf-token")
     assert p.relative_to_cache(p.served_link) == f"{InContainer.HF}/hub/models--Org--M/sparkfold-current"
     assert unit_path("x.service") == "/etc/systemd/system/x.service"
 

@@ -28,6 +28,7 @@ from operations.facts.files import (
 )
 from operations.facts.model import AblitShards, HfHubPython, HfPlan, RankFolder
 from operations.peer_ssh import ssh_prefix
+from operations.rank.plan import served_model_path
 
 COMMIT = "a" * 40
 
@@ -419,13 +420,13 @@ DEPLOY = model_data.model_data._inner  # the step itself, before `recorded` swap
 
 
 def test_served_model_path_stock_ablit_and_worker():
-    host_dir, inside = model_data.served_model_path(settings())
+    host_dir, inside = served_model_path(settings())
     assert host_dir == "/home/n/.cache/huggingface"
     assert inside == "/root/.cache/huggingface/hub/models--Org--M/sparkfold-current"
-    assert model_data.served_model_path(settings(ablit=True)) == ("/home/n/.cache/sparkfold/ablit",
+    assert served_model_path(settings(ablit=True)) == ("/home/n/.cache/sparkfold/ablit",
                                                                   "/model-ablit/current")
-    assert model_data.served_model_path(settings(is_head=False, ablit=True))[0] == "sparkfold-hf"
-    assert model_data.served_model_path(settings(is_head=False, worker_weights="copy"))[0] == \
+    assert served_model_path(settings(is_head=False, ablit=True))[0] == "sparkfold-hf"
+    assert served_model_path(settings(is_head=False, worker_weights="copy"))[0] == \
         "/home/n/.cache/huggingface"
 
 

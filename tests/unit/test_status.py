@@ -13,16 +13,17 @@ from settings_factory import make_pair
 
 from operations import status as st
 from operations.data_copy import listing_digest
-from operations.facts.docker import DockerVolumeInfo, RankContainer
+from operations.facts.docker import DockerVolumeInfo
 from operations.facts.files import FolderCheck, LinkTarget
 from operations.facts.gpu import GpuClockState
 from operations.facts.host import MemInfo
 from operations.facts.model import HfPlan, RankFolder
 from operations.facts.network import IpAddresses, PingOk, RoceDevices
+from operations.facts.rank import RankInputs
 from operations.facts.systemd import UnitState
-from operations.launch_spec import LABEL_HASH
 from operations.layout import GPU_CLOCK_TIMER, MEMGUARD_UNIT, SUPERVISOR_UNIT
 from operations.link import ipv4_mapped_gid
+from operations.rank.spec import LABEL_HASH
 from operations.util.net import ip_of
 
 NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
@@ -31,6 +32,12 @@ GIB = 2**30
 IMAGE = "sparkfold/dsv41-tf:0123456789ab"
 COMMIT = "c" * 40
 SUMS_SHA = "5" * 64
+
+
+def rank_inputs(container_: dict) -> dict:
+    """RankInputs of a Spark whose data steps have not run (status reads its container from it)."""
+    return {"container": container_, "link_record": None, "served": None, "kit": None, "rank_folder": None,
+            "ablit": None, "infiniband": False, "capabilities": {}, "port_holders": {}, "mem_available": None}
 
 
 def container(rank: int, running: bool = True, label: str | None = None, **changes) -> dict:
@@ -357,13 +364,12 @@ def test_the_plan_row_is_left_out_when_status_plan_is_off():
 def test_spark_facts_reads_each_fact_once_and_pings_the_peer(monkeypatch, role):
     hs, ws = make_pair()
     s = hs if role == "head" else ws
-    monkeypatch.setattr(st, "wanted_hash", lambda h, s: ("h" * 32, ""))
-    facts = {RankContainer: container(s.rank), GpuClockState: GPU_LOCKED, "pyinfra.facts.files.File": None,
+    facts = {RankInputs: rank_inputs(container(s.rank)), GpuClockState: GPU_LOCKED, "pyinfra.facts.files.File": None,
              IpAddresses: {}, RoceDevices: {}, PingOk: True, MemInfo: {}, FolderCheck: None, LinkTarget: None,
              RankFolder: RankFolder.default(), UnitState: UNIT_ON, HfPlan: HfPlan.default(), DockerVolumeInfo: None}
     h = FakeHost(facts, name=role)
     f = st.spark_facts(h, s)
-    assert f["want_hash"] == "h" * 32 and f["pings"] == [True, True] and f["gpu"] == GPU_LOCKED
+    assert f["container"] == container(s.rank) and f["pings"] == [True, True] and f["gpu"] == GPU_LOCKED
     calls = [(name.rsplit(".", 1)[1], kwargs) for name, kwargs in h.fact_calls]
     pings = [kw for name, kw in calls if name == "PingOk"]
     assert pings == [{"netdev": r["netdev"], "address": ip_of(p["address"]), "size": 8972}
@@ -374,15 +380,23 @@ def test_spark_facts_reads_each_fact_once_and_pings_the_peer(monkeypatch, role):
     assert sorted(f["units"]) == sorted([*wanted, GPU_CLOCK_TIMER])
 
 
-def test_wanted_hash_reports_a_spec_it_cannot_build(monkeypatch):
-    hs, _ws = make_pair()
+def test_wanted_hashes_come_from_the_pair_plan_of_both_sparks(monkeypatch):
+    hs, ws = make_pair(head={"nccl_rails": 1}, worker={"nccl_rails": 1})
+    from rank_inputs import found
+    head, worker = {"rank_inputs": found(hs)}, {"rank_inputs": found(ws)}
+    st.wanted_hashes(hs, ws, head, worker)
+    assert len(head["want_hash"]) == len(worker["want_hash"]) == 32 and head["want_hash"] != worker["want_hash"]
+    head, worker = {"rank_inputs": found(hs, caps={})}, {"unreachable": "no answer"}
+    st.wanted_hashes(hs, ws, head, worker)
+    assert head["want_hash"] is None and head["spec_note"] == "the other Spark's inputs are not known"
 
-    class Broken:
-        def __init__(self, s):
-            raise ValueError("bad setting")
+    def broken(*args, **kwargs):
+        raise ValueError("bad setting")
 
-    monkeypatch.setattr(st, "Launch", Broken)
-    assert st.wanted_hash(FakeHost({}), hs) == (None, "the spec cannot be built (ValueError: bad setting)")
+    monkeypatch.setattr(st, "pair_plan", broken)
+    head, worker = {"rank_inputs": found(hs)}, {"rank_inputs": found(ws)}
+    st.wanted_hashes(hs, ws, head, worker)
+    assert (head["want_hash"], head["spec_note"]) == (None, "the spec cannot be built (ValueError: bad setting)")
 
 
 # --- the deploy file ----------------------------------------------------------------------------------------------
@@ -400,8 +414,8 @@ def _run_status_py(monkeypatch, capsys, api_problem, unreachable: str = "", run_
     facts = {GpuClockState: GPU_LOCKED, "pyinfra.facts.files.File": None, IpAddresses: {}, RoceDevices: {},
              PingOk: False, MemInfo: {}, FolderCheck: None, LinkTarget: None, RankFolder: RankFolder.default(),
              UnitState: UNIT_NONE, HfPlan: HfPlan.default(), DockerVolumeInfo: None}
-    head = FakeHost({**facts, RankContainer: container(0)}, name="spark-a")
-    worker = FakeHost({**facts, RankContainer: {}}, name="spark-b")
+    head = FakeHost({**facts, RankInputs: rank_inputs(container(0))}, name="spark-a")
+    worker = FakeHost({**facts, RankInputs: rank_inputs({})}, name="spark-b")
     hosts = {"head": head, "worker": worker}
     if unreachable:
         hosts[unreachable].connected = False
@@ -424,7 +438,8 @@ def test_status_py_prints_one_table_then_fails_when_not_serving(monkeypatch, cap
     assert lines[0] == "sparkfold status: head spark-a, worker spark-b"
     assert lines[1] == "  settings problem (deploy.py stops on it): context = 3 must be a power of two"
     assert lines[2].split() == ["SPARK", "ITEM", "STATE", "DETAIL"]
-    assert "✘ worker  rank 1" in out and "spec unknown (the spec cannot be built (KeyError" in out
+    assert "✘ worker  rank 1" in out and "no container dsv41-1017-exl3-tf; rank 1 cannot be launched yet" in out
+    assert "spec unknown (rank 0 cannot be launched yet: the link record (rails)" in out
     assert lines[-1] == "NOT serving: rank 1 has no container; no answer from http://spark-a.local:8888/v1/models"
     assert error == "the pair is not serving: rank 1 has no container; no answer from " \
                     "http://spark-a.local:8888/v1/models"

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from settings_factory import make_settings
 
-from operations.launch_spec import LABEL_HASH, LABEL_MANAGED, image_key, rail_problems, rank_spec
 from operations.layout import InContainer
+from operations.rank.spec import LABEL_HASH, LABEL_MANAGED, image_key, rail_problems, rank_spec
 
 API_KEY_FILE, CHAT_TEMPLATE = InContainer.API_KEY_FILE, InContainer.CHAT_TEMPLATE
 

@@ -10,9 +10,9 @@ import hashlib
 import json
 from dataclasses import dataclass, field
 
-from .flags_check import PORTED_SETTINGS, engine_reads
-from .layout import InContainer as C
-from .settings import PASSTHROUGH_PREFIXES
+from operations.layout import InContainer as C
+from operations.rank.flags import PORTED_SETTINGS, engine_reads
+from operations.settings import PASSTHROUGH_PREFIXES
 
 # Rank 0 reads these switches from its environment, rank 1 takes them as flags: keep the pair in step.
 RANK1_SWITCHES = (("TF_DS_GRAPHS", "--graphs"), ("TF_DS_HC_SIDE", "--side"),
@@ -109,8 +109,8 @@ def _link_env(s, rails: list[dict]) -> dict[str, str]:
 def _engine_env(s, capabilities: dict | None) -> dict[str, str]:
     """The user's engine variables, and each non-zero ported setting as its variable when the image reads it.
 
-    capabilities None: this Spark does not read the document (the worker); the head's launch check
-    (`check_ported_settings`) refuses the pair before a rank starts when the image does not read the variable."""
+    capabilities None: the document is not known yet (no image); the launch check (`check_ported_settings`)
+    refuses the pair before a rank starts when the image does not read the variable."""
     env = {k: str(v) for k, v in sorted(s.engine_env.items()) if k.startswith(PASSTHROUGH_PREFIXES)}
     for name, (variable, _feature) in PORTED_SETTINGS.items():
         value = getattr(s, name)
@@ -160,7 +160,7 @@ def rank_spec(s, image_ref: str, rails: list[dict], model_mount: tuple[str, str]
     rails: the link step's record for this Spark, rail 0 first: [{"netdev", "ibdev", "address", "gid_index", "mtu"}].
     model_mount: (host dir or docker volume holding the Hugging Face cache, snapshot path inside the container).
     capabilities: the image's `capabilities --json` document (decides how the chat template is given and which
-        ported settings reach the engine); None on the worker, which does not read it.
+        ported settings reach either rank); None while it is not known.
     rank_folder: this rank's weight folder (the target of its active-rank link).
     kit_folder: the kit's real folder (the target of data_dir/kit, a new one per kit version, so a new kit
         recreates the pair); data_dir/kit when empty.
@@ -207,3 +207,12 @@ def rank_spec(s, image_ref: str, rails: list[dict], model_mount: tuple[str, str]
     options += ["--oom-score-adj", str(s.oom_score_adj)]
     labels = {LABEL_MANAGED: "1", LABEL_RANK: str(s.rank)}
     return ContainerSpec(s.container_name, image_ref, argv, env, mounts, options, labels, inputs)
+
+
+CHAT_TEMPLATE = "model/chat_template.jinja"  # in this checkout; rank 0 serves it
+
+
+def template_digest(s) -> str:
+    """sha256 of the chat template this checkout serves ("" when absent), so a new template recreates rank 0."""
+    template = s.project_root / CHAT_TEMPLATE
+    return hashlib.sha256(template.read_bytes()).hexdigest() if template.exists() else ""

@@ -9,8 +9,8 @@ from pathlib import Path
 
 from settings_factory import make_settings
 
-from operations.flags_check import check_ported_settings, check_serve_argv
-from operations.launch_spec import rank0_argv
+from operations.rank.flags import check_ported_settings, check_serve_argv
+from operations.rank.spec import rank0_argv
 
 STANDIN = Path(__file__).resolve().parents[2] / "tests" / "sim" / "engine" / "bin" / "tensorfold-native"
 NATIVE = ["--host", "--port", "--name", "--alias", "--api-key", "--api-key-file", "--context", "--max-tokens",

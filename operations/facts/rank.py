@@ -1,0 +1,88 @@
+"""Everything the rank decision reads on one Spark, in one round trip: `RankInputs`.
+
+One shell command prints a section per input (the rank container's inspect, the link record, where the served
+snapshot, kit, weight-folder and ABLIT symlinks lead, /dev/infiniband, the engine's capabilities document, who
+holds the rank's ports, MemAvailable); each section is parsed by the fact that reads it on its own, so the two
+never disagree. The pure pair plan (operations/rank/plan.py) takes this fact of both Sparks.
+"""
+
+from __future__ import annotations
+
+from typing import Any, TypedDict
+
+from pyinfra.api import FactBase
+
+from .docker import EngineCapabilities, RankContainer, RankContainerDict
+from .files import LinkTarget
+from .host import MemInfo
+from .network import InfinibandDevices, LinkRecord, PortListeners
+
+_MARK = "@@sparkfold-rank-input "
+
+
+class RankInputsDict(TypedDict):
+    container: RankContainerDict  # {} when there is no container of that name (or no docker yet)
+    link_record: dict[str, Any] | None  # the link step's record of the rails
+    served: str | None  # real path of the served-snapshot symlink in this Spark's Hugging Face cache
+    kit: str | None  # real path of <data_dir>/kit
+    rank_folder: str | None  # real path of this rank's active-rank symlink (its weight folder)
+    ablit: str | None  # real path of <data_dir>/ablit/current, when asked for
+    infiniband: bool  # /dev/infiniband exists
+    capabilities: dict[str, Any]  # the image's `capabilities --json` ({} when no image was given or it is absent)
+    port_holders: dict[int, list[str]]  # port -> who listens there ([] free)
+    mem_available: int | None  # MemAvailable in bytes
+
+
+def _raw(command: Any) -> str:
+    return command if isinstance(command, str) else command.get_raw_value()
+
+
+class RankInputs(FactBase[RankInputsDict]):
+    """The rank decision's inputs on this Spark (see the module docstring). Read as root: `ss -p` names other
+    users' processes only for root. image="" skips the capabilities (the worker's rank does not read them)."""
+
+    def command(self, container: str, link_record: str, served: str, kit: str, rank_link: str, ablit: str = "",
+                image: str = "", capabilities_cache: str = "", ports: tuple[int, ...] = ()) -> str:
+        sections = [
+            ("container", f"command -v docker >/dev/null && {{ {_raw(RankContainer().command(container))}; }}"),
+            ("link_record", _raw(LinkRecord().command(link_record))),
+            ("served", LinkTarget().command(served, resolve=True)),
+            ("kit", LinkTarget().command(kit, resolve=True)),
+            ("rank_folder", LinkTarget().command(rank_link, resolve=True)),
+            ("infiniband", InfinibandDevices().command()),
+            ("meminfo", "grep -E '^(MemTotal|MemAvailable):' /proc/meminfo 2>/dev/null"),
+        ]
+        if ablit:
+            sections.append(("ablit", LinkTarget().command(ablit, resolve=True)))
+        if image:
+            caps = EngineCapabilities().command(image, capabilities_cache)
+            sections.append(("capabilities", f"command -v docker >/dev/null && {{ {caps}; }}"))
+        for port in ports:
+            sections.append((f"port {int(port)}",
+                             f"command -v ss >/dev/null && {{ {_raw(PortListeners().command(port))}; }}"))
+        # the marker starts a line of its own even after a file with no newline at its end
+        return "; ".join(f"printf '\\n{_MARK}{name}\\n'; {body}" for name, body in sections) + "; true"
+
+    def process(self, output: list[str]) -> RankInputsDict:
+        parts: dict[str, list[str]] = {}
+        current: list[str] = []
+        for line in output:
+            if line.startswith(_MARK):
+                current = parts.setdefault(line[len(_MARK):].strip(), [])
+            else:
+                current.append(line)
+
+        def link(name: str) -> str | None:
+            return LinkTarget().process(parts.get(name, []))
+
+        memory = MemInfo().process(parts.get("meminfo", []))
+        return {
+            "container": RankContainer().process(parts.get("container", [])),
+            "link_record": LinkRecord().process(parts.get("link_record", [])),
+            "served": link("served"), "kit": link("kit"), "rank_folder": link("rank_folder"), "ablit": link("ablit"),
+            "infiniband": InfinibandDevices().process(parts.get("infiniband", [])),
+            "capabilities": EngineCapabilities().process(parts.get("capabilities", [])),
+            "port_holders": {int(name.split()[1]): PortListeners().process(lines)
+                             for name, lines in parts.items() if name.startswith("port ")},
+            "mem_available": memory.get("MemAvailable"),
+        }

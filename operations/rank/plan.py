@@ -1,0 +1,213 @@
+"""The pair's plan: one pure function from the settings and both Sparks' rank inputs to what happens to each rank.
+
+No host, no state, no I/O: the rank operations read `RankInputs` of both Sparks (operations/facts/rank.py) and ask
+`pair_plan` what to do, so both Sparks reach the same verdict from the same data, and a test can call it with
+plain dicts. The pair is recreated together: when either rank is missing, stopped or runs another spec (or a
+restart is asked for), both are removed and started again, rank 1 first.
+"""
+
+from __future__ import annotations
+
+import posixpath
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from operations.layout import ABLIT_CURRENT, InContainer
+from operations.rank.flags import check_ported_settings, check_serve_argv
+from operations.rank.spec import LABEL_HASH, LABEL_MANAGED, ContainerSpec, rail_problems, rank0_argv, rank_spec
+from operations.settings import Settings
+
+if TYPE_CHECKING:  # the plan reads plain data: the fact's shape only
+    from operations.facts.rank import RankInputsDict
+
+GIB = 1024**3
+
+KEEP = "keep"  # runs the wanted spec: left alone
+RECREATE = "recreate"  # removed (log saved first), then started again
+START = "start"  # no container here: started
+REFUSED = "refused"  # a container with our name that sparkfold did not start: never touched
+
+
+@dataclass(frozen=True)
+class RankPlan:
+    rank: int
+    where: str  # "head" or "worker"
+    spec: ContainerSpec | None  # None while an input is missing (an earlier step of the run makes it)
+    action: str  # KEEP, RECREATE, START or REFUSED
+    container: Mapping[str, Any]  # what runs there now ({} for none)
+    problems: tuple[str, ...] = ()  # why it cannot be launched (inputs, rails, rank 0's flags)
+    memory: tuple[str, ...] = ()  # too little memory for it on its Spark
+    ports: tuple[str, ...] = ()  # a port it listens on, held by another process
+
+    @property
+    def running(self) -> bool:
+        return bool(self.container.get("running"))
+
+
+@dataclass(frozen=True)
+class PairPlan:
+    ranks: tuple[RankPlan, RankPlan]  # rank 0 (head), rank 1 (worker)
+    reasons: tuple[str, ...]  # why the pair is recreated; () when both ranks are kept
+    refusals: tuple[str, ...]  # containers with our name that sparkfold did not start (on either Spark)
+
+    def rank(self, rank: int) -> RankPlan:
+        return self.ranks[rank]
+
+    @property
+    def settled(self) -> bool:
+        """Both specs are known: the problems are final (else an earlier step of this run may still make an input)."""
+        return all(r.spec is not None for r in self.ranks)
+
+    @property
+    def stale(self) -> bool:
+        return bool(self.reasons)
+
+
+# --- each Spark's side ------------------------------------------------------------------------------------------
+
+def served_model_path(s: Settings) -> tuple[str, str]:
+    """(host folder or docker volume to mount, model path inside the container) for this Spark's rank.
+
+    Stock: the Hugging Face cache (the NFS volume on a worker with worker_weights = "nfs") mounted at
+    /root/.cache/huggingface; the path is the repo folder's served-snapshot symlink. ABLIT on the head: the applied
+    pack's folder (<data_dir>/ablit). Rank 1 keeps the stock snapshot (config and tokenizer): its weights, with the
+    overlay applied, come from its own weight file."""
+    if s.ablit and s.is_head:
+        return s.layout.ablit, f"{InContainer.ABLIT}/{ABLIT_CURRENT}"
+    source = s.nfs_volume if (not s.is_head and s.worker_weights == "nfs") else s.hf_cache
+    return source, s.layout.relative_to_cache(s.layout.served_link)
+
+
+def model_mount(s: Settings, mine: RankInputsDict, head: RankInputsDict) -> tuple[str, str] | None:
+    """(what is mounted at InContainer.HF, the real snapshot path inside the container), or None while the served
+    symlink leads nowhere. The worker with worker_weights = "nfs" sees the head's cache through the volume."""
+    source, _link_path = served_model_path(s)
+    if s.ablit and s.is_head:
+        # the applied pack holds real files (hard links): its folder is mounted in the cache's place
+        folder = mine.get("ablit")
+        return (source, f"{InContainer.HF}/{posixpath.relpath(folder, source)}") if folder else None
+    if not s.is_head and s.worker_weights == "nfs":
+        cache, real = s.head.hf_cache, head.get("served")
+    else:
+        cache, real = s.hf_cache, mine.get("served")
+    return (source, f"{InContainer.HF}/{posixpath.relpath(real, cache)}") if real else None
+
+
+def _missing(s: Settings, mine: RankInputsDict, mount: tuple[str, str] | None) -> list[str]:
+    found = {"the link record (rails)": (mine.get("link_record") or {}).get("rails"), "the model snapshot": mount,
+             "this rank's weight folder": mine.get("rank_folder")}
+    if s.is_head:
+        found["the image's capabilities"] = mine.get("capabilities")
+    return [name for name, value in found.items() if not value]
+
+
+def _side(s: Settings, mine: RankInputsDict, head: RankInputsDict, image: str,
+          template_digest: str) -> tuple[ContainerSpec | None, list[str]]:
+    """This Spark's wanted container (None while an input is missing or the rails cannot feed NCCL) and why it
+    cannot be launched."""
+    mount = model_mount(s, mine, head)
+    gaps = _missing(s, mine, mount)
+    if gaps or mount is None:
+        return None, [f"rank {s.rank} cannot be launched yet: {', '.join(gaps)} missing; run the whole deploy.py"]
+    rails = (mine.get("link_record") or {})["rails"]
+    problems = rail_problems(rails, s.nccl_rails)
+    caps = head.get("capabilities") or None  # rank 0's document decides the ported settings of both ranks
+    if s.is_head:
+        problems += check_serve_argv(rank0_argv(s, mount[1], caps), caps)
+        problems += check_ported_settings(s, caps)
+    if rail_problems(rails, s.nccl_rails):
+        return None, problems
+    spec = rank_spec(s, image, rails, mount, caps, rank_folder=str(mine.get("rank_folder")),
+                     has_infiniband=bool(mine.get("infiniband")), template_digest=template_digest if s.is_head else "",
+                     kit_folder=mine.get("kit") or "")
+    return spec, problems
+
+
+# --- the pair ---------------------------------------------------------------------------------------------------
+
+def foreign(where: str, name: str, container: Mapping[str, Any]) -> str | None:
+    """The refusal for a container that has our name but was not started by sparkfold."""
+    if container and (container.get("labels") or {}).get(LABEL_MANAGED) != "1":
+        return (f"a container named {name} on the {where} was not started by sparkfold (it lacks the label "
+                f"{LABEL_MANAGED}=1), so it is left alone: remove it yourself (docker rm -f {name}) or set "
+                "container_name to another name")
+    return None
+
+
+def pair_verdict(ranks: list[tuple[int, Mapping[str, Any], str | None]], force: bool) -> list[str]:
+    """Why the pair must be recreated ([] = leave it running). ranks: (rank, container fact, wanted spec hash or
+    None when not known yet)."""
+    reasons = ["a restart was asked for (restart = true)"] if force else []
+    for rank, c, want in sorted(ranks, key=lambda r: r[0]):
+        if not c:
+            reasons.append(f"rank {rank} has no container")
+        elif not c.get("running"):
+            reasons.append(f"rank {rank} is not running ({c.get('status', '?')}, exit code {c.get('exit_code')}"
+                           f"{', killed by the OOM killer' if c.get('oom_killed') else ''})")
+        elif want and (c.get("labels") or {}).get(LABEL_HASH) != want:
+            reasons.append(f"rank {rank}'s settings or image changed")
+    return reasons
+
+
+def memory_problem(s: Settings, mine: RankInputsDict, where: str) -> str | None:
+    """Too little memory for a rank that is not there yet. A rank container of ours that exists but stopped (a Docker
+    restart, a crash) gives its memory back over seconds: the start waits for it (rank/commands.memory_wait) and
+    refuses only if it does not come back."""
+    if mine.get("container"):
+        return None
+    avail = mine.get("mem_available")
+    if avail is None or avail / GIB >= s.min_avail_gib:
+        return None
+    return (f"only {avail / GIB:.1f} GiB of memory is available on the {where} but a rank needs min_avail_gib = "
+            f"{s.min_avail_gib:g} GiB: stop what else uses memory there, or lower min_avail_gib")
+
+
+def port_problems(s: Settings, mine: RankInputsDict, where: str) -> list[str]:
+    """Ports the rank would listen on, held by another process. A port our running rank was started on is its own
+    (it goes when the pair is recreated); a changed port or master_port is checked even while the old rank runs."""
+    container = mine.get("container") or {}
+    own = set(container.get("ports") or []) if container.get("running") else set()
+    return [f"port {port} is held by {', '.join(holders)} on the {where}, so the rank could not listen there: stop "
+            f"it (`sudo ss -ltnp 'sport = :{port}'` names it) or choose another port (port / master_port)"
+            for port, holders in sorted((mine.get("port_holders") or {}).items()) if holders and port not in own]
+
+
+def rank_ports(s: Settings) -> tuple[int, ...]:
+    """The ports this Spark's rank listens on (rank 0: the API and the rendezvous; rank 1 only connects)."""
+    return (s.port, s.master_port) if s.is_head else ()
+
+
+def rank_inputs_args(s: Settings, image: str) -> dict[str, Any]:
+    """The RankInputs arguments for Spark `s`: its paths, and the image's capabilities on the head only."""
+    p = s.layout
+    return {"container": s.container_name, "link_record": p.link_record, "served": p.served_link, "kit": p.kit,
+            "rank_link": p.active_rank_link(), "ablit": p.ablit_current if s.ablit and s.is_head else "",
+            "image": image if s.is_head else "", "capabilities_cache": p.capabilities_cache if s.is_head else "",
+            "ports": rank_ports(s)}
+
+
+def pair_plan(head: Settings, worker: Settings, head_found: RankInputsDict, worker_found: RankInputsDict, *,
+              image: str, template_digest: str, force: bool) -> PairPlan:
+    """The pair's plan from both Sparks' settings and inputs. image: the image both ranks run (image_ref);
+    template_digest: sha256 of the chat template rank 0 serves; force: the `restart` setting."""
+    sides = ((head, head_found, "head"), (worker, worker_found, "worker"))
+    built = [_side(s, mine, head_found, image, template_digest) for s, mine, _where in sides]
+    containers = [mine.get("container") or {} for _s, mine, _where in sides]
+    refusals = [r for (s, _mine, where), c in zip(sides, containers, strict=True)
+                for r in [foreign(where, s.container_name, c)] if r]
+    reasons = pair_verdict([(rank, containers[rank], spec.spec_hash() if spec else None)
+                            for rank, (spec, _problems) in enumerate(built)], force)
+    ranks = []
+    for rank, ((s, mine, where), (spec, problems), container) in enumerate(zip(sides, built, containers,
+                                                                                strict=True)):
+        if foreign(where, s.container_name, container):
+            action = REFUSED
+        elif not reasons:
+            action = KEEP
+        else:
+            action = RECREATE if container else START
+        memory = memory_problem(s, mine, where)
+        ranks.append(RankPlan(rank, where, spec, action, container, tuple(problems), (memory,) if memory else (),
+                              tuple(port_problems(s, mine, where))))
+    return PairPlan((ranks[0], ranks[1]), tuple(reasons), tuple(refusals))

@@ -1,0 +1,50 @@
+"""Rank inputs for tests: what RankInputs would read on a Spark whose steps have all run (and helpers to spoil it)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from operations.rank.spec import LABEL_HASH
+
+ROOT = Path(__file__).resolve().parents[2]
+IMAGE = "sparkfold/dsv41-tf:abc"
+TEMPLATE = "digest-of-the-template"
+RAILS = [{"netdev": "enp1s0f0np0", "ibdev": "rocep1s0f0", "address": "192.168.100.1/24", "gid_index": 3, "mtu": 9000},
+         {"netdev": "enP2p1s0f0np0", "ibdev": "roceP2p1s0f0", "address": "192.168.101.1/24", "gid_index": 3,
+          "mtu": 9000}]
+# the stand-in engine's document: the flags and variables the simulated image serves
+CAPS = json.loads(subprocess.run([sys.executable, str(ROOT / "tests/sim/engine/bin/tensorfold-native"), "capabilities",
+                                  "--json"], capture_output=True, text=True, check=True).stdout)
+GIB = 1024**3
+
+
+def container(spec_hash: str | None = None, running: bool = True, managed: bool = True, status: str | None = None,
+              exit_code: int = 0, oom: bool = False, ports: tuple[int, ...] = (8888, 29500)) -> dict:
+    labels = {"sparkfold.managed": "1"} if managed else {}
+    if spec_hash:
+        labels[LABEL_HASH] = spec_hash
+    return {"exists": True, "running": running, "status": status or ("running" if running else "exited"),
+            "exit_code": exit_code, "oom_killed": oom, "labels": labels, "image": IMAGE, "created": "",
+            "ports": list(ports)}
+
+
+def found(s, container_: dict | None = None, *, linked: bool = True, rails: list | None = RAILS,
+          caps: dict | None = None, mem_gib: float = 200.0, holders: dict | None = None,
+          infiniband: bool = True) -> dict:
+    """RankInputs of Spark `s` after a complete bring-up (its symlinks lead to commit abc), with `container_`."""
+    p = s.layout
+    return {
+        "container": container_ or {},
+        "link_record": {"rails": rails} if rails else None,
+        "served": f"{p.model_folder}/snapshots/abc" if linked else None,
+        "kit": f"{p.kit}.d/0123abcd" if linked else None,
+        "rank_folder": f"{p.rank_cache}/abc/rank{s.rank}" if linked else None,
+        "ablit": f"{p.ablit}/abc-overlay" if linked and s.ablit and s.is_head else None,
+        "infiniband": infiniband,
+        "capabilities": (CAPS if caps is None else caps) if s.is_head else {},
+        "port_holders": holders or {},
+        "mem_available": int(mem_gib * GIB),
+    }

@@ -1,0 +1,332 @@
+"""The pair step's operations (operations/ranks.py), each both ways, the composite fact they read, the shell they
+yield (operations/rank/commands.py) and the step's call sites."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import subprocess
+from types import SimpleNamespace
+
+import pytest
+from harness import FakeHost, parse_fact, run_fact, run_op
+from rank_inputs import IMAGE, TEMPLATE, container, found
+from settings_factory import make_pair
+
+from operations import ranks
+from operations.facts.docker import RankContainer, listening_ports
+from operations.facts.host import MemInfo, mem_available_gib
+from operations.facts.network import InfinibandDevices, PortListeners
+from operations.facts.rank import RankInputs
+from operations.facts.systemd import UnitState
+from operations.rank import commands
+from operations.rank.plan import pair_plan
+
+HS, WS = make_pair(head={"nccl_rails": 1}, worker={"nccl_rails": 1})
+_CONVERGED = pair_plan(HS, WS, found(HS), found(WS), image=IMAGE, template_digest=TEMPLATE, force=False)
+H0, H1 = _CONVERGED.rank(0).spec.spec_hash(), _CONVERGED.rank(1).spec.spec_hash()
+NAME = HS.container_name
+SUPERVISOR = "sparkfold-supervise.service"
+
+
+def run(op, s, mine: dict, theirs: dict, executing: bool = True, extra: dict | None = None, **kwargs):
+    """op on Spark `s`, its RankInputs `mine`, the peer's `theirs`."""
+    peer = FakeHost({RankInputs: theirs}, name="peer")
+    return run_op(op, {RankInputs: mine, **(extra or {})}, executing=executing, s=s, peer=peer, image=IMAGE,
+                  template=TEMPLATE, **kwargs)
+
+
+# --- the composite fact -------------------------------------------------------------------------------------------
+
+def test_rank_inputs_reads_every_section_in_one_command(tmp_path):
+    served, kit, rank_link = tmp_path / "served", tmp_path / "kit", tmp_path / "active-rank0"
+    (tmp_path / "snap").mkdir()
+    served.symlink_to(tmp_path / "snap")
+    record = tmp_path / "link.json"
+    record.write_text(json.dumps({"rails": [{"netdev": "x"}]}))
+    got = run_fact(RankInputs, container="no-such-container-here", link_record=str(record), served=str(served),
+                   kit=str(kit), rank_link=str(rank_link), ports=(1,))
+    assert got["link_record"] == {"rails": [{"netdev": "x"}]}
+    assert got["served"] == str(tmp_path / "snap") and got["kit"] is None and got["rank_folder"] is None
+    assert got["container"] == {} and got["capabilities"] == {} and got["ablit"] is None
+    assert got["mem_available"] and got["mem_available"] > 0
+    assert set(got["port_holders"]) <= {1}
+
+
+def test_rank_inputs_parses_what_each_part_prints():
+    line = json.dumps({"state": {"Running": True, "Status": "running"}, "labels": {"sparkfold.managed": "1"},
+                       "image": IMAGE, "created": "", "args": ["--port", "8888"], "env": []})
+    mark = "@@sparkfold-rank-input "
+    output = [f"{mark}container", line, f"{mark}link_record", '{"rails": []}', f"{mark}served", "/hf/snap",
+              f"{mark}kit", f"{mark}rank_folder", "/d/r", f"{mark}infiniband", "yes", f"{mark}meminfo",
+              "MemAvailable:   125829120 kB", f"{mark}capabilities", '{"schema": 1}', f"{mark}port 8888",
+              'LISTEN 0 5 0.0.0.0:8888 0.0.0.0:* users:(("python3",pid=42,fd=3))', f"{mark}port 29500"]
+    got = parse_fact(RankInputs, output)
+    assert got["container"]["running"] and got["container"]["ports"] == [8888]
+    assert (got["served"], got["kit"], got["rank_folder"], got["infiniband"]) == ("/hf/snap", None, "/d/r", True)
+    assert got["mem_available"] == 120 * 2**30 and got["capabilities"] == {"schema": 1}
+    assert got["port_holders"] == {8888: ["python3 (pid 42)"], 29500: []}
+
+
+def test_rank_inputs_reads_capabilities_only_when_an_image_is_given():
+    args = dict(container=NAME, link_record="/s/link.json", served="/hf/x", kit="/d/kit", rank_link="/d/r")
+    assert "capabilities" not in RankInputs().command(**args)
+    assert "capabilities --json" in RankInputs().command(**args, image=IMAGE, capabilities_cache="/s/caps")
+
+
+def test_the_parts_facts():
+    line = json.dumps({"state": {"Running": False, "Status": "exited", "ExitCode": 137, "OOMKilled": True},
+                       "labels": {"sparkfold.managed": "1"}, "image": "img:1", "created": "2026",
+                       "args": ["/snap", "--port", "8888", "--host=0.0.0.0"], "env": ["TF_TP_PORT=29500", "A=1"]})
+    assert parse_fact(RankContainer, [line], container=NAME)["ports"] == [8888, 29500]
+    assert listening_ports(["--port=9000"], []) == [9000] and listening_ports(["--port"], []) == []
+    assert parse_fact(RankContainer, [], container=NAME) == {}
+    assert mem_available_gib(parse_fact(MemInfo, ["MemAvailable:   125829120 kB"])) == pytest.approx(120.0)
+    assert parse_fact(InfinibandDevices, ["yes"]) is True and parse_fact(InfinibandDevices, ["no"]) is False
+    line = 'LISTEN 0      5      0.0.0.0:8888      0.0.0.0:*    users:(("python3",pid=4242,fd=3))'
+    assert parse_fact(PortListeners, [line], port=8888) == ["python3 (pid 4242)"]
+    assert parse_fact(PortListeners, ["LISTEN 0 5 0.0.0.0:8888 0.0.0.0:*"], port=8888) == ["a process"]
+
+
+# --- pair_checked --------------------------------------------------------------------------------------------------
+
+def test_pair_checked_passes_quietly_both_phases():
+    for executing in (False, True):
+        cmds, host = run(ranks.pair_checked, HS, found(HS, container(H0)), found(WS, container(H1)), executing)
+        assert cmds == [] and host.noops == ["the head's launch checks pass"]
+
+
+def test_pair_checked_refuses_foreign_containers_here_and_there():
+    cmds, _ = run(ranks.pair_checked, HS, found(HS, container(managed=False)), found(WS))
+    assert len(cmds) == 1 and "exit 1" in cmds[0] and "on the head was not started by sparkfold" in cmds[0]
+    cmds, _ = run(ranks.pair_checked, WS, found(WS), found(HS, container(managed=False)))
+    assert "on the head was not started by sparkfold" in cmds[0] and "docker rm -f" in cmds[0]
+
+
+def test_pair_checked_fails_on_flag_problems_and_warns_while_planning(caplog):
+    hs, ws = make_pair(head={"nccl_rails": 1, "extra_serve_args": ["--foo"]}, worker={"nccl_rails": 1})
+    cmds, _ = run(ranks.pair_checked, hs, found(hs), found(ws))
+    assert "remove --foo from extra_serve_args" in cmds[0] and "exit 1" in cmds[0]
+    cmds, _ = run(ranks.pair_checked, hs, found(hs), found(ws), executing=False)
+    assert cmds == [] and "will fail: the launch: --foo is not served" in caplog.text
+
+
+def test_pair_checked_tolerates_missing_inputs_while_planning_only(caplog):
+    cmds, _ = run(ranks.pair_checked, HS, found(HS, rails=None), found(WS), executing=False)
+    assert cmds == [] and "will fail" not in caplog.text
+    cmds, _ = run(ranks.pair_checked, HS, found(HS, rails=None), found(WS))
+    assert "cannot be launched yet: the link record (rails) missing" in cmds[0]
+
+
+def test_pair_checked_memory_and_ports_of_this_spark_only():
+    cmds, _ = run(ranks.pair_checked, HS, found(HS, mem_gib=40.0), found(WS))
+    assert "only 40.0 GiB" in cmds[0] and "min_avail_gib = 112" in cmds[0]
+    assert run(ranks.pair_checked, HS, found(HS), found(WS, mem_gib=40.0))[0] == []  # the worker's own op says it
+    cmds, _ = run(ranks.pair_checked, HS, found(HS, holders={8888: ["nginx (pid 12)"]}), found(WS))
+    assert "port 8888 is held by nginx (pid 12) on the head" in cmds[0]
+
+
+# --- stale_pair_stopped ------------------------------------------------------------------------------------------
+
+def test_a_converged_pair_is_left_alone():
+    cmds, host = run(ranks.stale_pair_stopped, HS, found(HS, container(H0)), found(WS, container(H1)))
+    assert cmds == [] and host.noops == ["both ranks run the wanted spec"]
+
+
+def test_a_stale_peer_recreates_this_rank_too():
+    cmds, _ = run(ranks.stale_pair_stopped, HS, found(HS, container(H0)), found(WS, container("older")))
+    assert cmds[0] == f"docker stop -t {HS.stop_timeout} {NAME} >/dev/null"
+    assert "docker logs --timestamps" in cmds[1] and "-rank0.log.gz" in cmds[1]
+    assert cmds[2] == f"docker rm -f {NAME} >/dev/null" and len(cmds) == 3
+
+
+def test_a_stopped_rank_is_not_docker_stopped_but_its_log_is_saved():
+    cmds, _ = run(ranks.stale_pair_stopped, WS, found(WS, container(H1, running=False)), found(HS, container(H0)))
+    assert len(cmds) == 2 and "docker logs" in cmds[0] and "-rank1.log.gz" in cmds[0] and "docker rm -f" in cmds[1]
+
+
+def test_nothing_to_remove_here():
+    cmds, host = run(ranks.stale_pair_stopped, HS, found(HS), found(WS, container(H1)))
+    assert cmds == [] and host.noops == ["no rank container here to remove"]
+
+
+def test_a_foreign_container_is_never_planned_as_a_removal():
+    for executing in (False, True):
+        cmds, _ = run(ranks.stale_pair_stopped, HS, found(HS, container(managed=False)), found(WS, container("x")),
+                      executing)
+        assert all("docker rm" not in c.split("(")[0] and "docker stop" not in c for c in cmds)
+    assert "not started by sparkfold" in cmds[0]
+
+
+def test_a_running_supervisor_is_paused_only_when_the_pair_is_recreated():
+    def stop(head_hash, active):
+        extra = {UnitState: {"enabled": "enabled", "active": active, "sha256": "x"}}
+        return run(ranks.stale_pair_stopped, HS, found(HS, container(head_hash)), found(WS, container(H1)),
+                   extra=extra, pause_units=(SUPERVISOR,))[0]
+
+    stale = stop("older", "active")
+    assert stale[0] == f"systemctl stop {SUPERVISOR}" and f"docker rm -f {NAME} >/dev/null" in stale
+    assert stop("older", "failed")[0].startswith("docker stop")  # a supervisor that gave up stays down
+    assert stop(H0, "active") == []  # converged pair: the supervisor keeps running
+
+
+def test_restart_recreates_a_converged_pair():
+    hs, ws = HS.replace(restart=True), WS
+    cmds, _ = run(ranks.stale_pair_stopped, hs, found(hs, container(H0)), found(ws, container(H1)))
+    assert len(cmds) == 3 and cmds[-1] == f"docker rm -f {NAME} >/dev/null"
+
+
+# --- rank_started ------------------------------------------------------------------------------------------------
+
+RELOCK = (f"sh /usr/local/lib/sparkfold/gpu_clock_lock.sh {WS.nvidia_smi_path} {WS.gpu_clock_mhz} "
+          "/var/lib/sparkfold/gpu-clock.record")
+
+
+def test_rank_started_converged_both_phases():
+    for executing in (False, True):
+        cmds, host = run(ranks.rank_started, WS, found(WS, container(H1)), found(HS, container(H0)), executing)
+        assert cmds == [] and host.noops == ["rank 1 runs the wanted spec"]
+
+
+def test_rank_started_plans_the_start_a_stale_pair_gets():
+    cmds, _ = run(ranks.rank_started, WS, found(WS, container(H1)), found(HS, container("old")), executing=False)
+    assert cmds[-1].startswith(f"docker run -d --name {NAME}") and any("MemAvailable" in c for c in cmds)
+    assert not any("docker rm" in c for c in cmds)  # the removal is the stale-pair step's
+
+
+def test_rank_started_after_the_removal():
+    cmds, _ = run(ranks.rank_started, WS, found(WS), found(HS))
+    assert cmds[0].startswith(f"mkdir -p {WS.layout.cache_root}/abc")
+    assert any(c.startswith(f"test -e {WS.layout.kit}.d/0123abcd ||") for c in cmds)
+    assert "tf-dsv41-lanes" in cmds[-1] and f"sparkfold.spec-hash={H1}" in cmds[-1]
+    assert cmds[-2] == RELOCK  # the GPU clock lock applied again right before the start
+
+
+def test_rank_0_starts_once_rank_1_runs():
+    cmds, _ = run(ranks.rank_started, HS, found(HS), found(WS, container(H1)))
+    assert "tensorfold-native serve" in cmds[-1] and f"sparkfold.spec-hash={H0}" in cmds[-1]
+
+
+def test_rank_started_needs_a_spec_at_execute():
+    cmds, _ = run(ranks.rank_started, HS, found(HS, caps={}), found(WS))
+    assert len(cmds) == 1 and "exit 1" in cmds[0] and "capabilities missing" in cmds[0]
+    cmds, _ = run(ranks.rank_started, HS, found(HS, caps={}), found(WS), executing=False)
+    assert cmds[0].startswith("docker run ...")
+
+
+def test_rank_started_never_touches_a_foreign_container():
+    cmds, host = run(ranks.rank_started, HS, found(HS, container(managed=False)), found(WS))
+    assert cmds == [] and host.noops == ["rank 0 is not ours"]
+
+
+# --- rank_stopped (stop.py) --------------------------------------------------------------------------------------
+
+def stop_rank(mine, executing=True):
+    return run_op(ranks.rank_stopped, {RankContainer: mine}, executing=executing, container_name=NAME, rank=1,
+                  stop_timeout=12, log_dir="/logs", log_keep=3)
+
+
+def test_rank_stopped_both_ways():
+    assert stop_rank({})[0] == []
+    cmds, _ = stop_rank(container(H1))
+    assert cmds[0] == f"docker stop -t 12 {NAME} >/dev/null" and "-rank1.log.gz" in cmds[1]
+    assert cmds[2] == f"docker rm -f {NAME} >/dev/null" and "nvidia-smi" in cmds[3]
+    assert "not started by sparkfold" in stop_rank(container(managed=False))[0][0]
+    assert stop_rank(container(managed=False), executing=False)[0] == []  # planned: a warning, no removal
+
+
+# --- the shell the commands run ----------------------------------------------------------------------------------
+
+def test_the_lock_before_a_start_runs_as_root():
+    spec = _CONVERGED.rank(1).spec
+    relock = list(commands.start_commands(spec, 112.0, WS.gpu_clock_mhz, WS.nvidia_smi_path))[-2]
+    assert relock.get_raw_value() == RELOCK and relock.connector_arguments == {"_sudo": True}
+
+
+def test_save_log_command_saves_and_keeps_the_newest(tmp_path):
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "docker").write_text("#!/bin/sh\necho \"log of $3\"\necho oops >&2\n")
+    (bindir / "docker").chmod(0o755)
+    logs = tmp_path / "logs dir"
+    logs.mkdir()
+    for i in range(4):
+        old = logs / f"2020010{i}-000000-rank1.log.gz"
+        old.write_bytes(b"")
+        os.utime(old, (1_600_000_000 + i, 1_600_000_000 + i))
+    (logs / "20200101-000000-rank0.log.gz").write_bytes(b"")  # the other rank's logs are not counted
+    cmd = commands.save_log_command(NAME, 1, str(logs), 3).get_raw_value()
+    env = {**os.environ, "PATH": f"{bindir}:{os.environ['PATH']}"}
+    out = subprocess.run(["sh", "-c", cmd], env=env, capture_output=True, text=True, check=True).stdout
+    saved = out.strip().split(" log in ", 1)[1]
+    assert gzip.decompress(open(saved, "rb").read()).decode() == f"log of {NAME}\noops\n"
+    rank1 = sorted(p.name for p in logs.glob("*-rank1*.log.gz"))
+    assert len(rank1) == 3 and os.path.basename(saved) in rank1
+    assert "20200102-000000-rank1.log.gz" in rank1 and "20200100-000000-rank1.log.gz" not in rank1
+    assert (logs / "20200101-000000-rank0.log.gz").exists()
+    subprocess.run(["sh", "-c", cmd], env=env, check=True, capture_output=True)  # same second: a .N name
+    assert len(list(logs.glob("*-rank1*.log.gz"))) == 3
+
+
+def test_memory_wait_command():
+    ok = subprocess.run(["sh", "-c", commands.memory_wait_command(0, 0.0, tries=1).get_raw_value()],
+                        capture_output=True, text=True)
+    assert ok.returncode == 0
+    bad = subprocess.run(["sh", "-c", commands.memory_wait_command(1, 1e9, tries=1).get_raw_value()],
+                         capture_output=True, text=True)
+    assert bad.returncode == 1 and "rank 1 needs min_avail_gib = 1e+09 GiB" in bad.stderr
+
+
+# --- the step's call sites ---------------------------------------------------------------------------------------
+
+def _recording(monkeypatch):
+    calls = []
+
+    def rec(kind):
+        def op(**kw):
+            calls.append((kind, kw))
+            return SimpleNamespace(did_change=lambda: True, will_change=True)
+        return op
+
+    for kind in ("pair_checked", "stale_pair_stopped", "rank_started", "rank_stopped"):
+        monkeypatch.setattr(ranks, kind, rec(kind))
+    monkeypatch.setattr(ranks.health, "api_serving", rec("api_serving"))
+    monkeypatch.setattr(ranks, "file_put", rec("put"))
+    monkeypatch.setattr(ranks, "folder_versions_pruned", rec("folder_versions_pruned"))
+    head_host, worker_host = FakeHost({}, name="head"), FakeHost({}, name="worker")
+    monkeypatch.setattr(ranks, "peer_host", lambda s: worker_host if s.is_head else head_host)
+    return calls, head_host, worker_host
+
+
+def test_the_pair_step_on_each_spark(monkeypatch):
+    from pyinfra.context import ctx_host
+    calls, head_host, worker_host = _recording(monkeypatch)
+    with ctx_host.use(head_host):
+        ranks.ranks_serving._inner(HS.replace(api_key=True))
+    kinds = [k for k, _ in calls]
+    assert kinds == ["put", "pair_checked", "stale_pair_stopped", "rank_started", "api_serving",
+                     "folder_versions_pruned"]  # old kit versions go only once the pair runs on the new one
+    start = calls[3][1]
+    assert start["name"] == "Start rank 0 (head)" and start["peer"] is worker_host and start["image"].startswith(
+        HS.engine_image + ":")
+    assert len(start["template"]) == 64  # the checkout's chat template, hashed once for the run
+    serving = calls[4][1]
+    assert serving["worker"] is worker_host and serving["started"]() is True and serving["planned"]() is True
+    assert serving["api_key_file"] == HS.layout.api_key
+    calls.clear()
+    with ctx_host.use(worker_host):
+        ranks.ranks_serving._inner(WS)
+    assert [k for k, _ in calls] == ["pair_checked", "stale_pair_stopped", "rank_started"]
+    assert calls[-1][1]["name"] == "Start rank 1 (worker)" and calls[-1][1]["peer"] is head_host
+
+
+def test_stop_on_each_spark(monkeypatch):
+    from pyinfra.context import ctx_host
+    calls, head_host, worker_host = _recording(monkeypatch)
+    with ctx_host.use(head_host):
+        ranks.ranks_stopped._inner(HS)
+    with ctx_host.use(worker_host):
+        ranks.ranks_stopped._inner(WS)
+    assert [(k, kw["rank"]) for k, kw in calls] == [("rank_stopped", 0), ("rank_stopped", 1)]
+    assert calls[0][1]["name"].startswith("Stop rank 0")
