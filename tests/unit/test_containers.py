@@ -389,7 +389,8 @@ def state_of(s, rails=RAILS2, caps=CAPS, infiniband=True, linked=True):
              f"path={p.active_rank_link()}, resolve=True": f"{p.rank_cache}/abc/rank{s.rank}" if linked else None,
              f"path={p.kit}, resolve=True": f"{p.kit}.d/0123abcd" if linked else None}
     return {LinkRecord: {"rails": rails} if rails else None, LinkTarget: with_args(links),
-            EngineCapabilities: caps, InfinibandDevices: infiniband}
+            EngineCapabilities: {"image_id": "sha256:" + "a" * 64, "document": caps, "cached": True},
+            InfinibandDevices: infiniband}
 
 
 def test_pair_on_each_host(monkeypatch):
