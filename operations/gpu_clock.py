@@ -14,7 +14,7 @@ from pyinfra import host, logger
 from pyinfra.api import StringCommand, deploy, operation
 
 from operations.facts.gpu import GpuClockState, GpuClockStateDict
-from operations.facts.systemd import ServiceState
+from operations.facts.systemd import UnitState, unit_running
 from operations.layout import GPU_CLOCK_RECORD, GPU_CLOCK_SCRIPT, GPU_CLOCK_TIMER, GPU_CLOCK_UNIT, script_path
 from operations.rank.commands import lock_command
 from operations.util import check_failed, sh
@@ -105,8 +105,8 @@ def gpu_clock_locked(mhz: int, nvidia_smi: str, period_s: int, record_path: str 
                                        "check the NVIDIA driver (nvidia-smi -L) and the nvidia_smi path"]
     if (yield from check_failed("GPU clock", unreadable)):
         return
-    timer = fact_until_change(host, ServiceState, unit=GPU_CLOCK_TIMER)  # the timer's own step asks it again
-    drift = lock_drift(st, mhz, period_s, timer_active=timer["running"])
+    timer = fact_until_change(host, UnitState, unit=GPU_CLOCK_TIMER)  # the timer's own step asks it again
+    drift = lock_drift(st, mhz, period_s, timer_active=unit_running(timer))
     if drift is None:
         host.noop(f"GPU clock ceiling is {mhz} MHz")
         return

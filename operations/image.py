@@ -2,12 +2,14 @@
 
 Built on the head from the build context (zig/ by default), tagged `<engine_image>:<content hash>`, then streamed to
 the worker (`docker save | ssh | docker load`) when the worker's copy differs. With `prebuilt_image` set, both Sparks
-pull that `name@sha256:<digest>` instead. Last, `tensorfold-native capabilities --json` is read from the image: the
-launch step checks rank 0's flags against that document (`read_capabilities`).
+pull that `name@sha256:<digest>` instead. Last, `tensorfold-native capabilities --json` is read from the image and
+kept by image id (`engine_capabilities_checked`): the launch step checks rank 0's flags against that document
+(`read_capabilities`).
 """
 
 from __future__ import annotations
 
+import json
 import posixpath
 from collections.abc import Mapping
 from pathlib import Path
@@ -18,7 +20,13 @@ from pyinfra.api import FileUploadCommand, deploy, operation
 from pyinfra.operations import docker
 
 from operations import image_hash as content
-from operations.facts.docker import DockerImageInfo, EngineCapabilities, PeerDockerImageInfo
+from operations.facts.docker import (
+    CapabilitiesDict,
+    DockerImageInfo,
+    EngineCapabilities,
+    PeerDockerImageInfo,
+    capabilities_cache_file,
+)
 from operations.image_hash import computed_hash, image_ref
 from operations.peer_ssh import ssh_words
 from operations.settings import PREBUILT_REFERENCE, Settings
@@ -80,11 +88,25 @@ def capabilities_problem(caps: dict, image: str) -> str | None:
     return None
 
 
+def capabilities_read(image: str, cache_dir: str) -> CapabilitiesDict:
+    """Inside an operation: the EngineCapabilities of `image` (from cache_dir when kept there), read once until an
+    operation changes a Spark."""
+    return fact_until_change(host, EngineCapabilities, image=image, cache_dir=cache_dir)
+
+
 def read_capabilities(image: str, cache_dir: str) -> dict:
     """Inside an operation (e.g. the launch step): the parsed capabilities document of `image` ({} if absent), kept
     in cache_dir (Layout.capabilities_cache) by image id. Flags: `caps["serve"]["flags"]` maps "--flag" to {} or
     {"values": [...]}."""
-    return fact_until_change(host, EngineCapabilities, image=image, cache_dir=cache_dir)
+    return capabilities_read(image, cache_dir)["document"]
+
+
+def capabilities_kept(cache_dir: str, image_id: str, document: dict) -> str:
+    """The command that keeps `document` as the cache file of `image_id`: one JSON line written aside, then renamed,
+    so a reader never sees half of it."""
+    path = sh(capabilities_cache_file(cache_dir, image_id))
+    return (f"mkdir -p {sh(cache_dir)} && printf '%s\\n' {sh(json.dumps(document))} > {path}.$$ "
+            f"&& mv -f {path}.$$ {path}")
 
 
 def _ssh(target: str, remote_command: str) -> str:
@@ -163,14 +185,18 @@ def prebuilt_image_pulled(reference: str):
 
 @operation()
 def engine_capabilities_checked(image: str, cache_dir: str):
-    """Read `tensorfold-native capabilities --json` from `image` (once per image id, then from cache_dir) and fail
-    this host when the launch could not trust it. While planning, an absent image is expected (an earlier step
-    makes it)."""
-    caps = read_capabilities(image, cache_dir)
+    """Read `tensorfold-native capabilities --json` from `image`, keep a document read whole from the image in
+    cache_dir under the image's id (so later runs read that file, not a container), and fail this host when the
+    launch could not trust it. While planning, an absent image is expected (an earlier step makes it)."""
+    read = capabilities_read(image, cache_dir)
+    caps = read["document"]
+    keep = bool(cache_dir and read["image_id"] and caps and not read["cached"])
+    if keep:
+        yield capabilities_kept(cache_dir, read["image_id"], caps)
     problem = capabilities_problem(caps, image)
     if problem is None:
-        flags = len(caps["serve"]["flags"])
-        host.noop(f"{image}: engine {caps.get('version', '?')}, {flags} serve flags")
+        if not keep:
+            host.noop(f"{image}: engine {caps.get('version', '?')}, {len(caps['serve']['flags'])} serve flags")
         return
     yield from check_failed("the engine's capabilities", [problem], settled=False)
 

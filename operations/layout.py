@@ -173,7 +173,8 @@ class Layout:
 
     @property
     def capabilities_cache(self) -> str:
-        """The engines' `capabilities --json` documents, one file per image id (facts/docker.EngineCapabilities)."""
+        """The engines' `capabilities --json` documents, one file per image id (facts/docker.capabilities_cache_file):
+        written by image.engine_capabilities_checked, read by facts/docker.EngineCapabilities."""
         return f"{self.state_dir}/capabilities"
 
     def relative_to_cache(self, path: str) -> str:

@@ -195,35 +195,54 @@ def parse_capabilities(output: list[str]) -> dict[str, Any]:
     return doc if isinstance(doc, dict) else {}
 
 
-class EngineCapabilities(FactBase[dict[str, Any]]):
-    """`tensorfold-native capabilities --json` from inside `image` (no network, no GPU needed), parsed; {} when the
-    image is absent, so a plan on a fresh pair still works.
+class CapabilitiesDict(TypedDict):
+    image_id: str  # Docker's id of the image read ("sha256:..."); "" when there is no such image
+    document: dict[str, Any]  # the parsed document; {} when none was read whole
+    cached: bool  # read from the cache file, not from a container
 
-    cache_dir: the document is kept there under the image's Docker id, so a converged run reads a small file instead
-    of starting a container (~2 s). The id names the image's content: a rebuilt or re-pulled image has a new id and
-    is read afresh. Only a document that was read whole is kept (written aside, then renamed); the file is a cache
-    of the image, not state the deploy converges, so removing it only costs the next run a container start.
+
+def capabilities_cache_file(cache_dir: str, image_id: str) -> str:
+    """Where the document of image `image_id` is kept: `<cache_dir>/<id without "sha256:">.json`, one JSON line.
+    The fact's shell names the same file (`${id#*:}`)."""
+    return f"{cache_dir}/{image_id.split(':', 1)[-1]}.json"
+
+
+class EngineCapabilities(FactBase[CapabilitiesDict]):
+    """`tensorfold-native capabilities --json` from inside `image` (no network, no GPU needed), parsed, with the
+    image's id; the document {} when the image is absent, so a plan on a fresh pair still works.
+
+    cache_dir: the document is read from capabilities_cache_file when that holds one whole (`{...}`), so a converged
+    run reads a small file instead of starting a container (~2 s); `cached` says which. The id names the image's
+    content: a rebuilt or re-pulled image has a new id and is read afresh. This fact only reads (it also runs under
+    --dry and in status.py): image.engine_capabilities_checked writes the file.
     """
 
-    default = dict
+    @staticmethod
+    def default() -> CapabilitiesDict:
+        return {"image_id": "", "document": {}, "cached": False}
 
     def requires_command(self, image: str, cache_dir: str = "") -> str:
         return "docker"
 
     def command(self, image: str, cache_dir: str = "") -> str:
         ref = sh(image)
+        cached = ""
+        if cache_dir:  # whole: a document written aside and renamed starts with { and ends with }
+            cached = (f"c=$(cat {sh(cache_dir)}/\"${{id#*:}}\".json 2>/dev/null); "
+                      "case \"$c\" in '{'*'}') echo '#CACHED'; printf '%s\\n' \"$c\"; exit 0;; esac; ")
         run = f"docker run --rm --network none --entrypoint tensorfold-native {ref} capabilities --json"
-        if not cache_dir:
-            return f"if docker image inspect {ref} >/dev/null 2>&1; then {run} 2>/dev/null || true; fi"
-        d = sh(cache_dir)
-        return (f"id=$(docker image inspect -f '{{{{.Id}}}}' {ref} 2>/dev/null) || exit 0; f={d}/\"${{id#*:}}\".json; "
-                "if [ -s \"$f\" ]; then cat \"$f\"; exit 0; fi; "
-                f"out=$({run} 2>/dev/null) && case \"$out\" in *'{{'*'}}'*) "
-                f"mkdir -p {d} && printf '%s\\n' \"$out\" > \"$f.$$\" && mv \"$f.$$\" \"$f\";; esac 2>/dev/null; "
-                "printf '%s\\n' \"$out\"; true")
+        return (f"id=$(docker image inspect -f '{{{{.Id}}}}' {ref} 2>/dev/null) || exit 0; echo \"#ID $id\"; {cached}"
+                f"echo '#IMAGE'; {run} 2>/dev/null || true")
 
-    def process(self, output: list[str]) -> dict[str, Any]:
-        return parse_capabilities(output)
+    def process(self, output: list[str]) -> CapabilitiesDict:
+        found, lines = self.default(), list(output)
+        if lines and lines[0].startswith("#ID "):
+            found["image_id"] = lines.pop(0)[len("#ID "):].strip()
+        if lines and lines[0].strip() in ("#CACHED", "#IMAGE"):
+            found["cached"] = lines.pop(0).strip() == "#CACHED"
+        found["document"] = parse_capabilities(lines)
+        found["cached"] = found["cached"] and bool(found["document"])
+        return found
 
 
 # --- the daemon and the NVIDIA runtime ---------------------------------------------------------------------------

@@ -1,5 +1,6 @@
-"""Facts about files and folders: a small file's text, where a link leads, folder listings and their checks, the API
-key file's stat, used and free disk space, and the worker's copy of a folder (read from the head over ssh).
+"""Facts about files and folders: one regular file (its text, its sum and header, the API key file's stat: one
+family, RegularFileFact), where a link leads, folder listings and their checks, used and free disk space, and the
+worker's copy of a folder (read from the head over ssh).
 
 Every command exits 0 and stays cheap: they stat and list, and hash only small files (a SHA256SUMS list).
 """
@@ -9,13 +10,14 @@ from __future__ import annotations
 import base64
 import binascii
 import shlex
-from typing import TypedDict
+from typing import ClassVar, TypedDict, TypeVar
 
-from pyinfra.api import FactBase, QuoteString, StringCommand
+from pyinfra.api import FactBase
 
 from operations.peer_ssh import ssh_prefix
 from operations.util import sh
 
+T = TypeVar("T")
 Listing = dict[str, list[int]]  # relative path -> [size, mtime seconds]
 
 _LISTING = "-type f -printf '%P\\t%s\\t%T@\\n'"  # path, size, mtime: what rsync -a keeps
@@ -37,23 +39,63 @@ def first_line(text: str | None) -> str | None:
     return None if text is None else text.partition("\n")[0].strip()
 
 
-class FileText(FactBase[str | None]):
+# What a RegularFileFact may read of the file besides its stat, each printed as one '#TAG value' line ({p}: the path).
+_FILE_PARTS = {
+    "link": "[ -L {p} ] && echo '#LINK';",  # files.put replaces a link, so the caller must know
+    "sha1": "echo \"#SHA1 $(sha1sum < {p} 2>/dev/null | cut -c1-40)\";",
+    "head": "echo \"#HEAD $(head -n 3 {p} 2>/dev/null | base64 -w0)\";",  # where sparkfold's header is
+    "text": "echo \"#TEXT $(base64 -w0 {p} 2>/dev/null)\";",  # base64 keeps blank and trailing lines
+}
+
+
+class FileStat(TypedDict):
+    mode: str  # octal digits, e.g. "644"
+    user: str
+    group: str
+    size: int
+
+
+class RegularFileFact(FactBase[T]):
+    """The family of facts about one regular file at `path` (links followed), each one round trip: its stat and the
+    `parts` (of _FILE_PARTS) a subclass asks for, which `found` turns into the subclass's answer; default() when
+    `path` is not a regular file. Like pyinfra's File family, the subclasses differ only in what they read."""
+
+    parts: ClassVar[tuple[str, ...]] = ()
+
+    def command(self, path: str) -> str:
+        p = sh(path)
+        asked = " ".join(_FILE_PARTS[part].format(p=p) for part in self.parts)
+        return f"if [ -f {p} ]; then echo \"#FILE $(stat -L -c '%a %U %G %s' {p} 2>/dev/null)\"; {asked} fi; true"
+
+    def process(self, output: list[str]) -> T:
+        fields = {line.partition(" ")[0]: line.partition(" ")[2].strip() for line in output if line.startswith("#")}
+        if "#FILE" not in fields:
+            return self.default()
+        words = fields["#FILE"].split()
+        stat: FileStat | None = None
+        if len(words) == 4 and words[0].isdigit() and words[3].isdigit():
+            stat = {"mode": words[0], "user": words[1], "group": words[2], "size": int(words[3])}
+        return self.found(stat, fields)
+
+    def found(self, stat: FileStat | None, fields: dict[str, str]) -> T:
+        """The answer for a regular file: `stat` None when unreadable, `fields` the '#TAG' lines' values."""
+        raise NotImplementedError
+
+
+def _base64_text(encoded: str) -> str:
+    try:
+        return base64.b64decode(encoded).decode("utf-8", "replace")
+    except (binascii.Error, ValueError):
+        return ""
+
+
+class FileText(RegularFileFact[str | None]):
     """A small text file's exact content (sidecars, refs, the exports file), or None when it is not a file."""
 
-    def command(self, path: str) -> StringCommand:
-        # base64 keeps blank and trailing lines, which pyinfra's line-wise output would lose
-        p = QuoteString(path)
-        return StringCommand("if [ -f", p, "]; then printf 'present '; base64 -w0", p,
-                             "2>/dev/null; echo; else echo absent; fi")
+    parts = ("text",)
 
-    def process(self, output: list[str]) -> str | None:
-        line = output[0] if output else "absent"
-        if not line.startswith("present"):
-            return None
-        try:
-            return base64.b64decode(line[len("present"):].strip()).decode("utf-8", "replace")
-        except (binascii.Error, ValueError):
-            return ""
+    def found(self, stat: FileStat | None, fields: dict[str, str]) -> str | None:
+        return _base64_text(fields.get("#TEXT", ""))
 
 
 class FileSumDict(TypedDict):
@@ -65,32 +107,39 @@ class FileSumDict(TypedDict):
     head: str  # the first three lines: where sparkfold's header is
 
 
-class FileSum(FactBase[FileSumDict | None]):
+class FileSum(RegularFileFact[FileSumDict | None]):
     """In one round trip, what files.put reads in three (stat, its folder, sha1) and what the owner check reads (the
     first lines); None when `path` is not a file."""
 
-    def command(self, path: str) -> StringCommand:
-        p = QuoteString(path)
-        return StringCommand("if [ -f", p, "]; then { [ -L", p, "] && echo '#LINK'; };",
-                             "echo \"#STAT $(stat -L -c '%a %U %G'", p, "2>/dev/null)\";",
-                             "echo \"#SHA1 $(sha1sum <", p, "2>/dev/null | cut -c1-40)\";",
-                             "echo \"#HEAD $(head -n 3", p, "2>/dev/null | base64 -w0)\"; fi; true")
+    parts = ("link", "sha1", "head")
 
-    def process(self, output: list[str]) -> FileSumDict | None:
-        fields = {line.split(" ", 1)[0]: line.partition(" ")[2].strip() for line in output if line.startswith("#")}
-        if "#STAT" not in fields:
-            return None
-        stat = fields["#STAT"].split()
+    def found(self, stat: FileStat | None, fields: dict[str, str]) -> FileSumDict | None:
         sha1 = fields.get("#SHA1", "")
-        try:
-            head = base64.b64decode(fields.get("#HEAD", "")).decode("utf-8", "replace")
-        except (binascii.Error, ValueError):
-            head = ""
         return {"link": "#LINK" in fields,
                 "sha1": sha1 if len(sha1) == 40 and all(c in "0123456789abcdef" for c in sha1) else None,
-                "mode": int(stat[0]) if len(stat) == 3 and stat[0].isdigit() else None,
-                "user": stat[1] if len(stat) == 3 else None, "group": stat[2] if len(stat) == 3 else None,
-                "head": head}
+                "mode": int(stat["mode"]) if stat else None,
+                "user": stat["user"] if stat else None, "group": stat["group"] if stat else None,
+                "head": _base64_text(fields.get("#HEAD", ""))}
+
+
+class ApiKeyFileDict(TypedDict):
+    present: bool  # exists and is not empty
+    empty: bool
+    mode: str | None  # octal, e.g. "600"
+    owner: str | None
+
+
+class ApiKeyFile(RegularFileFact[ApiKeyFileDict]):
+    """Whether the API key file exists, with its mode and owner: stat only (no parts), the key is never read."""
+
+    @staticmethod
+    def default() -> ApiKeyFileDict:
+        return {"present": False, "empty": False, "mode": None, "owner": None}
+
+    def found(self, stat: FileStat | None, fields: dict[str, str]) -> ApiKeyFileDict:
+        if stat is None:
+            return self.default()  # unreadable: as if missing (the new key's write is guarded by `[ -s ]`)
+        return {"present": stat["size"] > 0, "empty": stat["size"] == 0, "mode": stat["mode"], "owner": stat["user"]}
 
 
 class LinkTarget(FactBase[str | None]):
@@ -280,29 +329,3 @@ class DiskSpace(FactBase[DiskSpaceDict]):
                 sections[-1][1].append(line)
         return {"free": [DiskFree().process(lines) for kind, lines in sections if kind == "#FREE"],
                 "held": sum(PathUsage().process(lines) for kind, lines in sections if kind == "#HELD")}
-
-
-class ApiKeyFileDict(TypedDict):
-    present: bool  # exists and is not empty
-    empty: bool
-    mode: str | None  # octal, e.g. "600"
-    owner: str | None
-
-
-class ApiKeyFile(FactBase[ApiKeyFileDict]):
-    """Whether the API key file exists, with its mode and owner: stat only, the key is never read."""
-
-    @staticmethod
-    def default() -> ApiKeyFileDict:
-        return {"present": False, "empty": False, "mode": None, "owner": None}
-
-    def command(self, path: str) -> str:
-        p = sh(path)
-        return (f"if [ -s {p} ]; then echo \"key $(stat -c '%a %U' {p})\"; "
-                f"elif [ -e {p} ]; then echo \"empty $(stat -c '%a %U' {p})\"; else echo missing; fi")
-
-    def process(self, output: list[str]) -> ApiKeyFileDict:
-        words = " ".join(output).split()
-        if words and words[0] in ("key", "empty") and len(words) >= 3:
-            return {"present": words[0] == "key", "empty": words[0] == "empty", "mode": words[1], "owner": words[2]}
-        return self.default()

@@ -81,7 +81,7 @@ class RankInputs(FactBase[RankInputsDict]):
             "link_record": LinkRecord().process(parts.get("link_record", [])),
             "served": link("served"), "kit": link("kit"), "rank_folder": link("rank_folder"), "ablit": link("ablit"),
             "infiniband": InfinibandDevices().process(parts.get("infiniband", [])),
-            "capabilities": EngineCapabilities().process(parts.get("capabilities", [])),
+            "capabilities": EngineCapabilities().process(parts.get("capabilities", []))["document"],
             "port_holders": {int(name.split()[1]): PortListeners().process(lines)
                              for name, lines in parts.items() if name.startswith("port ")},
             "mem_available": memory.get("MemAvailable"),

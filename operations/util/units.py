@@ -13,7 +13,7 @@ from pyinfra import host
 from pyinfra.api import operation
 from pyinfra.operations import systemd
 
-from ..facts.systemd import ServiceState
+from ..facts.systemd import UnitState, unit_enabled, unit_running
 from ..layout import script_path, unit_path
 from .checks import op_changed
 from .file_put import file_put, owned_file_put
@@ -57,8 +57,8 @@ def unit_service(service: str, file_put: Any, running: bool, enabled: bool | Non
     (and, with restart_on_change, a restart) only when that file changed. enabled None: left as it is. One
     `systemctl show` when nothing is to be done, where systemd.service reads two facts."""
     changed = file_put is not None and op_changed(file_put)
-    st = fact_until_change(host, ServiceState, unit=service)
-    if not changed and st["running"] == running and enabled in (None, st["enabled"]):
+    st = fact_until_change(host, UnitState, unit=service)
+    if not changed and unit_running(st) == running and enabled in (None, unit_enabled(st)):
         host.noop(f"{service} is {'running' if running else 'stopped'}"
                   + ("" if enabled is None else f" and {'enabled' if enabled else 'disabled'}"))
         return

@@ -3,7 +3,7 @@ that also returns what files.put would upload.
 
 remote_file(path, text=None, mode=644): the facts files.put reads for `path` (absent, or holding `text`), and the
   FileSum sparkfold's file_put reads for it.
-unit(name, running, enabled): the facts systemd.service reads for one unit, and sparkfold's one-read ServiceState.
+unit(name, running, enabled): the facts systemd.service reads for one unit, and sparkfold's one-read UnitState.
 merged(*facts): fact dicts combined (tables of the same fact merged).
 run_put(op, facts, executing=False, **kwargs) -> (commands as strings, {dest: uploaded text}, host).
 """
@@ -20,7 +20,7 @@ from pyinfra.facts.files import Directory, File, Sha1File
 from pyinfra.facts.systemd import SystemdEnabled, SystemdStatus
 
 from operations.facts.files import FileSum
-from operations.facts.systemd import ServiceState
+from operations.facts.systemd import UnitState, UnitStateDict
 
 
 def merged(*fact_sets: dict) -> dict:
@@ -48,10 +48,16 @@ def remote_file(path: str, text: str | None = None, mode: int = 644, dir_exists:
     return facts
 
 
+def unit_state(running: bool, enabled: bool) -> UnitStateDict:
+    """UnitState of a unit that runs (or is dead) and is enabled (or disabled), in systemctl's words."""
+    return {"enabled": "enabled" if enabled else "disabled", "active": "active" if running else "inactive",
+            "sub": "running" if running else "dead", "sha256": None}
+
+
 def unit(name: str, running: bool, enabled: bool) -> dict:
     key = f"machine=None, services=['{name}'], user_mode=False, user_name=None"
     return {SystemdStatus: with_args({key: {name: running}}), SystemdEnabled: with_args({key: {name: enabled}}),
-            ServiceState: with_args({f"unit={name}": {"running": running, "enabled": enabled}})}
+            UnitState: with_args({f"unit={name}": unit_state(running, enabled)})}
 
 
 def run_put(op, facts: dict, executing: bool = False, **kwargs) -> tuple[list[str], dict[str, str], FakeHost]:

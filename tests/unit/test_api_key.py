@@ -30,12 +30,13 @@ MISSING = ApiKeyFile.default()
 
 
 def test_fact_parses_stat_output_and_never_reads_the_key():
-    assert parse_fact(ApiKeyFile, "key 600 nvidia") == present()
-    assert parse_fact(ApiKeyFile, "empty 644 root") == {"present": False, "empty": True, "mode": "644", "owner": "root"}
-    assert parse_fact(ApiKeyFile, "missing") == MISSING
+    assert parse_fact(ApiKeyFile, "#FILE 600 nvidia nvidia 65") == present()
+    assert parse_fact(ApiKeyFile, "#FILE 644 root root 0") == {"present": False, "empty": True, "mode": "644",
+                                                              "owner": "root"}
+    assert parse_fact(ApiKeyFile, "#FILE ") == MISSING  # stat could not read it
     assert parse_fact(ApiKeyFile, "") == MISSING
     command = ApiKeyFile().command(PATH)
-    assert "stat -c" in command and "cat" not in command and "<" not in command.replace("-s", "")
+    assert "stat -L -c" in command and not any(reader in command for reader in ("cat", "<", "base64", "sum", "head"))
 
 
 def test_fact_command_on_real_files(tmp_path):

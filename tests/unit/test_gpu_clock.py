@@ -13,7 +13,7 @@ from harness import parse_fact, run_op, with_args
 
 from operations import gpu_clock as gc
 from operations.facts.gpu import GpuClockState, parse_confirmation, query_command
-from operations.facts.systemd import ServiceState
+from operations.facts.systemd import UnitState
 
 FIX = Path(__file__).parent / "fixtures" / "host"
 STANDIN = Path(__file__).resolve().parents[1] / "sim" / "standins" / "nvidia-smi"
@@ -163,7 +163,8 @@ def test_record_without_a_time_is_stale():
 
 def run_locked(st, timer="active", executing=True, **kw):
     facts = {GpuClockState: with_args({KEY: st}),
-             ServiceState: with_args({TIMER_KEY: {"enabled": True, "running": timer == "active"}})}
+             UnitState: with_args({TIMER_KEY: {"enabled": "enabled", "active": timer, "sha256": None,
+                                               "sub": "waiting" if timer == "active" else "dead"}})}
     return run_op(gc.gpu_clock_locked, facts, executing=executing, mhz=2200, nvidia_smi=SMI, period_s=PERIOD, **kw)
 
 

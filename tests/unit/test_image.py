@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import stat
 import subprocess
 from pathlib import Path
@@ -13,7 +15,7 @@ from pyinfra.facts.docker import DockerImage
 from settings_factory import make_settings
 
 from operations import image
-from operations.facts.docker import DockerImageInfo, EngineCapabilities, PeerDockerImageInfo
+from operations.facts.docker import DockerImageInfo, EngineCapabilities, PeerDockerImageInfo, capabilities_cache_file
 from operations.image_hash import context_files, image_hash
 from operations.peer_ssh import ssh_prefix
 
@@ -28,11 +30,20 @@ def fixture(name: str) -> str:
     return (FIXTURES / name).read_text()
 
 
+def document(output: str) -> dict:
+    """The capabilities document EngineCapabilities reads from `output`."""
+    return parse_fact(EngineCapabilities, output)["document"]
+
+
 BUILT = parse_fact(DockerImageInfo, fixture("inspect_built.json"))
-CAPS = parse_fact(EngineCapabilities, fixture("capabilities.txt"))
-
-
+CAPS = document(fixture("capabilities.txt"))
+IMAGE_ID = "sha256:" + "7e" * 32
 CAPS_DIR = "/home/nvidia/.local/state/sparkfold/capabilities"
+
+
+def caps_read(doc: dict, cached: bool, image_id: str = IMAGE_ID) -> dict:
+    """An EngineCapabilities answer: `doc` read from the cache file (cached) or from a container."""
+    return {"image_id": image_id if doc else "", "document": doc, "cached": cached}
 
 
 def images(**by_ref) -> dict:
@@ -68,7 +79,15 @@ def test_fact_commands_always_exit_zero_and_quote():
     assert f"{WORKER} 'docker image inspect {TAG}' 2>/dev/null || true" in peer
     caps = EngineCapabilities().command(image=TAG)
     assert f"docker run --rm --network none --entrypoint tensorfold-native {TAG} capabilities --json" in caps
-    assert caps.startswith(f"if docker image inspect {TAG} >/dev/null 2>&1; then ") and caps.endswith("|| true; fi")
+    assert caps.startswith(f"id=$(docker image inspect -f '{{{{.Id}}}}' {TAG} 2>/dev/null) || exit 0; ")
+    assert caps.endswith("2>/dev/null || true") and ".json" not in caps  # no cache_dir: no cache file read
+
+
+@pytest.mark.parametrize("cache_dir", ["", CAPS_DIR])
+def test_the_capabilities_fact_command_writes_nothing(cache_dir):
+    command = EngineCapabilities().command(image=TAG, cache_dir=cache_dir)
+    assert ">" not in re.sub(r"2>/dev/null", "", command)  # no redirection into a file
+    assert not re.search(r"(?<![-\w])(mv|mkdir|cp|tee|touch|rm)\b", command)  # `docker run --rm` removes no file
 
 
 def test_capabilities_parsed():
@@ -80,16 +99,26 @@ def test_capabilities_parsed():
     assert "TENSORFOLD_NO_UPDATE_CHECK" in CAPS["env"]
 
 
+def test_capabilities_say_where_they_were_read():
+    body = fixture("capabilities.txt")
+    cached = parse_fact(EngineCapabilities, f"#ID {IMAGE_ID}\n#CACHED\n{body}")
+    assert cached == {"image_id": IMAGE_ID, "document": CAPS, "cached": True}
+    fresh = parse_fact(EngineCapabilities, f"#ID {IMAGE_ID}\n#IMAGE\n{body}")
+    assert fresh == {"image_id": IMAGE_ID, "document": CAPS, "cached": False}
+    failed = parse_fact(EngineCapabilities, f"#ID {IMAGE_ID}\n#IMAGE\n")  # the image's engine printed nothing
+    assert failed == {"image_id": IMAGE_ID, "document": {}, "cached": False}
+
+
 def test_capabilities_after_other_output_and_pretty_printed():
-    banner = parse_fact(EngineCapabilities, fixture("capabilities_banner.txt"))
+    banner = document(fixture("capabilities_banner.txt"))
     assert banner["version"] == "1.0.2" and "deepseek_v41" not in banner["families"]
-    pretty = parse_fact(EngineCapabilities, '{\n  "schema": 1,\n  "serve": {"flags": {"--port": {}}}\n}')
+    pretty = document('#ID sha256:1\n#IMAGE\n{\n  "schema": 1,\n  "serve": {"flags": {"--port": {}}}\n}')
     assert pretty["serve"]["flags"] == {"--port": {}}
 
 
 @pytest.mark.parametrize("output", ["", "tensorfold-native: not found", "[1, 2]"])
 def test_capabilities_absent_is_empty(output):
-    assert parse_fact(EngineCapabilities, output) == {}
+    assert parse_fact(EngineCapabilities, output) == EngineCapabilities.default() == caps_read({}, False)
 
 
 def test_capabilities_problems():
@@ -97,7 +126,7 @@ def test_capabilities_problems():
     assert "could not read" in image.capabilities_problem({}, TAG)
     assert "schema 2" in image.capabilities_problem(dict(CAPS, schema=2), TAG)
     assert "no serve flags" in image.capabilities_problem(dict(CAPS, serve={"flags": {}}), TAG)
-    banner = parse_fact(EngineCapabilities, fixture("capabilities_banner.txt"))
+    banner = document(fixture("capabilities_banner.txt"))
     assert "deepseek_v41" in image.capabilities_problem(banner, TAG)
 
 
@@ -252,27 +281,42 @@ def test_prebuilt_malformed_reference_fails():
 # --- engine_capabilities_checked ---
 
 
-def check(caps, executing):
-    return run_op(image.engine_capabilities_checked, {EngineCapabilities: caps_of(**{TAG: caps})},
-                  executing=executing, image=TAG, cache_dir=CAPS_DIR)
+def check(read, executing, cache_dir=CAPS_DIR):
+    return run_op(image.engine_capabilities_checked,
+                  {EngineCapabilities: with_args({f"cache_dir={cache_dir}, image={TAG}": read})},
+                  executing=executing, image=TAG, cache_dir=cache_dir)
 
 
 @pytest.mark.parametrize("executing", [False, True])
-def test_capabilities_good(executing):
-    commands, host = check(CAPS, executing)
+def test_capabilities_kept_and_good_change_nothing(executing):
+    commands, host = check(caps_read(CAPS, cached=True), executing)
     assert commands == [] and host.noops == [f"{TAG}: engine 1.0.2, 17 serve flags"]
 
 
+@pytest.mark.parametrize("executing", [False, True])
+def test_capabilities_read_from_the_image_are_kept_by_its_id(executing):
+    commands, host = check(caps_read(CAPS, cached=False), executing)
+    path = f"{CAPS_DIR}/{'7e' * 32}.json"
+    assert commands == [f"mkdir -p {CAPS_DIR} && printf '%s\\n' '{json.dumps(CAPS)}' > {path}.$$ "
+                        f"&& mv -f {path}.$$ {path}"]
+    assert host.noops == []  # the operation changes the Spark: the file is written
+
+
 def test_capabilities_absent_tolerated_while_planning_enforced_when_executing():
-    assert check({}, executing=False)[0] == []
-    commands, _ = check({}, executing=True)
+    assert check(caps_read({}, False), executing=False)[0] == []
+    commands, _ = check(caps_read({}, False), executing=True)  # nothing read whole: nothing kept
     assert len(commands) == 1 and "could not read `tensorfold-native capabilities --json`" in commands[0]
 
 
 def test_capabilities_wrong_family_fails():
-    banner = parse_fact(EngineCapabilities, fixture("capabilities_banner.txt"))
-    commands, _ = check(banner, executing=True)
-    assert "does not load deepseek_v41 checkpoints in exl3-mul1" in commands[0]
+    banner = document(fixture("capabilities_banner.txt"))
+    commands, _ = check(caps_read(banner, cached=True), executing=True)
+    assert len(commands) == 1 and "does not load deepseek_v41 checkpoints in exl3-mul1" in commands[0]
+
+
+def test_no_cache_dir_keeps_nothing():
+    commands, host = check(caps_read(CAPS, cached=False), executing=True, cache_dir="")
+    assert commands == [] and host.noops
 
 
 def test_read_capabilities_uses_the_fact():
@@ -284,9 +328,14 @@ def test_read_capabilities_uses_the_fact():
     def probe(ref):
         yield str(read_capabilities(ref, CAPS_DIR)["schema"])
 
-    commands, host = run_op(probe, {EngineCapabilities: caps_of(**{TAG: CAPS})}, ref=TAG)
+    facts = {EngineCapabilities: with_args({f"cache_dir={CAPS_DIR}, image={TAG}": caps_read(CAPS, True)})}
+    commands, host = run_op(probe, facts, ref=TAG)
     assert commands == ["1"]
     assert host.fact_calls == [("operations.facts.docker.EngineCapabilities", {"image": TAG, "cache_dir": CAPS_DIR})]
+
+
+def test_the_cache_file_is_named_by_the_image_id():
+    assert capabilities_cache_file(CAPS_DIR, "sha256:abc") == f"{CAPS_DIR}/abc.json"
 
 
 def _image_store(tmp_path, monkeypatch):
@@ -303,28 +352,53 @@ def _image_store(tmp_path, monkeypatch):
     return lambda: (tmp_path / "calls").read_text().split().count("run") if (tmp_path / "calls").exists() else 0
 
 
+def _checked_for_real(cache: str) -> dict:
+    """engine_capabilities_checked against the stand-in docker: its fact run in a local shell, then its commands
+    (the stand-in's document lists no serve flags, so the check's own failure follows any write)."""
+    from harness import run_fact
+    read = run_fact(EngineCapabilities, image=TAG, cache_dir=cache)
+    commands, _ = check(read, executing=True, cache_dir=cache)
+    for command in commands:
+        subprocess.run(["sh", "-c", command], capture_output=True)
+    return read
+
+
 def test_capabilities_are_read_from_the_image_once_per_image_id(tmp_path, monkeypatch):
     from harness import run_fact
     runs = _image_store(tmp_path, monkeypatch)
-    cache = str(tmp_path / "state" / "capabilities")
-    assert run_fact(EngineCapabilities, image=TAG, cache_dir=cache) == {} and runs() == 0  # no image: no container
+    cache = tmp_path / "state" / "capabilities"
+    assert run_fact(EngineCapabilities, image=TAG, cache_dir=str(cache)) == caps_read({}, False)
+    assert runs() == 0  # no image: no container
     (tmp_path / "id").write_text("sha256:aaa\n")
-    assert run_fact(EngineCapabilities, image=TAG, cache_dir=cache) == {"schema": 1, "id": "sha256:aaa"}
-    assert run_fact(EngineCapabilities, image=TAG, cache_dir=cache) == {"schema": 1, "id": "sha256:aaa"}
-    assert runs() == 1 and os.listdir(cache) == ["aaa.json"]
+    fresh = caps_read({"schema": 1, "id": "sha256:aaa"}, cached=False, image_id="sha256:aaa")
+    assert run_fact(EngineCapabilities, image=TAG, cache_dir=str(cache)) == fresh
+    assert runs() == 1 and not cache.exists()  # the fact reads only, also under --dry and in status.py
+    assert _checked_for_real(str(cache)) == fresh and runs() == 2  # the operation keeps what it read
+    assert (cache / "aaa.json").read_text() == '{"schema": 1, "id": "sha256:aaa"}\n'  # one JSON line
+    assert os.listdir(cache) == ["aaa.json"]  # nothing left aside
+    assert _checked_for_real(str(cache)) == dict(fresh, cached=True) and runs() == 2  # kept: no container
     (tmp_path / "id").write_text("sha256:bbb\n")  # rebuilt under the same tag: read afresh
-    assert run_fact(EngineCapabilities, image=TAG, cache_dir=cache) == {"schema": 1, "id": "sha256:bbb"}
-    assert runs() == 2
+    rebuilt = run_fact(EngineCapabilities, image=TAG, cache_dir=str(cache))
+    assert rebuilt["document"] == {"schema": 1, "id": "sha256:bbb"} and not rebuilt["cached"] and runs() == 3
+
+
+def test_a_cache_file_that_is_not_whole_is_read_again_and_replaced(tmp_path, monkeypatch):
+    runs = _image_store(tmp_path, monkeypatch)
+    cache = tmp_path / "capabilities"
+    cache.mkdir()
+    (cache / "ddd.json").write_text('{"schema": 1, "id"')  # cut short
+    (tmp_path / "id").write_text("sha256:ddd\n")
+    assert _checked_for_real(str(cache))["cached"] is False and runs() == 1
+    assert json.loads((cache / "ddd.json").read_text()) == {"schema": 1, "id": "sha256:ddd"}
 
 
 def test_a_capabilities_read_that_fails_is_not_kept(tmp_path, monkeypatch):
-    from harness import run_fact
     runs = _image_store(tmp_path, monkeypatch)
     cache = tmp_path / "capabilities"
     (tmp_path / "id").write_text("sha256:ccc\n")
     (tmp_path / "broken").write_text("")
-    assert run_fact(EngineCapabilities, image=TAG, cache_dir=str(cache)) == {}
-    assert run_fact(EngineCapabilities, image=TAG, cache_dir=str(cache)) == {}
+    assert _checked_for_real(str(cache))["document"] == {}
+    assert _checked_for_real(str(cache))["document"] == {}
     assert runs() == 2 and not cache.exists()
 
 

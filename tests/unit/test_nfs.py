@@ -60,9 +60,10 @@ def service(state):
 
 
 def test_service_state():
-    running = service(parse_fact(UnitState, "active=active\nenabled=enabled"))
+    running = service(parse_fact(UnitState, "ActiveState=active\nUnitFileState=enabled"))
     assert running == {"active": "active", "enabled": "enabled"}
-    assert service(parse_fact(UnitState, "active=inactive\nenabled=")) == {"active": "inactive", "enabled": ""}
+    assert service(parse_fact(UnitState, "ActiveState=inactive\nUnitFileState=")) == {"active": "inactive",
+                                                                                     "enabled": ""}
     state = UnitState()
     assert service(state.process(run_sh(state.command(unit="sparkfold-no-such-unit")))) in (
         {"active": "", "enabled": ""}, {"active": "inactive", "enabled": ""}, {"active": "unknown", "enabled": ""})

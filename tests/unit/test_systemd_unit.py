@@ -11,7 +11,7 @@ from harness import parse_fact, run_fact
 from pyinfra.operations import systemd
 
 from operations.facts.files import FileSum
-from operations.facts.systemd import ServiceState
+from operations.facts.systemd import UnitState, unit_enabled, unit_running
 from operations.util import MANAGED_HEADER, units
 from operations.util.file_put import already_there, file_put, owned_file_put
 
@@ -177,19 +177,34 @@ def test_file_sum_fact_on_real_files(tmp_path):
 def test_converged_service_reads_one_fact():
     cmds, _, host = run_put(units.unit_service, unit(UNIT, True, True), service=UNIT, file_put=None, running=True,
                             enabled=True)
-    assert cmds == [] and host.noops and fact_names(host) == ["ServiceState"]
+    assert cmds == [] and host.noops and fact_names(host) == ["UnitState"]
     cmds, _, host = run_put(units.unit_service, unit(UNIT, False, False), service=UNIT, file_put=None,
                             running=False, enabled=False)
-    assert cmds == [] and fact_names(host) == ["ServiceState"]
+    assert cmds == [] and fact_names(host) == ["UnitState"]
     cmds, _, _ = run_put(units.unit_service, unit(UNIT, False, True), service=UNIT, file_put=None, running=True)
     assert cmds == [f"systemctl start {UNIT}"]  # enabled None: left as it is
 
 
-def test_service_state_fact_reads_pyinfras_words():
-    out = parse_fact(ServiceState, "SubState=waiting\nUnitFileState=enabled\n")
-    assert out == {"running": True, "enabled": True}  # a timer that waits runs
-    assert parse_fact(ServiceState, "SubState=dead\nUnitFileState=static\n") == {"running": False, "enabled": True}
-    assert parse_fact(ServiceState, "SubState=dead\nUnitFileState=\n") == {"running": False, "enabled": False}
+def test_unit_state_fact_reads_pyinfras_words():
+    waiting = parse_fact(UnitState, "UnitFileState=enabled\nActiveState=active\nSubState=waiting\n")
+    assert waiting == {"enabled": "enabled", "active": "active", "sub": "waiting", "sha256": None}
+    assert unit_running(waiting) and unit_enabled(waiting)  # a timer that waits runs
+    static = parse_fact(UnitState, "UnitFileState=static\nActiveState=inactive\nSubState=dead\n")
+    assert not unit_running(static) and unit_enabled(static)
+    unknown = parse_fact(UnitState, "UnitFileState=\nActiveState=inactive\nSubState=dead\n")
+    assert unknown["enabled"] == "" and not unit_running(unknown) and not unit_enabled(unknown)
+    assert parse_fact(UnitState, "") == UnitState.default() and not unit_running(UnitState.default())
+
+
+def test_unit_state_reads_the_unit_files_sum_only_when_given_its_path(tmp_path):
+    path = tmp_path / UNIT
+    command = UnitState().command(unit=UNIT, path=str(path))
+    assert command.startswith(f"systemctl show --property UnitFileState --property ActiveState --property SubState "
+                              f"{UNIT} 2>/dev/null || true")
+    assert "sha256sum" not in UnitState().command(unit=UNIT)
+    assert run_fact(UnitState, unit=UNIT, path=str(path))["sha256"] is None  # no file
+    path.write_text(CONTENT)
+    assert run_fact(UnitState, unit=UNIT, path=str(path))["sha256"] == hashlib.sha256(CONTENT.encode()).hexdigest()
 
 
 def test_service_reloads_enables_starts_or_restarts():
