@@ -2,11 +2,12 @@
 
 The controller makes the requests (api_base_url is its view of rank 0). The wait and smoke test run only when the
 pair was (re)started in this run; a converged run does one quick check and logs the LIVE line, with no change.
+The smoke test is the validator's (operations/validate/smoke.py), so a deploy and `python -m operations.validate
+smoke` judge a pair the same way.
 """
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable
 
@@ -15,19 +16,15 @@ from pyinfra import host, logger, state
 from pyinfra.api import FunctionCommand, QuoteString, StringCommand, operation
 
 from .facts.docker import RankContainer
+from .validate.client import Client
+from .validate.result import PASS
+from .validate.smoke import smoke_parts
 
 POLL_S = 3
 PROGRESS_S = 15
 LOG_LINES = 25
 
-SMOKE_TOOL = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "Current weather for a city",
-        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
-    },
-}
+SMOKE_TIMEOUT_S = 300  # per request: a first reply after a cold start can take minutes
 
 
 def _headers(api_key: str) -> dict:
@@ -75,61 +72,17 @@ def wait_for_api(base_url: str, served_name: str, api_key: str, timeout: float,
         sleep(POLL_S)
 
 
-def _chat(base_url: str, api_key: str, body: dict, stream: bool = False, timeout: float = 300):
-    r = requests.post(f"{base_url}/v1/chat/completions", headers=_headers(api_key), json=body, stream=stream,
-                      timeout=timeout)
-    if r.status_code != 200:
-        raise ValueError(f"answered {r.status_code}: {r.text[:200]}")
-    return r
-
-
 def smoke_test(base_url: str, served_name: str, api_key: str = "") -> tuple[bool, list[str]]:
-    """A short reply (plain and streamed) and one tool call, all through both ranks. (passed, report lines)"""
-    lines: list[str] = []
-    base = {"model": served_name, "max_tokens": 32, "temperature": 0,
-            "chat_template_kwargs": {"enable_thinking": False},
-            "messages": [{"role": "user", "content": "Reply with OK."}]}
+    """The validator's smoke check through both ranks. (passed, a line per part; or one line naming what failed)"""
+    client = Client(base_url, api_key or None, served_name, timeout=SMOKE_TIMEOUT_S)
     try:
-        reply = _chat(base_url, api_key, base).json()
-        text = (reply["choices"][0]["message"].get("content") or "").strip()
-        if not text:
-            return False, ["the smoke test's reply is empty"]
-        if len(text) > 3 and len(set(text)) == 1:
-            return False, [f"the smoke test's reply is one character repeated ({text[:40]!r}): the model collapsed"]
-        used = (reply.get("usage") or {}).get("completion_tokens")
-        lines.append(f"reply: {text[:40]!r} ({used} tokens)")
-    except (requests.RequestException, ValueError, KeyError, IndexError, TypeError) as e:
-        return False, [f"the smoke test's chat completion failed: {e}"]
-    try:
-        r = _chat(base_url, api_key, {**base, "stream": True}, stream=True)
-        pieces, done = [], False
-        for raw in r.iter_lines(decode_unicode=True):
-            if not raw or not raw.startswith("data:"):
-                continue
-            data = raw[5:].strip()
-            if data == "[DONE]":
-                done = True
-                break
-            for choice in json.loads(data).get("choices", []):
-                pieces.append((choice.get("delta") or {}).get("content") or "")
-        streamed = "".join(pieces).strip()
-        if not done or not streamed:
-            return False, [f"the streamed smoke test ended without {'[DONE]' if not done else 'any text'}"]
-        lines.append(f"streamed: {streamed[:40]!r}")
-    except (requests.RequestException, ValueError, KeyError, TypeError) as e:
-        return False, [f"the streamed smoke test failed: {e}"]
-    try:
-        body = {"model": served_name, "max_tokens": 128, "temperature": 0, "tools": [SMOKE_TOOL],
-                "chat_template_kwargs": {"enable_thinking": False},
-                "messages": [{"role": "user", "content": "What is the weather in Paris? Use the tool."}]}
-        calls = _chat(base_url, api_key, body).json()["choices"][0]["message"].get("tool_calls") or []
-        if not calls or calls[0]["function"]["name"] != "get_weather":
-            return False, [f"the smoke test asked for a tool call and got {calls or 'none'}"]
-        json.loads(calls[0]["function"]["arguments"])
-        lines.append(f"tool call: {calls[0]['function']['name']}({calls[0]['function']['arguments']})")
-    except (requests.RequestException, ValueError, KeyError, IndexError, TypeError) as e:
-        return False, [f"the smoke test's tool call failed: {e}"]
-    return True, lines
+        parts = smoke_parts(client)
+    finally:
+        client.session.close()
+    failed = [part.line() for part in parts if part.status != PASS]
+    if failed:
+        return False, [f"the smoke test failed: {'; '.join(failed)}"]
+    return True, [f"{part.name}: {part.detail}" for part in parts]
 
 
 def live_lines(served_name: str, port: int, base_url: str, api_key_file: str = "", open_note: str = "") -> list[str]:

@@ -1,4 +1,5 @@
-"""health: the bounded API wait, the smoke test and the LIVE line, against a tiny local HTTP server."""
+"""health: the bounded API wait, the smoke test and the LIVE line, against tiny local HTTP servers (the smoke test
+against the validator's fake, tests/unit/validate_fake.py, since it is the validator's smoke check)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ from types import SimpleNamespace
 
 import pytest
 from harness import FakeHost, run_op
+from validate_fake import MODEL
+from validate_fake import serving as validate_serving
 
 from operations import health
 from operations.facts.docker import RankContainer
@@ -19,11 +22,10 @@ DOWN = {**UP, "running": False, "status": "exited", "exit_code": 1}
 
 
 class Api:
-    """A fake rank 0. `behaviour` switches: models (status), key, content, stream_done, tool."""
+    """A fake rank 0's /v1/models. `behaviour` switches: models (status), key, fail_first (503s before the list)."""
 
     def __init__(self, **behaviour):
-        self.b = {"models": 200, "key": "", "content": "OK", "stream_done": True, "tool": True,
-                  "fail_first": 0, **behaviour}
+        self.b = {"models": 200, "key": "", "fail_first": 0, **behaviour}
         self.seen = []
         api = self
 
@@ -53,29 +55,6 @@ class Api:
                     api.b["fail_first"] -= 1
                     return self.reply(503, {})
                 self.reply(api.b["models"], {"object": "list", "data": [{"id": NAME}]})
-
-            def do_POST(self):
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                if not self.authed():
-                    return
-                if body.get("tools"):
-                    msg = {"role": "assistant", "content": "", "tool_calls": [
-                        {"id": "c1", "type": "function",
-                         "function": {"name": "get_weather", "arguments": json.dumps({"city": "Paris"})}}]} \
-                        if api.b["tool"] else {"role": "assistant", "content": "no"}
-                    return self.reply(200, {"choices": [{"message": msg}]})
-                if body.get("stream"):
-                    self.send_response(200)
-                    self.send_header("Content-Type", "text/event-stream")
-                    self.end_headers()
-                    for word in api.b["content"].split(" "):
-                        chunk = {"choices": [{"delta": {"content": word}}]}
-                        self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
-                    if api.b["stream_done"]:
-                        self.wfile.write(b"data: [DONE]\n\n")
-                    return
-                self.reply(200, {"choices": [{"message": {"role": "assistant", "content": api.b["content"]}}],
-                                 "usage": {"completion_tokens": 2}})
 
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), H)
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
@@ -168,21 +147,52 @@ def test_wait_for_api_times_out_with_progress(api):
     assert len(notes) == 2 and "15 s of 40 s" in notes[0]
 
 
-def test_smoke_test_passes(api):
-    ok, lines = health.smoke_test(api(content="OK from both").url, NAME)
-    assert ok and lines[0].startswith("reply: 'OK from both'") and "streamed: 'OKfromboth'" in lines[1]
-    assert lines[2].startswith("tool call: get_weather(")
+@pytest.fixture
+def fake():
+    """The validator's fake server, answering well until a test names a fault in .bad."""
+    with validate_serving() as httpd:
+        yield httpd
 
 
-@pytest.mark.parametrize("behaviour,message", [
-    ({"content": ""}, "reply is empty"),
-    ({"content": "!!!!!!!!"}, "one character repeated"),
-    ({"stream_done": False}, "without [DONE]"),
-    ({"tool": False}, "asked for a tool call"),
+def test_smoke_test_passes_with_a_line_per_part(fake):
+    ok, lines = health.smoke_test(fake.url, MODEL)
+    assert ok and [line.split(":", 1)[0] for line in lines] == ["health", "reply", "stream", "tool"]
+    assert lines[1].startswith("reply: '1\\n2\\n3\\n4\\n5\\n6' (")
+    assert lines[2].endswith("finish_reason stop, [DONE]")
+    assert lines[3] == 'tool: get_weather({"city": "Paris"})'
+    assert {b["model"] for m, _, b in fake.requests if m == "POST"} == {MODEL}
+
+
+@pytest.mark.parametrize("fault,message", [
+    ("empty-reply", "FAIL reply: empty reply"),
+    ("collapsed", "FAIL reply: one character repeated ('!!!!!!!!!!!!!!!!'): the model collapsed"),
+    ("no-done", "FAIL stream: the stream ended without data: [DONE]"),
+    ("stream-error", "FAIL stream: error in the stream"),
+    ("no-tool-call", "FAIL tool: asked for a tool call and got none"),
+    ("stop-ignored", "FAIL reply: the stop string '7' is in the reply"),
+    ("health-down", "FAIL health: HTTP 503"),
+    ("wrong-shape", "FAIL tool: an answer of the wrong shape"),
 ])
-def test_smoke_test_failures(api, behaviour, message):
-    ok, lines = health.smoke_test(api(**behaviour).url, NAME)
-    assert not ok and message in lines[0]
+def test_smoke_test_failures_say_what_failed(fake, fault, message):
+    fake.bad = {fault}
+    ok, lines = health.smoke_test(fake.url, MODEL)
+    assert not ok and len(lines) == 1
+    assert lines[0].startswith("the smoke test failed: ") and message in lines[0]
+
+
+def test_smoke_test_reads_the_stream_as_the_standard_says(fake):
+    # U+2028 is no line end in an event stream: a reader splitting on it (requests' iter_lines) tore this chunk
+    chunk = {"choices": [{"index": 0, "delta": {"content": "Hello\u2028there"}, "finish_reason": "stop"}]}
+    fake.raw_stream = f"data: {json.dumps(chunk, ensure_ascii=False)}\r\n\r\ndata: [DONE]\r\n\r\n".encode()
+    ok, lines = health.smoke_test(fake.url, MODEL)
+    assert ok and lines[2] == "stream: 'Hello\\u2028there', finish_reason stop, [DONE]"  # repr shows it escaped
+
+
+def test_smoke_test_sends_the_key(fake):
+    fake.require_key = "sekrit"
+    assert health.smoke_test(fake.url, MODEL)[0] is False
+    assert health.smoke_test(fake.url, MODEL, api_key="sekrit")[0] is True
+    assert {h.get("Authorization") for h in fake.headers[-3:]} == {"Bearer sekrit"}
 
 
 def test_live_lines_name_the_key_file_not_the_key():
@@ -195,13 +205,25 @@ def test_live_lines_name_the_key_file_not_the_key():
 
 # --- the wait + smoke as run by the FunctionCommand -------------------------------------------------------------
 
-def test_wait_and_smoke_success_logs_live(api):
-    a = api(key="k1")
+def test_wait_and_smoke_success_logs_each_part_and_live(fake):
+    fake.require_key = "k1"
     head = Spark({RankContainer: UP}, "head", {"cat ": ["# key", "k1"]})
     worker = Spark({RankContainer: UP}, "worker")
-    assert health._wait_and_smoke(None, head, worker, a.url, NAME, 8888, "c", "/state/api-key", 60) is True
-    assert any(f"✔ {NAME} is now LIVE! on port 8888" in m for m in head.logged)
+    assert health._wait_and_smoke(None, head, worker, fake.url, MODEL, 8888, "c", "/state/api-key", 60) is True
+    smoke = [m for m in head.logged if m.startswith("smoke test ")]
+    assert [m.split(":", 1)[0] for m in smoke] == [f"smoke test {p}" for p in ("health", "reply", "stream", "tool")]
+    assert any(f"✔ {MODEL} is now LIVE! on port 8888" in m for m in head.logged)
     assert not any("k1" in m for m in head.logged)
+
+
+def test_wait_and_smoke_failed_smoke_says_what_and_shows_both_ranks_logs(fake):
+    fake.bad = {"no-done"}
+    head = Spark({RankContainer: UP}, "head", {"docker logs": ["rank0 says hi"]})
+    worker = Spark({RankContainer: UP}, "worker", {"docker logs": ["rank1 says hi"]})
+    assert health._wait_and_smoke(None, head, worker, fake.url, MODEL, 8888, "c", "", 60) is False
+    text = "\n".join(head.logged)
+    assert "sparkfold: the smoke test failed: FAIL stream: the stream ended without data: [DONE]" in text
+    assert "rank0 says hi" in text and "rank1 says hi" in text and "LIVE" not in text
 
 
 def test_wait_and_smoke_failure_shows_both_ranks_logs(api):

@@ -9,7 +9,9 @@ import pytest
 from validate_fake import serving
 
 from operations.validate.__main__ import main
+from operations.validate.client import Client
 from operations.validate.result import FAIL, NOT_RUN, PASS, UNVERIFIED
+from operations.validate.smoke import broken_text, smoke_parts, weather_call_problem
 from operations.validate.text import CONTROL_MARKERS, leaked_markers
 
 KEY = "k" * 64
@@ -78,23 +80,69 @@ def test_every_control_marker_is_caught():
     assert leaked_markers("plain <b>html</b> and a | pipe") == []
 
 
-@pytest.mark.parametrize("fault, status, says", [
-    ("no-health", PASS, "health ok: /v1/models 200"),
-    ("health-down", FAIL, "health FAIL: HTTP 503"),
-    ("stop-ignored", FAIL, "stop FAIL: the stop string '7' is in the reply"),
-    ("no-done", FAIL, "stream FAIL: the stream ended without data: [DONE]"),
-    ("stream-error", FAIL, "stream FAIL: error in the stream"),
+def test_smoke_passes_and_says_what_it_saw(server, capsys):
+    assert run(server, "smoke") == PASS
+    out = capsys.readouterr().out
+    assert "health ok: /health 200" in out
+    assert "reply ok: '1\\n2\\n3\\n4\\n5\\n6' (" in out and "stopped before '7' (finish_reason stop)" in out
+    assert "stream ok: 'Hellothere,hereyougo.', finish_reason stop, [DONE]" in out  # the fake drops the spaces
+    assert 'tool ok: get_weather({"city": "Paris"})' in out
+
+
+@pytest.mark.parametrize("fault, failing, says", [
+    ("no-health", set(), "health ok: /v1/models 200"),
+    ("health-down", {"health"}, "health FAIL: HTTP 503"),
+    ("stop-ignored", {"reply"}, "reply FAIL: the stop string '7' is in the reply"),
+    ("empty-reply", {"reply", "stream"}, "reply FAIL: empty reply (finish_reason stop)"),
+    ("collapsed", {"reply", "stream"}, "stream FAIL: assembled from the deltas: one character repeated ('!!!!"),
+    ("no-finish", {"stream"}, "stream FAIL: no finish_reason in the stream"),
+    ("no-done", {"stream"}, "stream FAIL: the stream ended without data: [DONE]"),
+    ("stream-error", {"stream"}, "stream FAIL: error in the stream"),
+    ("no-tool-call", {"tool"}, "tool FAIL: asked for a tool call and got none (content 'It is sunny in Paris.')"),
+    ("wrong-shape", {"reply", "tool"}, "reply FAIL: an answer of the wrong shape (AttributeError: "),
 ])
-def test_smoke_parts_each_catch_their_fault(server, fault, status, says, capsys):
+def test_smoke_parts_each_catch_their_fault(server, fault, failing, says, capsys):
     server.bad = {fault}
-    assert run(server, "smoke") == status
+    assert run(server, "smoke") == (FAIL if failing else PASS)
     assert says in capsys.readouterr().out
+    assert {part.name for part in smoke_parts(Client(server.url)) if part.status != PASS} == failing
 
 
-def test_smoke_sends_a_stop_string(server):
+def test_smoke_sends_a_stop_string_a_stream_and_the_weather_tool(server):
     run(server, "smoke")
-    assert [b.get("stop") for m, _, b in server.requests if m == "POST"] == [["7"], None]
+    posts = [b for m, _, b in server.requests if m == "POST"]
+    assert [b.get("stop") for b in posts] == [["7"], None, None]
+    assert [bool(b.get("stream")) for b in posts] == [False, True, False]
+    assert posts[2]["tools"][0]["function"]["name"] == "get_weather"
     assert ("GET", "/health", None) in server.requests
+
+
+@pytest.mark.parametrize("text, problem", [
+    ("", "empty reply"),
+    (" \n ", "empty reply"),
+    ("!!!!!!!!", "one character repeated ('!!!!!!!!'): the model collapsed"),
+    ("OK", None),
+    ("...", None),  # three characters may be an answer
+    ("1\n2\n3", None),
+])
+def test_broken_text(text, problem):
+    assert broken_text(text) == problem
+
+
+def weather(arguments, name="get_weather"):
+    return {"tool_calls": [{"type": "function", "function": {"name": name, "arguments": arguments}}]}
+
+
+@pytest.mark.parametrize("message, problem", [
+    ({"content": "sunny"}, "asked for a tool call and got none (content 'sunny')"),
+    (weather('{"city": "Paris"}', name="add_tags"), "asked for get_weather and got a call of 'add_tags'"),
+    (weather("city=Paris"), "the tool call's arguments are not JSON text: 'city=Paris'"),
+    (weather({"city": "Paris"}), "the tool call's arguments are not JSON text: {'city': 'Paris'}"),
+    (weather('["Paris"]'), "the tool call's arguments are not a JSON object: '[\"Paris\"]'"),
+    (weather('{"city": "Paris"}'), None),
+])
+def test_weather_call_problem(message, problem):
+    assert weather_call_problem(message) == problem
 
 
 @pytest.mark.parametrize("fault, status, says", [

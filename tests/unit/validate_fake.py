@@ -16,6 +16,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 ENGINE_TOOL_CHOICE_400 = ('tool_choice "required" or a named function is not supported by this engine yet: '
                           'send "auto"')
+MODEL = "fake-model"  # the one id /v1/models lists
 SLOW_PREFILL_S = 0.3  # time to first token of a long prompt the fake has not seen before
 LONG_PROMPT_CHARS = 6000
 
@@ -65,10 +66,10 @@ class Fake(BaseHTTPRequestHandler):
         if not self._authorised():
             return self._send(401, {"error": {"message": "A valid API key is required"}})
         if self.path == "/v1/models":
-            return self._send(200, {"object": "list", "data": [{"id": "fake-model", "object": "model"}]})
+            return self._send(200, {"object": "list", "data": [{"id": MODEL, "object": "model"}]})
         if self.path == "/metrics" and not bad & {"reuse-hidden", "no-metrics"}:
             text = ("# TYPE tensorfold_cached_tokens_total counter\n"
-                    f'tensorfold_cached_tokens_total{{model="fake-model"}} {self.server.cached_total}\n')
+                    f'tensorfold_cached_tokens_total{{model="{MODEL}"}} {self.server.cached_total}\n')
             return self._send(200, text.encode(), "text/plain; version=0.0.4; charset=utf-8")
         self._send(404, {"error": {"message": "unknown path"}})
 
@@ -109,6 +110,8 @@ class Fake(BaseHTTPRequestHandler):
             pieces = re.findall(r"\S+|\s+", message.get("content") or "")
             choice["logprobs"] = {"content": [{"token": t, "logprob": 0.0} for t in pieces]}
         reply = {"object": "chat.completion", "model": body["model"], "choices": [choice]}
+        if "wrong-shape" in bad:
+            reply["choices"] = ["not a choice object"]
         if "token-sha" in bad:  # not a fault: the engine's own reply identity
             reply["tensorfold"] = {"token_sha": hashlib.sha256(json.dumps(message).encode()).hexdigest()[:12]}
         if usage:
@@ -151,8 +154,19 @@ class Fake(BaseHTTPRequestHandler):
         return [p["image_url"]["url"] for m in body["messages"] if isinstance(m.get("content"), list)
                 for p in m["content"] if p.get("type") == "image_url"]
 
+    @staticmethod
+    def _weather(bad):
+        """The smoke check's one tool call: get_weather for Paris."""
+        if "no-tool-call" in bad:
+            return {"content": "It is sunny in Paris."}
+        call = {"id": "w1", "type": "function",
+                "function": {"name": "get_weather", "arguments": json.dumps({"city": "Paris"})}}
+        return {"content": None, "tool_calls": [call]}
+
     def _tools(self, body, bad):
         choice = body.get("tool_choice", "auto")
+        if body["tools"][0]["function"]["name"] == "get_weather":
+            return self._weather(bad)
         results = [m for m in body["messages"] if m.get("role") == "tool"]
         if results:
             code = json.loads(results[-1]["content"])["confirmation"]
@@ -196,6 +210,10 @@ class Fake(BaseHTTPRequestHandler):
             message["content"] = "def merge(a, b):\n    return sorted(a + b)  # drifted\n"
         else:
             message["content"] = "Hello there, here you go."
+        if "empty-reply" in bad:
+            message["content"] = ""
+        if "collapsed" in bad:
+            message["content"] = "!" * 16
         for stop in body.get("stop") or []:
             if stop in message["content"] and "stop-ignored" not in bad:
                 message["content"] = message["content"][:message["content"].index(stop)]
