@@ -18,6 +18,7 @@ from operations.facts.files import DirFiles, DiskFree, FolderCheck, FolderEntrie
 from operations.hf_cache import PARTIAL_SUFFIX
 from operations.peer_ssh import ssh_prefix
 from operations.remote import heredoc_command
+from operations.remote.progress import PRIVATE_DIR_ENV
 from operations.util import check_failed
 from operations.util.progress import TICK_S, progress_command
 
@@ -64,15 +65,16 @@ def hashing_command(label: str, folder: str, hashing: str, total: int, complaint
                     every: float = TICK_S) -> StringCommand:
     """`hashing` (one sha256sum command, with its redirections) run in `folder` with a progress line every few
     seconds: the bytes it has read so far (its /proc/<pid>/io rchar) of `total`, the rate and the time left; when it
-    fails, `complaint` on stderr. Hashing hundreds of GB takes minutes. The pid file's name is fixed per folder: the
-    run lock keeps two runs from sharing it."""
+    fails, `complaint` on stderr. Hashing hundreds of GB takes minutes. The pid file lives in the progress runner's
+    private folder (a fresh name, mode 0700): a name in /tmp anyone can compute would let a planted link there be
+    written through, or block the check."""
     q = shlex.quote
-    pid_file = f"/tmp/sparkfold-hashing-{hashlib.sha256(folder.encode()).hexdigest()[:16]}.pid"
+    pid_file = f'"${{{PRIVATE_DIR_ENV}:?}}/hashing.pid"'
     # exec keeps the inner shell's pid, which it wrote down, for sha256sum
-    command = (f"cd {q(folder)} && sh -c {q(f'echo $$ > {pid_file} && exec {hashing}')}; rc=$?; rm -f {pid_file}; "
+    command = (f"cd {q(folder)} && sh -c {q(f'echo $$ > {pid_file} && exec {hashing}')}; rc=$?; "
                + (f"[ $rc = 0 ] || echo {q(complaint)} >&2; " if complaint else "") + "exit $rc")
     probe = f"awk '/^rchar:/ {{print $2}}' /proc/$(cat {pid_file} 2>/dev/null)/io 2>/dev/null"
-    return progress_command(label, command, probe=probe, total=total, own_work=True, every=every)
+    return progress_command(label, command, probe=probe, total=total, own_work=True, every=every, private_dir=True)
 
 
 @operation()
