@@ -1,5 +1,8 @@
 # Converge both Sparks: pyinfra inventory.py deploy.py  (--dry shows the plan and why a run would stop).
 # Each step reads the Sparks' state and changes only what differs; the order matters (docs/architecture.md).
+import os
+
+from pyinfra import logger
 from pyinfra.api.exceptions import DeployError
 
 from operations.api_key import api_key
@@ -14,6 +17,7 @@ from operations.model_data import model_data
 from operations.nfs import nfs
 from operations.preflight import preflight
 from operations.run_lock import locked, unlocked
+from operations.settings import passthrough_note
 from operations.supervise import supervision
 from operations.sync import both_sparks_reached
 
@@ -21,6 +25,8 @@ from operations.sync import both_sparks_reached
 s, problems = current_settings()
 if problems:
     raise DeployError("the settings need fixing before anything is changed:\n  - " + "\n  - ".join(problems))
+if s.is_head and (note := passthrough_note(os.environ)):
+    logger.info(note)  # once (the head's pass), in --dry and every run: both ranks get them, silently otherwise
 
 # one run at a time on each Spark (released at the end; a run that died leaves a lock the next run takes over)
 locked(s=s)
