@@ -8,6 +8,7 @@ from pyinfra.api.exceptions import DeployError
 from operations.api_key import api_key
 from operations.context import current_settings
 from operations.docker_runtime import docker_runtime
+from operations.folders import folders
 from operations.gpu_clock import gpu_clock
 from operations.image import engine_image
 from operations.lifecycle import pair
@@ -31,8 +32,9 @@ if s.is_head and (note := passthrough_note(os.environ)):
 # one run at a time on each Spark (released at the end; a run that died leaves a lock the next run takes over)
 locked(s=s)
 
-# 2-5. host preparation
+# 2-5. host preparation (the folders sparkfold owns right before any step writes into them)
 preflight(s=s)
+folders(s=s)
 docker_runtime(s=s, _sudo=True)
 gpu_clock(s=s, _sudo=True)
 link(s=s)
