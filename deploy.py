@@ -1,10 +1,14 @@
 # Converge both Sparks: pyinfra inventory.py deploy.py  (--dry shows the plan and why a run would stop).
 # Each step reads the Sparks' state and changes only what differs; the order matters (docs/architecture.md).
+import os
+
+from pyinfra import logger
 from pyinfra.api.exceptions import DeployError
 
 from operations.api_key import api_key
 from operations.context import current_settings
 from operations.docker_runtime import docker_runtime
+from operations.folders import folders
 from operations.gpu_clock import gpu_clock
 from operations.image import engine_image
 from operations.link import link
@@ -14,6 +18,7 @@ from operations.nfs import nfs
 from operations.preflight import preflight
 from operations.ranks import ranks_serving
 from operations.run_lock import locked, unlocked
+from operations.settings import passthrough_note
 from operations.supervise import supervision
 from operations.sync import both_sparks_reached
 
@@ -21,12 +26,15 @@ from operations.sync import both_sparks_reached
 s, problems = current_settings()
 if problems:
     raise DeployError("the settings need fixing before anything is changed:\n  - " + "\n  - ".join(problems))
+if s.is_head and (note := passthrough_note(os.environ)):
+    logger.info(note)  # once (the head's pass), in --dry and every run: both ranks get them, silently otherwise
 
 # one run at a time on each Spark (released at the end; a run that died leaves a lock the next run takes over)
 locked(s=s)
 
-# 2-5. host preparation
+# 2-5. host preparation (the folders sparkfold owns right before any step writes into them)
 preflight(s=s)
+folders(s=s)
 docker_runtime(s=s, _sudo=True)
 gpu_clock(s=s, _sudo=True)
 link(s=s)

@@ -14,6 +14,7 @@ from pyinfra import host, logger
 from pyinfra.api import StringCommand, deploy, operation
 
 from operations.facts.files import ApiKeyFile
+from operations.folders import PRIVATE, owned_folder
 from operations.settings import Settings
 from operations.util import sh
 
@@ -90,6 +91,9 @@ def api_key(s: Settings) -> None:
     if not (s.api_key and s.is_head):
         return
     rotate = s.rotate_api_key
+    # the folder rank 0 mounts: the ssh user's, 0700 (a key write into a folder chmod'ed 644 fails)
+    owned_folder(name=f"{s.layout.api_key_dir}: {s.ssh_user}'s, mode {PRIVATE} (head only)",
+                 path=s.layout.api_key_dir, owner=s.ssh_user, mode=PRIVATE)
     api_key_present(
         name=("API key rotated" if rotate else "API key present") + f" in {api_key_path(s)} (head only)",
         path=api_key_path(s),

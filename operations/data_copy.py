@@ -11,15 +11,16 @@ import posixpath
 import re
 import shlex
 
-from pyinfra import host
+from pyinfra import host, logger
 from pyinfra.api import StringCommand, operation
 
 from operations.facts.files import DirFiles, DiskFree, FolderCheck, FolderEntries, LinkTarget, PeerFolder
 from operations.hf_cache import PARTIAL_SUFFIX
 from operations.peer_ssh import ssh_prefix
 from operations.remote import heredoc_command
+from operations.remote.progress import PRIVATE_DIR_ENV
 from operations.util import check_failed
-from operations.util.progress import TICK_S, progress_command
+from operations.util.progress import TICK_S, LiveCommand, progress_command
 
 MARKER = ".sparkfold-verified"
 # never copied to the worker: huggingface_hub's local_dir metadata, the head's own verification, partial downloads
@@ -64,15 +65,16 @@ def hashing_command(label: str, folder: str, hashing: str, total: int, complaint
                     every: float = TICK_S) -> StringCommand:
     """`hashing` (one sha256sum command, with its redirections) run in `folder` with a progress line every few
     seconds: the bytes it has read so far (its /proc/<pid>/io rchar) of `total`, the rate and the time left; when it
-    fails, `complaint` on stderr. Hashing hundreds of GB takes minutes. The pid file's name is fixed per folder: the
-    run lock keeps two runs from sharing it."""
+    fails, `complaint` on stderr. Hashing hundreds of GB takes minutes. The pid file lives in the progress runner's
+    private folder (a fresh name, mode 0700): a name in /tmp anyone can compute would let a planted link there be
+    written through, or block the check."""
     q = shlex.quote
-    pid_file = f"/tmp/sparkfold-hashing-{hashlib.sha256(folder.encode()).hexdigest()[:16]}.pid"
+    pid_file = f'"${{{PRIVATE_DIR_ENV}:?}}/hashing.pid"'
     # exec keeps the inner shell's pid, which it wrote down, for sha256sum
-    command = (f"cd {q(folder)} && sh -c {q(f'echo $$ > {pid_file} && exec {hashing}')}; rc=$?; rm -f {pid_file}; "
+    command = (f"cd {q(folder)} && sh -c {q(f'echo $$ > {pid_file} && exec {hashing}')}; rc=$?; "
                + (f"[ $rc = 0 ] || echo {q(complaint)} >&2; " if complaint else "") + "exit $rc")
     probe = f"awk '/^rchar:/ {{print $2}}' /proc/$(cat {pid_file} 2>/dev/null)/io 2>/dev/null"
-    return progress_command(label, command, probe=probe, total=total, own_work=True, every=every)
+    return progress_command(label, command, probe=probe, total=total, own_work=True, every=every, private_dir=True)
 
 
 @operation()
@@ -173,12 +175,16 @@ def peer_copy_commands(src: str, target: str, dest: str, what: str, total: int, 
                              probe=f"{SSH} {q(target)} {q(f'du -sb {q(dest)} 2>/dev/null | cut -f1')}", total=total)]
 
 
+REPLACED_PREFIX = "replaced-"  # <dest>.d/replaced-<time>: a real folder found at dest, moved aside (the user's)
+
+
 @operation()
 def folder_placed(src: str, dest: str, what: str):
     """dest is a link to a hard-linked copy of src (real files, no extra space) in <dest>.d/<digest of src's
     listing>. A change makes a new version and switches the link (rename: atomic); the folder a running rank
     mounts is never emptied or removed in place (folder_versions_pruned removes old versions after the pair
-    step). An older layout's real folder at dest is moved into <dest>.d, not deleted."""
+    step). An older layout's real folder at dest is moved to <dest>.d/replaced-<time>, not deleted, and never
+    pruned: the run's output names where it went."""
     have = host.get_fact(DirFiles, path=src)
     placed = {p: v for p, v in host.get_fact(DirFiles, path=dest).items() if p != MARKER}
     is_link = host.get_fact(LinkTarget, path=dest) is not None
@@ -190,23 +196,36 @@ def folder_placed(src: str, dest: str, what: str):
     q = shlex.quote
     parent, name = posixpath.split(dest)
     versions = posixpath.basename(versions_dir(dest))
+    if placed and not is_link:
+        logger.warning(f"{host.name}: {dest} is a folder, not sparkfold's link: it is moved to "
+                       f"{versions_dir(dest)}/{REPLACED_PREFIX}<date-time> and kept there (remove it yourself)")
     # the version's name is computed on the Spark: src may only be downloaded later in this run
     digest = (f"$(cd {q(src)} && find . -type f -printf '%P %s %T@\\n' | LC_ALL=C sort | sha256sum "
               "| cut -c1-16)")
-    yield (f"cd {q(parent)} && mkdir -p {q(versions)} && d={digest} && [ -n \"$d\" ] && v={q(versions)}/$d && "
-           f"{{ [ -d \"$v\" ] || {{ rm -rf \"$v.tmp\" && cp -rl {q(src)} \"$v.tmp\" && mv \"$v.tmp\" \"$v\"; }}; }} && "
-           f"{{ [ -L {q(name)} ] || [ ! -e {q(name)} ] || "
-           f"mv {q(name)} {q(versions)}/replaced-$(date +%Y%m%d-%H%M%S); }} && "
-           f"ln -sfn \"$v\" {q(name + '.new-link')} && mv -T {q(name + '.new-link')} {q(name)}")
+    aside = f"{q(versions)}/{REPLACED_PREFIX}$(date +%Y%m%d-%H%M%S)"
+    moved = q(f"sparkfold: {dest} was a folder, not sparkfold's link: moved to {parent}/") + '"$r"' + \
+        q(", kept (yours to remove)")
+    yield LiveCommand(
+        f"cd {q(parent)} && mkdir -p {q(versions)} && d={digest} && [ -n \"$d\" ] && v={q(versions)}/$d && "
+        f"{{ [ -d \"$v\" ] || {{ rm -rf \"$v.tmp\" && cp -rl {q(src)} \"$v.tmp\" && mv \"$v.tmp\" \"$v\"; }}; }} && "
+        f"{{ [ -L {q(name)} ] || [ ! -e {q(name)} ] || {{ r={aside} && {{ [ ! -e \"$r\" ] || r=\"$r-$$\"; }} && "
+        f"mv -T {q(name)} \"$r\" && echo {moved}; }}; }} && "
+        f"ln -sfn \"$v\" {q(name + '.new-link')} && mv -T {q(name + '.new-link')} {q(name)}")
 
 
 @operation()
 def folder_versions_pruned(link: str, versions: str, what: str):
     """Old versions removed: every entry of `versions` but the link's target (and the link itself when it lives
-    there). Runs after the pair step, so no rank mounts an old version any more."""
+    there). Runs after the pair step, so no rank mounts an old version any more. A replaced-* folder (what the user
+    had at the link's place, moved aside by folder_placed) is the user's: never removed, named in the output."""
     target = host.get_fact(LinkTarget, path=link)
     keep = {posixpath.basename(link)} | ({posixpath.basename(target)} if target else set())
-    old = [e for e in host.get_fact(FolderEntries, path=versions) if e not in keep]
+    entries = host.get_fact(FolderEntries, path=versions)
+    kept = [e for e in entries if e.startswith(REPLACED_PREFIX)]
+    old = [e for e in entries if e not in keep and e not in kept]
+    if kept:
+        logger.info(f"{host.name}: kept (yours, moved aside from {link}): "
+                    + ", ".join(f"{versions}/{e}" for e in sorted(kept)))
     if target is None or not old:
         host.noop(f"no old versions of {what}")
         return

@@ -140,8 +140,12 @@ class Layout:
     def chat_template(self) -> str:
         return f"{self.data_dir}/chat_template.jinja"
 
+    @property
+    def build_root(self) -> str:
+        return f"{self.data_dir}/build"
+
     def build_dir(self, digest: str) -> str:
-        return f"{self.data_dir}/build/{digest}"
+        return f"{self.build_root}/{digest}"
 
     # --- state_dir: keys, records, the download venv ---
     @property

@@ -1,10 +1,11 @@
 """One run at a time on each Spark: /var/lib/sparkfold/run.lock (root's, so two users or two state_dir settings
 share it), taken by the first operation of a run and released by the last.
 
-The lock records the run id, who runs it (user@controller and its pid), when it started, and the pid of the ssh
-session the run holds open on that Spark. When that session is gone (the run ended without releasing, was killed, or
-lost its connection), the lock is stale: the next run takes it over with a warning. The head is locked before the
-worker, so of two runs started together exactly one proceeds.
+The lock records the run id, who runs it (user@controller and its pid), when it started, and a process on that Spark
+that lives as long as the run's connection (its pid, its start time and the boot it belongs to: see
+_take_command). When that process is gone (the run ended without releasing, was killed, or lost its connection),
+or the pid now names another process (a reboot, or a pid reused), the lock is stale: the next run takes it over
+with a warning. The head is locked before the worker, so of two runs started together exactly one proceeds.
 
 Taking and releasing the lock is bookkeeping, not a change to the Spark: the operations run it through the
 connection while executing and yield nothing, so a converged run still reports no changes.
@@ -27,37 +28,69 @@ from .util import check_failed, sh
 
 RUN_ID = uuid.uuid4().hex[:12]  # one per controller process: both Sparks see the same run
 HOLDER = f"{getpass.getuser()}@{socket.gethostname()} (pid {os.getpid()})"
+BOOT_ID = "/proc/sys/kernel/random/boot_id"
+# sh functions: a process's start time (field 22 of /proc/<pid>/stat) and its parent (field 4); the fields are
+# counted after the last ')', as the name in field 2 may hold spaces and parentheses
+_STAT = ("stat_field() { sed 's/.*) //' /proc/$1/stat 2>/dev/null | awk -v n=$2 '{print $(n - 2)}'; }; "
+         "start_of() { stat_field $1 22; }; ")
+# "1" when the lock's recorded process still runs: $o pid, $b boot id, $t start time (an older lock records no
+# boot id or start time: its pid alone decides); pid 0 or none is never alive
+_JUDGE = ('alive=0; case "$o" in ""|0|*[!0-9]*) ;; *) if [ -z "$b" ] || [ "$b" = "$(cat ' + BOOT_ID +
+          ' 2>/dev/null)" ]; then n=$(start_of "$o"); if [ -n "$n" ] && { [ -z "$t" ] || [ "$t" = "$n" ]; }; then '
+          'alive=1; fi; fi;; esac')
+
+
+def lock_alive(lock: dict[str, str], boot_now: str, start_now: str | None) -> bool:
+    """Whether the run that wrote `lock` may still be running: its pid is a number above 0 that names a process now
+    (start_now: that pid's start time, None when no such process), of this boot, started when the lock says. A lock
+    of an older sparkfold without boot id or start time is judged by its pid alone."""
+    pid = lock.get("pid", "")
+    if not pid.isdigit() or int(pid) == 0 or start_now is None:
+        return False
+    if lock.get("boot") and boot_now and lock["boot"] != boot_now:
+        return False  # rebooted since: the pid names another process, if any
+    return not lock.get("start") or lock["start"] == start_now
 
 
 class RunLock(FactBase[dict[str, str] | None]):
-    """The lock file's fields ({"run", "holder", "since", "pid", "alive": "1"/"0"}), or None when there is none.
-    alive is "1" while the ssh session that took it still exists (pid 0: not known, counted as alive)."""
+    """The lock file's fields ({"run", "holder", "since", "pid", "boot", "start", "alive": "1"/"0"}), or None when
+    there is none. alive (lock_alive) is "1" while the process it records still runs."""
 
     def command(self, path: str) -> StringCommand:
         p = QuoteString(path)
         return StringCommand(
-            "if [ -f", p, "]; then cat", p, "; pid=$(sed -n 's/^pid=//p'", p, ");",
-            'if [ "${pid:-0}" = 0 ] || [ -d "/proc/$pid" ]; then echo alive=1; else echo alive=0; fi; fi; true')
+            _STAT + "if [ -f", p, "]; then cat", p, "; echo boot_now=$(cat", BOOT_ID, "2>/dev/null); o=$(sed -n",
+            "'s/^pid=//p'", p, '); case "$o" in ""|*[!0-9]*) ;; *) n=$(start_of "$o"); [ -z "$n" ] ||',
+            'echo "start_now=$n";; esac; fi; true')
 
     def process(self, output: list[str]) -> dict[str, str] | None:
         fields = dict(line.split("=", 1) for line in output if "=" in line)
-        return fields if "run" in fields else None
+        if "run" not in fields:
+            return None
+        boot_now, start_now = fields.pop("boot_now", ""), fields.pop("start_now", None)
+        return dict(fields, alive="1" if lock_alive(fields, boot_now, start_now) else "0")
 
 
 def _take_command(path: str) -> str:
     """Take the lock (as root) unless another live run holds it. flock serialises two runs that both found the lock
-    free or stale, and the holder is read again under it, so only one of them writes."""
-    # the ssh session process (sshd, or sshd-session on newer OpenSSH) lives as long as this run's connection
-    find_session = ('p=$$; while [ "$p" -gt 1 ]; do case "$(cat /proc/$p/comm 2>/dev/null)" in '
-                    'sshd|sshd-session) break;; esac; p=$(awk \'{print $4}\' /proc/$p/stat 2>/dev/null || echo 1); '
-                    'done; [ "$p" -gt 1 ] || p=0')
-    held = (f"if [ -f {sh(path)} ]; then r=$(sed -n 's/^run=//p' {sh(path)}); o=$(sed -n 's/^pid=//p' {sh(path)}); "
-            f"if [ \"$r\" != {sh(RUN_ID)} ] && {{ [ \"${{o:-0}}\" = 0 ] || [ -d \"/proc/$o\" ]; }}; then "
-            "echo 'held by another run' >&2; exit 1; fi; fi")
-    write = (f"printf 'run=%s\\nholder=%s\\nsince=%s\\npid=%s\\n' {sh(RUN_ID)} {sh(HOLDER)} "
-             f"{sh(time.strftime('%Y-%m-%dT%H:%M:%S%z'))} \"$p\" > {sh(path + '.tmp')} && "
-             f"chmod 644 {sh(path + '.tmp')} && mv -f {sh(path + '.tmp')} {sh(path)}")
-    return (f"{find_session}; mkdir -p {sh(os.path.dirname(path))} && exec 9>>{sh(path + '.guard')} && "
+    free or stale, and the holder is read again under it, so only one of them writes.
+
+    The process recorded ($p): the ssh session's own process (sshd, sshd-session on newer OpenSSH, dropbear), which
+    lives as long as the run's connection; without one (Tailscale SSH serves each command from its daemon), the
+    outermost ancestor of this shell below init (the daemon that took the connection: the lock then lasts until a
+    reboot or that daemon's restart, or until this run releases it). Never pid 0. With it its start time and the
+    boot id, so a pid reused after a reboot or by another process does not keep the lock."""
+    find_session = ('p=$$; top=$$; while [ "$p" -gt 1 ]; do case "$(cat /proc/$p/comm 2>/dev/null)" in '
+                    'sshd|sshd-session|dropbear) break;; esac; top=$p; p=$(stat_field $p 4); [ -n "$p" ] || p=1; '
+                    'done; [ "$p" -gt 1 ] || p=$top')
+    field = "sed -n 's/^{}=//p' " + sh(path)
+    held = (f"if [ -f {sh(path)} ]; then r=$({field.format('run')}); o=$({field.format('pid')}); "
+            f"b=$({field.format('boot')}); t=$({field.format('start')}); {_JUDGE}; "
+            f"if [ \"$r\" != {sh(RUN_ID)} ] && [ $alive = 1 ]; then echo 'held by another run' >&2; exit 1; fi; fi")
+    write = (f"printf 'run=%s\\nholder=%s\\nsince=%s\\npid=%s\\nboot=%s\\nstart=%s\\n' {sh(RUN_ID)} {sh(HOLDER)} "
+             f"{sh(time.strftime('%Y-%m-%dT%H:%M:%S%z'))} \"$p\" \"$(cat {BOOT_ID})\" \"$(start_of $p)\" "
+             f"> {sh(path + '.tmp')} && chmod 644 {sh(path + '.tmp')} && mv -f {sh(path + '.tmp')} {sh(path)}")
+    return (f"{_STAT}{find_session}; mkdir -p {sh(os.path.dirname(path))} && exec 9>>{sh(path + '.guard')} && "
             f"flock -n 9 || {{ echo 'another run is taking the lock' >&2; exit 1; }}; {held}; {write}")
 
 

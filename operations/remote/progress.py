@@ -7,6 +7,8 @@ tools such as rsync redraw one line with carriage returns. This runner keeps the
 line matching --latest (a build step), or the bytes it relays itself (--relay FROM TO: FROM's stdout into TO's
 stdin, e.g. docker save | docker load).
 The first line says how much was already there, so a resumed download or copy says so.
+--private-dir gives the command and the probe a folder of their own ($SPARKFOLD_PRIVATE_DIR: a fresh name, mode
+0700, removed at the end) for what they share, e.g. a pid file: never a name in /tmp that anyone can compute.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -22,6 +25,7 @@ import threading
 import time
 
 GIB = 1024**3
+PRIVATE_DIR_ENV = "SPARKFOLD_PRIVATE_DIR"
 
 
 def folder_bytes(path: str) -> int:
@@ -132,7 +136,22 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--latest", help="a regex: show the newest output line that matches (beside an amount: only the "
                                     "matched text, e.g. a file count)")
     p.add_argument("--relay", nargs=2, metavar=("FROM", "TO"))
+    p.add_argument("--private-dir", action="store_true",
+                   help=f"a fresh folder only this user can enter, named in ${PRIVATE_DIR_ENV} for the command and the "
+                        "probe; removed at the end")
     args = p.parse_args(argv)
+    # mkdtemp: a random name, made with mkdir (so never an existing folder or link), mode 0700
+    private = tempfile.mkdtemp(prefix="sparkfold-private-") if args.private_dir else None
+    if private:
+        os.environ[PRIVATE_DIR_ENV] = private  # inherited by the command and every probe
+    try:
+        return run(args)
+    finally:
+        if private:
+            shutil.rmtree(private, ignore_errors=True)
+
+
+def run(args: argparse.Namespace) -> int:
 
     # what was there is measured before the command starts, so none of its own first writes count as "there"
     first = None if args.own_work or args.relay else measure_there(args)

@@ -202,6 +202,18 @@ def _fallback(name: str, default: Any) -> Any:
         return _HINTS[name]()
 
 
+def passthrough_env(environ: Mapping[str, str]) -> dict[str, str]:
+    """The engine's variables (PASSTHROUGH_PREFIXES) in this machine's environment: passed to both ranks."""
+    return {k: v for k, v in environ.items() if k.startswith(PASSTHROUGH_PREFIXES)}
+
+
+def passthrough_note(environ: Mapping[str, str]) -> str:
+    """The plan's line naming the engine variables taken from this machine's environment (names only: a value may
+    be a secret); "" when there are none."""
+    names = sorted(passthrough_env(environ))
+    return f"engine variables taken from this machine's environment: {', '.join(names)}" if names else ""
+
+
 def _rails(value: Any) -> tuple[Rail, ...]:
     rails = []
     for r in value or ():
@@ -241,7 +253,7 @@ def load(layers: Layers, environ: Mapping[str, str], home: str) -> tuple[Setting
             problems.append(f"{name} = {shown_value} from {where} is not {bad}{clash}")
             values[name] = _fallback(name, layers.all.get(name))
     engine_env = dict(values["engine_env"])
-    engine_env.update({k: v for k, v in environ.items() if k.startswith(PASSTHROUGH_PREFIXES)})
+    engine_env.update(passthrough_env(environ))
     values["engine_env"] = engine_env
 
     home = home.rstrip("/") or "/root"

@@ -26,9 +26,10 @@ class LiveCommand(StringCommand):
 
 def progress_command(label: str, command: str = "", *, size_of: str = "", probe: str = "", total: int = 0,
                      latest: str = "", relay: tuple[str, str] | None = None, python: str = "python3",
-                     every: float = TICK_S, own_work: bool = False) -> LiveCommand:
+                     every: float = TICK_S, own_work: bool = False, private_dir: bool = False) -> LiveCommand:
     """`command` (or the relay FROM | TO) with a line '<label>: ...' every `every` seconds while it runs.
-    own_work: the probe counts the command's own work, so its first reading is no "already there"."""
+    own_work: the probe counts the command's own work, so its first reading is no "already there".
+    private_dir: the command and the probe share a fresh 0700 folder, $SPARKFOLD_PRIVATE_DIR (removed at the end)."""
     words = [label] + ([command] if command else []) + ["--every", f"{every:g}"]
     if size_of:
         words += ["--size-of", size_of]
@@ -40,6 +41,8 @@ def progress_command(label: str, command: str = "", *, size_of: str = "", probe:
         words += ["--latest", latest]
     if own_work:
         words.append("--own-work")
+    if private_dir:
+        words.append("--private-dir")
     if relay:
         words += ["--relay", *relay]
     return LiveCommand(heredoc_command(f"{shlex.quote(python)} - {' '.join(shlex.quote(w) for w in words)}",

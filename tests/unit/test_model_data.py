@@ -387,6 +387,46 @@ def test_folder_placed_moves_an_old_real_folder_aside(tmp_path):
     assert len(aside) == 1 and (aside[0] / "MANIFEST").read_text() == "old"
 
 
+def test_a_folder_moved_aside_is_named_in_the_plan_and_the_output(tmp_path, caplog):
+    """The real folder an older layout (or the user) had at data_dir/kit is moved to kit.d/replaced-<time>, "not
+    deleted": the plan and the run say where (the pruning after the pair step leaves it alone: the next test)."""
+    old = tmp_path / "data" / "kit"
+    old.mkdir(parents=True)
+    (old / "MANIFEST").write_text("mine")
+    src = tmp_path / "kit-src" / "kit"
+    src.mkdir(parents=True)
+    (src / "MANIFEST").write_text("new")
+    facts = {DirFiles: table(({"path": str(src)}, {"MANIFEST": [3, 1]}), ({"path": str(old)}, {"MANIFEST": [4, 1]})),
+             LinkTarget: table(({"path": str(old)}, None))}
+    with caplog.at_level("WARNING", logger="pyinfra"):
+        cmds, _ = run_op(data_copy.folder_placed, facts, src=str(src), dest=str(old), what="the kit")
+    assert f"{old} is a folder, not sparkfold's link: it is moved to {old}.d/replaced-" in caplog.text  # the plan
+    done = subprocess.run(["sh", "-c", cmds[0]], capture_output=True, text=True, check=True)
+    versions = tmp_path / "data" / "kit.d"
+    aside = [p for p in versions.iterdir() if p.name.startswith("replaced-")]
+    assert len(aside) == 1 and (aside[0] / "MANIFEST").read_text() == "mine"
+    assert f"moved to {aside[0]}, kept" in done.stdout  # the run's output names the place
+
+
+def test_the_pruning_never_removes_a_folder_moved_aside(tmp_path):
+    versions = tmp_path / "kit.d"
+    for name in ("replaced-20261201-101010", "0123456789abcdef", "fedcba9876543210"):
+        (versions / name).mkdir(parents=True)
+        (versions / name / "MANIFEST").write_text(name)
+    old, current = tmp_path / "kit", "kit.d/fedcba9876543210"
+    old.symlink_to(current)
+    entries = sorted(p.name for p in versions.iterdir())
+    facts = {LinkTarget: table(({"path": str(old)}, current)), FolderEntries: table(({"path": str(versions)}, entries))}
+    cmds, _ = run_op(data_copy.folder_versions_pruned, facts, link=str(old), versions=str(versions), what="the kit")
+    assert len(cmds) == 1 and "0123456789abcdef" in cmds[0] and "replaced-" not in cmds[0]
+    subprocess.run(["sh", "-c", cmds[0]], check=True)
+    assert sorted(p.name for p in versions.iterdir()) == ["fedcba9876543210", "replaced-20261201-101010"]
+    assert (versions / "replaced-20261201-101010" / "MANIFEST").read_text() == "replaced-20261201-101010"
+    # only the replaced folder besides the current version: nothing to prune
+    facts[FolderEntries] = table(({"path": str(versions)}, ["fedcba9876543210", "replaced-20261201-101010"]))
+    assert run_op(data_copy.folder_versions_pruned, facts, link=str(old), versions=str(versions), what="kit")[0] == []
+
+
 def test_blob_sums_listed_from_names():
     blob = "blobs/" + "c" * 64
     fact = {FolderCheck: _check({blob: [5, 1], "refs/main": [40, 1]}, [blob])}

@@ -129,6 +129,7 @@ for name in args[1:]:
 def test_hashing_reports_the_bytes_read_and_a_failed_check_says_so(tmp_path, monkeypatch):
     from operations.data_copy import hashing_command
 
+    monkeypatch.setenv("TMPDIR", str(tmp_path))  # where the runner makes its private folder
     tools = tmp_path / "bin"
     tools.mkdir()
     (tools / "sha256sum").write_text(SLOW_SHA256SUM)
@@ -146,14 +147,54 @@ def test_hashing_reports_the_bytes_read_and_a_failed_check_says_so(tmp_path, mon
     middle = [line for line in lines if " of 2 MiB (" in line]
     assert middle and all(0 < float(line.split(": ")[2].split(" ")[0]) < 2048 for line in middle), lines
     assert lines[-1].startswith("tables: hashing: done in ") and (data / "SUMS").read_text().count("\n") == 2
-    pid_file = re.search(r"/tmp/sparkfold-hashing-[0-9a-f]+\.pid", run.args[-1])
-    assert pid_file and not os.path.exists(pid_file.group(0))  # removed when the hashing ends
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith("sparkfold-private-")]  # removed at the end
     # a file that changed: the check fails with the complaint and the failing name
     (data / "b.bin").write_bytes(b"changed")
     run = start(hashing_command("tables: checking", str(data), "sha256sum -c --quiet SUMS", 2 * 1024**2,
                                 complaint="tables do not match: copy again", every=0.3))
     out, err = run.communicate()
     assert run.returncode == 1 and "b.bin: FAILED" in err and "tables do not match: copy again" in err
+
+
+def test_the_hashing_pid_file_is_in_a_private_folder_and_a_planted_link_is_not_followed(tmp_path, monkeypatch):
+    """The pid file once had a name in /tmp anyone could compute from the folder: a link planted there was written
+    through (as root: any file). Now it lives in the runner's fresh 0700 folder, removed at the end."""
+    import hashlib
+
+    from operations.data_copy import hashing_command
+
+    data, private, tools = tmp_path / "data", tmp_path / "tmpdir", tmp_path / "bin"
+    for folder in (data, private, tools):
+        folder.mkdir()
+    (data / "a.bin").write_bytes(b"x" * 4096)
+    # sha256sum (exec'd by the shell that wrote its pid down) notes the folder it was given, its mode, the pid file
+    seen = tmp_path / "seen"
+    real = subprocess.run(["sh", "-c", "command -v sha256sum"], capture_output=True, text=True).stdout.strip()
+    (tools / "sha256sum").write_text(f'#!/bin/sh\nd="$SPARKFOLD_PRIVATE_DIR"\n'
+                                     f'echo "$d $(stat -c %a "$d") $(cat "$d/hashing.pid") $$" > {seen}\n'
+                                     f'exec {real} "$@"\n')
+    (tools / "sha256sum").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tools}:{os.environ['PATH']}")
+    monkeypatch.setenv("TMPDIR", str(private))  # where the runner makes its folder
+    victim = tmp_path / "victim"
+    victim.write_text("a file the link points at\n")
+    old_name = f"/tmp/sparkfold-hashing-{hashlib.sha256(str(data).encode()).hexdigest()[:16]}.pid"
+    command = hashing_command("tables: hashing", str(data), "sha256sum -- a.bin > SUMS", 4096, every=0.2)
+    label, inner, options = unwrap_progress(command.get_raw_value())
+    assert "/tmp/sparkfold-hashing-" not in inner + " ".join(options) and "--private-dir" in options
+    os.symlink(victim, old_name)  # planted by another user, at the name the old code computed
+    try:
+        run = start(command)
+        out, err = run.communicate()
+        assert victim.read_text() == "a file the link points at\n" and os.path.islink(old_name)
+    finally:
+        if os.path.lexists(old_name):
+            os.unlink(old_name)
+    assert run.returncode == 0, err
+    assert (data / "SUMS").read_text().endswith("  a.bin\n")
+    folder, mode, written, pid = seen.read_text().split()
+    assert folder.startswith(f"{private}/sparkfold-private-") and mode == "700" and written == pid
+    assert list(private.iterdir()) == []  # removed at the end
 
 
 def test_beside_an_amount_only_the_matched_text_of_the_newest_line_is_shown(tmp_path):

@@ -3,6 +3,7 @@ release commands run for real in a shell."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import time
 
@@ -28,6 +29,81 @@ def test_fact_reads_the_fields_and_whether_the_session_lives(tmp_path):
     lock.write_text("run=abc\npid=1\n")  # pid 1 always exists
     assert parse_fact(rl.RunLock, sh(rl.RunLock().command(path=str(lock)).get_raw_value()).stdout,
                       path=str(lock))["alive"] == "1"
+
+
+BOOT = open("/proc/sys/kernel/random/boot_id").read().strip()
+
+
+def start_time(pid: int) -> str:
+    """Field 22 of /proc/<pid>/stat, counted after the name in parentheses."""
+    return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[19]
+
+
+def test_a_lock_is_alive_only_while_the_process_it_records_is_the_same_one():
+    lock = {"run": "abc", "pid": "4242", "boot": "b-1", "start": "1000"}
+    assert rl.lock_alive(lock, boot_now="b-1", start_now="1000")
+    assert not rl.lock_alive(lock, boot_now="b-1", start_now=None)  # the pid is gone
+    assert not rl.lock_alive(lock, boot_now="b-2", start_now="1000")  # rebooted: the pid is someone else's
+    assert not rl.lock_alive(lock, boot_now="b-1", start_now="2000")  # the pid reused by a later process
+    assert not rl.lock_alive(dict(lock, pid="0"), boot_now="b-1", start_now="1000")  # pid 0: never alive
+    assert not rl.lock_alive(dict(lock, pid=""), boot_now="b-1", start_now="1000")
+    assert rl.lock_alive({"run": "abc", "pid": "4242"}, boot_now="b-1", start_now="5")  # an older lock: pid alone
+
+
+def test_the_fact_judges_boot_and_start_time(tmp_path):
+    lock = tmp_path / "run.lock"
+    live = subprocess.Popen(["sleep", "30"])
+    try:
+        def read(boot: str, start: str) -> str:
+            lock.write_text(f"run=abc\npid={live.pid}\nboot={boot}\nstart={start}\n")
+            return parse_fact(rl.RunLock, sh(rl.RunLock().command(path=str(lock)).get_raw_value()).stdout)["alive"]
+
+        assert read(BOOT, start_time(live.pid)) == "1"
+        assert read("another-boot", start_time(live.pid)) == "0"
+        assert read(BOOT, str(int(start_time(live.pid)) + 1)) == "0"
+    finally:
+        live.kill()
+        live.wait()
+    lock.write_text(f"run=abc\npid=0\nboot={BOOT}\n")
+    assert parse_fact(rl.RunLock, sh(rl.RunLock().command(path=str(lock)).get_raw_value()).stdout)["alive"] == "0"
+
+
+def test_take_records_a_real_process_its_start_time_and_the_boot(tmp_path):
+    lock = str(tmp_path / "run.lock")
+    taken = sh(rl._take_command(lock))
+    assert taken.returncode == 0, taken.stderr
+    fields = dict(line.split("=", 1) for line in open(lock).read().splitlines())
+    pid = int(fields["pid"])
+    assert pid > 1 and fields["boot"] == BOOT and fields["start"] == start_time(pid)  # never pid 0
+
+
+def test_take_records_the_ssh_sessions_process_when_there_is_one(tmp_path):
+    lock = str(tmp_path / "run.lock")
+    (tmp_path / "take.sh").write_text(rl._take_command(lock))
+    shell = subprocess.run(["sh", "-c", "command -v sh"], capture_output=True, text=True).stdout.strip()
+    for name in ("sshd-session", "dropbear"):  # a shell under a process named like the session's
+        os.symlink(shell, tmp_path / name)
+        session = subprocess.run([str(tmp_path / name), "-c", f"sh {tmp_path}/take.sh & echo $$; wait"],
+                                 capture_output=True, text=True)
+        assert f"pid={session.stdout.strip()}\n" in open(lock).read(), name
+
+
+def test_take_judges_a_holder_by_its_process_boot_and_start_time(tmp_path):
+    lock = str(tmp_path / "run.lock")
+    live = subprocess.Popen(["sleep", "30"])
+    try:
+        start = start_time(live.pid)
+        for boot, started, refused in ((BOOT, start, True), ("another-boot", start, False),
+                                       (BOOT, str(int(start) + 1), False)):
+            open(lock, "w").write(f"run=0123456789ab\npid={live.pid}\nboot={boot}\nstart={started}\n")
+            taken = sh(rl._take_command(lock))
+            assert (taken.returncode != 0 and "held by another run" in taken.stderr) is refused, (boot, started)
+            assert (f"run={rl.RUN_ID}" in open(lock).read()) is not refused
+    finally:
+        live.kill()
+        live.wait()
+    open(lock, "w").write("run=0123456789ab\npid=0\n")  # pid 0, which an older take wrote: not a holder
+    assert sh(rl._take_command(lock)).returncode == 0 and f"run={rl.RUN_ID}" in open(lock).read()
 
 
 def test_take_refuses_a_live_holder_and_replaces_a_stale_one(tmp_path):

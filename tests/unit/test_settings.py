@@ -57,6 +57,20 @@ def test_environment_overrides_use_the_recipe_names():
     assert s.engine_env == {"TF_DS_STREAMS": "4"}
 
 
+def test_the_plan_names_the_engine_variables_taken_from_the_environment_never_their_values():
+    from operations.settings import passthrough_note
+
+    environ = {"TF_DS_STREAMS": "4", "TENSORFOLD_SECRET_THING": "s3cret-value", "TF_FILL_X": "1", "HOME": "/root",
+               "TF_OTHER": "no"}
+    note = passthrough_note(environ)
+    assert note == ("engine variables taken from this machine's environment: TENSORFOLD_SECRET_THING, TF_DS_STREAMS, "
+                    "TF_FILL_X")
+    assert "s3cret-value" not in note and "4" not in note.split(": ", 1)[1]
+    taken = {"TF_DS_STREAMS": "4", "TENSORFOLD_SECRET_THING": "s3cret-value", "TF_FILL_X": "1"}
+    assert make_settings(environ=environ).engine_env == taken  # the same variables the line names
+    assert passthrough_note({"HOME": "/root", "TF_OTHER": "no"}) == ""  # nothing taken: no line
+
+
 def test_generic_environment_names_do_not_leak_in():
     s = make_settings(environ={"CONTAINER_NAME": "someone-else", "SPARKFOLD_LOG_KEEP": "3", "SPARKFOLD_PORT": "9001"})
     assert s.container_name == "dsv41-1017-exl3-tf" and s.log_keep == 3 and s.port == 9001
