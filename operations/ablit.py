@@ -20,7 +20,7 @@ from operations.facts.files import FileText, first_line
 from operations.facts.model import AblitShards
 from operations.hf_cache import MANIFEST_NAME, repo_folder_name
 from operations.model_paths import checkpoint_plan_args
-from operations.util import check_failed, fail_command
+from operations.util import check_failed
 from operations.util.progress import progress_command
 from operations.weights import SOURCE, ablit_tag, commit_link, need_commit, pack_name, pack_tag, tool_run
 
@@ -33,12 +33,12 @@ def ablit_applied(image_ref: str, plan_args: dict, hf_cache: str, overlay: str, 
     """<ablit_root>/<commit>-<pack_tag> is the stock pack with the overlay applied, for this overlay revision and
     file. It is never rebuilt in place: another revision gets another folder."""
     if not has_token:
-        yield fail_command("ablit needs HF_TOKEN with access to the gated overlay: accept its terms on its Hugging "
-                           "Face page, create a read token, export HF_TOKEN=<token> (or set ablit to false)")
+        yield from check_failed("HF_TOKEN", ["ablit needs HF_TOKEN with access to the gated overlay: accept its terms "
+                                             "on its Hugging Face page, create a read token, export HF_TOKEN=<token> "
+                                             "(or set ablit to false)"])
         return
-    commit, problem = need_commit(plan_args, "the ABLIT pack")
-    if problem:
-        yield problem
+    commit = yield from need_commit(plan_args, "the ABLIT pack")
+    if commit is None:
         return
     name = pack_name(commit, pack_tag(overlay_revision, ablit_file))
     dst = f"{ablit_root}/{name}"

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import posixpath
 
-from pyinfra import host, logger
+from pyinfra import host
 from pyinfra.api import StringCommand, deploy, operation
 
 from operations.facts.files import ApiKeyFile
 from operations.folders import PRIVATE, owned_folder
 from operations.settings import Settings
-from operations.util import sh
+from operations.util import sh, warned
 
 KEY_FILE = "api-key"
 # prints a new key; run on the head only
@@ -87,7 +87,7 @@ def api_key(s: Settings) -> None:
     """Head, with api_key on: a random key in a 0600 file (rotated on request)."""
     note = open_api_note(s) if s.is_head else ""
     if note:
-        logger.warning(f"the head ({s.ssh_hostname}): {note}")  # by --dry and every run, before any change
+        warned("API key", note)  # by --dry and every run, before any change
     if not (s.api_key and s.is_head):
         return
     rotate = s.rotate_api_key

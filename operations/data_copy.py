@@ -20,6 +20,7 @@ from operations.peer_ssh import ssh_prefix
 from operations.remote import heredoc_command
 from operations.remote.progress import PRIVATE_DIR_ENV
 from operations.util import check_failed
+from operations.util.checks import warned
 from operations.util.progress import TICK_S, LiveCommand, progress_command
 
 MARKER = ".sparkfold-verified"
@@ -197,8 +198,8 @@ def folder_placed(src: str, dest: str, what: str):
     parent, name = posixpath.split(dest)
     versions = posixpath.basename(versions_dir(dest))
     if placed and not is_link:
-        logger.warning(f"{host.name}: {dest} is a folder, not sparkfold's link: it is moved to "
-                       f"{versions_dir(dest)}/{REPLACED_PREFIX}<date-time> and kept there (remove it yourself)")
+        warned("a folder in the symlink's place", f"{dest} is a folder, not sparkfold's symlink: it is moved to "
+               f"{versions_dir(dest)}/{REPLACED_PREFIX}<date-time> and kept there (remove it yourself)")
     # the version's name is computed on the Spark: src may only be downloaded later in this run
     digest = (f"$(cd {q(src)} && find . -type f -printf '%P %s %T@\\n' | LC_ALL=C sort | sha256sum "
               "| cut -c1-16)")

@@ -8,14 +8,14 @@ import copy
 import json
 from io import StringIO
 
-from pyinfra import host, logger
+from pyinfra import host
 from pyinfra.api import StringCommand, deploy, operation
 from pyinfra.operations import apt, files, systemd
 
 from operations.facts.docker import ContainerRuntimeTools, DaemonJson, DockerRuntimeInfo, RunningContainers
 from operations.facts.host import UserGroups
 from operations.layout import DOCKER_DAEMON_JSON
-from operations.util import check_failed, fail_command, sh
+from operations.util import check_failed, sh, warned
 from operations.util.run_memo import fact_until_change
 
 NVIDIA_RUNTIME = {"path": "nvidia-container-runtime", "runtimeArgs": []}
@@ -65,9 +65,9 @@ def runtime_installed(install: bool = True):
         host.noop("docker and the NVIDIA container runtime are installed")
         return
     if not install:
-        yield fail_command(
+        yield from check_failed("the container runtime", [
             f"missing: {', '.join(missing)}. Fix: apt-get install {' '.join(missing)} (nvidia-container-toolkit "
-            f"comes from NVIDIA's apt repository, present on DGX OS), or set docker_install = True")
+            f"comes from NVIDIA's apt repository, present on DGX OS), or set docker_install = True"])
         return
     yield from apt.packages._inner(packages=missing, update=True, cache_time=APT_CACHE_S)
 
@@ -89,9 +89,9 @@ def daemon_uses_nvidia(path: str = DOCKER_DAEMON_JSON, restart_ok: bool = False)
     only when the parsed file differs or the running daemon still uses another default runtime."""
     current = host.get_fact(DaemonJson, path=path)
     if current["config"] is None:
-        yield fail_command(
+        yield from check_failed("daemon.json", [
             f"{path} is not valid JSON ({current['error']}); sparkfold will not overwrite it. "
-            f"Fix: repair it (python3 -m json.tool {path} shows where), then re-run")
+            f"Fix: repair it (python3 -m json.tool {path} shows where), then re-run"])
         return
     wanted = merged_daemon_config(current["config"])
     file_changes = wanted != current["config"]
@@ -102,7 +102,7 @@ def daemon_uses_nvidia(path: str = DOCKER_DAEMON_JSON, restart_ok: bool = False)
         return
     running = host.get_fact(RunningContainers) if live["reachable"] else {}
     if running:
-        logger.warning(f"{host.name}: restarting Docker for the nvidia runtime stops: {', '.join(sorted(running))}")
+        warned("a Docker restart", f"restarting Docker for the nvidia runtime stops: {', '.join(sorted(running))}")
     if (yield from check_failed("a Docker restart", [restart_problem(running, restart_ok)])):
         return
     if file_changes:
@@ -120,7 +120,8 @@ def user_in_group(user: str, group: str):
     question from a fact that runs lastlog for every account, ten times the cost of `id` on every run."""
     groups = host.get_fact(UserGroups, user=user)
     if groups is None:
-        yield fail_command(f"there is no user {user} on this Spark (ssh_user names who runs the ranks)")
+        yield from check_failed("ssh_user", [f"there is no user {user} on this Spark (ssh_user names who runs the "
+                                             "ranks)"])
         return
     if group in groups:
         host.noop(f"{user} is in group {group}")

@@ -30,7 +30,7 @@ from operations.facts.docker import (
 from operations.image_hash import computed_hash, image_ref
 from operations.peer_ssh import ssh_words
 from operations.settings import PREBUILT_REFERENCE, Settings
-from operations.util import check_failed, fail_command, sh
+from operations.util import check_failed, failing_shell, sh
 from operations.util.progress import progress_command
 from operations.util.run_memo import fact_until_change
 
@@ -157,12 +157,13 @@ def engine_image_shipped(image: str, worker_ssh: str):
                            total=here.get("size") or 0)
     fmt = sh(_IDENTITY_FORMAT)
     remote = _ssh(worker_ssh, sh("docker", "image", "inspect", "-f", _IDENTITY_FORMAT, image))
-    mismatch = fail_command(f"after shipping, the worker's {image} still differs from the head's; check the worker's"
-                            " free space under Docker's root and rerun the deploy")
+    # only the Spark can tell, after the transfer: the failure is a branch of the verifying script
+    mismatch = failing_shell("the image on the worker", f"after shipping, the worker's {image} still differs from "
+                             "the head's; check the worker's free space under Docker's root and rerun the deploy")
     yield (
         f"h=$(docker image inspect -f {fmt} {img} 2>/dev/null); w=$({remote} 2>/dev/null); "
         f"if [ -n \"$w\" ] && {{ [ \"${{h%% *}}\" = \"${{w%% *}}\" ] || [ \"${{h#* }}\" = \"${{w#* }}\" ]; }}; "
-        f"then echo \"sparkfold: the worker has {image}\"; else {mismatch.get_raw_value()}; fi"
+        f"then echo \"sparkfold: the worker has {image}\"; else {mismatch}; fi"
     )
 
 
@@ -174,7 +175,7 @@ def prebuilt_image_pulled(reference: str):
     try:
         parse_prebuilt(reference)
     except ValueError as error:
-        yield fail_command(str(error))
+        yield from check_failed("prebuilt_image", [str(error)])
         return
     for command in docker.image._inner(image=reference, present=True):
         # tens of GB: the newest layer's state while it pulls (docker prints one line per change without a terminal)

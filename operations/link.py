@@ -28,7 +28,7 @@ from operations.facts.network import (
     SshServerAddress,
 )
 from operations.link_rollback import guarded_apply, new_apply_dir, sudo_arguments
-from operations.util import check_failed, fail_command
+from operations.util import check_failed
 from operations.util.checks import is_settled, op_changed
 from operations.util.net import ip_of
 from operations.util.owned import foreign_file_problem
@@ -238,7 +238,7 @@ def netplan_link(rails: list[dict], mtu: int, netplan_file: str, rollback_s: int
     Spark undoes it by itself after rollback_s unless a new ssh connection from this machine confirms it. Custom:
     core writes a file; this also migrates the others and applies with a way back."""
     if not netplan_file.endswith(".yaml"):
-        yield fail_command(f"link_netplan_file {netplan_file} must end in .yaml (netplan reads only *.yaml)")
+        yield from check_failed("link_netplan_file", [f"{netplan_file} must end in .yaml (netplan reads only *.yaml)"])
         return
     netplan_files = host.get_fact(NetplanFiles, directory=os.path.dirname(netplan_file))
     current = netplan_files.get(netplan_file)
@@ -247,7 +247,7 @@ def netplan_link(rails: list[dict], mtu: int, netplan_file: str, rollback_s: int
         return
     moves, errors = plan_migration(netplan_files, netplan_file, [r["netdev"] for r in rails])
     if errors:
-        yield fail_command("; ".join(errors))
+        yield from check_failed("netplan files", errors)  # --dry: "will fail", nothing planned
         return
     want = render_netplan(rails, mtu)
     addrs = fact_until_change(host, IpAddresses, _sudo=False)  # the same answer as the other checks'
@@ -321,7 +321,7 @@ def link_ping(rails: list[dict], peer_rails: list[dict], mtu: int):
 @operation()
 def roce_gids(rails: list[dict], settled: bool | Callable[[], bool] = False):
     """Check: each rail's RoCE device has a RoCE v2 GID holding this rail's IPv4 address. settled: no netplan
-    apply in this run."""
+    apply in this run. Its is_executing branch stays: only a run that applied netplan has GIDs worth waiting for."""
     records = rails_from_facts(rails, {}, fact_until_change(host, RoceDevices))
     # the driver adds a new address's GIDs shortly after `netplan apply` (asynchronously): an executing run that
     # applied it waits for them a little before judging

@@ -36,7 +36,7 @@ from operations.model_paths import hub_python
 from operations.remote import heredoc_command
 from operations.settings import Settings
 from operations.sync import both_sparks_reached
-from operations.util import check_failed, fail_command
+from operations.util import check_failed
 from operations.util.progress import TICK_S, progress_command
 
 MODEL_TYPE = "deepseek_v41"
@@ -57,8 +57,9 @@ def hf_python_ready(python: str, venv: str = ""):
         host.noop(f"{python} has huggingface_hub {have}")
         return
     if not venv:
-        yield fail_command(f"hf_python {python} cannot import huggingface_hub: run `{python} -m pip install "
-                           "huggingface_hub`, or set hf_python to \"\" so the deploy makes its own venv")
+        yield from check_failed("hf_python", [f"{python} cannot import huggingface_hub: run `{python} -m pip install "
+                                              "huggingface_hub`, or set hf_python to \"\" so the deploy makes its "
+                                              "own venv"])
         return
     q = shlex.quote
     yield (f"[ -x {q(python)} ] || python3 -m venv {q(venv)} || {{ echo 'sparkfold: python3 -m venv failed: "
@@ -106,9 +107,10 @@ def hf_snapshot(python: str, repo: str, revision: str, label: str, cache_dir: st
     The HfPlan fact answers offline for a complete download, so a converged run neither fetches nor asks the Hub.
     """
     if require_token and not has_token:
-        yield fail_command(f"{label} is gated: set HF_TOKEN before the deploy. 1) open https://huggingface.co/{repo} "
-                           "and accept its terms, 2) create a read token at https://huggingface.co/settings/tokens, "
-                           "3) export HF_TOKEN=<token>")
+        yield from check_failed("HF_TOKEN", [f"{label} is gated: set HF_TOKEN before the deploy. 1) open "
+                                             f"https://huggingface.co/{repo} and accept its terms, 2) create a read "
+                                             "token at https://huggingface.co/settings/tokens, 3) export "
+                                             "HF_TOKEN=<token>"])
         return
     args = {"python": python, "repo": repo, "revision": revision, "cache_dir": cache_dir, "local_dir": local_dir,
             "include": tuple(include), "token_path": token_path, "endpoint": endpoint}
@@ -116,8 +118,9 @@ def hf_snapshot(python: str, repo: str, revision: str, label: str, cache_dir: st
     dest = local_dir or cache_dir
     if plan.get("complete") and plan.get("manifest"):
         if expect_model_type and plan.get("model_type") != expect_model_type:
-            yield fail_command(f"{label}: {repo}@{(plan.get('commit') or revision)[:12]} has config.json model_type "
-                               f"{plan.get('model_type')!r}, not {expect_model_type!r}: check the repo/revision")
+            yield from check_failed(label, [f"{repo}@{(plan.get('commit') or revision)[:12]} has config.json "
+                                            f"model_type {plan.get('model_type')!r}, not {expect_model_type!r}: check "
+                                            "the repo/revision"])
             return
         host.noop(fetch_summary(label, plan, repo, revision, dest))
         return

@@ -18,7 +18,7 @@ from operations.docker_runtime import APT_CACHE_S
 from operations.facts.docker import DockerVolumeInfo, VolumeContainers
 from operations.facts.files import FileText
 from operations.facts.nfs import ExportTable
-from operations.util import fail_command, sh
+from operations.util import check_failed, sh
 from operations.util.file_put import owned_put_changes
 from operations.util.net import ip_of
 from operations.util.owned import foreign_file_problem
@@ -92,19 +92,17 @@ def nfs_volume(volume: str, server_ip: str, export_path: str, options: str):
         return
     shown = f"driver {info.get('Driver')}, " + ", ".join(f"{k}={v}" for k, v in sorted(have.items()))
     if (info.get("Labels") or {}).get(MANAGED_LABEL) != "1":
-        yield fail_command(
+        yield from check_failed("the NFS volume", [
             f"docker volume {volume} exists ({shown}) but sparkfold did not create it, so it is left alone: "
-            f"remove it yourself (`docker volume rm {volume}`) or set nfs_volume to another name, then re-run"
-        )
+            f"remove it yourself (`docker volume rm {volume}`) or set nfs_volume to another name, then re-run"])
         return
     users = host.get_fact(VolumeContainers, volume=volume)
     if users:
         names = ", ".join(users)
-        yield fail_command(
+        yield from check_failed("the NFS volume", [
             f"docker volume {volume} needs new options (o=addr={server_ip},{options} device=:{export_path}; "
             f"now {shown}) but container(s) {names} use it: stop and remove them (`docker rm -f {names}`; "
-            f"sparkfold recreates its rank container on the next deploy), then re-run"
-        )
+            f"sparkfold recreates its rank container on the next deploy), then re-run"])
         return
     yield StringCommand(sh("docker", "volume", "rm", volume))
     yield create

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from pyinfra import host, state
+from pyinfra import host
 from pyinfra.api import deploy, operation
 
 from operations.facts.docker import DockerMemoryUse, DockerMemoryUseDict, DockerRuntimeInfo, RunningContainers
@@ -148,13 +148,11 @@ def memory_available(min_avail_gib: float, own_containers=(), restart: bool = Fa
         if problem:
             use: DockerMemoryUseDict = host.get_fact(DockerMemoryUse)
             problem = memory_problem(meminfo, float(min_avail_gib), use)
-    if problem and state.is_executing and not ours:
-        # ranks that stopped moments ago (a crash, a stop) give their memory back over seconds: wait a little
-        # before refusing, as the launch does before each start
-        yield memory_wait_command(0, float(min_avail_gib), tries=MEMORY_WAIT_TRIES,
-                                  failure=f"sparkfold: memory: {problem}")
-        return
-    if not (yield from check_failed("memory", [problem])):
+    # ranks that stopped moments ago (a crash, a stop) give their memory back over seconds: a run waits a little
+    # before refusing, as the launch does before each start
+    wait = None if ours else lambda message: memory_wait_command(0, float(min_avail_gib), tries=MEMORY_WAIT_TRIES,
+                                                                 failure=f"sparkfold: {message}")
+    if not (yield from check_failed("memory", [problem], fails_with=wait)):
         host.noop("enough memory available" + (f" once {', '.join(ours)} stops" if ours else ""))
 
 

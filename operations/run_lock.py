@@ -19,12 +19,12 @@ import socket
 import time
 import uuid
 
-from pyinfra import host, logger, state
+from pyinfra import host, state
 from pyinfra.api import FactBase, QuoteString, StringCommand, deploy, operation
 
 from .layout import RUN_LOCK
 from .settings import Settings
-from .util import check_failed, sh
+from .util import check_failed, sh, warned
 
 RUN_ID = uuid.uuid4().hex[:12]  # one per controller process: both Sparks see the same run
 HOLDER = f"{getpass.getuser()}@{socket.gethostname()} (pid {os.getpid()})"
@@ -104,7 +104,8 @@ def holder_problem(path: str, lock: dict[str, str] | None) -> str | None:
 
 @operation()
 def run_locked(path: str):
-    """Take this Spark's run lock (while executing), or refuse because another live run holds it."""
+    """Take this Spark's run lock (while executing), or refuse because another live run holds it.
+    Its is_executing branch stays: the lock is taken through the connection, not as a command a run would count."""
     lock = host.get_fact(RunLock, path=path)
     if (yield from check_failed("one run at a time", [holder_problem(path, lock)])):
         return
@@ -112,8 +113,8 @@ def run_locked(path: str):
         host.noop(f"this run holds {path}")
         return
     if lock is not None and lock.get("alive") != "1":
-        logger.warning(f"{host.name}: taking over the stale run lock {path} of {lock.get('holder')} (run "
-                       f"{lock.get('run')}, since {lock.get('since')}): that run is gone")
+        warned("one run at a time", f"taking over the stale run lock {path} of {lock.get('holder')} (run "
+                                    f"{lock.get('run')}, since {lock.get('since')}): that run is gone")
     if state.is_executing:
         ok, output = host.run_shell_command(StringCommand(_take_command(path)), _sudo=True)
         if not ok:  # another run took it between the read and the write
@@ -126,7 +127,8 @@ def run_locked(path: str):
 
 @operation()
 def run_unlocked(path: str):
-    """Release this run's lock (while executing); a lock of another run is left alone."""
+    """Release this run's lock (while executing); a lock of another run is left alone.
+    Its is_executing branch stays: the lock is removed through the connection, not as a command a run would count."""
     lock = host.get_fact(RunLock, path=path)
     if state.is_executing and lock and lock.get("run") == RUN_ID:
         host.run_shell_command(StringCommand(f"rm -f {sh(path)}"), _sudo=True)

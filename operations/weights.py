@@ -13,16 +13,17 @@ from __future__ import annotations
 
 import hashlib
 import shlex
+from collections.abc import Generator
 
-from pyinfra import host, state
-from pyinfra.api import operation
+from pyinfra import host
+from pyinfra.api import StringCommand, operation
 
 from operations.data_copy import checksums_written, folder_to_peer, free_bytes, space_problem
 from operations.facts.files import DirFiles, FileText, LinkTarget, first_line
 from operations.facts.model import RankFolder, hf_plan
 from operations.hf_cache import repo_folder_name
 from operations.model_paths import checkpoint_plan_args
-from operations.util import check_failed, fail_command
+from operations.util import check_failed
 from operations.util.progress import progress_command
 
 TOKEN_MAP = "dsv41_token_map.json"
@@ -34,16 +35,17 @@ _TOOL_HF = "/hf"  # the Hugging Face cache inside the tool containers
 _TOOL_ABLIT = "/model"
 
 
-def need_commit(plan_args: dict, what: str):
-    """(commit, None) or (None, failing command). Planning tolerates a checkpoint not fetched yet: it shows the
-    commit the Hub named, or a placeholder; executing requires the complete snapshot."""
+def need_commit(plan_args: dict, what: str) -> Generator[StringCommand, None, str | None]:
+    """`commit = yield from need_commit(...)`; return from the operation when it is None (executing, it failed).
+    Planning tolerates a checkpoint not fetched yet (the download step comes first): it shows the commit the Hub
+    named, or a placeholder; executing requires the complete snapshot."""
     plan = hf_plan(host, **plan_args)
     if plan.get("complete") and plan.get("commit"):
-        return plan["commit"], None
-    if state.is_executing:
-        return None, fail_command(f"{what}: the checkpoint {plan_args['repo']}@{plan_args['revision']} is not "
-                                  "complete (its download must succeed first)")
-    return plan.get("commit") or PENDING, None
+        return plan["commit"]
+    if (yield from check_failed(what, [f"the checkpoint {plan_args['repo']}@{plan_args['revision']} is not complete "
+                                       "(its download must succeed first)"], settled=False)):
+        return None
+    return plan.get("commit") or PENDING
 
 
 def tool_run(image_ref: str, mounts: list, entrypoint: str, *args: str) -> str:
@@ -79,9 +81,8 @@ def source_key(commit: str, ablit_tag: str) -> str:
 @operation()
 def token_map_written(image_ref: str, plan_args: dict, hf_cache: str, out_dir: str):
     """dsv41_token_map.json from the checkpoint's tokenizer; rewritten only when the checkpoint commit changed."""
-    commit, problem = need_commit(plan_args, "token map")
-    if problem:
-        yield problem
+    commit = yield from need_commit(plan_args, "token map")
+    if commit is None:
         return
     sidecar = f"{out_dir}/{TOKEN_MAP}.commit"
     built_from = first_line(host.get_fact(FileText, path=sidecar))
@@ -109,9 +110,8 @@ def rank_file_written(image_ref: str, rank: int, plan_args: dict, hf_cache: str,
     Anything else (an interrupted run's .partial, a stray second file) is cleared and the tool runs again: it
     refuses a folder that already holds a file for its rank.
     """
-    commit, problem = need_commit(plan_args, f"rank {rank}'s weight file")
-    if problem:
-        yield problem
+    commit = yield from need_commit(plan_args, f"rank {rank}'s weight file")
+    if commit is None:
         return
     tag = ablit_tag if ablit_dir else ""
     folder = rank_folder(rank_cache, commit, rank, tag)
@@ -139,9 +139,8 @@ def rank_file_written(image_ref: str, rank: int, plan_args: dict, hf_cache: str,
 @operation()
 def commit_link(link: str, plan_args: dict, template: str):
     """A symlink we own pointing at a commit-named folder: template.format(commit=...), relative to the link."""
-    commit, problem = need_commit(plan_args, link)
-    if problem:
-        yield problem
+    commit = yield from need_commit(plan_args, link)
+    if commit is None:
         return
     target = template.format(commit=commit)
     if host.get_fact(LinkTarget, path=link) == target:
@@ -156,9 +155,8 @@ def commit_link(link: str, plan_args: dict, template: str):
 @operation()
 def rank_sums_written(plan_args: dict, rank_cache: str, rank: int, ablit_tag: str):
     """SHA256SUMS of a rank's weight file, once (the worker checks its copy against it)."""
-    commit, problem = need_commit(plan_args, f"rank {rank}'s checksum")
-    if problem:
-        yield problem
+    commit = yield from need_commit(plan_args, f"rank {rank}'s checksum")
+    if commit is None:
         return
     folder = rank_folder(rank_cache, commit, rank, ablit_tag)
     bins = host.get_fact(RankFolder, path=folder)["bins"].get(rank, [])
@@ -171,9 +169,8 @@ def rank_file_to_peer(plan_args: dict, rank_cache: str, rank: int, ablit_tag: st
                       peer_rank_cache: str):
     """The rank's folder (weight file + SHA256SUMS) rsynced to the same layout on the worker, and the worker's
     active-rank link pointed at it."""
-    commit, problem = need_commit(plan_args, f"rank {rank}'s weight file on the worker")
-    if problem:
-        yield problem
+    commit = yield from need_commit(plan_args, f"rank {rank}'s weight file on the worker")
+    if commit is None:
         return
     key = source_key(commit, ablit_tag)
     yield from folder_to_peer._inner(src=rank_folder(rank_cache, commit, rank, ablit_tag), target=target,

@@ -1,8 +1,9 @@
-"""The one rule for a check that only an executing run can judge.
+"""The one rule for a check that only an executing run can judge, and the one way a step warns.
 
 While planning (`--dry`, or the plan before a run), a problem is printed as a warning naming the Spark, the check
 and the fix ("will fail: ..."), and the operation goes on to report the change it would make; while executing, the
-same message fails that Spark (and so the run: FAIL_PERCENT is 0).
+same message fails that Spark (and so the run: FAIL_PERCENT is 0). Steps never build a failing command themselves:
+check_failed, or failing_shell inside a script that finds the problem only when it runs on the Spark.
 """
 
 from __future__ import annotations
@@ -28,20 +29,33 @@ def is_settled(settled: bool | Callable[[], bool]) -> bool:
     return settled() if callable(settled) else bool(settled)
 
 
-def check_failed(check: str, problems: Iterable[str | None], *,
-                 settled: bool | Callable[[], bool] = True) -> Generator[StringCommand, None, bool]:
+def check_failed(check: str, problems: Iterable[str | None], *, settled: bool | Callable[[], bool] = True,
+                 fails_with: Callable[[str], StringCommand] | None = None) -> Generator[StringCommand, None, bool]:
     """`stop = yield from check_failed("CX7 link addresses", problems)`; return from the operation when stop is True.
 
     settled=False: an earlier operation of this run changes what the check reads (e.g. netplan apply), so while
     planning the problem is not reported yet; the executing run judges it.
+    fails_with: while executing, the command that fails this host with the message (e.g. a wait that fails only
+    if the problem lasts) instead of failing at once.
     """
     found = [p for p in problems if p]
     if not found:
         return False
     message = f"{check}: {'; '.join(found)}"
     if state.is_executing:
-        yield fail_command(message)
+        yield fails_with(message) if fails_with else fail_command(message)
         return True
     if is_settled(settled):
         logger.warning(f"{host.name}: will fail: {message}")
     return False
+
+
+def failing_shell(check: str, problem: str) -> str:
+    """Shell text that fails this host with `sparkfold: <check>: <problem>`, for a script that finds the problem
+    only when it runs on the Spark (e.g. `if ...; then ...; else {failing_shell(...)}; fi`)."""
+    return fail_command(f"{check}: {problem}").get_raw_value()
+
+
+def warned(check: str, message: str) -> None:
+    """A step's warning, printed the same way by --dry and by a run: `<host>: warning: <check>: <message>`."""
+    logger.warning(f"{host.name}: warning: {check}: {message}")

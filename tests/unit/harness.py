@@ -3,6 +3,7 @@
 run_op(op, facts, executing=False, **kwargs) -> (commands as strings, host)
   facts: {FactClass or "module.Class": value} for facts called without arguments, or
          {FactClass: {"k=v, k2=v2": value}} keyed like pyinfra-testing (sorted kwargs) for facts with arguments.
+refused(caplog, op, facts, **kwargs) -> (the failing command a run yields, the warnings --dry logs instead)
 parse_fact(FactClass, output_lines, **kwargs) -> what process() returns (default() for empty output).
 run_fact(FactClass, **kwargs) -> the fact run in a local shell as pyinfra runs it (requires_command guard included).
 """
@@ -79,6 +80,20 @@ def run_op(op, facts: dict, executing: bool = False, data: dict | None = None, *
     with ctx_state.use(state), ctx_host.use(host):
         commands = [_render(c) for c in op._inner(**kwargs)]
     return commands, host
+
+
+def refused(caplog, op, facts: dict, **kwargs) -> tuple[str, str]:
+    """An operation refused the check_failed way (operations/util/checks.py), in both phases: a run yields exactly
+    one command, which fails; --dry plans nothing and logs the "will fail" warning. Returns (command, warnings)."""
+    commands, _ = run_op(op, facts, executing=True, **kwargs)
+    assert len(commands) == 1 and commands[0].endswith("exit 1"), commands
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="pyinfra"):
+        planned, _ = run_op(op, facts, executing=False, **kwargs)
+    assert planned == [], planned
+    warnings = "\n".join(r.getMessage() for r in caplog.records if r.levelname == "WARNING")
+    assert ": will fail: " in warnings, warnings
+    return commands[0], warnings
 
 
 def _render(command: Any) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 
-from harness import run_op, unwrap_progress
+from harness import refused, run_op, unwrap_progress
 from hf_fixture import build_cache, model_files
 from test_model_data import settings
 from test_weights import local_fact, run_all
@@ -25,9 +25,10 @@ def kw(**over):
                      ablit_file="w.safetensors", ablit_root="/d/ablit", overlay_revision="r1", has_token=True), **over)
 
 
-def test_refuses_without_token_before_anything():
-    cmds, h = run_op(ablit.ablit_applied, {}, **kw(has_token=False))
-    assert len(cmds) == 1 and "HF_TOKEN" in cmds[0] and "exit 1" in cmds[0] and h.fact_calls == []
+def test_refuses_without_token_before_anything(caplog):
+    command, warnings = refused(caplog, ablit.ablit_applied, {}, **kw(has_token=False))  # {}: no fact is read
+    assert "sparkfold: HF_TOKEN: ablit needs HF_TOKEN" in command
+    assert "spark: will fail: HF_TOKEN: ablit needs HF_TOKEN" in warnings and "export HF_TOKEN=<token>" in warnings
 
 
 def test_current_pack_is_noop_and_other_overlay_revision_reapplies():

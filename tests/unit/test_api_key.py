@@ -8,7 +8,8 @@ import re
 import stat
 import subprocess
 
-from harness import parse_fact, run_op, with_args
+from harness import FakeHost, parse_fact, run_op, with_args
+from pyinfra.context import ctx_host
 from settings_factory import make_settings
 
 import operations.api_key as ak
@@ -149,16 +150,17 @@ def test_deploy_only_on_the_head_with_api_key(monkeypatch):
     calls = []
     monkeypatch.setattr(ak, "api_key_present", lambda **kw: calls.append(kw))
     monkeypatch.setattr(ak, "owned_folder", lambda **kw: None)  # the key's folder: tests/unit/test_folders.py
-    ak.api_key._inner(make_settings("head", api_key=True))
-    assert calls == [{"name": f"API key present in {PATH} (head only)", "path": PATH, "owner": "nvidia",
-                      "rotate": False, "legacy": LEGACY}]
-    calls.clear()
-    ak.api_key._inner(make_settings("head", api_key=True, rotate_api_key=True))
-    assert calls[0]["rotate"] is True
-    calls.clear()
-    ak.api_key._inner(make_settings("head", api_key=False))
-    ak.api_key._inner(make_settings("worker", api_key=True))
-    assert calls == []
+    with ctx_host.use(FakeHost({})):  # the open API's warning names the Spark
+        ak.api_key._inner(make_settings("head", api_key=True))
+        assert calls == [{"name": f"API key present in {PATH} (head only)", "path": PATH, "owner": "nvidia",
+                          "rotate": False, "legacy": LEGACY}]
+        calls.clear()
+        ak.api_key._inner(make_settings("head", api_key=True, rotate_api_key=True))
+        assert calls[0]["rotate"] is True
+        calls.clear()
+        ak.api_key._inner(make_settings("head", api_key=False))
+        ak.api_key._inner(make_settings("worker", api_key=True))
+        assert calls == []
 
 
 def test_an_open_api_is_said_plainly_with_the_fix(caplog):
@@ -170,8 +172,8 @@ def test_an_open_api_is_said_plainly_with_the_fix(caplog):
     assert ak.open_api_note(make_settings("head", host="127.0.0.1")) == ""
     assert any(note in line for line in health.live_lines("M", 8888, "http://x:8888", "", note))
     calls = []
-    with caplog.at_level("WARNING", logger="pyinfra"):
+    with caplog.at_level("WARNING", logger="pyinfra"), ctx_host.use(FakeHost({}, name="spark-1")):
         from unittest import mock
         with mock.patch.object(ak, "api_key_present", lambda **kw: calls.append(kw)):
             ak.api_key._inner(open_head)
-    assert note in caplog.text and calls == []
+    assert f"spark-1: warning: API key: {note}" in caplog.text and calls == []

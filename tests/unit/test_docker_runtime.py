@@ -10,7 +10,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from core_facts import merged, remote_file, run_put, unit
-from harness import parse_fact, run_fact, run_op, with_args
+from harness import parse_fact, refused, run_fact, run_op, with_args
 from pyinfra.facts.deb import DebPackages
 from pyinfra.facts.files import File
 from pyinfra.facts.server import Date
@@ -143,18 +143,19 @@ def test_a_restart_that_would_stop_other_containers_is_refused_unless_allowed(ca
     assert "docker_restart_ok = true" in cmds[0]
     with caplog.at_level("WARNING", logger="pyinfra"):
         run_put(dr.daemon_uses_nvidia, facts, executing=False)
-    assert "restarting Docker for the nvidia runtime stops: dsv41-1017-exl3-tf, grafana, jupyter" in caplog.text
+    assert ("warning: a Docker restart: restarting Docker for the nvidia runtime stops: dsv41-1017-exl3-tf, grafana, "
+            "jupyter") in caplog.text
     assert "will fail: a Docker restart" in caplog.text
     cmds, _, _ = run_put(dr.daemon_uses_nvidia, facts, executing=True, restart_ok=True)
     assert any("restart docker.service" in c for c in cmds)  # allowed: the restart goes ahead
     assert dr.restart_problem({NAME: True}, False) is None  # only our own rank would stop
 
 
-def test_malformed_file_fails_and_is_never_written():
+def test_malformed_file_fails_and_is_never_written(caplog):
     bad = parse_fact(DaemonJson, (FIX / "daemon-json-bad.json").read_text())
-    cmds, _ = run_op(dr.daemon_uses_nvidia, daemon_facts(bad, RUNC_LIVE))
-    assert len(cmds) == 1 and "/etc/docker/daemon.json is not valid JSON" in cmds[0] and "exit 1" in cmds[0]
-    assert "will not overwrite" in cmds[0]
+    command, warnings = refused(caplog, dr.daemon_uses_nvidia, daemon_facts(bad, RUNC_LIVE))
+    assert "daemon.json: /etc/docker/daemon.json is not valid JSON" in command and "will not overwrite" in command
+    assert "will fail: daemon.json: /etc/docker/daemon.json is not valid JSON" in warnings
 
 
 # --- packages and group --------------------------------------------------------------------------------------
@@ -167,16 +168,16 @@ def apt_facts(tools, apt_index_age_s=None):
             File: with_args({"path=/var/lib/apt/periodic/update-success-stamp": stamp})}
 
 
-def test_runtime_installed_both_ways():
+def test_runtime_installed_both_ways(caplog):
     have = {ContainerRuntimeTools: {"docker": True, "nvidia-container-runtime": True}}
     assert run_op(dr.runtime_installed, have)[0] == []
     cmds, _ = run_op(dr.runtime_installed, apt_facts({"docker": True, "nvidia-container-runtime": False}),
                      install=True)
     assert cmds[0] == "apt-get update" and "touch /var/lib/apt/periodic/update-success-stamp" in cmds
     assert "install nvidia-container-toolkit" in cmds[-1] and "docker.io" not in cmds[-1]
-    cmds, _ = run_op(dr.runtime_installed, {ContainerRuntimeTools: {}}, install=False)
-    assert "missing: docker.io, nvidia-container-toolkit" in cmds[0] and "docker_install = True" in cmds[0]
-    assert "exit 1" in cmds[0]
+    command, warnings = refused(caplog, dr.runtime_installed, {ContainerRuntimeTools: {}}, install=False)
+    assert "missing: docker.io, nvidia-container-toolkit" in command and "docker_install = True" in command
+    assert "will fail: the container runtime: missing: docker.io, nvidia-container-toolkit" in warnings
 
 
 def test_runtime_install_skips_a_fresh_apt_index():
@@ -187,7 +188,7 @@ def test_runtime_install_skips_a_fresh_apt_index():
     assert cmds[0] == "apt-get update"
 
 
-def test_user_in_group_both_ways(monkeypatch):
+def test_user_in_group_both_ways(monkeypatch, caplog):
     calls, op = [], dr.user_in_group
     monkeypatch.setattr(dr, "user_in_group", lambda **kw: calls.append(kw))
     monkeypatch.setattr(dr, "runtime_installed", lambda **kw: None)
@@ -199,8 +200,8 @@ def test_user_in_group_both_ways(monkeypatch):
     assert cmds == ["usermod -a -G docker nvidia"]  # appended: the other groups kept
     cmds, h = run_op(op, {UserGroups: with_args({"user=nvidia": ["nvidia", "docker"]})}, **wanted)
     assert cmds == [] and h.noops
-    cmds, _ = run_op(op, {UserGroups: with_args({"user=nvidia": None})}, **wanted)
-    assert len(cmds) == 1 and "no user nvidia" in cmds[0] and "exit 1" in cmds[0]
+    command, warnings = refused(caplog, op, {UserGroups: with_args({"user=nvidia": None})}, **wanted)
+    assert "ssh_user: there is no user nvidia" in command and "will fail: ssh_user: there is no user nvidia" in warnings
 
 
 def test_user_groups_fact_reads_id(tmp_path):

@@ -10,7 +10,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from harness import parse_fact, run_op, unwrap_progress, with_args
+from harness import parse_fact, refused, run_op, unwrap_progress, with_args
 from pyinfra.facts.docker import DockerImage
 from settings_factory import make_settings
 
@@ -273,9 +273,11 @@ def test_prebuilt_pulled_by_its_digest_when_missing():
     assert label == f"pull {PREBUILT}" and options[options.index("--latest") + 1] == image.PULL_STEP
 
 
-def test_prebuilt_malformed_reference_fails():
-    commands, _ = run_op(image.prebuilt_image_pulled, {}, reference="ghcr.io/example/dsv41-tf:latest")
-    assert len(commands) == 1 and "is not name@sha256:<64 hex>" in commands[0] and commands[0].endswith("exit 1")
+def test_prebuilt_malformed_reference_fails(caplog):
+    command, warnings = refused(caplog, image.prebuilt_image_pulled, {}, reference="ghcr.io/example/dsv41-tf:latest")
+    assert command.startswith("echo 'sparkfold: prebuilt_image: prebuilt_image ") and "imagetools inspect" in command
+    assert "will fail: prebuilt_image: prebuilt_image 'ghcr.io/example/dsv41-tf:latest' is not name@sha256:<64 hex>" \
+        in warnings
 
 
 # --- engine_capabilities_checked ---

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 from core_facts import merged, remote_file, run_put
-from harness import parse_fact, run_op, with_args
+from harness import parse_fact, refused, run_op, with_args
 
 from operations import link
 from operations.facts.network import (
@@ -332,11 +332,12 @@ def test_netplan_migration_moves_a_file_of_only_our_netdevs(tmp_path):
     assert not src.exists() and [p.name[:31] for p in tmp_path.iterdir()] == ["40-cx7.yaml.sparkfold-backup-20"]
 
 
-def test_netplan_refuses_unparseable_other_file():
+def test_netplan_refuses_unparseable_other_file(caplog):
     files = {"/etc/netplan/broken.yaml": {"mode": "600", "text": fixture("broken.yaml")}}
-    commands, _, _ = netplan(files)
-    assert len(commands) == 1 and "cannot parse /etc/netplan/broken.yaml" in commands[0]
-    assert "exit 1" in commands[0]
+    command, warnings = refused(caplog, link.netplan_link, netplan_facts(files, "enP7s7"), rails=RAILS, mtu=9000,
+                                netplan_file=OWN)
+    assert "netplan files: cannot parse /etc/netplan/broken.yaml" in command
+    assert "will fail: netplan files: cannot parse /etc/netplan/broken.yaml" in warnings
 
 
 def test_netplan_no_management_check_when_management_is_on_a_rail_or_absent():
@@ -516,9 +517,11 @@ def test_link_calls_each_op_once_with_settings(monkeypatch, applies):
 
 
 @pytest.mark.parametrize("name", ["60-sparkfold-cx7.yml", "sparkfold"])
-def test_netplan_file_must_be_yaml(name):
-    commands, _ = run_op(link.netplan_link, {}, rails=RAILS, mtu=9000, netplan_file="/etc/netplan/" + name)
-    assert "must end in .yaml" in commands[0]
+def test_netplan_file_must_be_yaml(name, caplog):
+    command, warnings = refused(caplog, link.netplan_link, {}, rails=RAILS, mtu=9000,
+                                netplan_file="/etc/netplan/" + name)
+    assert f"link_netplan_file: /etc/netplan/{name} must end in .yaml" in command
+    assert f"will fail: link_netplan_file: /etc/netplan/{name} must end in .yaml" in warnings
 
 
 def test_sim_netplan_standin_reads_the_template_like_yaml():

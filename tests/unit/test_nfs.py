@@ -6,7 +6,7 @@ import subprocess
 from pathlib import Path
 
 from core_facts import merged, remote_file, run_put, unit
-from harness import parse_fact, run_op, with_args
+from harness import parse_fact, refused, run_op, with_args
 from pyinfra.facts.deb import DebPackages
 from pyinfra.facts.files import File
 from settings_factory import make_pair
@@ -178,19 +178,24 @@ def test_volume_recreated_when_options_differ_and_unused():
     assert commands == ["docker volume rm sparkfold-hf", CREATE.replace("addr=192.168.100.1", "addr=192.168.101.1")]
 
 
-def test_volume_in_use_is_not_touched():
+def refused_volume(caplog, volume, users=(), server_ip="192.168.100.1"):
+    return refused(caplog, nfs.nfs_volume, volume_facts(volume, users), volume="sparkfold-hf", server_ip=server_ip,
+                   export_path=CACHE, options=OPTIONS)
+
+
+def test_volume_in_use_is_not_touched(caplog):
     volume = parse_fact(DockerVolumeInfo, fixture("volume-managed.json"))
-    commands = run_volume(volume, users=["dsv41-1017-exl3-tf"], server_ip="192.168.101.1")
-    assert len(commands) == 1 and "exit 1" in commands[0]
-    assert "container(s) dsv41-1017-exl3-tf use it" in commands[0] and "docker rm -f dsv41-1017-exl3-tf" in commands[0]
-    assert "volume rm" not in commands[0].split("sparkfold:")[0]
+    command, warnings = refused_volume(caplog, volume, users=["dsv41-1017-exl3-tf"], server_ip="192.168.101.1")
+    assert "container(s) dsv41-1017-exl3-tf use it" in command and "docker rm -f dsv41-1017-exl3-tf" in command
+    assert "volume rm" not in command.split("sparkfold:")[0]
+    assert "will fail: the NFS volume: docker volume sparkfold-hf needs new options" in warnings
 
 
-def test_foreign_volume_is_never_removed():
-    commands = run_volume(parse_fact(DockerVolumeInfo, fixture("volume-user.json")))
-    assert len(commands) == 1 and commands[0].endswith("exit 1")
-    assert "sparkfold did not create it" in commands[0] and "set nfs_volume" in commands[0]
-    assert "addr=169.254.10.1" in commands[0]
+def test_foreign_volume_is_never_removed(caplog):
+    command, warnings = refused_volume(caplog, parse_fact(DockerVolumeInfo, fixture("volume-user.json")))
+    assert "sparkfold did not create it" in command and "set nfs_volume" in command
+    assert "addr=169.254.10.1" in command
+    assert "will fail: the NFS volume: docker volume sparkfold-hf exists" in warnings
 
 
 def test_foreign_volume_with_the_same_options_is_accepted():

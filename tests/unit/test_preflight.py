@@ -166,6 +166,7 @@ def test_a_restart_is_refused_when_other_containers_keep_too_much_after_our_rank
     cmds, _ = run_op(preflight.memory_available, facts20(use),
                      min_avail_gib=112, own_containers=[RANK], restart=True)
     assert len(cmds) == 1 and "only 91.7 GiB MemAvailable, need 112 GiB" in cmds[0] and "comfyui 30.0 GiB" in cmds[0]
+    assert cmds[0].startswith("echo 'sparkfold: memory: ")  # at once: our rank's stop, later, frees no more
     # the same Spark without a restart: the rank keeps its memory, nothing starts, nothing to refuse
     cmds, _ = run_op(preflight.memory_available, facts20(use),
                      min_avail_gib=112, own_containers=[RANK], restart=False)
