@@ -60,8 +60,9 @@ class RankInputs(FactBase[RankInputsDict]):
         for port in ports:
             sections.append((f"port {int(port)}",
                              f"command -v ss >/dev/null && {{ {_raw(PortListeners().command(port))}; }}"))
-        # the marker starts a line of its own even after a file with no newline at its end
-        return "; ".join(f"printf '\\n{_MARK}{name}\\n'; {body}" for name, body in sections) + "; true"
+        # the marker starts a line of its own even after a file with no newline at its end; each part runs in a
+        # subshell, so one that exits early (the capabilities' cache hit) ends only itself
+        return "; ".join(f"printf '\\n{_MARK}{name}\\n'; ( {body} )" for name, body in sections) + "; true"
 
     def process(self, output: list[str]) -> RankInputsDict:
         parts: dict[str, list[str]] = {}

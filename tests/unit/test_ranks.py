@@ -330,3 +330,18 @@ def test_stop_on_each_spark(monkeypatch):
         ranks.ranks_stopped._inner(WS)
     assert [(k, kw["rank"]) for k, kw in calls] == [("rank_stopped", 0), ("rank_stopped", 1)]
     assert calls[0][1]["name"].startswith("Stop rank 0")
+
+
+def test_a_part_that_ends_early_does_not_cut_the_parts_after_it(tmp_path, monkeypatch):
+    # the capabilities part exits as soon as the cache answers: the ports after it must still be read
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "docker").write_text("#!/bin/sh\ncase \"$*\" in 'image inspect -f'*) echo sha256:abc;; *) exit 1;; "
+                                   "esac\n")
+    (bindir / "docker").chmod(0o755)
+    (tmp_path / "caps").mkdir()
+    (tmp_path / "caps" / "abc.json").write_text('{"schema": 1}\n')
+    monkeypatch.setenv("PATH", f"{bindir}:{os.environ['PATH']}")
+    got = run_fact(RankInputs, container=NAME, link_record="/nonexistent", served="/a", kit="/b", rank_link="/c",
+                   image=IMAGE, capabilities_cache=str(tmp_path / "caps"), ports=(1, 2))
+    assert got["capabilities"] == {"schema": 1} and set(got["port_holders"]) == {1, 2}
