@@ -6,7 +6,6 @@ from pyinfra import logger
 from pyinfra.api.exceptions import DeployError
 
 from operations.api_key import api_key
-from operations.context import current_settings
 from operations.docker_runtime import docker_runtime
 from operations.folders import folders
 from operations.gpu_clock import gpu_clock
@@ -19,8 +18,9 @@ from operations.preflight import preflight
 from operations.ranks import ranks_serving
 from operations.run_lock import locked, unlocked
 from operations.settings import passthrough_note
+from operations.settings.context import current_settings
 from operations.supervise import supervision
-from operations.sync import both_sparks_reached
+from operations.util.barrier import both_sparks_reached
 
 # 1. the settings of both Sparks, validated together before any operation exists
 s, problems = current_settings()

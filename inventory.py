@@ -5,7 +5,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from operations.site import SiteError, host_entries, read_site, site_path  # noqa: E402
+from operations.settings.site import SiteError, host_entries, read_site, site_path  # noqa: E402
 
 try:
     _entries = host_entries(read_site(site_path(Path(__file__).resolve().parent)))

@@ -2,8 +2,8 @@
 # Live `docker logs` while a rank's container exists, else its newest saved log. Read-only: no operation exists.
 # The head's run prints both ranks, rank 0 first, reading the worker through the worker's connection; the worker's
 # run prints them when the head does not answer over ssh (its block says so).
-from operations.context import pair_hosts, pair_settings, reports_for_pair
-from operations.rank_logs import rank_log_text
+from operations.settings.context import pair_hosts, pair_settings, reports_for_pair
+from operations.tools.rank_logs import rank_log_text
 
 # reading logs needs only the container name and paths: it goes ahead even when other settings need fixing
 hs, ws, _problems = pair_settings()

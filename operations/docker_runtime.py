@@ -16,7 +16,7 @@ from operations.facts.docker import ContainerRuntimeTools, DaemonJson, DockerRun
 from operations.facts.host import UserGroups
 from operations.layout import DOCKER_DAEMON_JSON
 from operations.util import check_failed, sh, warned
-from operations.util.run_memo import fact_until_change
+from operations.util.fact_reuse import fact_until_change
 
 NVIDIA_RUNTIME = {"path": "nvidia-container-runtime", "runtimeArgs": []}
 RESTART_WAIT_S = 60  # dockerd can take a while to come back with many containers

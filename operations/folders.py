@@ -16,9 +16,9 @@ from pyinfra import host
 from pyinfra.api import StringCommand, deploy, operation
 from pyinfra.facts.files import Directory
 
-from .data_copy import versions_dir
-from .settings import Settings
-from .util import check_failed, sh
+from operations.data.copy import versions_dir
+from operations.settings import Settings
+from operations.util import check_failed, sh
 
 PRIVATE = "700"  # secrets: api-key.d
 SHARED = "755"

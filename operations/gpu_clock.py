@@ -16,12 +16,12 @@ from pyinfra.api import StringCommand, deploy, operation
 from operations.facts.gpu import GpuClockState, GpuClockStateDict
 from operations.facts.systemd import UnitState, unit_running
 from operations.layout import GPU_CLOCK_RECORD, GPU_CLOCK_SCRIPT, GPU_CLOCK_TIMER, GPU_CLOCK_UNIT, script_path
+from operations.owned.units import script_installed, unit_file, unit_installed, unit_service
 from operations.rank.commands import lock_command
 from operations.util import check_failed, sh
 from operations.util.durations import duration
-from operations.util.run_memo import fact_until_change
+from operations.util.fact_reuse import fact_until_change
 from operations.util.templates import render
-from operations.util.units import script_installed, unit_file, unit_installed, unit_service
 
 OVER_CEILING_MHZ = 15  # a locked GPU reads at most the ceiling (one clock step of slack)
 STALE_PERIODS = 2  # a record older than this many timer periods (plus slack) means the timer is not doing its job

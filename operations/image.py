@@ -19,7 +19,8 @@ from pyinfra import host
 from pyinfra.api import FileUploadCommand, deploy, operation
 from pyinfra.operations import docker
 
-from operations import image_hash as content
+from operations.build import image_hash as content
+from operations.build.image_hash import computed_hash, image_ref
 from operations.facts.docker import (
     CapabilitiesDict,
     DockerImageInfo,
@@ -27,12 +28,11 @@ from operations.facts.docker import (
     PeerDockerImageInfo,
     capabilities_cache_file,
 )
-from operations.image_hash import computed_hash, image_ref
-from operations.peer_ssh import ssh_words
+from operations.network.peer_ssh import ssh_words
+from operations.remote.progress_command import progress_command
 from operations.settings import PREBUILT_REFERENCE, Settings
 from operations.util import check_failed, failing_shell, sh
-from operations.util.progress import progress_command
-from operations.util.run_memo import fact_until_change
+from operations.util.fact_reuse import fact_until_change
 
 HASH_LABEL = "sparkfold.image-hash"
 ENGINE_FAMILY = ("deepseek_v41", "exl3-mul1")  # model_type and format the served checkpoint needs

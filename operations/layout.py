@@ -11,7 +11,9 @@ from __future__ import annotations
 import posixpath
 from dataclasses import dataclass
 
-from .hf_cache import repo_folder_name  # hf_cache.py also runs on the head on its own: the name lives there
+from operations.util.hf_cache import (
+    repo_folder_name,  # hf_cache.py also runs on the head on its own: the name lives there
+)
 
 # --- system-wide paths sparkfold owns (root) ---
 UNIT_DIR = "/etc/systemd/system"

@@ -27,12 +27,12 @@ from operations.facts.network import (
     RoceDevices,
     SshServerAddress,
 )
-from operations.link_rollback import guarded_apply, new_apply_dir, sudo_arguments
+from operations.network.netplan_apply import guarded_apply, new_apply_dir, sudo_arguments
 from operations.util import check_failed
 from operations.util.checks import is_settled, op_changed
+from operations.util.fact_reuse import fact_until_change
 from operations.util.net import ip_of
 from operations.util.owned import foreign_file_problem
-from operations.util.run_memo import fact_until_change
 from operations.util.templates import render
 
 ROCE_PORT = 1
@@ -234,9 +234,10 @@ def migration_commands(move: dict, mode: str) -> Iterator:
 def netplan_link(rails: list[dict], mtu: int, netplan_file: str, rollback_s: int = 120):
     """This project's netplan file for the link rails (files.put, mode 600), other files' stanzas for the same
     netdevs migrated (backup kept), and `netplan generate && netplan apply` only when something changed: the file,
-    a migration, or the live addresses/MTU drifted from it. The apply is guarded (operations/link_rollback.py): the
-    Spark undoes it by itself after rollback_s unless a new ssh connection from this machine confirms it. Custom:
-    core writes a file; this also migrates the others and applies with a way back."""
+    a migration, or the live addresses/MTU drifted from it. The apply is guarded
+    (operations/network/netplan_apply.py): the Spark undoes it by itself after rollback_s unless a new ssh connection
+    from this machine confirms it. Custom: core writes a file; this also migrates the others and applies with a way
+    back."""
     if not netplan_file.endswith(".yaml"):
         yield from check_failed("link_netplan_file", [f"{netplan_file} must end in .yaml (netplan reads only *.yaml)"])
         return

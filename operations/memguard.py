@@ -8,8 +8,8 @@ from __future__ import annotations
 from pyinfra.api import deploy
 
 from operations.layout import MEMGUARD_UNIT, script_path
+from operations.owned.units import script_installed, script_sha256, unit_installed, unit_off
 from operations.util.templates import render
-from operations.util.units import script_installed, script_sha256, unit_installed, unit_off
 
 SCRIPT = "memguard.py"
 

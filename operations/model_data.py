@@ -1,7 +1,7 @@
 """Everything the ranks load, on the head first and then on the worker.
 
 Head: huggingface_hub, the checkpoint (HF cache), the Engram tables and the kit (real files under data_dir), the
-ABLIT overlay (operations/ablit.py), the token map and both ranks' weight files (operations/weights.py).
+ABLIT overlay (operations/data/ablit.py), the token map and both ranks' weight files (operations/data/weights.py).
 Worker: Engram, kit, token map and rank 1's weight file copied from the head over the link (rsync run on the head),
 then verified on the worker against checksum lists; with worker_weights = "copy" the checkpoint too.
 """
@@ -18,8 +18,9 @@ from pyinfra import host
 from pyinfra.api import FileUploadCommand, deploy, operation
 from pyinfra.facts.files import Sha256File
 
-from operations import ablit, weights
-from operations.data_copy import (
+from operations.build.image_hash import image_ref
+from operations.data import ablit, weights
+from operations.data.copy import (
     checksums_written,
     folder_placed,
     folder_to_peer,
@@ -28,16 +29,15 @@ from operations.data_copy import (
     gib,
     space_problem,
 )
+from operations.data.hub import hub_python
 from operations.facts.files import FolderCheck
 from operations.facts.model import HfHubPython, HfPlanDict, hf_plan
-from operations.hf_cache import repo_folder_name
-from operations.image_hash import image_ref
-from operations.model_paths import hub_python
 from operations.remote import heredoc_command
+from operations.remote.progress_command import TICK_S, progress_command
 from operations.settings import Settings
-from operations.sync import both_sparks_reached
 from operations.util import check_failed
-from operations.util.progress import TICK_S, progress_command
+from operations.util.barrier import both_sparks_reached
+from operations.util.hf_cache import repo_folder_name
 
 MODEL_TYPE = "deepseek_v41"
 FILES_WHOLE = r"[0-9]+ of [0-9]+ files whole"  # in hf_fetch's own progress lines (remote/hf_fetch.report_progress)

@@ -18,12 +18,12 @@ from operations.docker_runtime import APT_CACHE_S
 from operations.facts.docker import DockerVolumeInfo, VolumeContainers
 from operations.facts.files import FileText
 from operations.facts.nfs import ExportTable
+from operations.owned.files import owned_put_changes
+from operations.owned.units import unit_service
 from operations.util import check_failed, sh
-from operations.util.file_put import owned_put_changes
 from operations.util.net import ip_of
 from operations.util.owned import foreign_file_problem
 from operations.util.templates import render
-from operations.util.units import unit_service
 
 NFS_PACKAGE = "nfs-kernel-server"
 NFS_SERVICE = "nfs-server"  # nfs-kernel-server.service is an alias of it on Ubuntu

@@ -16,7 +16,7 @@ from operations.facts.host import KNOWN_TOOLS, HostTools, MemInfo, OsRelease, Ss
 from operations.rank.commands import memory_wait_command
 from operations.settings import Settings
 from operations.util import check_failed
-from operations.util.run_memo import fact_until_change
+from operations.util.fact_reuse import fact_until_change
 
 GIB = 1024**3
 GB = 1000**3
@@ -118,7 +118,7 @@ def counted_meminfo(meminfo: Mapping[str, int], docker_use: Mapping[str, Any], o
     """MemInfo as a restart would find it once our own rank is stopped: its memory comes back. The rank's weights
     sit in driver allocations `docker stats` does not show, so everything in use that another running container
     does not account for is counted as coming back; the wait after the stop judges the real figure
-    (operations/containers.py)."""
+    (operations/ranks.py)."""
     total = meminfo.get("MemTotal")
     if total is None or meminfo.get("MemAvailable") is None:
         return dict(meminfo)

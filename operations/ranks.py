@@ -15,21 +15,21 @@ from pyinfra import host, logger
 from pyinfra.api import StringCommand, deploy, operation
 from pyinfra.api.host import Host
 
-from operations import health
 from operations.api_key import open_api_note
-from operations.context import peer_host
-from operations.data_copy import folder_versions_pruned, versions_dir
+from operations.build.image_hash import image_ref
+from operations.data.copy import folder_versions_pruned, versions_dir
 from operations.facts.docker import RankContainer
 from operations.facts.rank import RankInputs
 from operations.facts.systemd import UnitState
-from operations.image_hash import image_ref
 from operations.layout import SUPERVISOR_UNIT, unit_path
+from operations.owned.files import file_put
+from operations.rank import serving as health
 from operations.rank.commands import removal_commands, start_commands
 from operations.rank.plan import KEEP, REFUSED, START, PairPlan, foreign, pair_plan, rank_inputs_args
 from operations.rank.spec import CHAT_TEMPLATE, template_digest
 from operations.settings import Settings
+from operations.settings.context import peer_host
 from operations.util import check_failed
-from operations.util.file_put import file_put
 
 
 def read_pair_plan(s: Settings, peer: Host, image: str, template: str) -> PairPlan:

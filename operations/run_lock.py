@@ -22,9 +22,9 @@ import uuid
 from pyinfra import host, state
 from pyinfra.api import FactBase, QuoteString, StringCommand, deploy, operation
 
-from .layout import RUN_LOCK
-from .settings import Settings
-from .util import check_failed, sh, warned
+from operations.layout import RUN_LOCK
+from operations.settings import Settings
+from operations.util import check_failed, sh, warned
 
 RUN_ID = uuid.uuid4().hex[:12]  # one per controller process: both Sparks see the same run
 HOLDER = f"{getpass.getuser()}@{socket.gethostname()} (pid {os.getpid()})"

@@ -15,10 +15,9 @@ from typing import Any, TypedDict
 
 from pyinfra.api import FactBase, QuoteString, StringCommand
 
-from operations.peer_ssh import ssh_words
+from operations.facts.host import HostTools
+from operations.network.peer_ssh import ssh_words
 from operations.util import sh
-
-from .host import HostTools
 
 DAEMON_JSON = "/etc/docker/daemon.json"
 

@@ -14,7 +14,7 @@ from typing import ClassVar, TypedDict, TypeVar
 
 from pyinfra.api import FactBase
 
-from operations.peer_ssh import ssh_prefix
+from operations.network.peer_ssh import ssh_prefix
 from operations.util import sh
 
 T = TypeVar("T")

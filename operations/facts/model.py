@@ -11,7 +11,7 @@ from typing import TypedDict
 from pyinfra.api import FactBase
 
 from operations.remote import heredoc_command
-from operations.util.run_memo import fact_once
+from operations.util.fact_reuse import fact_once
 
 _RANK_FILE = re.compile(r"^(?:rank(\d)of2-[0-9a-f]+\.bin|\.rank(\d)of2\.partial)$")
 

@@ -12,10 +12,10 @@ from typing import Any, TypedDict
 
 from pyinfra.api import FactBase
 
-from .docker import EngineCapabilities, RankContainer, RankContainerDict
-from .files import LinkTarget
-from .host import MemInfo
-from .network import InfinibandDevices, LinkRecord, PortListeners
+from operations.facts.docker import EngineCapabilities, RankContainer, RankContainerDict
+from operations.facts.files import LinkTarget
+from operations.facts.host import MemInfo
+from operations.facts.network import InfinibandDevices, LinkRecord, PortListeners
 
 _MARK = "@@sparkfold-rank-input "
 

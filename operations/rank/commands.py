@@ -12,8 +12,8 @@ from pyinfra.api import StringCommand
 
 from operations.layout import GPU_CLOCK_RECORD, GPU_CLOCK_SCRIPT, script_path
 from operations.rank.spec import ContainerSpec
+from operations.remote.progress_command import TICK_S, LiveCommand
 from operations.util import sh
-from operations.util.progress import TICK_S, LiveCommand
 
 MEMORY_POLL_S = 2  # between two reads of MemAvailable while a rank's memory comes back
 

@@ -12,7 +12,7 @@ _DELIMITER = "SPARKFOLD_PY_EOF"
 
 
 def _source(module: str) -> str:
-    path = _HERE.parent / "hf_cache.py" if module == "hf_cache" else _HERE / f"{module}.py"
+    path = _HERE.parent / "util" / "hf_cache.py" if module == "hf_cache" else _HERE / f"{module}.py"
     lines = path.read_text().splitlines()
     # one `from __future__` at the top of the bundle; a later one would be a SyntaxError
     return "\n".join(line for line in lines if line.strip() != "from __future__ import annotations")

@@ -19,10 +19,10 @@ from typing import TYPE_CHECKING
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # before huggingface_hub is imported
 
 if TYPE_CHECKING:  # the same module as below, named so mypy can follow it
-    from operations.hf_cache import *
+    from operations.util.hf_cache import *
 if not globals().get("_BUNDLED"):  # run from a checkout
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "util"))
     from hf_cache import *  # noqa: F401,F403
     from hf_plan import _token, hub_files, model_type, parse_args, still_to_fetch
 

@@ -8,7 +8,7 @@ A folder whose .sparkfold-complete.json (written by hf_fetch) covers the request
 answered offline. Otherwise the Hub is asked (HfApi, or its REST API when huggingface_hub is absent), honouring
 HF_ENDPOINT, HF_TOKEN and HF_TOKEN_PATH. missing_bytes counts only what a download still transfers: a blob another
 revision already holds costs nothing, and an interrupted .incomplete file only its remainder.
-Sent to the head as one script after operations/hf_cache.py (see operations/remote/__init__.py).
+Sent to the head as one script after operations/util/hf_cache.py (see operations/remote/__init__.py).
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ import sys
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # the same module as below, named so mypy can follow it
-    from operations.hf_cache import *
-if not globals().get("_BUNDLED"):  # run from a checkout: hf_cache lives one folder up
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    from operations.util.hf_cache import *
+if not globals().get("_BUNDLED"):  # run from a checkout: hf_cache lives in ../util
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "util"))
     from hf_cache import *  # noqa: F401,F403
 
 

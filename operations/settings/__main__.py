@@ -2,8 +2,8 @@
 
 import runpy
 
-from .model import SETTING_NAMES
-from .sources import ALL_PY, env_names, meanings
+from operations.settings.model import SETTING_NAMES
+from operations.settings.sources import ALL_PY, env_names, meanings
 
 
 def main() -> None:

@@ -11,8 +11,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import TypedDict
 
-from ..layout import Layout
-from ..util.net import ip_of
+from operations.layout import Layout
+from operations.util.net import ip_of
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 # Variables the engine reads: passed to both ranks from engine_env or from the environment of the run.

@@ -11,8 +11,8 @@ import posixpath
 import re
 from dataclasses import fields
 
-from .model import PASSTHROUGH_PREFIXES, Settings
-from .shapes import HOST_NAME, IBDEV, IPV4_PREFIX, LOGIN, NETDEV, fits, shape_problems, shown
+from operations.settings.model import PASSTHROUGH_PREFIXES, Settings
+from operations.settings.shapes import HOST_NAME, IBDEV, IPV4_PREFIX, LOGIN, NETDEV, fits, shape_problems, shown
 
 # The engine's window: dsv41's max_position_embeddings.
 MAX_CONTEXT = 1_048_576

@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .model import PASSTHROUGH_PREFIXES, PROJECT_ROOT, SETTING_NAMES, Rail, Settings
-from .shapes import shown
+from operations.settings.model import PASSTHROUGH_PREFIXES, PROJECT_ROOT, SETTING_NAMES, Rail, Settings
+from operations.settings.shapes import shown
 
 ALL_PY = PROJECT_ROOT / "group_data" / "all.py"
 # The shell recipe's variables, read under their own names; none of them is a common shell variable.
@@ -34,7 +34,8 @@ RECIPE_ENV = frozenset((
 ENV_PREFIX = "SPARKFOLD_"
 # SPARKFOLD_* variables that are not settings: the site file's path.
 ENV_META = frozenset(("SPARKFOLD_SITE",))
-# Keys the site file and group_data/<role>.py put in a host's data besides settings (inventory.py, operations/site.py).
+# Keys the site file and group_data/<role>.py put in a host's data besides settings (inventory.py,
+# operations/settings/site.py).
 HOST_KEYS = frozenset(("role", "rank", "link_rails", "ssh_hostname", "ssh_user", "ssh_port", "ssh_key",
                        "reach_from_head"))
 

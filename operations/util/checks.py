@@ -14,7 +14,7 @@ from typing import Any
 from pyinfra import host, logger, state
 from pyinfra.api import StringCommand
 
-from .commands import fail_command
+from operations.util.commands import fail_command
 
 
 def op_changed(op: Any) -> bool:

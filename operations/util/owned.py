@@ -3,7 +3,7 @@ refused, never overwritten (a setting that points at /etc/netplan/50-cloud-init.
 
 from __future__ import annotations
 
-from .commands import MANAGED_HEADER
+from operations.util.commands import MANAGED_HEADER
 
 
 def foreign_file_problem(path: str, text: str | None) -> str | None:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import jinja2
 
-from .commands import MANAGED_HEADER
+from operations.util.commands import MANAGED_HEADER
 
 TEMPLATES = Path(__file__).resolve().parents[2] / "templates"
 

@@ -1,4 +1,4 @@
-"""smoke: the quick post-deploy check, and the deploy's own (operations/health.py). The server is healthy, gives a
+"""smoke: the quick post-deploy check, and the deploy's own (operations/rank/serving.py). The server is healthy, gives a
 real reply that honours a stop string, streams to a proper end, and makes a tool call."""
 
 from __future__ import annotations

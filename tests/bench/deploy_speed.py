@@ -22,7 +22,7 @@ import sys
 import time
 from pathlib import Path
 
-from operations.data_copy import peer_copy_commands
+from operations.data.copy import peer_copy_commands
 from tests.sim import sim
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -199,7 +199,7 @@ def memory_status(role: str) -> dict:
 
 
 def site_data() -> dict:
-    """The site file for the simulated pair, in the format operations/site.py reads."""
+    """The site file for the simulated pair, in the format operations/settings/site.py reads."""
     key = str(KEYS / "controller")
 
     def spark(role: str) -> dict:

@@ -131,7 +131,7 @@ def run_fact(cls, **kwargs):
 
 
 def unwrap_progress(text: str) -> tuple[str, str, list[str]]:
-    """(label, the command it runs, its options) of an operations.util.progress wrapper rendered to text."""
+    """(label, the command it runs, its options) of an operations.remote.progress_command wrapper rendered to text."""
     import shlex
 
     head = text[: text.rindex(" <<'SPARKFOLD_PY_EOF'\n")]  # the progress script follows the last marker

@@ -6,7 +6,7 @@ import runpy
 from pathlib import Path
 
 from operations.settings import Layers, Settings, load, pair
-from operations.site import host_entries, read_site
+from operations.settings.site import host_entries, read_site
 
 ROOT = Path(__file__).resolve().parents[2]
 PEER = {"head": "worker", "worker": "head"}

@@ -10,10 +10,11 @@ from hf_fixture import build_cache, model_files
 from test_model_data import settings
 from test_weights import local_fact, run_all
 
-from operations import ablit, hf_cache
+from operations.data import ablit
 from operations.facts.files import DiskFree, FileText
 from operations.facts.model import AblitShards, HfPlan
 from operations.rank.plan import served_model_path
+from operations.util import hf_cache
 
 COMMIT = "e" * 40
 PLAN = {"python": "/v/bin/python", "repo": "Org/M", "revision": "main", "cache_dir": "/h/hub", "local_dir": "",

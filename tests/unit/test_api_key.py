@@ -164,7 +164,7 @@ def test_deploy_only_on_the_head_with_api_key(monkeypatch):
 
 
 def test_an_open_api_is_said_plainly_with_the_fix(caplog):
-    from operations import health
+    from operations.rank import serving as health
     open_head = make_settings("head")  # the recipe's default: 0.0.0.0, no key
     note = ak.open_api_note(open_head)
     assert "no key and listens on 0.0.0.0:8888" in note and "SPARKFOLD_API_KEY=1" in note

@@ -11,9 +11,9 @@ from types import SimpleNamespace
 import pytest
 from hf_fixture import build_cache, build_local, commit_of, model_files, siblings
 
-from operations import hf_cache
 from operations.facts.model import HfPlan
 from operations.remote import bundle, hf_fetch, hf_plan
+from operations.util import hf_cache
 
 REPO = "Org/Tiny-Model"
 

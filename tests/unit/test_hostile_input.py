@@ -15,7 +15,7 @@ from operations.rank.spec import rank0_argv, rank_spec
 from operations.settings import SETTING_NAMES, validate, validate_pair
 from operations.settings.rules import OWN_SERVE_FLAGS
 from operations.settings.shapes import ITEM_SHAPES, SHAPES
-from operations.site import SiteError, read_site
+from operations.settings.site import SiteError, read_site
 
 # line breaks last: `$` matches before a final "\n", and "\u2028" / "\r" end a line for YAML and some readers
 LINE_BREAKS = ["x\n", "x\u2028", "x\r"]
@@ -181,8 +181,8 @@ def test_a_foreign_file_at_an_owned_path_is_refused_both_phases(caplog):
 
     from core_facts import remote_file, run_put
 
+    from operations.owned.files import owned_file_put
     from operations.util.commands import MANAGED_HEADER
-    from operations.util.file_put import owned_file_put
 
     path = "/etc/netplan/50-cloud-init.yaml"
     ours = MANAGED_HEADER + "\nnetwork: {}\n"

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from operations.image_hash import build_args, context_files, image_hash
+from operations.build.image_hash import build_args, context_files, image_hash
 
 ROOT = Path(__file__).resolve().parents[2]
 

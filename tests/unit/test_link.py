@@ -236,7 +236,7 @@ def netplan(files, rails=RAILS, route="enP7s7"):
     return run_put(link.netplan_link, netplan_facts(files, route), rails=rails, mtu=9000, netplan_file=OWN)
 
 
-APPLY = "setsid sh -c "  # the detached apply (operations/link_rollback.py)
+APPLY = "setsid sh -c "  # the detached apply (operations/network/netplan_apply.py)
 
 
 def guarded(commands):

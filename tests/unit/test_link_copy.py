@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from operations.data_copy import SSH, peer_copy_commands
+from operations.data.copy import SSH, peer_copy_commands
 
 pytestmark = pytest.mark.skipif(shutil.which("rsync") is None, reason="needs rsync")
 

@@ -14,9 +14,9 @@ from core_facts import run_put, unit
 from pyinfra.operations import systemd
 
 import operations.memguard as mg
+from operations.owned.units import REMOTE_SCRIPTS
 from operations.remote import memguard as guard
 from operations.remote.memguard import RETRY_KILL_S, GuardState, decide
-from operations.util.units import REMOTE_SCRIPTS
 
 FLOOR = 2.5
 UNIT = "sparkfold-memguard.service"

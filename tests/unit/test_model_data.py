@@ -14,8 +14,9 @@ from hf_fixture import build_cache, model_files
 from pyinfra.facts.files import Sha256File
 from settings_factory import make_settings
 
-from operations import data_copy, model_data
-from operations.data_copy import listing_digest
+from operations import model_data
+from operations.data import copy as data_copy
+from operations.data.copy import listing_digest
 from operations.facts.files import (
     DirFiles,
     DiskFree,
@@ -27,7 +28,7 @@ from operations.facts.files import (
     first_line,
 )
 from operations.facts.model import AblitShards, HfHubPython, HfPlan, RankFolder
-from operations.peer_ssh import ssh_prefix
+from operations.network.peer_ssh import ssh_prefix
 from operations.rank.plan import served_model_path
 
 COMMIT = "a" * 40
@@ -480,7 +481,7 @@ def test_served_model_path_stock_ablit_and_worker():
 def recorded(monkeypatch):
     """Every op the deploy function calls, with its name and arguments (no pyinfra state needed)."""
     calls = []
-    from operations import ablit, weights
+    from operations.data import ablit, weights
 
     def recorder(label):
         return lambda **kw: calls.append((label, kw))

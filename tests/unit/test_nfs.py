@@ -16,8 +16,8 @@ from operations.facts.docker import DockerVolumeInfo, VolumeContainers
 from operations.facts.files import FileText
 from operations.facts.nfs import ExportTable
 from operations.facts.systemd import UnitState
+from operations.owned.units import unit_service
 from operations.util import MANAGED_HEADER
-from operations.util.units import unit_service
 
 FIX = Path(__file__).parent / "fixtures" / "nfs"
 CACHE = "/home/nvidia/.cache/huggingface"

@@ -14,7 +14,7 @@ import pytest
 from harness import unwrap_progress
 
 from operations.image import BUILD_STEP
-from operations.util.progress import LiveCommand, progress_command
+from operations.remote.progress_command import LiveCommand, progress_command
 
 
 def start(command: LiveCommand, raw: bool = False) -> subprocess.Popen:
@@ -127,7 +127,7 @@ for name in args[1:]:
 
 
 def test_hashing_reports_the_bytes_read_and_a_failed_check_says_so(tmp_path, monkeypatch):
-    from operations.data_copy import hashing_command
+    from operations.data.copy import hashing_command
 
     monkeypatch.setenv("TMPDIR", str(tmp_path))  # where the runner makes its private folder
     tools = tmp_path / "bin"
@@ -161,7 +161,7 @@ def test_the_hashing_pid_file_is_in_a_private_folder_and_a_planted_link_is_not_f
     through (as root: any file). Now it lives in the runner's fresh 0700 folder, removed at the end."""
     import hashlib
 
-    from operations.data_copy import hashing_command
+    from operations.data.copy import hashing_command
 
     data, private, tools = tmp_path / "data", tmp_path / "tmpdir", tmp_path / "bin"
     for folder in (data, private, tools):

@@ -9,7 +9,7 @@ from harness import FakeHost, parse_fact, run_fact
 from settings_factory import make_pair
 
 from operations.facts.docker import RankLogTail
-from operations.rank_logs import log_section, rank_log_text
+from operations.tools.rank_logs import log_section, rank_log_text
 
 NAME = "sparkfold-test-no-such-container"
 

@@ -188,7 +188,7 @@ def test_group_data_is_read_as_pyinfra_reads_it_so_expressions_work(tmp_path):
 import json, types
 from pyinfra.context import ctx_state
 from pyinfra_cli.inventory import make_inventory
-from operations.context import layers_of
+from operations.settings.context import layers_of
 from operations.settings import load
 with ctx_state.use(types.SimpleNamespace(current_exec_filename=None)):
     inventory = make_inventory({str(tmp_path / "inv.py")!r}, override_data={{"parallel": 2}}, cwd={str(tmp_path)!r})

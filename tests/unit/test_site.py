@@ -1,7 +1,7 @@
 import pytest
 from settings_factory import ROOT
 
-from operations.site import SiteError, host_entries, read_site
+from operations.settings.site import SiteError, host_entries, read_site
 
 
 def write(tmp_path, text):

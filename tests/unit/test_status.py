@@ -11,8 +11,7 @@ import pytest
 from harness import FakeHost
 from settings_factory import make_pair
 
-from operations import status as st
-from operations.data_copy import listing_digest
+from operations.data.copy import listing_digest
 from operations.facts.docker import DockerVolumeInfo
 from operations.facts.files import FolderCheck, LinkTarget
 from operations.facts.gpu import GpuClockState
@@ -24,6 +23,7 @@ from operations.facts.systemd import UnitState
 from operations.layout import GPU_CLOCK_TIMER, MEMGUARD_UNIT, SUPERVISOR_UNIT
 from operations.link import ipv4_mapped_gid
 from operations.rank.spec import LABEL_HASH
+from operations.tools import status as st
 from operations.util.net import ip_of
 
 NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
@@ -408,7 +408,7 @@ def _run_status_py(monkeypatch, capsys, api_problem, unreachable: str = "", run_
     from pyinfra.context import ctx_host
     from settings_factory import ROOT
 
-    import operations.context as context
+    import operations.settings.context as context
 
     hs, ws = make_pair(head={"status_plan": False}, worker={"status_plan": False})
     facts = {GpuClockState: GPU_LOCKED, "pyinfra.facts.files.File": None, IpAddresses: {}, RoceDevices: {},

@@ -1,4 +1,4 @@
-"""operations/util/units.py and file_put.py: a unit's file through files.put (path, mode 644, content), the unit
+"""operations/owned/units.py and file_put.py: a unit's file through files.put (path, mode 644, content), the unit
 through systemd.service; daemon-reload and the restart only when the file changed, enable/start only when needed;
 one fact each when the file and the unit are already right."""
 
@@ -12,8 +12,9 @@ from pyinfra.operations import systemd
 
 from operations.facts.files import FileSum
 from operations.facts.systemd import UnitState, unit_enabled, unit_running
-from operations.util import MANAGED_HEADER, units
-from operations.util.file_put import already_there, file_put, owned_file_put
+from operations.owned import units
+from operations.owned.files import already_there, file_put, owned_file_put
+from operations.util import MANAGED_HEADER
 
 UNIT = "sparkfold-test.service"
 PATH = f"/etc/systemd/system/{UNIT}"

@@ -11,8 +11,8 @@ import pytest
 from harness import run_fact, run_op, unwrap_progress
 from hf_fixture import build_cache, model_files
 
-from operations import weights
-from operations.data_copy import SSH
+from operations.data import weights
+from operations.data.copy import SSH
 from operations.facts.files import DirFiles, DiskFree, FileText, LinkTarget
 from operations.facts.model import HfPlan, RankFolder
 

@@ -13,8 +13,8 @@ from harness import FakeHost, run_op
 from validate_fake import MODEL
 from validate_fake import serving as validate_serving
 
-from operations import health
 from operations.facts.docker import RankContainer
+from operations.rank import serving as health
 
 NAME = "DeepSeek-V4.1-Flash-1017"
 UP = {"exists": True, "running": True, "status": "running", "exit_code": 0, "labels": {}}

@@ -9,7 +9,7 @@ from typing import Any
 import yaml
 
 # the shapes of the fields that reach ssh, netplan and sysfs paths: the settings check per-host data with them too
-from .settings.shapes import HOST_NAME, IBDEV, IPV4_PREFIX, LOGIN, NETDEV, fits, shown
+from operations.settings.shapes import HOST_NAME, IBDEV, IPV4_PREFIX, LOGIN, NETDEV, fits, shown
 
 EXAMPLE = "sparks.example.yaml"
 ROLES = ("head", "worker")
@@ -94,7 +94,7 @@ def _rails(spark: dict) -> list[dict]:
 
 def host_entries(site: dict[str, Any]) -> dict[str, tuple[str, dict]]:
     """role -> (pyinfra host name, host data) for inventory.py. Each Spark's data holds only its own values; the
-    settings pair the two (operations/context.py)."""
+    settings pair the two (operations/settings/context.py)."""
     names = {role: site[role].get("name") or site[role]["ssh"] for role in ROLES}
     if names["head"] == names["worker"]:
         names = {role: f"{site[role]['ssh']}:{site[role].get('ssh_port', 22)}" for role in ROLES}

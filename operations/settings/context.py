@@ -9,8 +9,8 @@ from pyinfra import inventory
 from pyinfra.api.host import Host
 from pyinfra.facts.server import Home
 
-from .settings import Layers, Settings, load, pair, validate_all
-from .util.ssh_socket import send_without_delay
+from operations.settings import Layers, Settings, load, pair, validate_all
+from operations.util.ssh_socket import send_without_delay
 
 _loaded: dict[str, tuple[Settings, list[str]]] = {}
 

@@ -17,9 +17,9 @@ from pyinfra.api import StringCommand, operation
 from pyinfra.operations import files
 from pyinfra.operations.util.files import ensure_mode_int
 
-from ..facts.files import FileSum, FileSumDict
-from .checks import check_failed
-from .owned import foreign_file_problem
+from operations.facts.files import FileSum, FileSumDict
+from operations.util.checks import check_failed
+from operations.util.owned import foreign_file_problem
 
 
 def _sha1(src: str | IO[Any]) -> str | None:

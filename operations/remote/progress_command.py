@@ -11,7 +11,7 @@ import shlex
 
 from pyinfra.api import StringCommand
 
-from ..remote import heredoc_command
+from operations.remote import heredoc_command
 
 TICK_S = 10
 

@@ -3,7 +3,7 @@
 The rows are pure over fact values: `build_rows` takes each Spark's facts (`SparkFacts`), the API probe and the
 deploy plan's count, and each row builder decides one line of the table; `render_table` prints rows and
 `not_serving` is the exit verdict. `gather` reads the facts through the Sparks' Host objects (the head's run reads
-the worker's through the worker's Host, as operations/health.py does) and yields nothing, so no operation exists.
+the worker's through the worker's Host, as operations/rank/serving.py does) and yields nothing, so no operation exists.
 """
 
 from __future__ import annotations
@@ -19,27 +19,27 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, TypedDict
 
-from .data_copy import MARKER, SUMS_STATE, listing_digest
-from .facts.docker import DockerVolumeInfo, RankContainerDict
-from .facts.files import FolderCheck, FolderCheckDict, LinkTarget
-from .facts.gpu import GpuClockState, GpuClockStateDict
-from .facts.host import MemInfo, mem_available_gib
-from .facts.model import HfPlan, HfPlanDict, RankFolder, RankFolderDict
-from .facts.network import IpAddresses, PingOk, RoceDevices
-from .facts.rank import RankInputs, RankInputsDict
-from .facts.systemd import UnitState, UnitStateDict
-from .gpu_clock import lock_verdict
-from .health import models_listed, read_api_key
-from .image_hash import image_ref
-from .layout import GPU_CLOCK_RECORD, GPU_CLOCK_TIMER, MEMGUARD_UNIT, SUPERVISOR_UNIT, unit_path
-from .link import rails_from_facts
-from .model_data import BLOB_SUMS, fetch_summary
-from .model_paths import checkpoint_plan_args
-from .rank.plan import pair_plan, rank_inputs_args
-from .rank.spec import LABEL_HASH, template_digest
-from .settings import Settings
-from .util.durations import duration
-from .util.net import ip_of
+from operations.build.image_hash import image_ref
+from operations.data.copy import MARKER, SUMS_STATE, listing_digest
+from operations.data.hub import checkpoint_plan_args
+from operations.facts.docker import DockerVolumeInfo, RankContainerDict
+from operations.facts.files import FolderCheck, FolderCheckDict, LinkTarget
+from operations.facts.gpu import GpuClockState, GpuClockStateDict
+from operations.facts.host import MemInfo, mem_available_gib
+from operations.facts.model import HfPlan, HfPlanDict, RankFolder, RankFolderDict
+from operations.facts.network import IpAddresses, PingOk, RoceDevices
+from operations.facts.rank import RankInputs, RankInputsDict
+from operations.facts.systemd import UnitState, UnitStateDict
+from operations.gpu_clock import lock_verdict
+from operations.layout import GPU_CLOCK_RECORD, GPU_CLOCK_TIMER, MEMGUARD_UNIT, SUPERVISOR_UNIT, unit_path
+from operations.link import rails_from_facts
+from operations.model_data import BLOB_SUMS, fetch_summary
+from operations.rank.plan import pair_plan, rank_inputs_args
+from operations.rank.serving import models_listed, read_api_key
+from operations.rank.spec import LABEL_HASH, template_digest
+from operations.settings import Settings
+from operations.util.durations import duration
+from operations.util.net import ip_of
 
 PLAN_TIMEOUT_S = 900  # deploy.py --dry reads every fact of both Sparks once
 _MARKS = {True: "✔", False: "✘", None: "·"}

@@ -18,13 +18,13 @@ from collections.abc import Generator
 from pyinfra import host
 from pyinfra.api import StringCommand, operation
 
-from operations.data_copy import checksums_written, folder_to_peer, free_bytes, space_problem
+from operations.data.copy import checksums_written, folder_to_peer, free_bytes, space_problem
+from operations.data.hub import checkpoint_plan_args
 from operations.facts.files import DirFiles, FileText, LinkTarget, first_line
 from operations.facts.model import RankFolder, hf_plan
-from operations.hf_cache import repo_folder_name
-from operations.model_paths import checkpoint_plan_args
+from operations.remote.progress_command import progress_command
 from operations.util import check_failed
-from operations.util.progress import progress_command
+from operations.util.hf_cache import repo_folder_name
 
 TOKEN_MAP = "dsv41_token_map.json"
 TOKEN_MAP_TOOL = "/opt/tensorfold/tools/dsv41-zig/inputs/make_token_map.py"

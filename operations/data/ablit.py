@@ -15,14 +15,14 @@ import shlex
 from pyinfra import host
 from pyinfra.api import operation
 
-from operations.data_copy import free_bytes, space_problem
+from operations.data.copy import free_bytes, space_problem
+from operations.data.hub import checkpoint_plan_args
+from operations.data.weights import SOURCE, ablit_tag, commit_link, need_commit, pack_name, pack_tag, tool_run
 from operations.facts.files import FileText, first_line
 from operations.facts.model import AblitShards
-from operations.hf_cache import MANIFEST_NAME, repo_folder_name
-from operations.model_paths import checkpoint_plan_args
+from operations.remote.progress_command import progress_command
 from operations.util import check_failed
-from operations.util.progress import progress_command
-from operations.weights import SOURCE, ablit_tag, commit_link, need_commit, pack_name, pack_tag, tool_run
+from operations.util.hf_cache import MANIFEST_NAME, repo_folder_name
 
 APPLY_SCRIPT = "apply_mia_exl3_wob.py"
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .facts.docker import RankLogTail, RankLogTailDict
-from .settings import Settings
+from operations.facts.docker import RankLogTail, RankLogTailDict
+from operations.settings import Settings
 
 
 def log_section(rank: int, role: str, host_name: str, container: str, log_dir: str, lines: int,

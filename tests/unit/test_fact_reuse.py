@@ -1,4 +1,4 @@
-"""operations/util/run_memo.py: an answer is kept exactly as long as nothing in the run can have changed it."""
+"""operations/util/fact_reuse.py: an answer is kept exactly as long as nothing in the run can have changed it."""
 
 from types import SimpleNamespace
 
@@ -6,7 +6,7 @@ from harness import FakeHost, _State
 from pyinfra.context import ctx_state
 
 from operations.facts.network import IpAddresses
-from operations.util.run_memo import fact_once, fact_until_change
+from operations.util.fact_reuse import fact_once, fact_until_change
 
 
 class Meta:

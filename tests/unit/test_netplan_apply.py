@@ -1,5 +1,5 @@
-"""The guarded netplan apply (operations/link_rollback.py): its shell pieces run for real in a temp folder with a
-recording `netplan` and `ip` first on PATH, and the confirmation's connection logic with a scripted connector."""
+"""The guarded netplan apply (operations/network/netplan_apply.py): its shell pieces run for real in a temp folder
+with a recording `netplan` and `ip` first on PATH, and the confirmation's connection logic with a scripted connector."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import types
 
 import pytest
 
-from operations import link_rollback as rb
+from operations.network import netplan_apply as rb
 
 
 @pytest.fixture

@@ -1,5 +1,5 @@
 """The one way sparkfold installs a systemd unit, uploads the script a unit runs, or turns a unit off: files through
-files.put (so `--dry --diff` shows them; operations/util/file_put.py), units through systemd.service. Call these
+files.put (so `--dry --diff` shows them; operations/owned/files.py), units through systemd.service. Call these
 inside a @deploy step."""
 
 from __future__ import annotations
@@ -13,11 +13,11 @@ from pyinfra import host
 from pyinfra.api import operation
 from pyinfra.operations import systemd
 
-from ..facts.systemd import UnitState, unit_enabled, unit_running
-from ..layout import script_path, unit_path
-from .checks import op_changed
-from .file_put import file_put, owned_file_put
-from .run_memo import fact_until_change
+from operations.facts.systemd import UnitState, unit_enabled, unit_running
+from operations.layout import script_path, unit_path
+from operations.owned.files import file_put, owned_file_put
+from operations.util.checks import op_changed
+from operations.util.fact_reuse import fact_until_change
 
 REMOTE_SCRIPTS = Path(__file__).resolve().parents[1] / "remote"  # operations/remote/: uploaded to SCRIPT_DIR
 

@@ -15,10 +15,10 @@ import requests
 from pyinfra import host, logger, state
 from pyinfra.api import FunctionCommand, QuoteString, StringCommand, operation
 
-from .facts.docker import RankContainer
-from .validate.client import Client
-from .validate.result import PASS
-from .validate.smoke import smoke_parts
+from operations.facts.docker import RankContainer
+from operations.validate.client import Client
+from operations.validate.result import PASS
+from operations.validate.smoke import smoke_parts
 
 POLL_S = 3
 PROGRESS_S = 15
