@@ -145,13 +145,21 @@ def _serve_arg_problems(args: list) -> list[str]:
     return p
 
 
+def _normal(path: str) -> str:
+    """An absolute path spelled one way: no doubled or trailing slash, no . or .. (normpath alone keeps a leading
+    //, which the Spark reads as /)."""
+    return "/" + posixpath.normpath(path).strip("/") if path.startswith("/") else posixpath.normpath(path)
+
+
 def _inside(path: str, folder: str) -> bool:
+    """`path` is `folder` or below it, however either is spelled (//x, /x/ and /x are one folder)."""
+    path, folder = _normal(path), _normal(folder)
     return path == folder or path.startswith(folder.rstrip("/") + "/")
 
 
 def _outside_hub(s: Settings) -> list[str]:
     """The head exports hf_cache/hub to the worker over NFS: the hf token and the API key must stay out of it."""
-    hub = s.layout.hub
+    hub = _normal(s.layout.hub)
     return [f"{name} = {shown(getattr(s, name))} is inside hf_cache's hub folder ({hub}), which the head exports over "
             f"NFS (its hf token and API key folder would be exported): move {name} outside {hub}, or hf_cache "
             "elsewhere" for name in ("state_dir", "data_dir") if _inside(getattr(s, name), hub)]

@@ -55,8 +55,16 @@ RESERVED_PORTS = {22: "ssh", 111: "rpcbind (NFS)", 2049: "NFS"}
 
 
 def clean_path(value: str) -> bool:
-    """Absolute, normalised, and free of characters its consumers cannot carry."""
-    return bool(_PATH.fullmatch(value)) and posixpath.normpath(value) == value and "/../" not in value + "/"
+    """Absolute, normalised, and free of characters its consumers cannot carry. `//` is refused anywhere: normpath
+    keeps a leading `//`, and `//srv/hf` names /srv/hf to the Spark while the text passes checks of where it lies
+    (e.g. that state_dir is outside the exported hub)."""
+    return (bool(_PATH.fullmatch(value)) and posixpath.normpath(value) == value and "/../" not in value + "/"
+            and "//" not in value)
+
+
+def single_slashes(value: str) -> str:
+    """`value` with each run of slashes written as one (the spelling a message suggests)."""
+    return re.sub(r"/{2,}", "/", value)
 
 
 def safe_text(value: str) -> bool:
@@ -101,8 +109,8 @@ def _finite(value: Any) -> bool:
 
 
 Shape = tuple[Callable[[Any], bool], str]
-PATH: Shape = (clean_path, "an absolute path of letters, digits and . _ - + @ / (no quotes, spaces, commas, colons "
-                           "or ..)")
+PATH: Shape = (clean_path, "an absolute path of letters, digits and . _ - + @ / (single slashes; no quotes, spaces, "
+                           "commas, colons or ..)")
 _COMMAND = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]*")
 PROGRAM: Shape = (lambda v: v == "" or clean_path(v) or bool(_COMMAND.fullmatch(v)),
                   "empty (the default), a program name on PATH such as python3, or " + PATH[1])
@@ -125,8 +133,8 @@ SHAPES: dict[str, Shape] = {
                                                             "sparkfold/dsv41-tf"),
     "base_image": (lambda v: bool(_IMAGE_REF.fullmatch(v)), "a Docker image reference, e.g. "
                                                          "nvcr.io/nvidia/pytorch:26.07-py3"),
-    "engine_context": (lambda v: bool(_FILE_IN_REPO.fullmatch(v) or clean_path(v)) and ".." not in v.split("/"),
-                       "a folder of this checkout (e.g. zig) or an absolute path"),
+    "engine_context": (lambda v: bool(_FILE_IN_REPO.fullmatch(v) or clean_path(v)) and ".." not in v.split("/")
+                       and "//" not in v, "a folder of this checkout (e.g. zig) or an absolute path (single slashes)"),
     "model_repo": REPO, "model_repo_v1_1": REPO, "engram_repo": REPO, "kit_repo": REPO, "ablit_repo": REPO,
     "model_revision": REVISION, "model_revision_v1_1": REVISION, "engram_revision": REVISION,
     "kit_revision": REVISION, "ablit_revision": REVISION,
@@ -190,7 +198,14 @@ def shape_problems(values: dict[str, Any]) -> list[str]:
     problems = text_problems(values)
     for name, (ok, fix) in SHAPES.items():
         value = values[name]
-        if isinstance(value, str) and not safe_text(value) or not ok(value):
+        if not (isinstance(value, str) and not safe_text(value) or not ok(value)):
+            continue
+        if isinstance(value, str) and safe_text(value) and "//" in value and ok(single_slashes(value)):
+            # the one fault is a doubled slash: say so, with the spelling to use
+            problems.append(f"{name} = {shown(value)} holds //: write it with single slashes, "
+                            f"{shown(single_slashes(value))} (a doubled slash names the same path to the Spark but "
+                            "slips past the checks of where it lies)")
+        else:
             problems.append(f"{name} = {shown(value)} must be {fix}")
     for name, (ok, fix) in ITEM_SHAPES.items():
         bad = [(i, item) for i, item in enumerate(values[name]) if not ok(item)]
