@@ -13,7 +13,7 @@ from io import StringIO
 
 import gevent
 import yaml
-from pyinfra import host, state
+from pyinfra import host, logger, state
 from pyinfra.api import StringCommand, deploy, operation
 from pyinfra.operations import files as core_files
 
@@ -28,6 +28,7 @@ from operations.facts.network import (
     SshServerAddress,
 )
 from operations.link_rollback import guarded_apply, new_apply_dir, sudo_arguments
+from operations.settings.rules import rail_warnings
 from operations.util import check_failed, fail_command
 from operations.util.checks import is_settled, op_changed
 from operations.util.net import ip_of
@@ -370,6 +371,8 @@ def link(s) -> None:
     rails = [dict(r) for r in s.link_rails]
     peer_rails = [dict(r) for r in s.peer.link_rails]
     mtu = int(s.link_mtu)
+    for note in rail_warnings(rails):  # a prefix wider than usual that link_prefix_min allowed: said once, planning
+        logger.warning(f"{host.name}: warning: {note}")
     rails_safe(name="no rail on the management network", rails=rails)
     netplan = netplan_link(name="netplan file and apply", rails=rails, mtu=mtu, netplan_file=s.link_netplan_file,
                            rollback_s=s.link_rollback_s, _sudo=True)
