@@ -27,6 +27,11 @@ from pyinfra.api import FunctionCommand, StringCommand
 from operations.layout import NETPLAN_APPLY_DIR, NETPLAN_REVERT_UNIT
 
 CONFIRM_WAIT_APPLY_S = 60  # netplan apply on a Spark takes seconds; a minute means it hung
+CONFIRM_REACH_S = 30  # on top of that wait: opening the new connection, and the margin kept before the revert fires
+# The shortest link_rollback_s (the settings refuse less): a shorter window would fire the revert while the
+# confirmation still waits for the apply, undoing an apply that was about to be confirmed.
+MIN_ROLLBACK_S = CONFIRM_WAIT_APPLY_S + CONFIRM_REACH_S
+MAX_ROLLBACK_S = 3600
 MARK = "sparkfold-confirm="  # the confirmation's verdict on stderr
 KEEP_DAYS = 30  # apply directories older than this are pruned when a new one is made
 

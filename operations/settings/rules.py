@@ -11,6 +11,7 @@ import posixpath
 import re
 from dataclasses import fields
 
+from ..link_rollback import CONFIRM_WAIT_APPLY_S, MAX_ROLLBACK_S, MIN_ROLLBACK_S
 from .model import PASSTHROUGH_PREFIXES, Settings
 from .shapes import (
     HOST_NAME,
@@ -126,6 +127,13 @@ def validate(s: Settings) -> list[str]:
         if not fits(_ULIMIT, u):
             p.append(f"docker_ulimits: {shown(u)} must look like memlock=-1:-1")
     _check_range(p, s, "link_mtu", 1280, 9216)
+    if s.link_rollback_s < MIN_ROLLBACK_S:
+        p.append(f"link_rollback_s = {s.link_rollback_s} is below {MIN_ROLLBACK_S}: the confirmation of a netplan "
+                 f"apply waits up to {CONFIRM_WAIT_APPLY_S} s for the apply, and the Spark's revert must not fire "
+                 f"while it waits; set link_rollback_s to {MIN_ROLLBACK_S} or more")
+    elif s.link_rollback_s > MAX_ROLLBACK_S:
+        p.append(f"link_rollback_s = {s.link_rollback_s} is above {MAX_ROLLBACK_S}: an apply that cut the Spark off "
+                 f"would stay that long; set it from {MIN_ROLLBACK_S} to {MAX_ROLLBACK_S}")
     _check_range(p, s, "link_prefix_min", LINK_PREFIX_WIDEST, LINK_PREFIX_NARROWEST,
                  f"{LINK_PREFIX_USUAL} unless the link needs a wider subnet (a wider prefix is routed over the cable)")
     _check_range(p, s, "gpu_clock_mhz", 300, 4000)
