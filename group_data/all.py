@@ -73,7 +73,8 @@ nfs_exports_file = "/etc/exports.d/sparkfold.exports"  # export file this projec
 # --- CX7 link ---
 link_mtu = 9000  # MTU on every link netdev (both Sparks must match)
 link_netplan_file = "/etc/netplan/60-sparkfold-cx7.yaml"  # netplan file this project owns
-link_rollback_s = 120  # a netplan apply not confirmed over a new ssh connection within this is undone by the Spark
+link_prefix_min = 16  # widest rail prefix accepted, 8-30 (a rail subnet is routed over the cable; below 16 warns)
+link_rollback_s = 120  # a netplan apply not confirmed over a new ssh connection within this is undone (90-3600 s)
 master_port = 29620  # rank 0's rendezvous port on the head's link address
 nccl_channels = 4  # NCCL_MIN_NCHANNELS = NCCL_MAX_NCHANNELS
 nccl_rails = 2  # how many rails (PCIe twins) NCCL and the RDMA ring use (1 or 2)

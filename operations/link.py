@@ -13,7 +13,7 @@ from io import StringIO
 
 import gevent
 import yaml
-from pyinfra import host, state
+from pyinfra import host, logger, state
 from pyinfra.api import StringCommand, deploy, operation
 from pyinfra.operations import files as core_files
 
@@ -28,6 +28,7 @@ from operations.facts.network import (
     SshServerAddress,
 )
 from operations.network.netplan_apply import guarded_apply, new_apply_dir, sudo_arguments
+from operations.settings.rules import rail_warnings
 from operations.util import check_failed
 from operations.util.checks import is_settled, op_changed
 from operations.util.fact_reuse import fact_until_change
@@ -174,10 +175,70 @@ def _stanza_netdev_names(key: str, stanza) -> set[str]:
     return names
 
 
+class _Unchanged(Exception):
+    """The text cannot lose the stanzas without changing something else; the message says why."""
+
+
+def _content_end(node: yaml.Node) -> yaml.Mark:
+    """Where a node's own text ends: a block collection's end mark lies at the next token, after any comments and
+    blank lines that follow it, so its last child's end is taken instead."""
+    if isinstance(node, yaml.ScalarNode) or getattr(node, "flow_style", False) or not node.value:
+        return node.end_mark
+    children = [n for pair in node.value for n in pair] if isinstance(node, yaml.MappingNode) else node.value
+    return max((_content_end(child) for child in children), key=lambda mark: mark.index)
+
+
+def _lines_of(lines: list[str], key: yaml.Node, value: yaml.Node) -> range:
+    """The whole lines a block mapping entry takes, from its key to the end of its value's text."""
+    start, end = key.start_mark, _content_end(value)
+    if lines[start.line][:start.column].strip():
+        raise _Unchanged(f"{key.value} does not start its own line")
+    last = end.line - 1 if end.column == 0 else end.line  # a block scalar ends after its line break
+    if end.column and lines[last][end.column:].strip() and not lines[last][end.column:].lstrip().startswith("#"):
+        raise _Unchanged(f"{key.value} shares its last line with other text")
+    return range(start.line, last + 1)
+
+
+def _entry(mapping: yaml.Node, name: str) -> tuple[yaml.Node, yaml.Node]:
+    return next((k, v) for k, v in mapping.value if isinstance(k, yaml.ScalarNode) and k.value == name)
+
+
+def _without_stanzas(text: str, ours: list[str], expected: dict) -> str:
+    """`text` without the ethernets stanzas `ours` (without `ethernets:` itself when nothing else is left), every
+    other line kept byte for byte (comments, quoting, the spelling of every value): cut as whole lines, then read
+    back and compared with `expected`, the document as it should be. Raises _Unchanged when that cannot be done."""
+    if "\ufffd" in text:
+        raise _Unchanged("it holds bytes that are not UTF-8")
+    root = yaml.compose(text, Loader=yaml.BaseLoader)
+    if root is None:
+        raise _Unchanged("it holds no document")
+    eth_key, ethernets = _entry(_entry(root, "network")[1], "ethernets")
+    if not isinstance(ethernets, yaml.MappingNode) or ethernets.flow_style:
+        raise _Unchanged("its ethernets are written in flow style, {...}")
+    lines = text.splitlines(keepends=True)
+    entries = [(k, v) for k, v in ethernets.value if k.value in ours]
+    if len(entries) == len(ethernets.value):
+        cut = set(_lines_of(lines, eth_key, ethernets))
+    else:
+        cut = {n for k, v in entries for n in _lines_of(lines, k, v)}
+    kept = "".join(line for n, line in enumerate(lines) if n not in cut)
+    try:
+        again = yaml.load(kept, Loader=yaml.BaseLoader) or {}
+    except yaml.YAMLError:
+        again = None
+    if again != expected:
+        raise _Unchanged("what is left would not read as the rest of the file did")
+    return kept
+
+
 def plan_migration(files: dict, own_file: str, netdevs: list[str]) -> tuple[list[dict], list[str]]:
     """Other netplan files that configure our netdevs: ([{"path", "netdevs", "new_text" | None}], errors).
 
-    new_text None means the file configured only those netdevs and is moved to its backup as a whole.
+    new_text None means the file configured only those netdevs and is moved to its backup as a whole. Otherwise
+    new_text is the file without those stanzas and every other byte as written. Files are read with BaseLoader,
+    every scalar a string, so an SSID 0123, a password 0755 or a MAC 12:34:56:12:34:56 is never a number (PyYAML's
+    safe loader reads those as 83, 493 and a sexagesimal integer). A file whose stanzas cannot be taken out that
+    way is refused, naming what to move by hand.
     """
     moves, errors = [], []
     wanted = set(netdevs)
@@ -185,7 +246,7 @@ def plan_migration(files: dict, own_file: str, netdevs: list[str]) -> tuple[list
         if path == own_file:
             continue
         try:
-            doc = yaml.safe_load(files[path]["text"]) or {}
+            doc = yaml.load(files[path]["text"], Loader=yaml.BaseLoader) or {}
         except yaml.YAMLError as exc:
             errors.append(f"cannot parse {path} ({str(exc).splitlines()[0]}): fix it or move it out of "
                           f"{os.path.dirname(path)} (netplan reads every *.yaml there), then re-run")
@@ -207,14 +268,20 @@ def plan_migration(files: dict, own_file: str, netdevs: list[str]) -> tuple[list
         if only_ours:
             moves.append({"path": path, "netdevs": ours, "new_text": None})
             continue
-        new_doc = dict(doc)
-        new_doc["network"] = new_network
-        text = (f"# sparkfold moved {', '.join(ours)} to {own_file}; the original is kept beside this file as "
-                f"{os.path.basename(path)}.sparkfold-backup-<timestamp>\n")
-        moves.append({"path": path, "netdevs": ours,
-                      "new_text": text + yaml.safe_dump(new_doc, default_flow_style=False, sort_keys=False)})
+        try:
+            kept = _without_stanzas(files[path]["text"], ours, {**doc, "network": new_network})
+        except (_Unchanged, StopIteration, yaml.YAMLError) as exc:
+            why = str(exc) if isinstance(exc, _Unchanged) else "its layout is not one stanza per block"
+            errors.append(f"{path} configures {', '.join(ours)}, which sparkfold configures in {own_file}, but "
+                          f"sparkfold cannot take {'that stanza' if len(ours) == 1 else 'those stanzas'} out of it "
+                          f"without changing the rest ({why}): move network.ethernets.{' and '.join(ours)} out of "
+                          f"{path} by hand (delete {'it' if len(ours) == 1 else 'them'} there, keeping the rest as "
+                          "it is), then re-run")
+            continue
+        header = (f"# sparkfold moved {', '.join(ours)} to {own_file}; the original, with those stanzas as they were "
+                  f"written, is kept beside this file as {os.path.basename(path)}.sparkfold-backup-<timestamp>\n")
+        moves.append({"path": path, "netdevs": ours, "new_text": header + kept})
     return moves, errors
-
 
 def migration_commands(move: dict, mode: str) -> Iterator:
     """Inside an operation: back up another netplan file, then move it aside whole (new_text None) or rewrite it
@@ -371,6 +438,8 @@ def link(s) -> None:
     rails = [dict(r) for r in s.link_rails]
     peer_rails = [dict(r) for r in s.peer.link_rails]
     mtu = int(s.link_mtu)
+    for note in rail_warnings(rails):  # a prefix wider than usual that link_prefix_min allowed: said once, planning
+        logger.warning(f"{host.name}: warning: {note}")
     rails_safe(name="no rail on the management network", rails=rails)
     netplan = netplan_link(name="netplan file and apply", rails=rails, mtu=mtu, netplan_file=s.link_netplan_file,
                            rollback_s=s.link_rollback_s, _sudo=True)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from io import StringIO
 
-from pyinfra import host
+from pyinfra import host, logger, state
 from pyinfra.api import StringCommand, deploy, operation
 from pyinfra.facts.deb import DebPackages
 from pyinfra.operations import apt, files
@@ -17,7 +17,7 @@ from pyinfra.operations import apt, files
 from operations.docker_runtime import APT_CACHE_S
 from operations.facts.docker import DockerVolumeInfo, VolumeContainers
 from operations.facts.files import FileText
-from operations.facts.nfs import ExportTable
+from operations.facts.nfs import ExportTable, SameFilesystem
 from operations.owned.files import owned_put_changes
 from operations.owned.units import unit_service
 from operations.util import check_failed, sh
@@ -27,7 +27,9 @@ from operations.util.templates import render
 
 NFS_PACKAGE = "nfs-kernel-server"
 NFS_SERVICE = "nfs-server"  # nfs-kernel-server.service is an alias of it on Ubuntu
-EXPORT_OPTIONS = "ro,no_subtree_check"
+# subtree_check: the server answers a file handle only for a file inside the exported folder. With no_subtree_check
+# it answers one for any inode of that file system, and the default cache shares the home's (~/.ssh, the token).
+EXPORT_OPTIONS = "ro,subtree_check"
 MANAGED_LABEL = "sparkfold.managed"
 
 
@@ -64,12 +66,32 @@ def nfs_exported(path: str, clients: list[str], exports_file: str, options: str 
     if written is None:  # someone else's file: refused
         return
     yield from written
-    live = {(e["path"], e["client"]) for e in host.get_fact(ExportTable) if "ro" in e["options"]}
+    # exportfs -v shows no_subtree_check when set and nothing for subtree_check: an entry showing it is outdated
+    live = {(e["path"], e["client"]) for e in host.get_fact(ExportTable)
+            if "ro" in e["options"] and "no_subtree_check" not in e["options"]}
     missing = [c for c in clients if (path, c) not in live]
     if not written and not missing:
         host.noop(f"{path} is exported to {', '.join(clients)}")
         return
     yield StringCommand("exportfs -ra")
+
+
+def shared_filesystem_note(cache: str, home: str) -> str:
+    return (f"hf_cache {cache} is on the same file system as {home}, the ssh user's home (~/.ssh, the Hugging Face "
+            f"token): the worker, and anything on the cable that takes its link address, reaches {cache}/hub "
+            "read-only, and a file handle outside that folder is refused only by the server's subtree check; put "
+            "hf_cache on a file system of its own, or set worker_weights = \"copy\" and nfs = false to export "
+            "nothing (docs/security.md)")
+
+
+@operation()
+def export_filesystem_checked(cache: str, home: str):
+    """While planning, a warning when the exported cache shares a file system with the ssh user's home (a fact:
+    the device of each, or of its nearest existing folder). Nothing changes; a run is not stopped by it."""
+    if not state.is_executing and host.get_fact(SameFilesystem, path=cache, other=home):
+        logger.warning(f"{host.name}: warning: {shared_filesystem_note(cache, home)}")
+    host.noop(f"the file system of {cache} checked")
+    yield from ()
 
 
 @operation()
@@ -136,6 +158,8 @@ def nfs(s) -> None:
                      running=True, enabled=True, _sudo=True)
         # the export must exist before exportfs; created as the ssh user, who owns the cache
         files.directory(name="Hugging Face cache hub folder", path=s.layout.hub, present=True, _sudo=False)
+        export_filesystem_checked(name="the exported cache's file system", cache=s.hf_cache, home=s.home,
+                                  _sudo=False)
         nfs_exported(name="the cache's hub/ exported to the worker", path=s.layout.hub, clients=clients,
                      exports_file=s.nfs_exports_file, _sudo=True)
     else:

@@ -6,6 +6,8 @@ from typing import TypedDict
 
 from pyinfra.api import FactBase
 
+from operations.facts.files import _nearest_existing
+
 
 def _unescape(path: str) -> str:
     # exportfs prints unusual characters in paths as octal escapes (a space is \040)
@@ -60,3 +62,17 @@ class ExportTable(FactBase[list[ExportDict]]):
             table.append({"path": path, "client": client.strip(),
                           "options": [o for o in opts.rstrip(")").split(",") if o]})
         return table
+
+
+class SameFilesystem(FactBase[bool | None]):
+    """Whether `path` and `other` lie on one file system: the device number (`stat -L -c %d`) of each, or of its
+    nearest existing folder (what is made under it later lands there); None when either cannot be read."""
+
+    def command(self, path: str, other: str) -> str:
+        device = 'echo "{}=$(stat -L -c %d "$p" 2>/dev/null)"; '
+        return _nearest_existing(path) + device.format("path") + _nearest_existing(other) + device.format("other")
+
+    def process(self, output: list[str]) -> bool | None:
+        devices = dict(line.strip().partition("=")[::2] for line in output if "=" in line)
+        path, other = devices.get("path", ""), devices.get("other", "")
+        return path == other if path.isdigit() and other.isdigit() else None

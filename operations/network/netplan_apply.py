@@ -25,8 +25,8 @@ import time
 from pyinfra.api import FunctionCommand, StringCommand
 
 from operations.layout import NETPLAN_APPLY_DIR, NETPLAN_REVERT_UNIT
+from operations.settings.shapes import CONFIRM_WAIT_APPLY_S
 
-CONFIRM_WAIT_APPLY_S = 60  # netplan apply on a Spark takes seconds; a minute means it hung
 MARK = "sparkfold-confirm="  # the confirmation's verdict on stderr
 KEEP_DAYS = 30  # apply directories older than this are pruned when a new one is made
 

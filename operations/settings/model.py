@@ -90,6 +90,7 @@ class Settings:
     link_mtu: int
     link_netplan_file: str
     link_rollback_s: int
+    link_prefix_min: int
     master_port: int
     nccl_channels: int
     nccl_rails: int

@@ -12,7 +12,23 @@ import re
 from dataclasses import fields
 
 from operations.settings.model import PASSTHROUGH_PREFIXES, Settings
-from operations.settings.shapes import HOST_NAME, IBDEV, IPV4_PREFIX, LOGIN, NETDEV, fits, shape_problems, shown
+from operations.settings.shapes import (
+    CONFIRM_WAIT_APPLY_S,
+    HOST_NAME,
+    IBDEV,
+    IPV4_PREFIX,
+    LINK_PREFIX_NARROWEST,
+    LINK_PREFIX_USUAL,
+    LINK_PREFIX_WIDEST,
+    LOGIN,
+    MAX_ROLLBACK_S,
+    MIN_ROLLBACK_S,
+    NETDEV,
+    fits,
+    rail_prefix_problem,
+    shape_problems,
+    shown,
+)
 
 # The engine's window: dsv41's max_position_embeddings.
 MAX_CONTEXT = 1_048_576
@@ -113,6 +129,15 @@ def validate(s: Settings) -> list[str]:
         if not fits(_ULIMIT, u):
             p.append(f"docker_ulimits: {shown(u)} must look like memlock=-1:-1")
     _check_range(p, s, "link_mtu", 1280, 9216)
+    if s.link_rollback_s < MIN_ROLLBACK_S:
+        p.append(f"link_rollback_s = {s.link_rollback_s} is below {MIN_ROLLBACK_S}: the confirmation of a netplan "
+                 f"apply waits up to {CONFIRM_WAIT_APPLY_S} s for the apply, and the Spark's revert must not fire "
+                 f"while it waits; set link_rollback_s to {MIN_ROLLBACK_S} or more")
+    elif s.link_rollback_s > MAX_ROLLBACK_S:
+        p.append(f"link_rollback_s = {s.link_rollback_s} is above {MAX_ROLLBACK_S}: an apply that cut the Spark off "
+                 f"would stay that long; set it from {MIN_ROLLBACK_S} to {MAX_ROLLBACK_S}")
+    _check_range(p, s, "link_prefix_min", LINK_PREFIX_WIDEST, LINK_PREFIX_NARROWEST,
+                 f"{LINK_PREFIX_USUAL} unless the link needs a wider subnet (a wider prefix is routed over the cable)")
     _check_range(p, s, "gpu_clock_mhz", 300, 4000)
     _check_range(p, s, "nccl_rails", 1, 2, "1 uses the first twin only, 2 both")
     _check_range(p, s, "nccl_channels", 1, 64)
@@ -145,13 +170,21 @@ def _serve_arg_problems(args: list) -> list[str]:
     return p
 
 
+def _normal(path: str) -> str:
+    """An absolute path spelled one way: no doubled or trailing slash, no . or .. (normpath alone keeps a leading
+    //, which the Spark reads as /)."""
+    return "/" + posixpath.normpath(path).strip("/") if path.startswith("/") else posixpath.normpath(path)
+
+
 def _inside(path: str, folder: str) -> bool:
+    """`path` is `folder` or below it, however either is spelled (//x, /x/ and /x are one folder)."""
+    path, folder = _normal(path), _normal(folder)
     return path == folder or path.startswith(folder.rstrip("/") + "/")
 
 
 def _outside_hub(s: Settings) -> list[str]:
     """The head exports hf_cache/hub to the worker over NFS: the hf token and the API key must stay out of it."""
-    hub = s.layout.hub
+    hub = _normal(s.layout.hub)
     return [f"{name} = {shown(getattr(s, name))} is inside hf_cache's hub folder ({hub}), which the head exports over "
             f"NFS (its hf token and API key folder would be exported): move {name} outside {hub}, or hf_cache "
             "elsewhere" for name in ("state_dir", "data_dir") if _inside(getattr(s, name), hub)]
@@ -171,6 +204,11 @@ def _host_problems(s: Settings) -> list[str]:
     if not 1 <= s.ssh_port <= 65535:
         p.append(f"{who}: ssh_port = {s.ssh_port} must be a port number (1-65535)")
     return p
+
+
+def _prefix_min(s: Settings) -> int:
+    """link_prefix_min within its range (a value outside it is reported on its own)."""
+    return min(max(LINK_PREFIX_WIDEST, s.link_prefix_min), LINK_PREFIX_NARROWEST)
 
 
 def _validate_rails(s: Settings) -> list[str]:
@@ -209,6 +247,11 @@ def _validate_rails(s: Settings) -> list[str]:
         if mine.version != 4 or not mine.ip.is_private or mine.ip.is_loopback or mine.ip.is_link_local:
             p.append(f"{who} link rail {i}: {mine} must be a private IPv4 address (e.g. 192.168.100.1/24), not "
                      "loopback or link-local")
+        elif wide := rail_prefix_problem(str(rail.get("address")), _prefix_min(s)):
+            p.append(f"{who} link rail {i}: {mine}: {wide}")
+        elif not mine.network.is_private:
+            p.append(f"{who} link rail {i}: {mine}: its subnet {mine.network} reaches beyond the private ranges "
+                     "(it would route public addresses over the cable): use a narrower prefix, e.g. /24")
         if i < len(peer_rails):
             try:
                 peer = ipaddress.ip_interface(str(peer_rails[i].get("address", "")))
@@ -220,6 +263,20 @@ def _validate_rails(s: Settings) -> list[str]:
                 p.append(f"link rail {i}: {mine} and the peer's {peer} are not in one subnet: use the same subnet "
                          "on both ends of a rail")
     return p
+
+
+def rail_warnings(rails) -> list[str]:
+    """The rails (already valid: link_prefix_min allowed them) whose prefix is wider than /LINK_PREFIX_USUAL: the link
+    step warns about each while planning."""
+    notes = []
+    for rail in rails:
+        prefix = int(str(rail["address"]).rpartition("/")[2])
+        if prefix < LINK_PREFIX_USUAL:
+            notes.append(f"link rail {rail['netdev']} has {rail['address']}: its /{prefix} subnet "
+                         f"({2 ** (32 - prefix)} addresses) is routed over the cable, allowed by link_prefix_min; "
+                         f"/{LINK_PREFIX_USUAL} to /{LINK_PREFIX_NARROWEST} (e.g. /24) keeps other networks off the "
+                         "link")
+    return notes
 
 
 def validate_pair(head: Settings, worker: Settings) -> list[str]:

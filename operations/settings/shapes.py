@@ -44,6 +44,12 @@ LOGIN = re.compile(r"[a-z_][a-z0-9_-]{0,31}")
 NETDEV = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,14}")  # no leading - or . (so never . or ..)
 IBDEV = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}")
 IPV4_PREFIX = re.compile(r"[0-9]{1,3}(\.[0-9]{1,3}){3}/[0-9]{1,2}")
+# A rail's prefix: the subnet it names is routed over the cable. link_prefix_min (16 unless set) may widen the range
+# down to LINK_PREFIX_WIDEST, never further (10.0.0.0/8 is the widest private block); below LINK_PREFIX_USUAL the
+# link step warns. /31 and /32 leave no subnet for the two ends.
+LINK_PREFIX_WIDEST = 8
+LINK_PREFIX_USUAL = 16
+LINK_PREFIX_NARROWEST = 30
 # user:password@ in a URL, shown as ***@ in every message
 _USERINFO = re.compile(r"^(?P<scheme>[^:/?#]*://)?[^/?#]*@")
 # the resource names `docker run --ulimit` knows
@@ -55,8 +61,33 @@ RESERVED_PORTS = {22: "ssh", 111: "rpcbind (NFS)", 2049: "NFS"}
 
 
 def clean_path(value: str) -> bool:
-    """Absolute, normalised, and free of characters its consumers cannot carry."""
-    return bool(_PATH.fullmatch(value)) and posixpath.normpath(value) == value and "/../" not in value + "/"
+    """Absolute, normalised, and free of characters its consumers cannot carry. `//` is refused anywhere: normpath
+    keeps a leading `//`, and `//srv/hf` names /srv/hf to the Spark while the text passes checks of where it lies
+    (e.g. that state_dir is outside the exported hub)."""
+    return (bool(_PATH.fullmatch(value)) and posixpath.normpath(value) == value and "/../" not in value + "/"
+            and "//" not in value)
+
+
+def single_slashes(value: str) -> str:
+    """`value` with each run of slashes written as one (the spelling a message suggests)."""
+    return re.sub(r"/{2,}", "/", value)
+
+
+def rail_prefix_problem(address: str, prefix_min: int) -> str | None:
+    """Why a rail's `ip/prefix` (IPV4_PREFIX already fits) has a prefix the link must not use, with the fix; None when
+    it is /prefix_min to /LINK_PREFIX_NARROWEST. The site file asks with LINK_PREFIX_WIDEST (the widest any
+    link_prefix_min allows), the settings with their link_prefix_min: what the site file accepts, the settings can
+    be told to accept, and nothing the site file refuses gets through the settings."""
+    prefix = int(address.rpartition("/")[2])
+    if prefix > LINK_PREFIX_NARROWEST:
+        return (f"its /{prefix} prefix leaves no subnet for the two ends of the cable: use /{LINK_PREFIX_NARROWEST} "
+                f"or wider, e.g. 192.168.100.1/24")
+    if prefix < prefix_min:
+        widen = (f", or set link_prefix_min = {prefix} if the link really needs that subnet"
+                 if prefix >= LINK_PREFIX_WIDEST else f" (link_prefix_min allows /{LINK_PREFIX_WIDEST} at the widest)")
+        return (f"its /{prefix} prefix would route {2 ** (32 - prefix)} addresses over the cable: use /{prefix_min} "
+                f"to /{LINK_PREFIX_NARROWEST}, e.g. 192.168.100.1/24{widen}")
+    return None
 
 
 def safe_text(value: str) -> bool:
@@ -101,8 +132,8 @@ def _finite(value: Any) -> bool:
 
 
 Shape = tuple[Callable[[Any], bool], str]
-PATH: Shape = (clean_path, "an absolute path of letters, digits and . _ - + @ / (no quotes, spaces, commas, colons "
-                           "or ..)")
+PATH: Shape = (clean_path, "an absolute path of letters, digits and . _ - + @ / (single slashes; no quotes, spaces, "
+                           "commas, colons or ..)")
 _COMMAND = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]*")
 PROGRAM: Shape = (lambda v: v == "" or clean_path(v) or bool(_COMMAND.fullmatch(v)),
                   "empty (the default), a program name on PATH such as python3, or " + PATH[1])
@@ -125,8 +156,8 @@ SHAPES: dict[str, Shape] = {
                                                             "sparkfold/dsv41-tf"),
     "base_image": (lambda v: bool(_IMAGE_REF.fullmatch(v)), "a Docker image reference, e.g. "
                                                          "nvcr.io/nvidia/pytorch:26.07-py3"),
-    "engine_context": (lambda v: bool(_FILE_IN_REPO.fullmatch(v) or clean_path(v)) and ".." not in v.split("/"),
-                       "a folder of this checkout (e.g. zig) or an absolute path"),
+    "engine_context": (lambda v: bool(_FILE_IN_REPO.fullmatch(v) or clean_path(v)) and ".." not in v.split("/")
+                       and "//" not in v, "a folder of this checkout (e.g. zig) or an absolute path (single slashes)"),
     "model_repo": REPO, "model_repo_v1_1": REPO, "engram_repo": REPO, "kit_repo": REPO, "ablit_repo": REPO,
     "model_revision": REVISION, "model_revision_v1_1": REVISION, "engram_revision": REVISION,
     "kit_revision": REVISION, "ablit_revision": REVISION,
@@ -146,7 +177,6 @@ SHAPES: dict[str, Shape] = {
     "memguard_gib": (_finite, "a finite number of GiB"),
     "gpu_clock_period_s": (lambda v: 10 <= v <= 3600, "a number of seconds from 10 to 3600"),
     "oom_score_adj": (lambda v: -1000 <= v <= 1000, "a whole number from -1000 to 1000"),
-    "link_rollback_s": (lambda v: 30 <= v <= 3600, "a number of seconds from 30 to 3600"),
     "spill_gib": (lambda v: 0 <= v <= 4096, "0 (off) or a number of GiB up to 4096"),
     "kv_shard": (lambda v: 0 <= v <= 64, "0 (off) or a shard count up to 64"),
 }
@@ -190,7 +220,14 @@ def shape_problems(values: dict[str, Any]) -> list[str]:
     problems = text_problems(values)
     for name, (ok, fix) in SHAPES.items():
         value = values[name]
-        if isinstance(value, str) and not safe_text(value) or not ok(value):
+        if not (isinstance(value, str) and not safe_text(value) or not ok(value)):
+            continue
+        if isinstance(value, str) and safe_text(value) and "//" in value and ok(single_slashes(value)):
+            # the one fault is a doubled slash: say so, with the spelling to use
+            problems.append(f"{name} = {shown(value)} holds //: write it with single slashes, "
+                            f"{shown(single_slashes(value))} (a doubled slash names the same path to the Spark but "
+                            "slips past the checks of where it lies)")
+        else:
             problems.append(f"{name} = {shown(value)} must be {fix}")
     for name, (ok, fix) in ITEM_SHAPES.items():
         bad = [(i, item) for i, item in enumerate(values[name]) if not ok(item)]
@@ -211,3 +248,11 @@ def shape_problems(values: dict[str, Any]) -> list[str]:
         if not fits(_ENV_NAME, key) or not safe_text(value):
             problems.append(f"engine_env: {shown(key)} must be an upper-case variable name with a one-line value")
     return problems
+
+# The guarded netplan apply's timing (operations/network/netplan_apply.py), here so the settings can check against it.
+CONFIRM_WAIT_APPLY_S = 60  # netplan apply on a Spark takes seconds; a minute means it hung
+CONFIRM_REACH_S = 30  # on top of that wait: opening the new connection, and the margin kept before the revert fires
+# The shortest link_rollback_s (the settings refuse less): a shorter window would fire the revert while the
+# confirmation still waits for the apply, undoing an apply that was about to be confirmed.
+MIN_ROLLBACK_S = CONFIRM_WAIT_APPLY_S + CONFIRM_REACH_S
+MAX_ROLLBACK_S = 3600

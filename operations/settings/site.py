@@ -9,7 +9,17 @@ from typing import Any
 import yaml
 
 # the shapes of the fields that reach ssh, netplan and sysfs paths: the settings check per-host data with them too
-from operations.settings.shapes import HOST_NAME, IBDEV, IPV4_PREFIX, LOGIN, NETDEV, fits, shown
+from operations.settings.shapes import (
+    HOST_NAME,
+    IBDEV,
+    IPV4_PREFIX,
+    LINK_PREFIX_WIDEST,
+    LOGIN,
+    NETDEV,
+    fits,
+    rail_prefix_problem,
+    shown,
+)
 
 EXAMPLE = "sparks.example.yaml"
 ROLES = ("head", "worker")
@@ -78,6 +88,10 @@ def read_site(path: Path) -> dict[str, Any]:
             _need(fits(IPV4_PREFIX, rail["address"]), path,
                   f"{role}.link[{i}].address = {shown(rail['address'])} must be IPv4 with a prefix, e.g. "
                   "192.168.100.1/24")
+            # the settings check the prefix against link_prefix_min, which may come from anywhere: here only what
+            # no link_prefix_min allows
+            wide = rail_prefix_problem(rail["address"], LINK_PREFIX_WIDEST)
+            _need(wide is None, path, f"{role}.link[{i}].address = {shown(rail['address'])}: {wide}")
             if rail.get("ibdev") is not None:
                 _need(fits(IBDEV, rail["ibdev"]), path,
                       f"{role}.link[{i}].ibdev = {shown(rail['ibdev'])} must be a RoCE device name (`ibdev2netdev`)")

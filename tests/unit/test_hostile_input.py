@@ -314,6 +314,45 @@ def test_root_is_no_folder_for_sparkfold(name):
     assert refused(name, "/")
 
 
+# each path setting with a value it accepts
+GOOD_PATHS = {"hf_cache": "/srv/hf", "data_dir": "/srv/sf/data", "state_dir": "/srv/sf/state",
+              "link_netplan_file": "/etc/netplan/60-x.yaml", "nfs_exports_file": "/etc/exports.d/x.exports",
+              "nvidia_smi_path": "/usr/bin/nvidia-smi", "hf_python": "/opt/hf/bin/python3",
+              "engine_context": "zig/ctx"}
+
+
+@pytest.mark.parametrize("name", sorted(GOOD_PATHS))
+@pytest.mark.parametrize("where", ["lead", "middle"])
+def test_a_doubled_slash_in_a_path_setting_is_refused_with_the_single_slash_spelling(name, where):
+    good = GOOD_PATHS[name]
+    assert not refused(name, good)
+    value = "/" + good if where == "lead" and good.startswith("/") else good[::-1].replace("/", "//", 1)[::-1]
+    found = refused(name, value)
+    assert any(f"{name} = {value!r} holds //: write it with single slashes, {good!r}" in p for p in found), found
+
+
+@pytest.mark.parametrize("name", ["hf_cache", "data_dir", "state_dir"])
+def test_a_root_of_slashes_is_not_a_folder_for_sparkfold(name):
+    found = refused(name, "//")
+    assert found and "single slashes" in found[0] and "not / itself" in found[0], found
+
+
+@pytest.mark.parametrize("hf_cache, state_dir", [("//srv/hf", "/srv/hf/hub/state"), ("/srv/hf", "//srv/hf/hub/s"),
+                                                 ("/srv/hf", "/srv/hf/./hub/s")])
+def test_the_hub_containment_check_reads_each_spelling_of_a_path(hf_cache, state_dir):
+    from operations.settings.rules import _outside_hub
+    s = make_settings("head", hf_cache=hf_cache, state_dir=state_dir)
+    found = _outside_hub(s)
+    assert found and found[0].startswith(f"state_dir = {state_dir!r} is inside hf_cache's hub folder (/srv/hf/hub)")
+
+
+def test_the_containment_check_normalises_both_paths():
+    from operations.settings.rules import _inside
+    assert _inside("/srv/hf/hub/state", "//srv/hf/hub") and _inside("//srv/hf/hub/x", "/srv/hf/hub/")
+    assert _inside("/srv/hf/hub", "/srv/hf/hub/") and _inside("/srv/hf/hub/", "/srv/hf/hub")
+    assert not _inside("/srv/hf/hubx", "//srv/hf/hub") and not _inside("/srv/hf", "/srv/hf/hub/")
+
+
 # --- extra_serve_args cannot re-set what sparkfold sets ----------------------------------------------------------
 
 @pytest.mark.parametrize("args, setting", [

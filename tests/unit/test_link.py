@@ -576,3 +576,63 @@ def test_rails_safe_refuses_before_any_change(caplog):
     with caplog.at_level("WARNING", logger="pyinfra"):
         assert run_op(link.rails_safe, facts, executing=False, rails=bad)[0] == []
     assert "will fail: link rails: eth0 carries this Spark" in caplog.text
+
+
+# --- the migration keeps every other byte as written -------------------------------------------------------------
+
+def without_lines(text: str, first: int, last: int) -> str:
+    """`text` without its lines first..last (1-based, inclusive)."""
+    lines = text.splitlines(keepends=True)
+    return "".join(lines[:first - 1] + lines[last:])
+
+
+def test_migration_keeps_ssids_passwords_macs_and_comments_as_written():
+    text = fixture("55-desk.yaml")
+    moves, errors = link.plan_migration({"/etc/netplan/55-desk.yaml": {"mode": "600", "text": text}}, OWN,
+                                        ["enP2p1s0f0np0"])
+    assert errors == [] and len(moves) == 1 and moves[0]["netdevs"] == ["enP2p1s0f0np0"]
+    header, _, rest = moves[0]["new_text"].partition("\n")
+    assert header.startswith("# sparkfold moved enP2p1s0f0np0 to /etc/netplan/60-sparkfold-cx7.yaml; the original")
+    assert rest == without_lines(text, 12, 15)  # the stanza's four lines, and not one other byte
+    for kept in ("        0123:\n          password: 0755\n", "macaddress: 12:34:56:12:34:56   # the LAN port",
+                 "# the desk Spark", "dhcp4: yes", "'office'", '"0x1F"'):
+        assert kept in rest, kept
+    # what netplan reads is what it read before, less the stanza
+    doc = yaml.load(rest, Loader=yaml.BaseLoader)
+    assert doc["network"]["wifis"]["wlP9s9"]["access-points"] == {"0123": {"password": "0755"},
+                                                                   "office": {"password": "0x1F"}}
+    assert list(doc["network"]["ethernets"]) == ["enP7s7", "enp1s0f1np1"]
+    assert doc["network"]["ethernets"]["enP7s7"]["match"]["macaddress"] == "12:34:56:12:34:56"
+
+
+def test_migration_drops_an_emptied_ethernets_block_and_keeps_the_rest():
+    text = ("network:\n  version: 2\n  ethernets:\n    enP2p1s0f0np0:\n      dhcp4: true  # old\n\n"
+            "  # the office\n  wifis:\n    wl0:\n      access-points:\n        \"0123\": {password: \"0755\"}\n")
+    moves, errors = link.plan_migration({"/etc/netplan/x.yaml": {"mode": "600", "text": text}}, OWN,
+                                        ["enP2p1s0f0np0"])
+    assert errors == [] and moves[0]["new_text"].partition("\n")[2] == without_lines(text, 3, 5)
+
+
+@pytest.mark.parametrize("text, why", [
+    ("# mine\nnetwork: {version: 2, ethernets: {enP2p1s0f0np0: {dhcp4: true}, enP7s7: {dhcp4: true}}}\n",
+     "flow style"),
+    ("network:\n  version: 2\n  ethernets:\n    enP2p1s0f0np0:\n      nameservers: &dns\n        addresses: [1.1.1.1]\n"
+     "    enP7s7:\n      nameservers: *dns\n", "would not read as the rest of the file did"),
+    ("network:\n  version: 2\n  ethernets:\n    enP7s7: {dhcp4: true}\n    enP2p1s0f0np0: {dhcp4: \"\ufffd\"}\n",
+     "not UTF-8"),
+])
+def test_migration_refuses_a_file_it_cannot_cut_cleanly_naming_the_stanza_to_move(text, why):
+    path = "/etc/netplan/50-mine.yaml"
+    moves, errors = link.plan_migration({path: {"mode": "600", "text": text}}, OWN, ["enP2p1s0f0np0"])
+    assert moves == [] and len(errors) == 1, errors
+    assert errors[0].startswith(f"{path} configures enP2p1s0f0np0, which sparkfold configures in {OWN}") and \
+        why in errors[0] and f"move network.ethernets.enP2p1s0f0np0 out of {path} by hand" in errors[0], errors[0]
+
+
+def test_netplan_uploads_the_cut_file_and_keeps_its_mode():
+    other = "/etc/netplan/55-desk.yaml"
+    files = {other: {"mode": "640", "text": fixture("55-desk.yaml")},
+             OWN: {"mode": "600", "text": link.render_netplan(RAILS, 9000)}}
+    commands, uploads, _ = netplan(files)
+    assert uploads[other].partition("\n")[2] == without_lines(fixture("55-desk.yaml"), 12, 15)
+    assert f"chmod 640 {other}" in commands

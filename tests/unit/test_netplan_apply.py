@@ -8,8 +8,11 @@ import subprocess
 import types
 
 import pytest
+from settings_factory import make_settings
 
 from operations.network import netplan_apply as rb
+from operations.settings import validate
+from operations.settings.shapes import CONFIRM_WAIT_APPLY_S, MIN_ROLLBACK_S
 
 
 @pytest.fixture
@@ -177,3 +180,26 @@ def test_confirm_failure_names_what_happened(monkeypatch, code, says):
     with pytest.raises(rb.NetplanNotConfirmed) as err:
         rb.confirm_over_new_connection(None, host, "/x/1", "eth0", "10.0.0.5", 60)
     assert says in str(err.value) and "/x/1" in str(err.value)
+
+
+# --- the window and the confirmation's wait (link_rollback_s) ----------------------------------------------------
+
+def test_the_shortest_window_outlasts_the_confirmations_wait_for_the_apply():
+    assert MIN_ROLLBACK_S > CONFIRM_WAIT_APPLY_S
+    # the margin the confirmation keeps before the revert fires still leaves it time to connect after the wait
+    assert MIN_ROLLBACK_S - min(15, max(5, MIN_ROLLBACK_S // 3)) > CONFIRM_WAIT_APPLY_S
+
+
+@pytest.mark.parametrize("seconds", [30, 60, 89])
+def test_a_rollback_window_no_longer_than_the_wait_is_refused_naming_the_minimum(seconds):
+    found = [p for p in validate(make_settings("head", link_rollback_s=seconds)) if "link_rollback_s" in p]
+    assert found == [f"link_rollback_s = {seconds} is below 90: the confirmation of a netplan apply waits up to 60 s "
+                     "for the apply, and the Spark's revert must not fire while it waits; set link_rollback_s to 90 or "
+                     "more"], found
+    assert (MIN_ROLLBACK_S, CONFIRM_WAIT_APPLY_S) == (90, 60)  # the message's numbers are the constants
+
+
+@pytest.mark.parametrize("seconds, ok", [(90, True), (120, True), (3600, True), (3601, False)])
+def test_rollback_windows_from_the_minimum_to_an_hour_pass(seconds, ok):
+    found = [p for p in validate(make_settings("head", link_rollback_s=seconds)) if "link_rollback_s" in p]
+    assert (found == []) is ok, found

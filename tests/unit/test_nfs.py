@@ -5,8 +5,9 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
+import pytest
 from core_facts import merged, remote_file, run_put, unit
-from harness import parse_fact, refused, run_op, with_args
+from harness import parse_fact, refused, run_fact, run_op, with_args
 from pyinfra.facts.deb import DebPackages
 from pyinfra.facts.files import File
 from settings_factory import make_pair
@@ -83,9 +84,9 @@ def test_rendered_exports_lines():
     text = nfs.render_exports(CACHE, CLIENTS)
     assert text.splitlines()[0] == MANAGED_HEADER
     assert [line for line in text.splitlines() if not line.startswith("#")] == [
-        f"{CACHE} 192.168.100.2(ro,no_subtree_check)", f"{CACHE} 192.168.101.2(ro,no_subtree_check)"]
+        f"{CACHE} 192.168.100.2(ro,subtree_check)", f"{CACHE} 192.168.101.2(ro,subtree_check)"]
     assert nfs.render_exports("/data/my models", ["10.0.0.2"]).splitlines()[-1] == \
-        '"/data/my models" 10.0.0.2(ro,no_subtree_check)'
+        '"/data/my models" 10.0.0.2(ro,subtree_check)'
 
 
 def export_facts(current, table, dir_exists=True):
@@ -100,7 +101,7 @@ def export(current, table, clients=CLIENTS, dir_exists=True):
 def test_export_written_and_reloaded_when_missing():
     commands, uploads, _ = export(None, [], dir_exists=False)
     assert commands[0] == "mkdir -p /etc/exports.d" and commands[1].startswith("FileUploadCommand")
-    assert f"{CACHE} 192.168.101.2(ro,no_subtree_check)" in uploads[EXPORTS]
+    assert f"{CACHE} 192.168.101.2(ro,subtree_check)" in uploads[EXPORTS]
     assert commands[2:] == [f"chmod 644 {EXPORTS}", "exportfs -ra"]
 
 
@@ -128,7 +129,7 @@ def test_export_reloaded_when_the_live_table_lacks_a_client():
 def test_export_rewritten_when_the_worker_address_changes():
     table = parse_fact(ExportTable, fixture("exportfs-v.txt"))
     commands, uploads, _ = export(nfs.render_exports(CACHE, CLIENTS), table, clients=["192.168.100.3"])
-    assert "192.168.100.3(ro,no_subtree_check)" in uploads[EXPORTS] and commands[-1] == "exportfs -ra"
+    assert "192.168.100.3(ro,subtree_check)" in uploads[EXPORTS] and commands[-1] == "exportfs -ra"
 
 
 def test_server_package_both_ways():
@@ -214,7 +215,7 @@ def settings(is_head=True, **over):
 
 def record_calls(monkeypatch):
     calls = []
-    for op in ("nfs_server_installed", "nfs_exported", "nfs_volume", "nfs_unexported"):
+    for op in ("nfs_server_installed", "export_filesystem_checked", "nfs_exported", "nfs_volume", "nfs_unexported"):
         monkeypatch.setattr(nfs, op, lambda _op=op, **kw: calls.append((_op, kw)))
     monkeypatch.setattr(nfs, "unit_service", lambda **kw: calls.append(("service", kw)))
     monkeypatch.setattr(nfs.files, "directory", lambda **kw: calls.append(("directory", kw)))
@@ -224,7 +225,11 @@ def record_calls(monkeypatch):
 def test_deploy_nfs_head_and_worker(monkeypatch):
     calls = record_calls(monkeypatch)
     nfs.nfs._inner(settings())
-    assert [c[0] for c in calls] == ["nfs_server_installed", "service", "directory", "nfs_exported"]
+    assert [c[0] for c in calls] == ["nfs_server_installed", "service", "directory", "export_filesystem_checked",
+                                     "nfs_exported"]
+    assert calls[3][1] == {"name": "the exported cache's file system", "cache": CACHE, "home": "/home/nvidia",
+                           "_sudo": False}
+    del calls[3]
     assert calls[1][1]["service"] == "nfs-server.service" and calls[1][1]["running"] and calls[1][1]["enabled"]
     assert calls[1][1]["file_put"] is None  # the package's unit: sparkfold writes no file for it
     assert calls[3][1]["exports_file"] == "/etc/exports.d/sparkfold.exports"
@@ -270,5 +275,49 @@ def test_sim_exportfs_standin_round_trip(tmp_path):
     shown = subprocess.run([standin, "-v"], env=env, check=True, capture_output=True, text=True).stdout
     table = parse_fact(ExportTable, shown)
     assert [(e["path"], e["client"]) for e in table] == [(str(cache), c) for c in CLIENTS]
-    assert all("ro" in e["options"] and "no_subtree_check" in e["options"] for e in table)
+    assert all("ro" in e["options"] and "subtree_check" in e["options"] and "no_subtree_check" not in e["options"]
+               for e in table)
     assert (tmp_path / "log").read_text().count("exportfs") == 2
+
+
+# --- what the export reaches (subtree_check, and a file system shared with the home) ---------------------------
+
+def test_the_export_checks_each_file_handle_against_the_exported_folder():
+    assert nfs.EXPORT_OPTIONS == "ro,subtree_check"
+    lines = [line for line in nfs.render_exports(CACHE, CLIENTS).splitlines() if not line.startswith("#")]
+    assert lines and all(line.endswith("(ro,subtree_check)") and "no_subtree_check" not in line for line in lines)
+
+
+def test_a_live_export_without_the_subtree_check_is_reloaded():
+    table = parse_fact(ExportTable, fixture("exportfs-v.txt"))  # the cache's entries as exportfs -v shows them now
+    for entry in table:
+        if entry["path"] == CACHE:
+            entry["options"].append("no_subtree_check")  # exported by an older sparkfold, not reloaded since
+    commands, _, _ = export(nfs.render_exports(CACHE, CLIENTS), table)
+    assert commands == ["exportfs -ra"]
+
+
+def test_same_filesystem_fact_reads_the_device_of_each_or_its_nearest_folder(tmp_path):
+    from operations.facts.nfs import SameFilesystem
+    (tmp_path / "home").mkdir()
+    assert run_fact(SameFilesystem, path=str(tmp_path / "cache" / "not-yet"), other=str(tmp_path / "home")) is True
+    assert run_fact(SameFilesystem, path="/proc/self", other=str(tmp_path)) is False  # procfs is its own
+    assert parse_fact(SameFilesystem, "path=2049\nother=2049") is True
+    assert parse_fact(SameFilesystem, "path=2049\nother=66306") is False
+    assert parse_fact(SameFilesystem, "path=\nother=66306") is None and parse_fact(SameFilesystem, "") is None
+
+
+@pytest.mark.parametrize("same, executing, warned", [(True, False, True), (False, False, False),
+                                                     (None, False, False), (True, True, False)])
+def test_a_cache_on_the_homes_file_system_is_warned_about_while_planning(caplog, same, executing, warned):
+    from operations.facts.nfs import SameFilesystem
+    facts = {SameFilesystem: with_args({f"other=/home/nvidia, path={CACHE}": same})}
+    with caplog.at_level("WARNING", logger="pyinfra"):
+        commands, host = run_op(nfs.export_filesystem_checked, facts, executing=executing, cache=CACHE,
+                                home="/home/nvidia")
+    assert commands == [] and host.noops
+    note = (f"spark: warning: hf_cache {CACHE} is on the same file system as /home/nvidia, the ssh user's home "
+            "(~/.ssh, the Hugging Face token)")
+    assert (note in caplog.text) is warned, caplog.text
+    if warned:
+        assert 'set worker_weights = "copy" and nfs = false to export nothing' in caplog.text

@@ -271,6 +271,91 @@ def test_link_rules():
     assert any("no link addresses" in p for p in problems(link_rails=[]))
 
 
+def rails_of(*addrs):
+    return [{"netdev": f"enp1s0f{i}np{i}", "address": a} for i, a in enumerate(addrs)]
+
+
+def prefix_problems(head_addrs, worker_addrs, **both):
+    """The rail problems of both Sparks with these addresses (and `both` as settings of both)."""
+    head, worker = make_pair(head={"link_rails": rails_of(*head_addrs), **both},
+                             worker={"link_rails": rails_of(*worker_addrs), **both})
+    return [p for p in S.validate(head) + S.validate(worker) if "link rail" in p or "link_prefix_min" in p]
+
+
+@pytest.mark.parametrize("prefix", [1, 4, 8, 12, 15])
+def test_a_rail_prefix_wider_than_16_is_refused_naming_link_prefix_min(prefix):
+    found = prefix_problems([f"10.0.0.1/{prefix}"], [f"10.0.0.2/{prefix}"], nccl_rails=1)
+    assert found and all(f"/{prefix} prefix would route {2 ** (32 - prefix)} addresses over the cable: use /16 to "
+                         "/30" in p for p in found), found
+    assert ("link_prefix_min allows /8 at the widest" if prefix < 8 else f"set link_prefix_min = {prefix}") in found[0]
+
+
+@pytest.mark.parametrize("prefix", [31, 32])
+def test_a_rail_prefix_narrower_than_30_is_refused(prefix):
+    found = prefix_problems([f"10.0.0.1/{prefix}"], [f"10.0.0.0/{prefix}"], nccl_rails=1)
+    assert any(f"/{prefix} prefix leaves no subnet for the two ends of the cable" in p for p in found), found
+
+
+@pytest.mark.parametrize("prefix", [16, 24, 30])
+def test_rail_prefixes_from_16_to_30_pass_by_default(prefix):
+    assert prefix_problems([f"10.0.0.1/{prefix}"], [f"10.0.0.2/{prefix}"], nccl_rails=1) == []
+
+
+def test_link_prefix_min_widens_the_range_and_the_link_step_warns(caplog):
+    assert prefix_problems(["10.0.0.1/12"], ["10.0.0.2/12"], nccl_rails=1, link_prefix_min=12) == []
+    assert prefix_problems(["10.0.0.1/8"], ["10.0.0.2/8"], nccl_rails=1, link_prefix_min=12)
+    head, _ = make_pair(head={"link_rails": rails_of("10.0.0.1/12"), "link_prefix_min": 12, "nccl_rails": 1},
+                        worker={"link_rails": rails_of("10.0.0.2/12"), "link_prefix_min": 12, "nccl_rails": 1})
+    from operations.settings.rules import rail_warnings
+    notes = rail_warnings(head.link_rails)
+    assert len(notes) == 1, notes
+    assert "enp1s0f0np0 has 10.0.0.1/12: its /12 subnet (1048576 addresses) is routed over the cable" in notes[0]
+    assert rail_warnings(make_settings().link_rails) == []
+    # the link step prints it while the deploy is planned, naming the Spark
+    from harness import FakeHost
+    from pyinfra.context import ctx_host
+
+    from operations import link
+    calls = []
+    ops = ("rails_safe", "netplan_link", "link_addresses", "link_ping", "roce_gids", "link_recorded")
+    with pytest.MonkeyPatch.context() as mp, ctx_host.use(FakeHost({}, name="spark-a")), \
+            caplog.at_level("WARNING", logger="pyinfra"):
+        for op in ops:
+            mp.setattr(link, op, lambda _op=op, **kw: calls.append(_op))
+        link.link._inner(head)
+    assert f"spark-a: warning: {notes[0]}" in caplog.text and calls == list(ops)
+
+
+@pytest.mark.parametrize("value", [4, 31])
+def test_link_prefix_min_has_a_range(value):
+    assert any(f"link_prefix_min = {value} is outside 8..30" in p for p in problems(link_prefix_min=value))
+
+
+def test_a_wide_rail_subnet_must_stay_private():
+    found = prefix_problems(["192.168.100.1/8"], ["192.168.100.2/8"], nccl_rails=1, link_prefix_min=8)
+    assert any("its subnet 192.0.0.0/8 reaches beyond the private ranges" in p for p in found), found
+
+
+def test_the_site_file_and_the_settings_agree_on_rail_prefixes(tmp_path):
+    """The site file refuses exactly the prefixes no link_prefix_min allows; the settings, at the widest
+    link_prefix_min, refuse the same ones."""
+    from operations.settings.site import SiteError, read_site
+    for prefix in range(33):
+        site = tmp_path / f"sparks-{prefix}.yaml"
+        site.write_text(f"head: {{ssh: a, link: [{{netdev: eth1, address: 10.0.0.1/{prefix}}}]}}\n"
+                        f"worker: {{ssh: b, link: [{{netdev: eth1, address: 10.0.0.2/{prefix}}}]}}\n")
+        try:
+            read_site(site)
+            site_ok = True
+        except SiteError as exc:
+            site_ok = False
+            assert f"head.link[0].address = '10.0.0.1/{prefix}': its /{prefix} prefix" in str(exc)
+        found = [p for p in prefix_problems([f"10.0.0.1/{prefix}"], [f"10.0.0.2/{prefix}"], nccl_rails=1,
+                                            link_prefix_min=8) if "prefix" in p]
+        assert site_ok == (found == []), (prefix, found)
+        assert site_ok == (8 <= prefix <= 30), prefix
+
+
 def test_pair_rules():
     head, worker = make_pair(worker={"context": 524288})
     found = S.validate_pair(head, worker)
