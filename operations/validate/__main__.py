@@ -1,5 +1,5 @@
 """python -m operations.validate [--base-url URL] [--api-key-file F] [--model ID] CHECK...
-python -m operations.validate compare A.json B.json
+python -m operations.validate compare A.json B.json [--tolerance 10] [--json]
 python -m operations.validate [--base-url URL] exact record FILE | exact compare A.json B.json
 
 The server: --base-url, else API_URL, else OPENAI_BASE_URL (with or without /v1). The key: --api-key-file, else
@@ -68,9 +68,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     if args.checks[0] == "compare":
         if len(args.checks) != 3:
-            print("usage: python -m operations.validate compare A.json B.json", file=sys.stderr)
+            print("usage: python -m operations.validate compare A.json B.json [--tolerance 10] [--json]",
+                  file=sys.stderr)
             return NOT_RUN
-        result = bench.run_compare(args.checks[1], args.checks[2], args.tolerance)
+        result = bench.run_compare(args.checks[1], args.checks[2], args.tolerance, args.json)
         print(result.line())
         return result.status
     if args.checks[0] == "exact":
