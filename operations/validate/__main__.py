@@ -1,5 +1,6 @@
 """python -m operations.validate [--base-url URL] [--api-key-file F] [--model ID] CHECK...
 python -m operations.validate compare A.json B.json [--tolerance 10] [--json]
+python -m operations.validate plot A.json [B.json] [-o bench.png]
 python -m operations.validate [--base-url URL] exact record FILE | exact compare A.json B.json
 
 The server: --base-url, else API_URL, else OPENAI_BASE_URL (with or without /v1). The key: --api-key-file, else
@@ -10,7 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from operations.validate import anthropic, bench, context, exact, image, prompt_reuse, smoke, text, tools
+from operations.validate import anthropic, bench, context, exact, image, plot, prompt_reuse, smoke, text, tools
 from operations.validate.client import Client, CouldNotRun, ServerUnusable, connect
 from operations.validate.result import NOT_RUN, Result, attempt, exit_code
 
@@ -38,7 +39,7 @@ def parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("checks", nargs="+", metavar="CHECK",
                    help=f"{', '.join(CHECKS)}, all ({', '.join(ALL)}), or: compare A.json B.json, "
-                        "exact record FILE, exact compare A.json B.json")
+                        "plot A.json [B.json], exact record FILE, exact compare A.json B.json")
     p.add_argument("--base-url", help="server base URL (else API_URL, else OPENAI_BASE_URL)")
     p.add_argument("--api-key-file", help="file holding the API key (else API_KEY, else OPENAI_API_KEY)")
     p.add_argument("--model", help="model id (default: the first of /v1/models)")
@@ -72,6 +73,10 @@ def main(argv: list[str] | None = None) -> int:
                   file=sys.stderr)
             return NOT_RUN
         result = bench.run_compare(args.checks[1], args.checks[2], args.tolerance, args.json)
+        print(result.line())
+        return result.status
+    if args.checks[0] == "plot":
+        result = plot.run_plot(args.checks[1:], args.out or "bench.png")
         print(result.line())
         return result.status
     if args.checks[0] == "exact":

@@ -122,7 +122,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    default=DEFAULT_THINKING, help="bench: decode with thinking off and/or on (default off,on)")
     p.add_argument("--prompts", metavar="prose,code", type=lambda t: _list(t, _prompt, "prompt"),
                    default=list(PROMPTS), help="bench: decode prompts (default prose,code)")
-    p.add_argument("--out", help="bench: write the JSON record to this file (else it follows the tables on stdout)")
+    p.add_argument("-o", "--out", help="bench: write the JSON record to this file (else it follows the tables on "
+                                       "stdout); plot: the PNG (bench.png)")
     p.add_argument("--tolerance", type=float, default=10.0, help="compare: allowed change in percent (10)")
     p.add_argument("--json", action="store_true", help="compare: print the comparison as JSON instead of a table")
 
@@ -367,7 +368,7 @@ def compare(a: dict, b: dict, tolerance_pct: float) -> dict:
     return {"figures": rows, "tolerance_pct": tolerance_pct, "worse": worse}
 
 
-def _load(path: str) -> dict:
+def load_record(path: str) -> dict:
     with open(path, encoding="utf-8") as f:
         record = json.load(f)
     if not isinstance(record, dict) or record.get("kind") != KIND:
@@ -409,7 +410,7 @@ def compare_table(report: dict, path_a: str, path_b: str) -> str:
 
 def run_compare(path_a: str, path_b: str, tolerance_pct: float, as_json: bool = False) -> Result:
     try:
-        a, b = _load(path_a), _load(path_b)
+        a, b = load_record(path_a), load_record(path_b)
     except (OSError, ValueError) as e:
         return Result("compare", NOT_RUN, str(e))
     report = compare(a, b, tolerance_pct)
