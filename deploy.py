@@ -3,7 +3,7 @@
 from pyinfra.api.exceptions import DeployError
 
 from operations.api_key import api_key
-from operations.context import current_settings
+from operations.context import current_settings, refuse_part_of_pair
 from operations.docker_runtime import docker_runtime
 from operations.gpu_clock import gpu_clock
 from operations.image import engine_image
@@ -17,7 +17,8 @@ from operations.run_lock import locked, unlocked
 from operations.supervise import supervision
 from operations.sync import both_sparks_reached
 
-# 1. the settings of both Sparks, validated together before any operation exists
+# 1. the settings of both Sparks, validated together before any operation exists; both Sparks or none
+refuse_part_of_pair("deploy.py")
 s, problems = current_settings()
 if problems:
     raise DeployError("the settings need fixing before anything is changed:\n  - " + "\n  - ".join(problems))

@@ -1,12 +1,14 @@
 # Stop both ranks: pyinfra inventory.py stop.py
 # Each rank's log is saved first (<data_dir>/logs), then its container is removed, which frees its GPU memory.
 # The supervisor (if installed) is stopped first so it does not start the pair again; deploy.py starts it again.
-from operations.context import current_settings
+from operations.context import current_settings, refuse_part_of_pair
 from operations.lifecycle import stopped
 from operations.run_lock import locked, unlocked
 from operations.supervise import supervisor_paused
 
-# stopping needs only the container name and paths: it goes ahead even when other settings need fixing
+# stopping needs only the container name and paths: it goes ahead even when other settings need fixing; it stops
+# both ranks or none
+refuse_part_of_pair("stop.py")
 s, _problems = current_settings()
 
 locked(s=s)
