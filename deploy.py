@@ -18,11 +18,12 @@ from operations.preflight import preflight
 from operations.ranks import ranks_serving
 from operations.run_lock import locked, unlocked
 from operations.settings import passthrough_note
-from operations.settings.context import current_settings
+from operations.settings.context import current_settings, refuse_part_of_pair
 from operations.supervise import supervision
 from operations.util.barrier import both_sparks_reached
 
-# 1. the settings of both Sparks, validated together before any operation exists
+# 1. the settings of both Sparks, validated together before any operation exists; both Sparks or none
+refuse_part_of_pair("deploy.py")
 s, problems = current_settings()
 if problems:
     raise DeployError("the settings need fixing before anything is changed:\n  - " + "\n  - ".join(problems))

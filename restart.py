@@ -5,5 +5,8 @@ import os
 
 from pyinfra import local
 
+from operations.settings.context import refuse_part_of_pair
+
+refuse_part_of_pair("restart.py")  # before deploy.py's own check, so the line names the script that was run
 os.environ["SPARKFOLD_RESTART"] = "1"
 local.include("deploy.py")

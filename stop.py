@@ -3,10 +3,12 @@
 # The supervisor (if installed) is stopped first so it does not start the pair again; deploy.py starts it again.
 from operations.ranks import ranks_stopped
 from operations.run_lock import locked, unlocked
-from operations.settings.context import current_settings
+from operations.settings.context import current_settings, refuse_part_of_pair
 from operations.supervise import supervisor_paused
 
-# stopping needs only the container name and paths: it goes ahead even when other settings need fixing
+# stopping needs only the container name and paths: it goes ahead even when other settings need fixing; it stops
+# both ranks or none
+refuse_part_of_pair("stop.py")
 s, _problems = current_settings()
 
 locked(s=s)

@@ -16,7 +16,7 @@ from pyinfra import host, logger, state
 from pyinfra.api import FunctionCommand, QuoteString, StringCommand, operation
 
 from operations.facts.docker import RankContainer
-from operations.validate.client import Client
+from operations.validate.client import Client, ServerUnusable
 from operations.validate.result import PASS
 from operations.validate.smoke import smoke_parts
 
@@ -77,6 +77,8 @@ def smoke_test(base_url: str, served_name: str, api_key: str = "") -> tuple[bool
     client = Client(base_url, api_key or None, served_name, timeout=SMOKE_TIMEOUT_S)
     try:
         parts = smoke_parts(client)
+    except ServerUnusable as gone:  # no answer, or the key refused: every part would say the same
+        return False, [f"the smoke test failed: {gone}"]
     finally:
         client.session.close()
     failed = [part.line() for part in parts if part.status != PASS]

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import os
+import sys
+from collections.abc import Sequence
 
 from pyinfra import host as current_host
-from pyinfra import inventory
+from pyinfra import inventory, state
+from pyinfra.api.exceptions import DeployError
 from pyinfra.api.host import Host
 from pyinfra.facts.server import Home
 
@@ -66,3 +69,24 @@ def current_settings() -> tuple[Settings, list[str]]:
 
 def _target(h: Host) -> str:
     return f"{h.data.get('ssh_hostname', h.name)}:{h.data.get('ssh_port', 22)}"
+
+
+def limit_refusal(script: str, hosts: Sequence[str], limited_to: Sequence[str] | None,
+                  argv: Sequence[str]) -> str | None:
+    """The line refusing a run of `script` that pyinfra's --limit (or --exclude) narrowed to part of the pair, else
+    None. hosts: the inventory's names; limited_to: the names the run is limited to (None: no limit)."""
+    if limited_to is None or set(hosts) <= set(limited_to):
+        return None
+    given = {arg.split("=", 1)[0] for arg in argv}
+    option = "--exclude" if "--exclude" in given and "--limit" not in given else "--limit"
+    return f"{option} is not used with {script}: the two Sparks are one server; run it without {option}"
+
+
+def refuse_part_of_pair(script: str) -> None:
+    """Stop deploy.py, stop.py or restart.py run with --limit: the two ranks are one server, so a change to one Spark
+    alone would leave the pair half changed (status.py and logs.py, which only read, accept it)."""
+    limited = state.limit_hosts
+    problem = limit_refusal(script, [h.name for h in inventory],
+                            [h.name for h in limited] if isinstance(limited, list) else None, sys.argv)
+    if problem:
+        raise DeployError(problem)

@@ -1,15 +1,18 @@
-"""python -m operations.validate --base-url URL [--api-key-file F] [--model ID] CHECK...
-python -m operations.validate compare A.json B.json
-python -m operations.validate [--base-url URL] exact record FILE | exact compare A.json B.json"""
+"""python -m operations.validate [--base-url URL] [--api-key-file F] [--model ID] CHECK...
+python -m operations.validate compare A.json B.json [--tolerance 10] [--json]
+python -m operations.validate plot A.json [B.json] [-o bench.png]
+python -m operations.validate [--base-url URL] exact record FILE | exact compare A.json B.json
+
+The server: --base-url, else API_URL, else OPENAI_BASE_URL (with or without /v1). The key: --api-key-file, else
+API_KEY, else OPENAI_API_KEY."""
 
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
-from operations.validate import anthropic, bench, context, exact, image, prompt_reuse, smoke, text, tools
-from operations.validate.client import Client, CouldNotRun, connect
+from operations.validate import anthropic, bench, context, exact, image, plot, prompt_reuse, smoke, text, tools
+from operations.validate.client import Client, CouldNotRun, ServerUnusable, connect
 from operations.validate.result import NOT_RUN, Result, attempt, exit_code
 
 CHECKS = {
@@ -36,9 +39,9 @@ def parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("checks", nargs="+", metavar="CHECK",
                    help=f"{', '.join(CHECKS)}, all ({', '.join(ALL)}), or: compare A.json B.json, "
-                        "exact record FILE, exact compare A.json B.json")
-    p.add_argument("--base-url", default=os.environ.get("API_URL"), help="server base URL (or API_URL)")
-    p.add_argument("--api-key-file", help="file holding the API key (else the API_KEY variable)")
+                        "plot A.json [B.json], exact record FILE, exact compare A.json B.json")
+    p.add_argument("--base-url", help="server base URL (else API_URL, else OPENAI_BASE_URL)")
+    p.add_argument("--api-key-file", help="file holding the API key (else API_KEY, else OPENAI_API_KEY)")
     p.add_argument("--model", help="model id (default: the first of /v1/models)")
     p.add_argument("--timeout", type=float, default=1800, help="seconds per request")
     p.add_argument("--think-tokens", type=int, default=4096, help="max_tokens of the thinking-on check")
@@ -56,35 +59,50 @@ def run_check(name: str, client: Client, args) -> Result:
     return attempt(name, CHECKS[name], client, args)
 
 
+def _unusable(e: ServerUnusable, results: list[Result]) -> int:
+    """A server that cannot be asked: said once (every further check would say the same), and the run stops."""
+    print(f"NOT RUN: {e}", file=sys.stderr)
+    return exit_code([*results, Result("server", NOT_RUN, str(e))])
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     if args.checks[0] == "compare":
         if len(args.checks) != 3:
-            print("usage: python -m operations.validate compare A.json B.json", file=sys.stderr)
+            print("usage: python -m operations.validate compare A.json B.json [--tolerance 10] [--json]",
+                  file=sys.stderr)
             return NOT_RUN
-        result = bench.run_compare(args.checks[1], args.checks[2], args.tolerance)
+        result = bench.run_compare(args.checks[1], args.checks[2], args.tolerance, args.json)
+        print(result.line())
+        return result.status
+    if args.checks[0] == "plot":
+        result = plot.run_plot(args.checks[1:], args.out or "bench.png")
         print(result.line())
         return result.status
     if args.checks[0] == "exact":
-        result = attempt("exact", exact.run, args.checks[1:], args)
+        try:
+            result = attempt("exact", exact.run, args.checks[1:], args)
+        except ServerUnusable as e:
+            return _unusable(e, [])
         print(result.line())
         return result.status
     names = [n for c in args.checks for n in (ALL if c == "all" else [c])]
     unknown = [n for n in names if n not in CHECKS]
-    if unknown or not args.base_url:
-        print(f"unknown check(s): {', '.join(unknown)}" if unknown else "--base-url (or API_URL) is required",
-              file=sys.stderr)
+    if unknown:
+        print(f"unknown check(s): {', '.join(unknown)}", file=sys.stderr)
         return NOT_RUN
     try:
         client = connect(args)
     except (CouldNotRun, OSError) as e:
         print(f"NOT RUN: {e}", file=sys.stderr)
         return NOT_RUN
-    results = []
+    results: list[Result] = []
     for name in names:
-        result = run_check(name, client, args)
-        print(result.line(), flush=True)
-        results.append(result)
+        try:
+            results.append(run_check(name, client, args))
+        except ServerUnusable as e:
+            return _unusable(e, results)
+        print(results[-1].line(), flush=True)
     return exit_code(results)
 
 

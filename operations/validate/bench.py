@@ -1,7 +1,8 @@
 """bench: the recipe's measurements against a running server. A prefill sweep over prompt sizes (counted by the
 server's usage.prompt_tokens) and decode at 1-4 concurrent streams on prose and code prompts, at each temperature,
 thinking on and off. Prints a progress line per measurement, then the tables; the record is versioned JSON.
-compare: two records figure by figure, failing when a figure moved the wrong way by more than a tolerance.
+compare: two records figure by figure (a table, or JSON with --json), failing when a figure moved the wrong way by
+more than a tolerance.
 
 Figures (docs/validate.md, "bench records and compare"):
 - prefill tok/s: usage.prompt_tokens over the wall time of a 1-token, non-streamed request;
@@ -121,8 +122,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    default=DEFAULT_THINKING, help="bench: decode with thinking off and/or on (default off,on)")
     p.add_argument("--prompts", metavar="prose,code", type=lambda t: _list(t, _prompt, "prompt"),
                    default=list(PROMPTS), help="bench: decode prompts (default prose,code)")
-    p.add_argument("--out", help="bench: write the JSON record to this file (else it follows the tables on stdout)")
+    p.add_argument("-o", "--out", help="bench: write the JSON record to this file (else it follows the tables on "
+                                       "stdout); plot: the PNG (bench.png)")
     p.add_argument("--tolerance", type=float, default=10.0, help="compare: allowed change in percent (10)")
+    p.add_argument("--json", action="store_true", help="compare: print the comparison as JSON instead of a table")
 
 
 # --- measuring ------------------------------------------------------------------------------------------------
@@ -365,7 +368,7 @@ def compare(a: dict, b: dict, tolerance_pct: float) -> dict:
     return {"figures": rows, "tolerance_pct": tolerance_pct, "worse": worse}
 
 
-def _load(path: str) -> dict:
+def load_record(path: str) -> dict:
     with open(path, encoding="utf-8") as f:
         record = json.load(f)
     if not isinstance(record, dict) or record.get("kind") != KIND:
@@ -376,14 +379,43 @@ def _load(path: str) -> dict:
     return record
 
 
-def run_compare(path_a: str, path_b: str, tolerance_pct: float) -> Result:
+def _value(name: str, value: float | None) -> str:
+    if value is None:
+        return "—"
+    return _ms(value) if name.endswith("ttft_s") else f"{value:,.1f}"
+
+
+# Markdown's alignment row for a left, right or centred column of width w (plus the cell's two spaces)
+_RULES = {"<": lambda w: "-" * (w + 2), ">": lambda w: "-" * (w + 1) + ":", "^": lambda w: ":" + "-" * w + ":"}
+
+
+def compare_table(report: dict, path_a: str, path_b: str) -> str:
+    """The comparison as a Markdown table, padded to read in a terminal: each figure of A and B, B's change, and ✘
+    where it moved the wrong way by more than the tolerance."""
+    worse = set(report["worse"])
+    rows = [["figure", "A", "B", "change", "beyond tolerance"]]
+    for name, row in report["figures"].items():
+        change = "" if row["change_pct"] is None else f"{row['change_pct']:+.1f}%"
+        rows.append([name, _value(name, row["a"]), _value(name, row["b"]), change, "✘" if name in worse else ""])
+    widths = [max(len(r[i]) for r in rows) for i in range(5)]
+    aligns = ["<", ">", ">", ">", "^"]
+
+    def line(cells: list[str]) -> str:
+        return "| " + " | ".join(f"{c:{a}{w}}" for c, a, w in zip(cells, aligns, widths, strict=True)) + " |"
+
+    rule = "|" + "|".join(_RULES[a](w) for a, w in zip(aligns, widths, strict=True)) + "|"
+    head = [f"A: {path_a}", f"B: {path_b}", f"tolerance: {report['tolerance_pct']:g}%", ""]
+    return "\n".join([*head, line(rows[0]), rule, *(line(r) for r in rows[1:])])
+
+
+def run_compare(path_a: str, path_b: str, tolerance_pct: float, as_json: bool = False) -> Result:
     try:
-        a, b = _load(path_a), _load(path_b)
+        a, b = load_record(path_a), load_record(path_b)
     except (OSError, ValueError) as e:
         return Result("compare", NOT_RUN, str(e))
     report = compare(a, b, tolerance_pct)
-    print(json.dumps(report, indent=2))
+    print(json.dumps(report, indent=2) if as_json else compare_table(report, path_a, path_b))
     if report["worse"]:
-        return Result("compare", FAIL, f"worse than {path_a} by more than {tolerance_pct}%: "
+        return Result("compare", FAIL, f"worse than {path_a} by more than {tolerance_pct:g}%: "
                                        + ", ".join(report["worse"]), report)
-    return Result("compare", PASS, f"no figure worse by more than {tolerance_pct}%", report)
+    return Result("compare", PASS, f"no figure worse by more than {tolerance_pct:g}%", report)

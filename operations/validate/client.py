@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import re
+import socket
+import ssl
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NoReturn
+from urllib.parse import urlsplit
 
 import requests
 
@@ -16,10 +21,21 @@ from operations.validate.sse import ChatChunks, StreamError
 
 THINKING_OFF = {"chat_template_kwargs": {"enable_thinking": False}}
 THINKING_ON = {"chat_template_kwargs": {"enable_thinking": True}}
+# Where the server and its key may come from, first found wins: ours (docs/measurements.md), then the OpenAI SDK's
+# (docs/clients.md tells people to export those; OPENAI_BASE_URL ends in /v1, which the client takes off).
+URL_VARIABLES = ("API_URL", "OPENAI_BASE_URL")
+KEY_VARIABLES = ("API_KEY", "OPENAI_API_KEY")
+KEY_ON_HEAD = "~/.local/state/sparkfold/api-key.d/key"
+STATUS_COMMAND = "`pyinfra inventory.py status.py -y`"
 
 
 class CouldNotRun(Exception):
     """The server could not be asked (unreachable, refused our key, no such route): exit code 2."""
+
+
+class ServerUnusable(CouldNotRun):
+    """Nothing can be asked of the server (no answer, or it refuses our key): every check would say the same, so the
+    run stops with this one line."""
 
 
 class NoRoute(CouldNotRun):
@@ -118,12 +134,14 @@ def read_key_file(path: str) -> str:
 
 
 class Client:
-    def __init__(self, base_url: str, api_key: str | None = None, model: str | None = None, timeout: float = 1800):
+    def __init__(self, base_url: str, api_key: str | None = None, model: str | None = None, timeout: float = 1800,
+                 key_source: str | None = None):
         self.base = base_url.rstrip("/")
         if self.base.endswith("/v1"):
             self.base = self.base[:-3]
         self.timeout = timeout
         self.api_key = api_key
+        self.key_source = key_source if api_key else None  # where the key came from, for the line when it is refused
         self._model = model
         self.session = requests.Session()
         if api_key:
@@ -133,10 +151,9 @@ class Client:
         try:
             response = self.session.request(method, self.base + path, timeout=self.timeout, stream=stream, **kwargs)
         except requests.RequestException as e:
-            raise CouldNotRun(f"{method} {self.base}{path}: {e.__class__.__name__}: {e}") from None
+            raise request_failure(e, self.base, f"{method} {path}", self.timeout) from None
         if response.status_code in (401, 403):
-            raise CouldNotRun(f"{path}: HTTP {response.status_code}: the server wants a valid API key "
-                              "(--api-key-file FILE or API_KEY)")
+            raise ServerUnusable(key_refused(self.base, response.status_code, self.key_source))
         if response.status_code == 404:
             raise NoRoute(f"{path}: HTTP 404: no such route on {self.base}")
         if response.status_code >= 400:
@@ -201,14 +218,105 @@ class Client:
         return out
 
 
-def api_key_from(args_file: str | None, environ=os.environ) -> str | None:
+def _causes(error: BaseException) -> Iterator[BaseException]:
+    """The error and everything it wraps: requests wraps urllib3's MaxRetryError, whose `reason` wraps the socket's."""
+    seen: set[int] = set()
+    todo: list[BaseException | None] = [error]
+    while todo:
+        e = todo.pop(0)
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        yield e
+        todo += [e.__cause__, e.__context__, getattr(e, "reason", None)]
+        todo += [a for a in e.args if isinstance(a, BaseException)]
+
+
+def no_answer_reason(error: BaseException) -> str:
+    """Why a connection failed, in a few words (the socket's reason, not urllib3's retry story)."""
+    for e in _causes(error):
+        if isinstance(e, ConnectionRefusedError):
+            return "connection refused"
+        if isinstance(e, socket.gaierror):
+            return "host name not found"
+        if isinstance(e, (TimeoutError, requests.ConnectTimeout)):
+            return "no connection within the timeout"
+        if isinstance(e, ssl.SSLError):
+            return f"TLS failed: {e.reason or e.__class__.__name__}"
+        if isinstance(e, OSError) and e.errno in (errno.EHOSTUNREACH, errno.ENETUNREACH):
+            return os.strerror(e.errno).lower()
+        if isinstance(e, ConnectionResetError):
+            return "connection reset"
+    return error.__class__.__name__
+
+
+def request_failure(error: requests.RequestException, base: str, what: str, timeout: float) -> CouldNotRun:
+    """One line for a request that got no HTTP answer: a server that is not there stops the run and names the fix;
+    a reply slower than --timeout is that check's NOT RUN."""
+    if isinstance(error, requests.ReadTimeout):
+        return CouldNotRun(f"{what}: no reply from {base} within {timeout:g} s (--timeout)")
+    if isinstance(error, requests.ConnectionError):
+        reason = no_answer_reason(error)
+        if reason.startswith("TLS failed") and base.startswith("https://"):
+            return ServerUnusable(f"no answer from {base} ({reason}): the pair serves plain http; use "
+                                  f"http://{base[len('https://'):]}")
+        return ServerUnusable(f"no answer from {base} ({reason}): is the pair up? {STATUS_COMMAND}")
+    return CouldNotRun(f"{what} at {base}: {error.__class__.__name__}: {str(error).splitlines()[0][:200]}")
+
+
+def key_refused(base: str, status: int, key_source: str | None) -> str:
+    """The line for a 401/403: which key the server expects, and where ours came from."""
+    if key_source is None:
+        return (f"{base} wants an API key (HTTP {status}): copy {KEY_ON_HEAD} from the head and pass "
+                "--api-key-file FILE, or export OPENAI_API_KEY")
+    return (f"{base} refused the API key from {key_source} (HTTP {status}): it expects the one in {KEY_ON_HEAD} "
+            "on the head (--api-key-file FILE, or export OPENAI_API_KEY)")
+
+
+def api_key_and_source(args_file: str | None, environ: Mapping[str, str] = os.environ) -> tuple[str | None, str | None]:
+    """(the key, where it came from): --api-key-file, else API_KEY, else OPENAI_API_KEY; (None, None) for none."""
     if args_file:
-        return read_key_file(args_file)
-    return environ.get("API_KEY") or None
+        return read_key_file(args_file), f"--api-key-file {args_file}"
+    for name in KEY_VARIABLES:
+        if environ.get(name):
+            return environ[name], name
+    return None, None
+
+
+_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
+
+
+def base_url_from(given: str | None, environ: Mapping[str, str] = os.environ) -> str:
+    """The server's base URL: --base-url, else API_URL, else OPENAI_BASE_URL; with or without /v1. An http or https
+    URL with a host, or CouldNotRun saying what is wrong with it in one line."""
+    source, url = "--base-url", given
+    if not url:
+        source, url = next(((name, environ[name]) for name in URL_VARIABLES if environ.get(name)), (source, None))
+    if not url:
+        raise CouldNotRun("no server given: --base-url http://<head>:8888, or export OPENAI_BASE_URL="
+                          "http://<head>:8888/v1")
+    where = f"--base-url {url}" if source == "--base-url" else f"{source}={url}"
+    scheme = _SCHEME.match(url)
+    if not scheme:
+        _bad_url(where, "no http:// or https:// at the start")
+    if scheme.group(1).lower() not in ("http", "https"):
+        _bad_url(where, f"the scheme is {scheme.group(1)}, not http or https")
+    parts = urlsplit(url)
+    if not parts.hostname:
+        _bad_url(where, "no host after the scheme")
+    try:
+        parts.port  # noqa: B018 (urllib checks the port when it is read)
+    except ValueError:
+        _bad_url(where, "the port is not a number from 0 to 65535")
+    return url
+
+
+def _bad_url(where: str, problem: str) -> NoReturn:
+    raise CouldNotRun(f"{where}: {problem} (e.g. http://<head>:8888)")
 
 
 def connect(args) -> Client:
-    """The client the command line asks for (--base-url or API_URL, key file or API_KEY, --model, --timeout)."""
-    if not args.base_url:
-        raise CouldNotRun("--base-url (or API_URL) is required")
-    return Client(args.base_url, api_key_from(args.api_key_file), args.model, args.timeout)
+    """The client the command line asks for (base URL and key from the options or the environment, --model,
+    --timeout)."""
+    key, key_source = api_key_and_source(args.api_key_file)
+    return Client(base_url_from(args.base_url), key, args.model, args.timeout, key_source)

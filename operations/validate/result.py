@@ -6,7 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from operations.validate.client import CouldNotRun, HttpError
+from operations.validate.client import CouldNotRun, HttpError, ServerUnusable
 from operations.validate.sse import StreamError
 
 PASS, FAIL, NOT_RUN, UNVERIFIED = 0, 1, 2, 3
@@ -33,10 +33,13 @@ def exit_code(results: list[Result]) -> int:
 
 
 def attempt(name: str, judge: Callable[..., Result], *args: Any) -> Result:
-    """Run a check (or a part of one): an unreachable server or a missing route is NOT RUN, an error answer or a
-    broken stream is FAIL, so no exception ever reads as a pass."""
+    """Run a check (or a part of one): a missing route or a reply slower than --timeout is NOT RUN, an error answer
+    or a broken stream is FAIL, so no exception ever reads as a pass. A server that cannot be asked at all (no answer,
+    our key refused) goes up to the command, which says so once."""
     try:
         return judge(*args)
+    except ServerUnusable:
+        raise
     except CouldNotRun as e:
         return Result(name, NOT_RUN, str(e))
     except (HttpError, StreamError) as e:

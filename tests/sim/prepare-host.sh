@@ -19,4 +19,4 @@ if ! docker info >/dev/null 2>&1; then
 fi
 
 [ -x .venv/bin/python ] || python3 -m venv .venv
-.venv/bin/pip install -q -e ".[test]"
+.venv/bin/pip install -q -e ".[test]" -c tests/constraints.txt  # the test tools at exact versions

@@ -108,7 +108,7 @@ def test_bench_writes_figures_and_compare_flags_a_drop(server, tmp_path, capsys)
     b = tmp_path / "b.json"
     b.write_text(json.dumps(slow))
     capsys.readouterr()
-    assert main(["compare", str(a), str(b)]) == FAIL
+    assert main(["compare", str(a), str(b), "--json"]) == FAIL
     report = json.loads(capsys.readouterr().out.rsplit("\nFAIL", 1)[0])
     assert report["worse"] == ["decode.tok_s"] and report["figures"]["decode.tok_s"]["change_pct"] == -50.0
 
@@ -284,3 +284,41 @@ def test_compare_command_exit_codes(tmp_path, capsys):
     assert main(["compare", str(paths["a"]), str(tmp_path / "missing.json")]) == NOT_RUN
     out = capsys.readouterr().out
     assert "version 99" in out and "FAIL compare: worse than" in out
+
+
+def test_compare_prints_a_table_by_default(tmp_path, capsys):
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    a.write_text(json.dumps(record(version=1)))
+    b.write_text(json.dumps(record(tok_s=60, ttft=0.2)))
+    assert main(["compare", str(a), str(b)]) == FAIL
+    run = "decode@prose,t0.0,thinking-off,x4"
+    assert capsys.readouterr().out.splitlines() == [
+        f"A: {a}",
+        f"B: {b}",
+        "tolerance: 10%",
+        "",
+        "| figure                                             |       A |       B | change | beyond tolerance |",
+        "|----------------------------------------------------|--------:|--------:|-------:|:----------------:|",
+        "| prefill.tok_s                                      | 2,100.0 | 2,100.0 |  +0.0% |                  |",
+        "| decode.tok_s                                       |    80.0 |    60.0 | -25.0% |        ✘         |",
+        "| decode.ttft_s                                      |  133 ms |  200 ms | +50.4% |        ✘         |",
+        "| multi.tok_s_total                                  |   154.0 |   154.0 |  +0.0% |                  |",
+        "| multi.tok_s_per_stream                             |    38.5 |    38.5 |  +0.0% |                  |",
+        "| prefill@4096.tok_s                                 |       — | 2,100.0 |        |                  |",
+        f"| {run}.tok_s_total      |       — |   154.0 |        |                  |",
+        f"| {run}.tok_s_per_stream |       — |    38.5 |        |                  |",
+        f"| {run}.ttft_s           |       — |  200 ms |        |                  |",
+        f"FAIL compare: worse than {a} by more than 10%: decode.tok_s, decode.ttft_s",
+    ]
+
+
+def test_compare_json_is_the_report(tmp_path, capsys):
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    a.write_text(json.dumps(record()))
+    b.write_text(json.dumps(record(tok_s=100)))
+    assert main(["compare", str(a), str(b), "--json", "--tolerance", "5"]) == PASS
+    out = capsys.readouterr().out
+    report = json.loads(out[:out.rindex("\n}") + 2])
+    assert report["figures"]["decode.tok_s"] == {"a": 80.0, "b": 100, "change_pct": 25.0}
+    assert report["tolerance_pct"] == 5.0 and report["worse"] == []
+    assert out.endswith("\nPASS compare: no figure worse by more than 5%\n") and "| figure" not in out

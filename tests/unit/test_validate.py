@@ -72,11 +72,6 @@ def test_model_flag_skips_the_models_route(server):
     assert server.requests[0][2]["model"] == "mine"
 
 
-def test_unreachable_server_could_not_run(capsys):
-    assert main(["--base-url", "http://127.0.0.1:9", "text"]) == NOT_RUN
-    assert "NOT RUN text:" in capsys.readouterr().out
-
-
 def test_missing_base_url_or_unknown_check_could_not_run(server, monkeypatch):
     monkeypatch.delenv("API_URL", raising=False)
     assert main(["text"]) == NOT_RUN
