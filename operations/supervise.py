@@ -1,7 +1,7 @@
 """Optional supervision (s.supervise): on the head, sparkfold-supervise.service runs operations/remote/supervise.py,
-which restarts the pair in order (rank 1, then rank 0, each right after its Spark's GPU clock lock unit ran) with a
-doubling backoff and gives up after s.supervise_retries (then it stops both ranks and exits 1; the unit has
-Restart=no). Nothing is installed unless
+which restarts the pair in order (rank 1, then rank 0, each right after its Spark's GPU clock lock unit ran, and only
+once both Sparks have s.min_avail_gib of MemAvailable again) with a doubling backoff and gives up after
+s.supervise_retries (then it stops both ranks and exits 1; the unit has Restart=no). Nothing is installed unless
 s.supervise is True; turned off, an earlier unit is stopped and disabled (never deleted). The worker gets nothing."""
 
 from __future__ import annotations
@@ -15,10 +15,12 @@ from operations.util.templates import render
 SCRIPT = "supervise.py"
 
 
-def render_unit(container: str, worker_ssh: str, user: str, retries: int, backoff_s: int, stop_timeout: int) -> str:
+def render_unit(container: str, worker_ssh: str, user: str, retries: int, backoff_s: int, stop_timeout: int,
+                min_avail_gib: float) -> str:
     return render("sparkfold-supervise.service.j2", container=container, worker_ssh=worker_ssh, user=user,
                   retries=int(retries), backoff_s=int(backoff_s), stop_timeout=int(stop_timeout),
-                  script=script_path(SCRIPT), script_sha256=script_sha256(SCRIPT), relock_unit=GPU_CLOCK_UNIT)
+                  min_avail_gib=f"{float(min_avail_gib):g}", script=script_path(SCRIPT),
+                  script_sha256=script_sha256(SCRIPT), relock_unit=GPU_CLOCK_UNIT)
 
 
 @deploy("Supervision")
@@ -31,7 +33,8 @@ def supervision(s) -> None:
         return
     script_installed(SCRIPT)
     unit_installed(SUPERVISOR_UNIT, render_unit(s.container_name, s.worker_link_ssh, s.ssh_user, s.supervise_retries,
-                                                s.supervise_backoff_s, s.stop_timeout), restart_on_change=True)
+                                                s.supervise_backoff_s, s.stop_timeout, s.min_avail_gib),
+                   restart_on_change=True)
 
 
 @deploy("Supervisor paused")

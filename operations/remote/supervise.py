@@ -4,14 +4,18 @@
 
 Every few seconds it reads both containers' state (rank 0 here, rank 1 with `ssh <worker> docker inspect`). Once
 it has seen both running, an exit of either schedules a restart after a backoff that doubles each time: stop what
-still runs, `docker start` rank 1 on the worker, then rank 0 here (the deploy created both containers); with
+still runs, wait (up to MEM_WAIT_S) until MemAvailable on both Sparks reaches `--min-avail-gib` (the memory of the
+stopped pair comes back over seconds; memguard may just have killed a rank because something else took it), then
+`docker start` rank 1 on the worker, then rank 0 here (the deploy created both containers); with
 `--relock-unit`, each Spark's GPU clock lock unit is started first (`sudo -n`: where sudo asks for a password that
-fails, is logged, and the unit's timer applies the lock within its period). After
-`--retries` restarts that did not hold it stops both ranks, logs why and exits 1; its unit has Restart=no, so it
-never loops. A pair that stays up for `--stable-s` resets the count. Stdlib only; logs go to stderr.
+fails, is logged, and the unit's timer applies the lock within its period). When the memory does not come back (or
+the worker's cannot be read) neither rank is started: the pair stays stopped and that restart counts like one that
+did not hold. After `--retries` restarts that did not hold it stops both ranks, logs why and exits 1; its unit has
+Restart=no, so it never loops. A pair that stays up for `--stable-s` resets the count. Stdlib only; logs go to
+stderr.
 
-    supervise.py --container NAME --worker-ssh USER@HOST --retries N --backoff-s S [--stop-timeout S]
-                 [--relock-unit UNIT]
+    supervise.py --container NAME --worker-ssh USER@HOST --retries N --backoff-s S --min-avail-gib GIB
+                 [--stop-timeout S] [--relock-unit UNIT]
 """
 
 from __future__ import annotations
@@ -26,6 +30,9 @@ from dataclasses import dataclass, replace
 
 RUNNING, EXITED, MISSING, UNKNOWN = "running", "exited", "missing", "unknown"
 NONE, WAIT, RESTART, GIVE_UP = "none", "wait", "restart", "give_up"
+KIB_PER_GIB = 1024 * 1024
+MEM_WAIT_S = 60.0  # how long a restart waits for MemAvailable to come back before it leaves the pair stopped
+MEM_POLL_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -45,7 +52,9 @@ class Decision:
 
 def decide(rank0: str, rank1: str, state: State, now: float, retries: int, backoff_s: float,
            stable_s: float) -> Decision:
-    """One look at both ranks -> what to do. Pure: the caller runs the action and keeps the returned state."""
+    """One look at both ranks -> what to do. Pure: the caller runs the action and keeps the returned state.
+    A RESTART counts as an attempt when it is decided, so a restart that then started nothing (too little memory)
+    leaves both ranks down and the next look schedules the next, doubled, attempt or gives up."""
     if rank0 == RUNNING and rank1 == RUNNING:
         if not state.armed:
             return Decision(NONE, "both ranks are running: supervising the pair",
@@ -75,6 +84,29 @@ def decide(rank0: str, rank1: str, state: State, now: float, retries: int, backo
                     replace(state, attempts=state.attempts + 1, restart_at=None))
 
 
+def memory_problem(spark: str, avail_gib: float | None, need_gib: float, error: str = "") -> str:
+    """Whether a rank may start on `spark`: "" when MemAvailable (GiB) reaches what a rank needs, else why not and
+    the fix. avail_gib None: it could not be read (`error` says why), which never counts as enough. Pure."""
+    need = f"a rank needs min_avail_gib = {need_gib:g} GiB"
+    if avail_gib is None:
+        return (f"cannot read MemAvailable on {spark} ({error or 'no answer'}), {need}; make it readable (ssh from "
+                "the head), then run restart.py")
+    if avail_gib >= need_gib:
+        return ""
+    shown = int(avail_gib * 10) / 10  # rounded down: never "only 112.0 GiB" against a need of 112
+    return (f"something else holds memory on {spark}: only {shown:.1f} GiB available, {need}; stop it, then run "
+            "restart.py")
+
+
+def parse_mem_available(meminfo: str) -> float | None:
+    """MemAvailable in GiB from /proc/meminfo's text; None when it is not there."""
+    for line in meminfo.splitlines():
+        fields = line.split()
+        if len(fields) >= 2 and fields[0] == "MemAvailable:" and fields[1].isdigit():
+            return int(fields[1]) / KIB_PER_GIB
+    return None
+
+
 def log(message: str) -> None:
     print(f"supervise: {message}", file=sys.stderr, flush=True)
 
@@ -82,9 +114,14 @@ def log(message: str) -> None:
 class Pair:
     """The two containers: rank 0 through the local docker, rank 1 through ssh to the worker."""
 
-    def __init__(self, container: str, worker_ssh: str, stop_timeout: int, relock_unit: str = ""):
+    def __init__(self, container: str, worker_ssh: str, stop_timeout: int, relock_unit: str = "",
+                 min_avail_gib: float = 0.0, meminfo: str = "/proc/meminfo"):
         self.container, self.worker_ssh, self.stop_timeout = container, worker_ssh, stop_timeout
-        self.relock_unit = relock_unit
+        self.relock_unit, self.min_avail_gib, self.meminfo = relock_unit, min_avail_gib, meminfo
+        self.mem_wait_s, self.mem_poll_s = MEM_WAIT_S, MEM_POLL_S
+
+    def spark(self, rank: int) -> str:
+        return f"the worker ({self.worker_ssh})" if rank == 1 else "the head"
 
     def _run(self, rank: int, *docker_args: str, program: str = "docker") -> subprocess.CompletedProcess:
         argv = [program, *docker_args]
@@ -125,12 +162,56 @@ class Pair:
             log(f"could not start {self.relock_unit} before rank {rank} ({result.stderr.strip() or 'failed'}); "
                 "its timer applies the GPU clock lock within its period")
 
-    def restart(self) -> None:
+    def mem_available(self, rank: int) -> tuple[float | None, str]:
+        """(MemAvailable in GiB, "") on rank's Spark: here from the file, the worker's with `ssh <worker> cat`;
+        (None, why) when it cannot be read."""
+        try:
+            if rank == 0:
+                with open(self.meminfo, encoding="ascii") as f:
+                    text = f.read()
+            else:
+                result = self._run(1, "/proc/meminfo", program="cat")
+                if result.returncode != 0:
+                    return None, (result.stderr.strip() or f"ssh exited {result.returncode}")
+                text = result.stdout
+        except (OSError, UnicodeDecodeError, subprocess.SubprocessError) as e:
+            return None, str(e)
+        avail = parse_mem_available(text)
+        return (avail, "") if avail is not None else (None, "no MemAvailable line")
+
+    def memory_problems(self) -> list[str]:
+        """Both Sparks looked at once: what stops a start on each ("" entries dropped)."""
+        problems = []
+        for rank in (1, 0):
+            avail, error = self.mem_available(rank)
+            problems.append(memory_problem(self.spark(rank), avail, self.min_avail_gib, error))
+        return [p for p in problems if p]
+
+    def memory_back(self) -> bool:
+        """Wait up to mem_wait_s, polling every mem_poll_s, for both Sparks to have what a rank needs; log each
+        Spark still short when the wait ends."""
+        deadline = time.monotonic() + self.mem_wait_s
+        problems = self.memory_problems()
+        if problems:
+            log(f"too little MemAvailable to start a rank: waiting up to {self.mem_wait_s:.0f} s for it to come back")
+        while problems and time.monotonic() < deadline:
+            time.sleep(self.mem_poll_s)
+            problems = self.memory_problems()
+        for problem in problems:
+            log(f"not starting the pair (it stays stopped) after waiting {self.mem_wait_s:.0f} s: {problem}")
+        return not problems
+
+    def restart(self) -> bool:
+        """Stop what runs, then start rank 1, then rank 0, once both Sparks have the memory a rank needs; False
+        (nothing started) when that memory did not come back."""
         for rank in (0, 1):
             self.act(rank, "stop")
+        if not self.memory_back():
+            return False
         for rank in (1, 0):
             self.relock(rank)
             self.act(rank, "start")
+        return True
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -139,17 +220,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--worker-ssh", required=True)
     p.add_argument("--retries", type=int, required=True)
     p.add_argument("--backoff-s", type=float, required=True)
+    p.add_argument("--min-avail-gib", type=float, required=True,
+                   help="MemAvailable (GiB) each Spark needs before its rank is started again")
     p.add_argument("--stop-timeout", type=int, default=30)
     p.add_argument("--stable-s", type=float, default=600)
     p.add_argument("--interval", type=float, default=5)
     p.add_argument("--relock-unit", default="", help="a unit that applies the GPU clock lock, started before a start")
+    p.add_argument("--meminfo", default="/proc/meminfo", help=argparse.SUPPRESS)  # for tests
     args = p.parse_args(argv)
 
     stop = []
     signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
-    pair = Pair(args.container, args.worker_ssh, args.stop_timeout, args.relock_unit)
+    pair = Pair(args.container, args.worker_ssh, args.stop_timeout, args.relock_unit, args.min_avail_gib,
+                args.meminfo)
     log(f"watching {args.container} here and on {args.worker_ssh} (backoff {args.backoff_s:.0f} s doubling, "
-        f"{args.retries} restart(s) at most)")
+        f"{args.retries} restart(s) at most, {args.min_avail_gib:g} GiB MemAvailable needed to start)")
     state = State()
     while not stop:
         decision = decide(pair.status(0), pair.status(1), state, time.monotonic(), args.retries, args.backoff_s,
@@ -158,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
         if decision.reason:
             log(decision.reason)
         if decision.action == RESTART:
-            pair.restart()
+            pair.restart()  # False (memory short): nothing started, and decide() has already counted this attempt
         elif decision.action == GIVE_UP:
             for rank in (0, 1):
                 pair.act(rank, "stop")

@@ -145,7 +145,8 @@ def test_strange_values_stay_one_line_in_every_owned_file():
         "gpu unit": gpu_clock.render_unit(head.gpu_clock_mhz, head.nvidia_smi_path, head.gpu_clock_period_s),
         "gpu timer": gpu_clock.render_timer(head.gpu_clock_mhz, head.gpu_clock_period_s),
         "memguard unit": memguard.render_unit(head.container_name, head.memguard_gib),
-        "supervisor unit": supervise.render_unit(head.container_name, head.worker_link_ssh, head.ssh_user, 3, 60, 30),
+        "supervisor unit": supervise.render_unit(head.container_name, head.worker_link_ssh, head.ssh_user, 3, 60, 30,
+                                                 head.min_avail_gib),
         "exports": nfs.render_exports(head.hf_cache, ["192.168.100.2"], "ro"),
         "netplan": link.render_netplan([dict(r) for r in head.link_rails], head.link_mtu),
     }

@@ -1,5 +1,6 @@
-"""Supervision: the pure decision (arming, backoff doubling, cancel on recovery, give-up, stable reset), the script
-against a fake docker and ssh, and the deploy (nothing unless supervise, head only)."""
+"""Supervision: the pure decision (arming, backoff doubling, cancel on recovery, give-up, stable reset), the memory
+judgement before a restart, the script against a fake docker and ssh, and the deploy (nothing unless supervise, head
+only)."""
 
 from __future__ import annotations
 
@@ -86,14 +87,20 @@ def test_zero_retries_gives_up_at_the_first_exit():
 
 # --- the script against a fake docker (rank 0) and ssh (rank 1) ------------------------------------------------
 
-def _fakes(tmp_path, rank0, rank1):
+def _meminfo(avail_gib):
+    return f"MemTotal:       125000000 kB\nMemFree:         1000000 kB\nMemAvailable: {int(avail_gib * 1024 ** 2)} kB\n"
+
+
+def _fakes(tmp_path, rank0, rank1, worker_gib=120):
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     log = tmp_path / "calls.log"
+    meminfo = tmp_path / "worker-meminfo"
+    meminfo.write_text(_meminfo(worker_gib))
     for rank, name in ((rank0, "docker"), (rank1, "ssh"), ("", "sudo")):
         # ssh gets "opts... worker 'docker inspect ...'" as one remote command; both log what they were asked
         body = (f"#!/bin/sh\necho \"{name} $*\" >> {log}\n"
-                f"case \"$*\" in *inspect*) echo {rank};; esac\nexit 0\n")
+                f"case \"$*\" in *inspect*) echo {rank};; *'cat /proc/meminfo'*) cat {meminfo};; esac\nexit 0\n")
         (bin_dir / name).write_text(body)
         (bin_dir / name).chmod(0o755)
     return bin_dir, log
@@ -101,10 +108,12 @@ def _fakes(tmp_path, rank0, rank1):
 
 def test_script_arms_restarts_in_order_then_gives_up(tmp_path):
     bin_dir, log = _fakes(tmp_path, "running", "running")
+    head_meminfo = tmp_path / "head-meminfo"
+    head_meminfo.write_text(_meminfo(118))
     env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}")
     argv = [sys.executable, script.__file__, "--container", "rank-c", "--worker-ssh", "nvidia@192.168.100.2",
             "--retries", "2", "--backoff-s", "0.05", "--interval", "0.02", "--stop-timeout", "7",
-            "--relock-unit", "lock.service"]
+            "--min-avail-gib", "112", "--relock-unit", "lock.service", "--meminfo", str(head_meminfo)]
     proc = subprocess.Popen(argv, env=env, stderr=subprocess.PIPE, text=True)
     import time
     time.sleep(0.3)
@@ -114,11 +123,13 @@ def test_script_arms_restarts_in_order_then_gives_up(tmp_path):
     assert proc.returncode == 1
     assert "both ranks are running: supervising the pair" in stderr
     assert "rank 1 is exited: restarting the pair in 0 s (restart 1 of 2)" in stderr
+    assert "112 GiB MemAvailable needed to start" in stderr and "waiting" not in stderr
     assert "giving up, stopping both ranks" in stderr
     calls = [c for c in log.read_text().splitlines() if "inspect" not in c]
     one_restart = [
         "docker stop -t 7 rank-c",
         "ssh -o BatchMode=yes -o ConnectTimeout=10 nvidia@192.168.100.2 docker stop -t 7 rank-c",
+        "ssh -o BatchMode=yes -o ConnectTimeout=10 nvidia@192.168.100.2 cat /proc/meminfo",  # enough: no wait
         "ssh -o BatchMode=yes -o ConnectTimeout=10 nvidia@192.168.100.2 sudo -n systemctl start lock.service",
         "ssh -o BatchMode=yes -o ConnectTimeout=10 nvidia@192.168.100.2 docker start rank-c",
         "sudo -n systemctl start lock.service",  # each Spark's GPU clock lock, right before its rank starts
@@ -127,11 +138,148 @@ def test_script_arms_restarts_in_order_then_gives_up(tmp_path):
     assert calls == one_restart * 2 + one_restart[:2]  # two restarts (rank 1 first), then both stopped
 
 
+# --- the memory a rank needs before the supervisor starts it again -----------------------------------------------
+
+WORKER = "the worker (nvidia@w)"
+
+
+def test_memory_problem_lets_a_rank_start_only_with_enough_memory():
+    assert script.memory_problem(WORKER, 112.0, 112.0) == ""
+    assert script.memory_problem("the head", 119.6, 112.0) == ""
+    short = script.memory_problem(WORKER, 40.04, 112.0)
+    assert short == ("something else holds memory on the worker (nvidia@w): only 40.0 GiB available, a rank needs "
+                     "min_avail_gib = 112 GiB; stop it, then run restart.py")
+    head = script.memory_problem("the head", 111.99, 112.0)
+    assert head.startswith("something else holds memory on the head: only 111.9 GiB")  # short: never shown as 112
+    unread = script.memory_problem(WORKER, None, 112.0, "ssh: connect to host w port 22: Connection timed out")
+    assert unread.startswith("cannot read MemAvailable on the worker (nvidia@w) (ssh: connect to host w port 22: ")
+    assert "a rank needs min_avail_gib = 112 GiB" in unread and "restart.py" in unread
+    assert script.memory_problem(WORKER, None, 0.0) != ""  # unreadable is never enough, whatever the need
+
+
+def test_parse_mem_available():
+    assert script.parse_mem_available(_meminfo(112.5)) == 112.5
+    assert script.parse_mem_available("MemTotal: 1 kB\n") is None
+    assert script.parse_mem_available("") is None
+
+
+class Clock:
+    """time for the script: sleep advances it; a run that goes on far too long fails instead of hanging."""
+
+    def __init__(self, limit=100_000.0):
+        self.now, self.sleeps, self.limit = 0.0, [], limit
+
+    def monotonic(self):
+        return self.now
+
+    def sleep(self, seconds):
+        self.sleeps.append(seconds)
+        self.now += seconds
+        assert self.now < self.limit, "the supervisor did not stop"
+
+
+class Sparks:
+    """docker on both Sparks (stop and start change a rank's state) and the worker's meminfo over ssh: its
+    MemAvailable from `worker_gib`, one figure per read, the last repeated; None: ssh fails. Every call recorded."""
+
+    def __init__(self, worker_gib, dies_at=None):
+        self.worker_gib, self.dies_at, self.calls = list(worker_gib), dies_at, []
+        self.state = {0: "running", 1: "running"}
+        self.clock = None
+
+    def run(self, rank, *args, program="docker"):
+        self.calls.append((rank, program, *args))
+        if program == "cat":
+            gib = self.worker_gib.pop(0) if len(self.worker_gib) > 1 else self.worker_gib[0]
+            if gib is None:
+                return subprocess.CompletedProcess([], 255, "", "ssh: connect to host w port 22: Connection timed out")
+            return subprocess.CompletedProcess([], 0, _meminfo(gib), "")
+        if program == "docker" and args[0] == "inspect":
+            if self.dies_at is not None and self.clock.now >= self.dies_at:
+                self.state[1], self.dies_at = "exited", None  # rank 1 dies once
+            return subprocess.CompletedProcess([], 0, self.state[rank] + "\n", "")
+        if program == "docker" and args[0] in ("stop", "start"):
+            self.state[rank] = "exited" if args[0] == "stop" else "running"
+        return subprocess.CompletedProcess([], 0, "", "")
+
+    def actions(self):
+        return [(rank, args[0]) for rank, program, *args in self.calls if program == "docker" and args[0] != "inspect"]
+
+
+def _pair(tmp_path, monkeypatch, worker_gib, head_gib=120.0):
+    head = tmp_path / "meminfo"
+    head.write_text(_meminfo(head_gib))
+    sparks, clock = Sparks(worker_gib), Clock()
+    sparks.clock = clock
+    monkeypatch.setattr(script, "time", clock)
+    pair = script.Pair("rank-c", "nvidia@w", 7, min_avail_gib=112.0, meminfo=str(head))
+    monkeypatch.setattr(pair, "_run", sparks.run)
+    return pair, sparks, clock
+
+
+def test_restart_with_enough_memory_starts_rank_1_then_rank_0(tmp_path, monkeypatch, capsys):
+    pair, sparks, clock = _pair(tmp_path, monkeypatch, [120.0])
+    assert pair.restart() is True
+    assert sparks.actions() == [(0, "stop"), (1, "stop"), (1, "start"), (0, "start")]
+    stop_at = sparks.calls.index((1, "docker", "stop", "-t", "7", "rank-c"))
+    assert sparks.calls.index((1, "cat", "/proc/meminfo")) == stop_at + 1  # read after the stop, before a start
+    assert clock.sleeps == [] and capsys.readouterr().err == ""
+
+
+def test_restart_waits_for_memory_that_comes_back(tmp_path, monkeypatch, capsys):
+    pair, sparks, clock = _pair(tmp_path, monkeypatch, [30.0, None, 90.0, 113.0])  # the stopped rank's memory returns
+    assert pair.restart() is True
+    assert sparks.actions() == [(0, "stop"), (1, "stop"), (1, "start"), (0, "start")]
+    assert clock.sleeps == [2.0, 2.0, 2.0]
+    err = capsys.readouterr().err
+    assert "waiting up to 60 s for it to come back" in err and "not starting" not in err
+
+
+def test_restart_leaves_the_pair_stopped_when_memory_never_comes_back(tmp_path, monkeypatch, capsys):
+    pair, sparks, clock = _pair(tmp_path, monkeypatch, [40.0])
+    assert pair.restart() is False
+    assert sparks.actions() == [(0, "stop"), (1, "stop")]  # nothing started, no GPU lock asked for
+    assert 60 <= clock.now <= 62 and sum(1 for c in sparks.calls if c[1] == "cat") == 31  # bounded: every 2 s
+    lines = [line for line in capsys.readouterr().err.splitlines() if "not starting" in line]
+    assert lines == ["supervise: not starting the pair (it stays stopped) after waiting 60 s: something else holds "
+                     "memory on the worker (nvidia@w): only 40.0 GiB available, a rank needs min_avail_gib = 112 GiB; "
+                     "stop it, then run restart.py"]
+
+
+def test_restart_names_each_spark_that_is_short(tmp_path, monkeypatch, capsys):
+    pair, sparks, _ = _pair(tmp_path, monkeypatch, [None], head_gib=50.0)  # ssh down, the head's memory held
+    assert pair.restart() is False
+    assert sparks.actions() == [(0, "stop"), (1, "stop")]
+    lines = [line for line in capsys.readouterr().err.splitlines() if "not starting" in line]
+    assert len(lines) == 2
+    assert "cannot read MemAvailable on the worker (nvidia@w) (ssh: connect to host w port 22" in lines[0]
+    assert "something else holds memory on the head: only 50.0 GiB available" in lines[1]
+
+
+def test_a_restart_refused_for_memory_counts_and_the_supervisor_gives_up(tmp_path, monkeypatch, capsys):
+    head = tmp_path / "meminfo"
+    head.write_text(_meminfo(120.0))
+    sparks, clock = Sparks([40.0], dies_at=100.0), Clock()
+    sparks.clock = clock
+    monkeypatch.setattr(script, "time", clock)
+    monkeypatch.setattr(script.Pair, "_run", lambda self, rank, *a, program="docker": sparks.run(rank, *a,
+                                                                                                program=program))
+    code = script.main(["--container", "rank-c", "--worker-ssh", "nvidia@w", "--retries", "2", "--backoff-s", "30",
+                        "--min-avail-gib", "112", "--meminfo", str(head)])
+    assert code == 1
+    assert (1, "start") not in sparks.actions() and (0, "start") not in sparks.actions()
+    err = capsys.readouterr().err
+    assert err.count("not starting the pair") == 2
+    # each refused restart was an attempt: the second came after the doubled backoff, then it gave up
+    assert "rank 0 is exited, rank 1 is exited: restarting the pair in 60 s (restart 2 of 2)" in err
+    assert "after 2 restart(s): giving up, stopping both ranks" in err
+
+
 # --- the deploy -----------------------------------------------------------------------------------------------
 
 def _settings(**kw):
     base = dict(supervise=True, is_head=True, container_name="rank-c", worker_link_ssh="nvidia@192.168.100.2",
-                ssh_user="nvidia", supervise_retries=3, supervise_backoff_s=60, stop_timeout=30)
+                ssh_user="nvidia", supervise_retries=3, supervise_backoff_s=60, stop_timeout=30, min_avail_gib=112.0)
     return SimpleNamespace(**{**base, **kw})
 
 
@@ -144,11 +292,12 @@ def _record(monkeypatch):
 
 
 def test_unit_content():
-    unit = sv.render_unit("rank-c", "nvidia@192.168.100.2", "nvidia", 3, 60, 30)
+    unit = sv.render_unit("rank-c", "nvidia@192.168.100.2", "nvidia", 3, 60, 30, 112.0)
     assert unit.startswith("# Managed by sparkfold")
     assert ("ExecStart=/usr/bin/python3 /usr/local/lib/sparkfold/supervise.py --container rank-c --worker-ssh "
-            "nvidia@192.168.100.2 --retries 3 --backoff-s 60 --stop-timeout 30 --relock-unit "
+            "nvidia@192.168.100.2 --retries 3 --backoff-s 60 --stop-timeout 30 --min-avail-gib 112 --relock-unit "
             "sparkfold-gpu-clock.service\n") in unit
+    assert " --min-avail-gib 100.5 " in sv.render_unit("rank-c", "nvidia@192.168.100.2", "nvidia", 3, 60, 30, 100.5)
     for line in ("Type=simple", "Restart=no", "User=nvidia", "WantedBy=multi-user.target"):
         assert f"\n{line}\n" in unit
     assert "Restart=always" not in unit and "Restart=on-failure" not in unit
@@ -162,7 +311,8 @@ def test_deploy_installs_on_the_head_only_when_asked(monkeypatch):
     assert calls[0][1] == "supervise.py"
     _, (unit_name, content), options = calls[1]
     assert unit_name == "sparkfold-supervise.service"
-    assert content == sv.render_unit("rank-c", "nvidia@192.168.100.2", "nvidia", 3, 60, 30)
+    assert content == sv.render_unit("rank-c", "nvidia@192.168.100.2", "nvidia", 3, 60, 30, 112.0)
+    assert " --min-avail-gib 112 " in content  # the deploy's own min_avail_gib
     assert options == {"restart_on_change": True}
 
     calls.clear()
