@@ -14,7 +14,8 @@ from pyinfra import host
 from pyinfra.api import StringCommand, deploy, operation
 
 from operations.facts.files import ApiKeyFile
-from operations.folders import PRIVATE, owned_folder
+from operations.owned.folders import PRIVATE, owned_folder
+from operations.rank.serving import open_api_note
 from operations.settings import Settings
 from operations.util import sh, warned
 
@@ -25,14 +26,6 @@ _NEW_KEY = "python3 -c 'import secrets; print(secrets.token_hex(32))'"
 
 def api_key_path(s) -> str:
     return s.layout.api_key
-
-
-def open_api_note(s) -> str:
-    """The plain warning for rank 0 answering the network without a key ("" when loopback-only or keyed)."""
-    if s.api_key or s.host in ("127.0.0.1", "::1", "localhost"):
-        return ""
-    return (f"the API has no key and listens on {s.host}:{s.port}: anyone who reaches this Spark on that port can "
-            "use it. Fix: SPARKFOLD_API_KEY=1 (or api_key = true in group_data/all.py); docs/security.md")
 
 
 def live_hint(s) -> str:

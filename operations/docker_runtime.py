@@ -16,11 +16,11 @@ from operations.facts.docker import ContainerRuntimeTools, DaemonJson, DockerRun
 from operations.facts.host import UserGroups
 from operations.layout import DOCKER_DAEMON_JSON
 from operations.util import check_failed, sh, warned
+from operations.util.commands import APT_CACHE_S
 from operations.util.fact_reuse import fact_until_change
 
 NVIDIA_RUNTIME = {"path": "nvidia-container-runtime", "runtimeArgs": []}
 RESTART_WAIT_S = 60  # dockerd can take a while to come back with many containers
-APT_CACHE_S = 3600  # an apt index younger than this is fresh enough to install from
 
 PACKAGES = {  # missing tool -> the apt package that provides it
     "docker": "docker.io",

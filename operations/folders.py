@@ -5,23 +5,16 @@ denied"): each run reads them (pyinfra's Directory fact) and yields mkdir, chmod
 `--dry` shows it. Modes: 0700 where the code keeps secrets (api-key.d, made under umask 077), else 0755, what mkdir
 makes under the usual umask 022: the ssh user writes, the rank containers (root) read.
 
-Not files.directory: a folder that is the ssh user's is made by the ssh user (files.directory run with sudo for its
-chown would make missing parents root's), only a chown needs root; a link to a folder (data_dir moved to a larger
-disk) is judged by the folder it leads to; a file in the way is the user's, refused, never moved.
+The operation that converges one folder is operations/owned/folders.py's `owned_folder`.
 """
 
 from __future__ import annotations
 
-from pyinfra import host
-from pyinfra.api import StringCommand, deploy, operation
-from pyinfra.facts.files import Directory
+from pyinfra.api import deploy
 
 from operations.data.copy import versions_dir
+from operations.owned.folders import SHARED, owned_folder
 from operations.settings import Settings
-from operations.util import check_failed, sh
-
-PRIVATE = "700"  # secrets: api-key.d
-SHARED = "755"
 
 
 def owned_folders(s: Settings) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
@@ -36,43 +29,6 @@ def owned_folders(s: Settings) -> tuple[list[tuple[str, str]], list[tuple[str, s
     else:
         own = [p.kit]  # the worker's kit is a real folder, copied from the head
     return [(d, SHARED) for d in both], [(d, SHARED) for d in own]
-
-
-def permission_bits(mode: object) -> str:
-    """The rwx bits of pyinfra's mode (its octal digits as an int: 755, 2775), as chmod takes them. A set-group-ID
-    or sticky bit is left as it is: chmod 755 keeps a folder's, so comparing it would chmod on every run."""
-    return f"{int(str(mode)):03d}"[-3:]
-
-
-@operation()
-def owned_folder(path: str, owner: str, mode: str):
-    """`path` is a folder (or a link to one) owned by `owner` with mode `mode`: mkdir by the ssh user when it is
-    missing, chmod when the mode differs, chown (root) when the owner does; nothing when all is right.
-
-    + path: absolute path of the folder
-    + owner: the user that owns it (the ssh user)
-    + mode: its mode in octal digits ("700", "755")
-    """
-    info = host.get_fact(Directory, path=path)
-    if info is False:  # a link, or something that is no folder
-        info = host.get_fact(Directory, path=path + "/")  # the trailing slash follows a link
-        if not info:
-            yield from check_failed("sparkfold's folders", [
-                f"{path} exists and is not a folder (nor a link to one): it is left alone; move it away, or point "
-                "the setting that names it at another place"])
-            return
-    if info is None:
-        yield StringCommand(f"mkdir -p {sh(path)} && chmod {sh(mode)} {sh(path)}")
-        return
-    right = True
-    if info["user"] != owner:  # someone else's folder (made by root?): only root can give it back
-        right = False
-        yield StringCommand("chown", sh(owner), sh(path), _sudo=True)
-    if permission_bits(info["mode"]) != mode:
-        right = False
-        yield StringCommand("chmod", sh(mode), sh(path))
-    if right:
-        host.noop(f"{path} is {owner}'s, mode {mode}")
 
 
 @deploy("The folders sparkfold owns")

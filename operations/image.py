@@ -28,11 +28,11 @@ from operations.facts.docker import (
     PeerDockerImageInfo,
     capabilities_cache_file,
 )
-from operations.network.peer_ssh import ssh_words
 from operations.remote.progress_command import progress_command
 from operations.settings import PREBUILT_REFERENCE, Settings
 from operations.util import check_failed, failing_shell, sh
 from operations.util.fact_reuse import fact_until_change
+from operations.util.peer_ssh import ssh_words
 
 HASH_LABEL = "sparkfold.image-hash"
 ENGINE_FAMILY = ("deepseek_v41", "exl3-mul1")  # model_type and format the served checkpoint needs

@@ -14,13 +14,13 @@ from pyinfra.api import StringCommand, deploy, operation
 from pyinfra.facts.deb import DebPackages
 from pyinfra.operations import apt, files
 
-from operations.docker_runtime import APT_CACHE_S
 from operations.facts.docker import DockerVolumeInfo, VolumeContainers
 from operations.facts.files import FileText
 from operations.facts.nfs import ExportTable, SameFilesystem
 from operations.owned.files import owned_put_changes
 from operations.owned.units import unit_service
 from operations.util import check_failed, sh
+from operations.util.commands import APT_CACHE_S
 from operations.util.net import ip_of
 from operations.util.owned import foreign_file_problem
 from operations.util.templates import render

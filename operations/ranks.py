@@ -15,7 +15,6 @@ from pyinfra import host, logger
 from pyinfra.api import StringCommand, deploy, operation
 from pyinfra.api.host import Host
 
-from operations.api_key import open_api_note
 from operations.build.image_hash import image_ref
 from operations.data.copy import folder_versions_pruned, versions_dir
 from operations.facts.docker import RankContainer
@@ -23,7 +22,7 @@ from operations.facts.rank import RankInputs
 from operations.facts.systemd import UnitState
 from operations.layout import SUPERVISOR_UNIT, unit_path
 from operations.owned.files import file_put
-from operations.rank import serving as health
+from operations.rank import serving
 from operations.rank.commands import removal_commands, start_commands
 from operations.rank.plan import KEEP, REFUSED, START, PairPlan, foreign, pair_plan, rank_inputs_args
 from operations.rank.spec import CHAT_TEMPLATE, template_digest
@@ -125,11 +124,11 @@ def ranks_serving(s: Settings) -> None:
         rank_started(name="Start rank 1 (worker)", **pair)
     if s.is_head:
         rank0 = rank_started(name="Start rank 0 (head)", **pair)
-        health.api_serving(
+        serving.api_serving(
             name="Rank 0's API: wait, smoke test through both ranks, LIVE",
             base_url=s.api_base_url, served_name=s.served_name, port=s.port, container_name=s.container_name,
             worker=peer, api_key_file=layout.api_key if s.api_key else "", wait_timeout=s.wait_timeout,
-            started=rank0.did_change, planned=lambda: bool(rank0.will_change), open_note=open_api_note(s))
+            started=rank0.did_change, planned=lambda: bool(rank0.will_change), open_note=serving.open_api_note(s))
         # only now: the pair runs on the kit the symlink names, so the versions before it are nobody's
         folder_versions_pruned(name="Old kit versions removed", link=layout.kit, versions=versions_dir(layout.kit),
                                what="the kit")

@@ -15,19 +15,19 @@ from pyinfra import host, logger
 from pyinfra.api import StringCommand, operation
 
 from operations.facts.files import DirFiles, DiskFree, FolderCheck, FolderEntries, LinkTarget, PeerFolder
-from operations.network.peer_ssh import ssh_prefix
 from operations.remote import heredoc_command
 from operations.remote.progress import PRIVATE_DIR_ENV
 from operations.remote.progress_command import TICK_S, LiveCommand, progress_command
 from operations.util import check_failed
 from operations.util.checks import warned
 from operations.util.hf_cache import PARTIAL_SUFFIX
+from operations.util.peer_ssh import ssh_prefix
 
 MARKER = ".sparkfold-verified"
 # never copied to the worker: huggingface_hub's local_dir metadata, the head's own verification, partial downloads
 COPY_EXCLUDES = ("/.cache/", MARKER, f"*{PARTIAL_SUFFIX}")
 SUMS_STATE = ".sparkfold-sums.state"
-SSH = ssh_prefix()  # the head's ssh to the worker (operations/network/peer_ssh.py)
+SSH = ssh_prefix()  # the head's ssh to the worker (operations/util/peer_ssh.py)
 _KIT_GENERATED = re.compile(r"rope-[^/]*\.f32|vision/gate_bias_vl\.safetensors")
 
 

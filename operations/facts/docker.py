@@ -16,8 +16,8 @@ from typing import Any, TypedDict
 from pyinfra.api import FactBase, QuoteString, StringCommand
 
 from operations.facts.host import HostTools
-from operations.network.peer_ssh import ssh_words
 from operations.util import sh
+from operations.util.peer_ssh import ssh_words
 
 DAEMON_JSON = "/etc/docker/daemon.json"
 

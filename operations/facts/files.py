@@ -14,8 +14,8 @@ from typing import ClassVar, TypedDict, TypeVar
 
 from pyinfra.api import FactBase
 
-from operations.network.peer_ssh import ssh_prefix
 from operations.util import sh
+from operations.util.peer_ssh import ssh_prefix
 
 T = TypeVar("T")
 Listing = dict[str, list[int]]  # relative path -> [size, mtime seconds]

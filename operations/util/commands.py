@@ -6,6 +6,7 @@ import shlex
 
 from pyinfra.api import StringCommand
 
+APT_CACHE_S = 3600  # an apt index younger than this is fresh enough to install from
 MANAGED_HEADER = "# Managed by sparkfold: edits are replaced on the next deploy."
 
 

@@ -166,10 +166,10 @@ def test_deploy_only_on_the_head_with_api_key(monkeypatch):
 def test_an_open_api_is_said_plainly_with_the_fix(caplog):
     from operations.rank import serving as health
     open_head = make_settings("head")  # the recipe's default: 0.0.0.0, no key
-    note = ak.open_api_note(open_head)
+    note = health.open_api_note(open_head)
     assert "no key and listens on 0.0.0.0:8888" in note and "SPARKFOLD_API_KEY=1" in note
-    assert ak.open_api_note(make_settings("head", api_key=True)) == ""
-    assert ak.open_api_note(make_settings("head", host="127.0.0.1")) == ""
+    assert health.open_api_note(make_settings("head", api_key=True)) == ""
+    assert health.open_api_note(make_settings("head", host="127.0.0.1")) == ""
     assert any(note in line for line in health.live_lines("M", 8888, "http://x:8888", "", note))
     calls = []
     with caplog.at_level("WARNING", logger="pyinfra"), ctx_host.use(FakeHost({}, name="spark-1")):

@@ -15,6 +15,7 @@ from pyinfra.facts.files import Directory
 from settings_factory import make_settings
 
 from operations import folders
+from operations.owned import folders as owned
 
 ME = getpass.getuser()
 
@@ -26,7 +27,7 @@ def facts(*entries):
 def converge(path: str, mode: str) -> list[str]:
     """The commands for a real folder, read with the real fact, then run."""
     info = run_fact(Directory, path=path)
-    commands, _ = run_op(folders.owned_folder, facts((path, info)), path=path, owner=ME, mode=mode)
+    commands, _ = run_op(owned.owned_folder, facts((path, info)), path=path, owner=ME, mode=mode)
     for command in commands:
         subprocess.run(["sh", "-c", command], check=True)
     return commands
@@ -39,7 +40,7 @@ def test_a_folder_chmod_644_gets_its_mode_back_and_a_right_one_is_left_alone(tmp
     assert converge(str(keys), "700") == [f"chmod 700 {keys}"]
     assert stat.S_IMODE(keys.stat().st_mode) == 0o700
     info = run_fact(Directory, path=str(keys))
-    commands, host = run_op(folders.owned_folder, facts((str(keys), info)), path=str(keys), owner=ME, mode="700")
+    commands, host = run_op(owned.owned_folder, facts((str(keys), info)), path=str(keys), owner=ME, mode="700")
     assert commands == [] and host.noops == [f"{keys} is {ME}'s, mode 700"]
 
 
@@ -58,14 +59,14 @@ def test_another_owner_is_given_back_by_root_only():
     info = {"user": "root", "group": "root", "mode": 755}
     host = FakeHost(facts(("/d", info)))
     with ctx_state.use(_State(False)), ctx_host.use(host):
-        commands = list(folders.owned_folder._inner(path="/d", owner="nvidia", mode="700"))
+        commands = list(owned.owned_folder._inner(path="/d", owner="nvidia", mode="700"))
     assert [c.get_raw_value() for c in commands] == ["chown nvidia /d", "chmod 700 /d"]
     assert commands[0].connector_arguments.get("_sudo") is True and not commands[1].connector_arguments.get("_sudo")
 
 
 def test_a_set_group_id_bit_is_kept_and_not_chmoded_every_run():
     info = {"user": "nvidia", "group": "team", "mode": 2755}
-    commands, host = run_op(folders.owned_folder, facts(("/d", info)), path="/d", owner="nvidia", mode="755")
+    commands, host = run_op(owned.owned_folder, facts(("/d", info)), path="/d", owner="nvidia", mode="755")
     assert commands == [] and host.noops
 
 
@@ -76,7 +77,7 @@ def test_a_link_to_a_folder_is_judged_by_the_folder_and_a_file_is_refused(tmp_pa
     data.symlink_to(big)  # data_dir moved to a larger disk
     assert run_fact(Directory, path=str(data)) is False
     entries = facts((str(data), False), (f"{data}/", run_fact(Directory, path=f"{data}/")))
-    commands, _ = run_op(folders.owned_folder, entries, path=str(data), owner=ME, mode="755")
+    commands, _ = run_op(owned.owned_folder, entries, path=str(data), owner=ME, mode="755")
     assert commands == [f"chmod 755 {data}"]
     subprocess.run(["sh", "-c", commands[0]], check=True)
     assert data.is_symlink() and stat.S_IMODE(big.stat().st_mode) == 0o755
@@ -84,9 +85,9 @@ def test_a_link_to_a_folder_is_judged_by_the_folder_and_a_file_is_refused(tmp_pa
     file.write_text("someone's notes\n")
     entries = facts((str(file), False), (f"{file}/", run_fact(Directory, path=f"{file}/")))
     with caplog.at_level("WARNING", logger="pyinfra"):
-        assert run_op(folders.owned_folder, entries, path=str(file), owner=ME, mode="755")[0] == []
+        assert run_op(owned.owned_folder, entries, path=str(file), owner=ME, mode="755")[0] == []
     assert f"will fail: sparkfold's folders: {file} exists and is not a folder" in caplog.text
-    commands, _ = run_op(folders.owned_folder, entries, executing=True, path=str(file), owner=ME, mode="755")
+    commands, _ = run_op(owned.owned_folder, entries, executing=True, path=str(file), owner=ME, mode="755")
     assert len(commands) == 1 and "exit 1" in commands[0] and "rm " not in commands[0] and "mv " not in commands[0]
     assert file.read_text() == "someone's notes\n"
 

@@ -17,7 +17,7 @@ from settings_factory import make_settings
 from operations import image
 from operations.build.image_hash import context_files, image_hash
 from operations.facts.docker import DockerImageInfo, EngineCapabilities, PeerDockerImageInfo, capabilities_cache_file
-from operations.network.peer_ssh import ssh_prefix
+from operations.util.peer_ssh import ssh_prefix
 
 FIXTURES = Path(__file__).parent / "fixtures" / "image"
 TAG = "sparkfold/dsv41-tf:0123456789ab"

@@ -28,8 +28,8 @@ from operations.facts.files import (
     first_line,
 )
 from operations.facts.model import AblitShards, HfHubPython, HfPlan, RankFolder
-from operations.network.peer_ssh import ssh_prefix
 from operations.rank.plan import served_model_path
+from operations.util.peer_ssh import ssh_prefix
 
 COMMIT = "a" * 40
 

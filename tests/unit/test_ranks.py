@@ -291,7 +291,7 @@ def _recording(monkeypatch):
 
     for kind in ("pair_checked", "stale_pair_stopped", "rank_started", "rank_stopped"):
         monkeypatch.setattr(ranks, kind, rec(kind))
-    monkeypatch.setattr(ranks.health, "api_serving", rec("api_serving"))
+    monkeypatch.setattr(ranks.serving, "api_serving", rec("api_serving"))
     monkeypatch.setattr(ranks, "file_put", rec("put"))
     monkeypatch.setattr(ranks, "folder_versions_pruned", rec("folder_versions_pruned"))
     head_host, worker_host = FakeHost({}, name="head"), FakeHost({}, name="worker")
