@@ -93,6 +93,8 @@ oom_score_adj = 1000  # the kernel OOM killer picks the server before the deskto
 wait_timeout = 1800  # seconds to wait for rank 0's API after a start
 stop_timeout = 30  # seconds docker stop waits before killing a rank
 log_keep = 10  # saved rank logs kept per Spark
+keep_generations = 2  # served pairs (images, weight folders, kit versions) kept on each Spark for a rollback
+upgrade_gate = "smoke"  # what a new pair must pass before the old one is let go: "smoke", or "exact" (same replies)
 log_lines = 100  # lines of each rank's log logs.py prints (live, or the newest saved log)
 status_plan = True  # status.py also counts the operations a deploy would change (runs deploy.py --dry; slower)
 api_url = ""  # base URL this machine uses to reach rank 0 ("" = http://<head ssh host>:<port>)

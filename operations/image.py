@@ -20,7 +20,7 @@ from pyinfra.api import FileUploadCommand, deploy, operation
 from pyinfra.operations import docker
 
 from operations.build import image_hash as content
-from operations.build.image_hash import computed_hash, image_ref
+from operations.build.image_hash import HASH_LABEL, computed_hash, image_ref
 from operations.facts.docker import (
     CapabilitiesDict,
     DockerImageInfo,
@@ -34,7 +34,6 @@ from operations.util import check_failed, failing_shell, sh
 from operations.util.fact_reuse import fact_until_change
 from operations.util.peer_ssh import ssh_words
 
-HASH_LABEL = "sparkfold.image-hash"
 ENGINE_FAMILY = ("deepseek_v41", "exl3-mul1")  # model_type and format the served checkpoint needs
 _PREBUILT = PREBUILT_REFERENCE
 # Id, then layers and labels: the Id alone differs between Docker's overlay2 and containerd image stores.

@@ -178,6 +178,11 @@ class Layout:
         return f"{self.state_dir}/link.json"
 
     @property
+    def generations(self) -> str:
+        """The served pairs' records (root's): <id>.json each and last-good (operations/rank/generation.py)."""
+        return f"{self.state_dir}/generations"
+
+    @property
     def capabilities_cache(self) -> str:
         """The engines' `capabilities --json` documents, one file per image id (facts/docker.capabilities_cache_file):
         written by image.engine_capabilities_checked, read by facts/docker.EngineCapabilities."""

@@ -9,26 +9,32 @@ verdict, and both ranks are removed and started again together.
 
 from __future__ import annotations
 
+import json
+import shlex
+import time
 from typing import Any
 
-from pyinfra import host, logger
-from pyinfra.api import StringCommand, deploy, operation
+from pyinfra import host, logger, state
+from pyinfra.api import FunctionCommand, StringCommand, deploy, operation
 from pyinfra.api.host import Host
 
-from operations.build.image_hash import image_ref
-from operations.data.copy import folder_versions_pruned, versions_dir
+from operations.build.image_hash import HASH_LABEL, image_ref
+from operations.data.copy import versions_dir
 from operations.facts.docker import RankContainer
-from operations.facts.rank import RankInputs
+from operations.facts.rank import PruneInputs, RankInputs
 from operations.facts.systemd import UnitState
 from operations.layout import SUPERVISOR_UNIT, unit_path
 from operations.owned.files import file_put
-from operations.rank import serving
+from operations.rank import serving, switch
 from operations.rank.commands import removal_commands, start_commands
+from operations.rank.generation import LAST_GOOD, Generation, Switch, prune_plan
 from operations.rank.plan import KEEP, REFUSED, START, PairPlan, foreign, pair_plan, rank_inputs_args
 from operations.rank.spec import CHAT_TEMPLATE, template_digest
+from operations.rank.switch import SwitchNotes
 from operations.settings import Settings
 from operations.settings.context import peer_host
 from operations.util import check_failed
+from operations.util.checks import op_changed
 
 
 def read_pair_plan(s: Settings, peer: Host, image: str, template: str) -> PairPlan:
@@ -57,16 +63,21 @@ def pair_checked(s: Settings, peer: Host, image: str, template: str):
         return
     if (yield from check_failed("ports", mine.ports)):
         return
+    switch = plan.switch
+    if s.is_head and plan.stale and switch is not None:
+        logger.info(f"{host.name}: {switch.line()}")  # --dry says it too: what the run switches, and the way back
     host.noop(f"the {mine.where}'s launch checks pass")
 
 
 @operation()
-def stale_pair_stopped(s: Settings, peer: Host, image: str, template: str, pause_units: tuple[str, ...] = ()):
+def stale_pair_stopped(s: Settings, peer: Host, image: str, template: str, pause_units: tuple[str, ...] = (),
+                       notes: SwitchNotes | None = None):
     """Both Sparks: when the pair is stale (either rank missing, stopped or changed, or a restart is asked for),
     save this rank's log and remove its container, so both ranks start again together.
 
     pause_units: systemd units (the supervisor) stopped first while they run, so they do not restart the old pair
-    behind the deploy's back; the deploy starts them again after the health check."""
+    behind the deploy's back; the deploy starts them again after the health check. notes: the head's, to time how
+    long the API is down when a serving pair is replaced."""
     plan = read_pair_plan(s, peer, image, template)
     if not plan.stale:
         host.noop("both ranks run the wanted spec")
@@ -79,6 +90,8 @@ def stale_pair_stopped(s: Settings, peer: Host, image: str, template: str, pause
             yield StringCommand("systemctl", "stop", unit, _sudo=True)
     mine = plan.rank(s.rank)
     logger.info(f"{host.name}: the pair restarts: {'; '.join(plan.reasons)}")
+    if notes is not None and plan.running:
+        yield FunctionCommand(_stop_noted, (notes,), {})
     if mine.action == START:
         host.noop("no rank container here to remove")
         return
@@ -106,35 +119,166 @@ def rank_started(s: Settings, peer: Host, image: str, template: str):
     yield from start_commands(mine.spec, s.min_avail_gib, s.gpu_clock_mhz, s.nvidia_smi_path)
 
 
+def _stop_noted(state: Any, host: Any, notes: SwitchNotes) -> bool:
+    notes.stopped_at = switch.clock()
+    return True
+
+
+def _old_pair_recorded(state: Any, host: Any, s: Settings, notes: SwitchNotes) -> bool:
+    notes.replay = switch.replay_record(s, host)
+    return True  # an old pair that does not answer is said, and the smoke test alone judges the new one
+
+
+@operation()
+def old_pair_replayed(s: Settings, peer: Host, image: str, template: str, notes: SwitchNotes):
+    """Head, upgrade_gate = "exact": before a serving pair is replaced, its replies to the gate's prompts at
+    temperature 0 are recorded here, for the new pair's to be compared with."""
+    plan = read_pair_plan(s, peer, image, template)
+    came_from = plan.switch.came_from if plan.switch else None
+    if not plan.stale or came_from is None or plan.running != came_from.id:
+        host.noop("no serving pair is replaced: nothing to record for the exact gate")
+        return
+    yield FunctionCommand(_old_pair_recorded, (s, notes), {})
+
+
+def _new_pair_served(state: Any, host: Any, worker: Any, s: Settings, change: Switch | None,
+                     notes: SwitchNotes) -> bool:
+    """The new pair judged (health, smoke, the exact gate); when it fails, the last good generation again."""
+    problem = switch.pair_problem(s, host, worker, s.wait_timeout)
+    if problem is None and s.upgrade_gate == "exact":
+        if notes.replay is None:
+            host.log("exact gate: no record of the old pair (none served before this run, or it did not answer): "
+                     "the smoke test alone judged the new pair", log_func=logger.warning)
+        else:
+            problem = switch.gate_problem(s, host, notes.replay)
+    if problem is None:
+        for line in serving.live_lines(s.served_name, s.port, s.api_base_url, s.layout.api_key if s.api_key else "",
+                                       serving.open_api_note(s)):
+            host.log(line)
+        downtime = switch.downtime_line(notes, switch.clock())
+        if downtime:
+            host.log(downtime)
+        return True
+    host.log(f"sparkfold: {problem}\n{serving.log_tails(host, worker, s.container_name)}", log_func=logger.error)
+    target = change.came_from if change else None
+    back = switch.switched_to(s, host, worker, target) if target else None
+    if target is not None:
+        switch.supervisor_started(s, host, SUPERVISOR_UNIT)
+    logs = (s.head.layout.logs, s.worker.layout.logs)
+    host.log("sparkfold: " + switch.failure_message(change.to.id if change else "?", problem, logs, target, back),
+             log_func=logger.error)
+    return False
+
+
+def _fail_with_logs(state: Any, host: Any, worker: Any, s: Settings, message: str) -> bool:
+    host.log(f"sparkfold: {message}\n{serving.log_tails(host, worker, s.container_name)}", log_func=logger.error)
+    return False
+
+
+@operation()
+def pair_serving(s: Settings, worker: Host, image: str, template: str, rank0: Any, notes: SwitchNotes):
+    """Head: after a (re)start, the new pair's health wait, smoke test and optional exact gate, and the LIVE line
+    with the API's downtime; when it fails, the last good generation started again (operations/rank/switch.py).
+    Without a start, one quick check of the API and the LIVE line. Asking the API is this machine's request, not
+    a fact: while planning, only executing can say whether it answers (hence the one is_executing branch)."""
+    if op_changed(rank0):
+        plan = read_pair_plan(s, worker, image, template)
+        yield FunctionCommand(_new_pair_served, (worker, s, plan.switch, notes), {})
+        return
+    if not state.is_executing:
+        host.noop("the pair is not restarted: one quick API check at execute time")
+        return
+    key = serving.read_api_key(host, s.layout.api_key) if s.api_key else ""
+    down = serving.ranks_down(host, worker, s.container_name)
+    problem = down or serving.models_listed(s.api_base_url, s.served_name, key)
+    if problem is None:
+        for line in serving.live_lines(s.served_name, s.port, s.api_base_url, s.layout.api_key if s.api_key else "",
+                                       serving.open_api_note(s)):
+            logger.info(line)
+        host.noop(f"{s.served_name} serves at {s.api_base_url}/v1")
+        return
+    if down:
+        yield FunctionCommand(_fail_with_logs, (worker, s, f"{down}: run deploy.py again to restart the pair"), {})
+        return
+    logger.info(f"{host.name}: {problem}; waiting for rank 0 (it may still be loading)")
+    plan = read_pair_plan(s, worker, image, template)
+    yield FunctionCommand(_new_pair_served, (worker, s, plan.switch, notes), {})
+
+
+def _record_command(folder: str, generation: Generation) -> StringCommand:
+    """The record written aside then renamed, then last-good (root's: the state folder is the ssh user's)."""
+    d, name = shlex.quote(folder), generation.id
+    body = shlex.quote(json.dumps(generation.record(), sort_keys=True))
+    return StringCommand("sh", "-c", shlex.quote(
+        f"mkdir -p {d} && chmod 755 {d} && printf '%s\\n' {body} > {d}/.{name}.json.tmp && "
+        f"mv -f {d}/.{name}.json.tmp {d}/{name}.json && printf '%s\\n' {name} > {d}/.last-good.tmp && "
+        f"mv -f {d}/.last-good.tmp {d}/{LAST_GOOD}"), _sudo=True)
+
+
+@operation()
+def generations_kept(s: Settings, peer: Host, image: str, template: str):
+    """Once the pair serves: its generation recorded on this Spark as the last good one, then what no kept
+    generation uses removed (keep_generations of them, the last good and the serving one): weight folders, kit
+    versions, ABLIT packs, the engine images sparkfold built, old records. Never a folder moved aside (replaced-*),
+    a symlink, an image a container uses, or an image sparkfold did not build."""
+    plan = read_pair_plan(s, peer, image, template)
+    wanted = plan.wanted
+    if wanted is None:
+        unknown = ["the serving pair's specs are not known (" + "; ".join(plan.rank(s.rank).problems) + ")"]
+        if (yield from check_failed("the generation record", unknown, settled=False)):
+            return
+        yield StringCommand("echo", "...", "(the generation is recorded once the pair serves)")
+        return
+    records = plan.records[s.rank]
+    recorded = records.get(wanted.id)
+    if recorded is None or not recorded.good_at or records.last_good != wanted.id:
+        yield _record_command(s.layout.generations, Generation(wanted.id, wanted.specs, good_at=time.time()))
+    layout = s.layout
+    folders = (layout.rank_cache,) + ((versions_dir(layout.kit),) if s.is_head else ()) + (
+        (layout.ablit,) if s.is_head and s.ablit else ())
+    found = host.get_fact(PruneInputs, label=HASH_LABEL, folders=folders)
+    prune = prune_plan(records, s.keep_generations, wanted, s.rank, found["entries"], found["images"],
+                       found["in_use"])
+    if not prune:
+        host.noop(f"generation {wanted.id} is the last good one; nothing older to remove")
+        return
+    logger.info(f"{host.name}: generations no longer kept (keep_generations = {s.keep_generations}): "
+                f"{', '.join(prune.records) or 'no records'}; removing what they alone used")
+    if prune.folders:
+        yield StringCommand("rm", "-rf", "--", *[shlex.quote(f) for f in prune.folders])
+    if prune.images:
+        yield StringCommand("docker", "image", "rm", *[shlex.quote(i) for i in prune.images], ">/dev/null")
+    if prune.records:
+        files = [shlex.quote(f"{layout.generations}/{gid}.json") for gid in prune.records]
+        yield StringCommand("rm", "-f", "--", *files, _sudo=True)
+
+
 @deploy("The pair of ranks")
 def ranks_serving(s: Settings) -> None:
-    """Check, then (only when stale) recreate the pair: both ranks removed, rank 1 started, then rank 0; then the
-    health wait, the smoke test through both ranks and the LIVE line."""
+    """Check, then (only when stale) switch the pair: the old one recorded for the exact gate, both ranks removed,
+    rank 1 started, then rank 0; then the health wait, the smoke test through both ranks (and the exact gate) and
+    the LIVE line, or the last good generation back; then the serving generation recorded and old ones pruned."""
     peer, layout = peer_host(s), s.layout
     if s.is_head:
         file_put(name="Chat template for rank 0", src=str(s.project_root / CHAT_TEMPLATE), dest=layout.chat_template,
                  mode="644")
     # the controller's inputs, read once: the content-addressed image and the template rank 0 serves
     pair: dict[str, Any] = dict(s=s, peer=peer, image=image_ref(s), template=template_digest(s))
+    notes = SwitchNotes()  # the head's operations of this run share it
     pair_checked(name="Check the launch (container ownership, rank 0's flags, link record, memory, ports)", **pair)
+    if s.is_head and s.upgrade_gate == "exact":
+        old_pair_replayed(name="Exact gate: the serving pair's replies recorded", notes=notes, **pair)
     # the supervisor must not restart the old pair while the deploy replaces it (supervision starts it again)
     pause = (SUPERVISOR_UNIT,) if s.is_head and s.supervise else ()
-    stale_pair_stopped(name="Stop the stale pair (logs saved first)", pause_units=pause, **pair)
+    stale_pair_stopped(name="Stop the stale pair (logs saved first)", pause_units=pause,
+                       notes=notes if s.is_head else None, **pair)
     if not s.is_head:
         rank_started(name="Start rank 1 (worker)", **pair)
     if s.is_head:
         rank0 = rank_started(name="Start rank 0 (head)", **pair)
-        serving.api_serving(
-            name="Rank 0's API: wait, smoke test through both ranks, LIVE",
-            base_url=s.api_base_url, served_name=s.served_name, port=s.port, container_name=s.container_name,
-            worker=peer, api_key_file=layout.api_key if s.api_key else "", wait_timeout=s.wait_timeout,
-            started=rank0.did_change, planned=lambda: bool(rank0.will_change), open_note=serving.open_api_note(s))
-        # only now: the pair runs on the kit the symlink names, so the versions before it are nobody's
-        folder_versions_pruned(name="Old kit versions removed", link=layout.kit, versions=versions_dir(layout.kit),
-                               what="the kit")
-        if s.ablit:
-            folder_versions_pruned(name="Old ABLIT packs removed", link=layout.ablit_current, versions=layout.ablit,
-                                   what="the ABLIT pack")
+        pair_serving(name="Rank 0's API: wait, smoke test through both ranks, LIVE (or roll back)", s=s, worker=peer,
+                     image=pair["image"], template=pair["template"], rank0=rank0, notes=notes)
+    generations_kept(name="The serving generation recorded; old generations pruned", **pair)
 
 
 @operation()

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 HASH_LENGTH = 12
+HASH_LABEL = "sparkfold.image-hash"  # on every image sparkfold builds: its content hash
 # Docker always sends these two, whatever .dockerignore says.
 _ALWAYS_SENT = {"Dockerfile", ".dockerignore"}
 

@@ -453,3 +453,4 @@ class RankLogTail(FactBase[RankLogTailDict]):
         if first.startswith("#SAVED "):
             return {"source": "saved", "path": first[len("#SAVED "):], "lines": rest}
         return self.default()
+

@@ -8,6 +8,9 @@ never disagree. The pure pair plan (operations/rank/plan.py) takes this fact of 
 
 from __future__ import annotations
 
+import base64
+import binascii
+import shlex
 from typing import Any, TypedDict
 
 from pyinfra.api import FactBase
@@ -31,6 +34,36 @@ class RankInputsDict(TypedDict):
     capabilities: dict[str, Any]  # the image's `capabilities --json` ({} when no image was given or it is absent)
     port_holders: dict[int, list[str]]  # port -> who listens there ([] free)
     mem_available: int | None  # MemAvailable in bytes
+    generations: GenerationFilesDict  # the generation records kept on this Spark
+
+
+class GenerationFilesDict(TypedDict):
+    files: dict[str, str]  # file name -> text, of <state_dir>/generations/*.json
+    last_good: str  # the text of <state_dir>/generations/last-good ("" when absent)
+
+
+def generation_files_command(folder: str) -> str:
+    """Each record as `#FILE name` and its base64 on one line (a record is JSON over many lines), then `#LAST id`."""
+    d = shlex.quote(folder)
+    return (f"for f in {d}/*.json; do [ -f \"$f\" ] || continue; echo \"#FILE ${{f##*/}}\"; base64 -w0 \"$f\"; echo; "
+            f"done; [ -f {d}/last-good ] && printf '#LAST %s\\n' \"$(head -c 64 {d}/last-good)\"; true")
+
+
+def parse_generation_files(output: list[str]) -> GenerationFilesDict:
+    files: dict[str, str] = {}
+    last_good, name = "", ""
+    for line in output:
+        if line.startswith("#FILE "):
+            name = line[len("#FILE "):].strip()
+        elif line.startswith("#LAST "):
+            last_good = line[len("#LAST "):].strip()
+        elif name:
+            try:
+                files[name] = base64.b64decode(line.strip()).decode("utf-8", "replace")
+            except (binascii.Error, ValueError):
+                pass  # a record cut short: ignored, as a record that does not parse
+            name = ""
+    return {"files": files, "last_good": last_good}
 
 
 def _raw(command: Any) -> str:
@@ -39,10 +72,12 @@ def _raw(command: Any) -> str:
 
 class RankInputs(FactBase[RankInputsDict]):
     """The rank decision's inputs on this Spark (see the module docstring). Read as root: `ss -p` names other
-    users' processes only for root. image="" skips the capabilities (the worker's rank does not read them)."""
+    users' processes only for root. image="" skips the capabilities (the worker's rank does not read them);
+    generations: the folder of the generation records ("" skips them)."""
 
     def command(self, container: str, link_record: str, served: str, kit: str, rank_link: str, ablit: str = "",
-                image: str = "", capabilities_cache: str = "", ports: tuple[int, ...] = ()) -> str:
+                image: str = "", capabilities_cache: str = "", ports: tuple[int, ...] = (),
+                generations: str = "") -> str:
         sections = [
             ("container", f"command -v docker >/dev/null && {{ {_raw(RankContainer().command(container))}; }}"),
             ("link_record", _raw(LinkRecord().command(link_record))),
@@ -57,6 +92,8 @@ class RankInputs(FactBase[RankInputsDict]):
         if image:
             caps = EngineCapabilities().command(image, capabilities_cache)
             sections.append(("capabilities", f"command -v docker >/dev/null && {{ {caps}; }}"))
+        if generations:
+            sections.append(("generations", generation_files_command(generations)))
         for port in ports:
             sections.append((f"port {int(port)}",
                              f"command -v ss >/dev/null && {{ {_raw(PortListeners().command(port))}; }}"))
@@ -86,4 +123,44 @@ class RankInputs(FactBase[RankInputsDict]):
             "port_holders": {int(name.split()[1]): PortListeners().process(lines)
                              for name, lines in parts.items() if name.startswith("port ")},
             "mem_available": memory.get("MemAvailable"),
+            "generations": parse_generation_files(parts.get("generations", [])),
         }
+
+
+class PruneInputsDict(TypedDict):
+    images: list[str]  # repo:tag of the engine images sparkfold built here (they carry the build label)
+    in_use: list[str]  # the image each container (running or not) was made from
+    entries: dict[str, list[str]]  # folder -> the names in it that are not symlinks
+
+
+class PruneInputs(FactBase[PruneInputsDict]):
+    """What a prune of old generations judges on this Spark, in one round trip: sparkfold's engine images (by
+    `label`), the images containers use, and the entries of `folders` (symlinks left out: they are pointers, such
+    as active-rank0 and `current`, never versions)."""
+
+    @staticmethod
+    def default() -> PruneInputsDict:
+        return {"images": [], "in_use": [], "entries": {}}
+
+    def command(self, label: str, folders: tuple[str, ...] = ()) -> str:
+        docker = (f"docker images --filter {shlex.quote('label=' + label)} --format '#IMAGE {{{{.Repository}}}}:"
+                  "{{.Tag}}'; docker ps -a --format '#USED {{.Image}}'")
+        listing = "; ".join(f"echo {shlex.quote('#FOLDER ' + folder)}; find {shlex.quote(folder)} -mindepth 1 "
+                            "-maxdepth 1 ! -type l -printf '%f\\n' 2>/dev/null" for folder in folders)
+        return f"{{ command -v docker >/dev/null && {{ {docker}; }}; }} 2>/dev/null; {listing}; true"
+
+    def process(self, output: list[str]) -> PruneInputsDict:
+        found: PruneInputsDict = {"images": [], "in_use": [], "entries": {}}
+        folder = ""
+        for line in output:
+            kind, _, rest = line.rstrip("\n").partition(" ")
+            if kind == "#IMAGE" and rest and not rest.endswith(":<none>"):
+                found["images"].append(rest)
+            elif kind == "#USED" and rest:
+                found["in_use"].append(rest)
+            elif kind == "#FOLDER":
+                folder = rest
+                found["entries"][folder] = []
+            elif folder and line.strip():
+                found["entries"][folder].append(line.strip())
+        return found

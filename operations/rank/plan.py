@@ -15,6 +15,15 @@ from typing import TYPE_CHECKING, Any
 
 from operations.layout import ABLIT_CURRENT, InContainer
 from operations.rank.flags import check_ported_settings, check_serve_argv
+from operations.rank.generation import (
+    Generation,
+    Records,
+    Switch,
+    generation_id,
+    generation_of,
+    read_records,
+    switch_of,
+)
 from operations.rank.spec import LABEL_HASH, LABEL_MANAGED, ContainerSpec, rail_problems, rank0_argv, rank_spec
 from operations.settings import Settings
 
@@ -50,6 +59,14 @@ class PairPlan:
     ranks: tuple[RankPlan, RankPlan]  # rank 0 (head), rank 1 (worker)
     reasons: tuple[str, ...]  # why the pair is recreated; () when both ranks are kept
     refusals: tuple[str, ...]  # containers with our name that sparkfold did not start (on either Spark)
+    wanted: Generation | None = None  # the generation both wanted specs make (None while one is not known)
+    running: str = ""  # the id of the generation both containers run ("" unless both run sparkfold's specs)
+    records: tuple[Records, Records] = (Records((), ""), Records((), ""))  # each Spark's generation records
+
+    @property
+    def switch(self) -> Switch | None:
+        """From the last good generation to the wanted one: what a recreated pair changes, and its way back."""
+        return switch_of(self.wanted, self.records[0])
 
     def rank(self, rank: int) -> RankPlan:
         return self.ranks[rank]
@@ -184,7 +201,7 @@ def rank_inputs_args(s: Settings, image: str) -> dict[str, Any]:
     return {"container": s.container_name, "link_record": p.link_record, "served": p.served_link, "kit": p.kit,
             "rank_link": p.active_rank_link(), "ablit": p.ablit_current if s.ablit and s.is_head else "",
             "image": image if s.is_head else "", "capabilities_cache": p.capabilities_cache if s.is_head else "",
-            "ports": rank_ports(s)}
+            "ports": rank_ports(s), "generations": p.generations}
 
 
 def pair_plan(head: Settings, worker: Settings, head_found: RankInputsDict, worker_found: RankInputsDict, *,
@@ -210,4 +227,10 @@ def pair_plan(head: Settings, worker: Settings, head_found: RankInputsDict, work
         memory = memory_problem(s, mine, where)
         ranks.append(RankPlan(rank, where, spec, action, container, tuple(problems), (memory,) if memory else (),
                               tuple(port_problems(s, mine, where))))
-    return PairPlan((ranks[0], ranks[1]), tuple(reasons), tuple(refusals))
+    labels = [(c.get("labels") or {}).get(LABEL_HASH) if c.get("running") else None for c in containers]
+    running = generation_id([str(h) for h in labels]) if all(labels) else ""
+    records = tuple(read_records((found.get("generations") or {}).get("files") or {},
+                                 (found.get("generations") or {}).get("last_good") or "")
+                    for found in (head_found, worker_found))
+    return PairPlan((ranks[0], ranks[1]), tuple(reasons), tuple(refusals),
+                    generation_of([spec for spec, _problems in built]), running, (records[0], records[1]))

@@ -107,6 +107,8 @@ class Settings:
     wait_timeout: int
     stop_timeout: int
     log_keep: int
+    keep_generations: int
+    upgrade_gate: str
     log_lines: int
     status_plan: bool
     api_url: str

@@ -56,6 +56,8 @@ OWN_SERVE_FLAGS = {
     "--chat-template": "engine_image (the image's kit brings the template)", "--backend": "engine_image (cuda)",
 }
 
+UPGRADE_GATES = ("smoke", "exact")
+
 
 def _check_range(problems, s, name, low, high, fix=""):
     value = getattr(s, name)
@@ -144,6 +146,10 @@ def validate(s: Settings) -> list[str]:
     _check_range(p, s, "wait_timeout", 10, 86400)
     _check_range(p, s, "stop_timeout", 1, 3600)
     _check_range(p, s, "log_keep", 1, 1000)
+    _check_range(p, s, "keep_generations", 1, 100, "1 keeps only the pair that serves: nothing to roll back to")
+    if s.upgrade_gate not in UPGRADE_GATES:
+        p.append(f"upgrade_gate = {s.upgrade_gate!r} must be one of {', '.join(UPGRADE_GATES)}: \"smoke\" (the smoke "
+                 "test through both ranks) or \"exact\" (also the same replies as the old pair at temperature 0)")
     _check_range(p, s, "log_lines", 1, 100000)
     _check_range(p, s, "supervise_retries", 1, 100)
     _check_range(p, s, "supervise_backoff_s", 1, 3600)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
+from collections.abc import Callable, Iterable
 
 from operations.validate.client import THINKING_OFF, THINKING_ON, Client, HttpError, Reply, connect
 from operations.validate.image import data_url, make_png
@@ -91,12 +92,18 @@ def ask(client: Client, fields: dict, logprobs: bool) -> tuple[dict, bool]:
     return ask(client, fields, False)
 
 
-def record(client: Client) -> dict:
+def _print(line: str) -> None:
+    print(f"  {line}", flush=True)
+
+
+def record(client: Client, names: Iterable[str] = tuple(PROMPTS), say: Callable[[str], None] = _print) -> dict:
+    """The replies to the prompts `names` (all by default; the deploy's exact gate asks a few)."""
     prompts, logprobs = {}, True
-    for name, fields in PROMPTS.items():
+    for name in names:
+        fields = PROMPTS[name]
         found, logprobs = ask(client, fields, logprobs)
         prompts[name] = {"request": request_sha(fields), **found}
-        print(f"  {name}: {', '.join(b for b in BASES if b in prompts[name])}", flush=True)
+        say(f"{name}: {', '.join(b for b in BASES if b in prompts[name])}")
     return {"kind": KIND, "version": VERSION, "base_url": client.base, "model": client.model,
             "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "fixed": FIXED, "prompts": prompts}
 
@@ -144,6 +151,17 @@ def load(path: str) -> dict:
 def compare(path_a: str, path_b: str) -> Result:
     try:
         a, b = load(path_a), load(path_b)
+    except Mismatch as e:
+        return Result("exact", NOT_RUN, str(e))
+    result = compare_records(a, b)
+    if result.status == PASS:
+        return Result("exact", PASS, f"{result.detail} in {path_a} and {path_b}")
+    return result
+
+
+def compare_records(a: dict, b: dict, say: Callable[[str], None] = _print) -> Result:
+    """Two records of the same prompt set, prompt by prompt (each difference said where it starts)."""
+    try:
         if a["prompts"].keys() != b["prompts"].keys():
             raise Mismatch(f"other prompt sets: {sorted(a['prompts'])} vs {sorted(b['prompts'])}")
         changed = [n for n in a["prompts"] if a["prompts"][n].get("request") != b["prompts"][n].get("request")]
@@ -153,17 +171,17 @@ def compare(path_a: str, path_b: str) -> Result:
     except Mismatch as e:
         return Result("exact", NOT_RUN, str(e))
     if a.get("model") != b.get("model"):
-        print(f"note: model {a.get('model')!r} vs {b.get('model')!r}")
+        say(f"note: model {a.get('model')!r} vs {b.get('model')!r}")
     different = []
     for name in a["prompts"]:
         basis, difference = compare_prompt(a["prompts"][name], b["prompts"][name])
-        print(f"  {'same' if difference is None else 'different'} {name} ({basis})"
-              + (f": {difference}" if difference else ""), flush=True)
+        say(f"{'same' if difference is None else 'different'} {name} ({basis})"
+            + (f": {difference}" if difference else ""))
         if difference:
             different.append(name)
     if different:
         return Result("exact", FAIL, f"{len(different)} of {len(a['prompts'])} prompts differ: {', '.join(different)}")
-    return Result("exact", PASS, f"all {len(a['prompts'])} prompts answer the same in {path_a} and {path_b}")
+    return Result("exact", PASS, f"all {len(a['prompts'])} prompts answer the same")
 
 
 def run(words: list[str], args) -> Result:
