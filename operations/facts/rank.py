@@ -59,7 +59,7 @@ def parse_generation_files(output: list[str]) -> GenerationFilesDict:
             last_good = line[len("#LAST "):].strip()
         elif name:
             try:
-                files[name] = base64.b64decode(line.strip()).decode("utf-8", "replace")
+                files[name] = base64.b64decode(line.strip(), validate=True).decode("utf-8", "replace")
             except (binascii.Error, ValueError):
                 pass  # a record cut short: ignored, as a record that does not parse
             name = ""

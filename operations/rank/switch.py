@@ -19,7 +19,6 @@ from operations.rank.commands import removal_commands, start_commands
 from operations.rank.generation import Generation
 from operations.rank.plan import foreign
 from operations.rank.serving import load_status, ranks_down, read_api_key, smoke_test, wait_for_api
-from operations.util.durations import duration
 from operations.validate import exact
 from operations.validate.client import Client, CouldNotRun, HttpError
 from operations.validate.result import PASS
@@ -126,7 +125,7 @@ def supervisor_started(s: Any, head: Any, unit: str) -> None:
 
 
 def downtime_line(notes: SwitchNotes, now: float) -> str:
-    return (f"  the API was down {duration(now - notes.stopped_at)} during the switch"
+    return (f"  the API was down {now - notes.stopped_at:.0f} s during the switch"
             if notes.stopped_at is not None else "")
 
 

@@ -289,11 +289,10 @@ def _recording(monkeypatch):
             return SimpleNamespace(did_change=lambda: True, will_change=True)
         return op
 
-    for kind in ("pair_checked", "stale_pair_stopped", "rank_started", "rank_stopped"):
+    for kind in ("pair_checked", "old_pair_replayed", "stale_pair_stopped", "rank_started", "pair_serving",
+                 "generations_kept", "rank_stopped"):
         monkeypatch.setattr(ranks, kind, rec(kind))
-    monkeypatch.setattr(ranks.serving, "api_serving", rec("api_serving"))
     monkeypatch.setattr(ranks, "file_put", rec("put"))
-    monkeypatch.setattr(ranks, "folder_versions_pruned", rec("folder_versions_pruned"))
     head_host, worker_host = FakeHost({}, name="head"), FakeHost({}, name="worker")
     monkeypatch.setattr(ranks, "peer_host", lambda s: worker_host if s.is_head else head_host)
     return calls, head_host, worker_host
@@ -305,20 +304,25 @@ def test_the_pair_step_on_each_spark(monkeypatch):
     with ctx_host.use(head_host):
         ranks.ranks_serving._inner(HS.replace(api_key=True))
     kinds = [k for k, _ in calls]
-    assert kinds == ["put", "pair_checked", "stale_pair_stopped", "rank_started", "api_serving",
-                     "folder_versions_pruned"]  # old kit versions go only once the pair runs on the new one
+    assert kinds == ["put", "pair_checked", "stale_pair_stopped", "rank_started", "pair_serving",
+                     "generations_kept"]  # old generations go only once the new one serves
     start = calls[3][1]
     assert start["name"] == "Start rank 0 (head)" and start["peer"] is worker_host and start["image"].startswith(
         HS.engine_image + ":")
     assert len(start["template"]) == 64  # the checkout's chat template, hashed once for the run
-    serving = calls[4][1]
-    assert serving["worker"] is worker_host and serving["started"]() is True and serving["planned"]() is True
-    assert serving["api_key_file"] == HS.layout.api_key
+    serving_ = calls[4][1]
+    assert serving_["worker"] is worker_host and serving_["rank0"].did_change() is True
+    assert serving_["notes"] is calls[2][1]["notes"]  # the stop's time reaches the LIVE line
+    calls.clear()
+    with ctx_host.use(head_host):
+        ranks.ranks_serving._inner(HS.replace(upgrade_gate="exact"))
+    assert [k for k, _ in calls][1:3] == ["pair_checked", "old_pair_replayed"]  # recorded before the stop
     calls.clear()
     with ctx_host.use(worker_host):
         ranks.ranks_serving._inner(WS)
-    assert [k for k, _ in calls] == ["pair_checked", "stale_pair_stopped", "rank_started"]
-    assert calls[-1][1]["name"] == "Start rank 1 (worker)" and calls[-1][1]["peer"] is head_host
+    assert [k for k, _ in calls] == ["pair_checked", "stale_pair_stopped", "rank_started", "generations_kept"]
+    assert calls[2][1]["name"] == "Start rank 1 (worker)" and calls[2][1]["peer"] is head_host
+    assert calls[1][1]["notes"] is None
 
 
 def test_stop_on_each_spark(monkeypatch):

@@ -1,0 +1,206 @@
+"""Generations (operations/rank/generation.py): records, what a switch changes, what is kept and pruned; and the
+operations of the pair step that write and prune them (operations/ranks.py)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from harness import FakeHost, run_op
+from rank_inputs import IMAGE, TEMPLATE, container, found
+from settings_factory import make_pair
+
+from operations import ranks
+from operations.facts.rank import PruneInputs, RankInputs, parse_generation_files
+from operations.rank import generation as gen
+from operations.rank.plan import pair_plan
+
+HS, WS = make_pair(head={"nccl_rails": 1}, worker={"nccl_rails": 1})
+
+
+def generation_for(image=IMAGE, commit="abc", **settings) -> gen.Generation:
+    hs, ws = make_pair(head={"nccl_rails": 1, **settings}, worker={"nccl_rails": 1, **settings})
+    head_in, worker_in = found(hs), found(ws)
+    for f, s in ((head_in, hs), (worker_in, ws)):
+        f["served"] = f"{s.layout.model_folder}/snapshots/{commit}"
+        f["rank_folder"] = f"{s.layout.rank_cache}/{commit}/rank{s.rank}"
+    wanted = pair_plan(hs, ws, head_in, worker_in, image=image, template_digest=TEMPLATE, force=False).wanted
+    assert wanted is not None
+    return wanted
+
+
+OLD, NEW = generation_for(), generation_for(image="sparkfold/dsv41-tf:def", commit="def")
+
+
+def records(*generations: gen.Generation, last_good: str = "") -> gen.Records:
+    return gen.Records(tuple(generations), last_good)
+
+
+def good(g: gen.Generation, at: float) -> gen.Generation:
+    return gen.Generation(g.id, g.specs, good_at=at)
+
+
+# --- records -----------------------------------------------------------------------------------------------------
+
+def test_a_record_reads_back_as_the_same_generation():
+    text = json.dumps(good(OLD, 5.0).record())
+    back = gen.read_record(text)
+    assert back == good(OLD, 5.0) and back.specs[0].spec_hash() == OLD.specs[0].spec_hash()
+    assert len(OLD.id) == 8 and OLD.id != NEW.id
+
+
+@pytest.mark.parametrize("text", ["", "{", "[]", json.dumps({"kind": "other"}),
+                                  json.dumps({**OLD.record(), "id": "deadbeef"})])  # an id its specs do not make
+def test_anything_but_a_whole_record_is_ignored(text):
+    assert gen.read_record(text) is None
+
+
+def test_records_come_from_the_folder_listing():
+    files = {f"{OLD.id}.json": json.dumps(good(OLD, 1).record()), "notes.txt": "x",
+             "renamed.json": json.dumps(good(NEW, 2).record())}  # a record under another name is not trusted
+    found_records = gen.read_records(files, f"{OLD.id}\n")
+    assert [g.id for g in found_records.generations] == [OLD.id] and found_records.last_good == OLD.id
+
+
+def test_the_fact_section_reads_each_record_and_last_good():
+    import base64
+    text = json.dumps(OLD.record())
+    lines = [f"#FILE {OLD.id}.json", base64.b64encode(text.encode()).decode(), "#FILE cut.json", "%%%",
+             f"#LAST {OLD.id}"]
+    assert parse_generation_files(lines) == {"files": {f"{OLD.id}.json": text}, "last_good": OLD.id}
+
+
+# --- what a switch changes -----------------------------------------------------------------------------------------
+
+def test_changes_name_the_parts_that_differ():
+    assert gen.changes(OLD, NEW) == ["image", "model revision", "weight files"]
+    assert gen.changes(OLD, generation_for(context=65536)) == ["settings"]
+    assert gen.changes(OLD, OLD) == []
+
+
+def test_the_switch_line_says_from_what_to_what_and_the_way_back():
+    line = gen.switch_of(NEW, records(good(OLD, 1), last_good=OLD.id)).line()
+    assert line == (f"generation {OLD.id} → {NEW.id}: image, model revision, weight files; rollback to {OLD.id} if "
+                    "the new pair fails")
+    first = gen.switch_of(NEW, records())
+    assert first.came_from is None and first.first and "nothing to roll back to" in first.line()
+    again = gen.switch_of(OLD, records(good(OLD, 1), last_good=OLD.id))
+    assert again.came_from is None and not again.first and "starts again" in again.line()
+    assert gen.switch_of(None, records()) is None
+
+
+def test_previous_is_the_newest_good_one_but_the_current():
+    found_records = records(good(OLD, 1), good(NEW, 2), last_good=NEW.id)
+    assert found_records.previous(NEW.id) == good(OLD, 1) and found_records.previous(OLD.id) == good(NEW, 2)
+    assert records(good(OLD, 1)).previous(OLD.id) is None
+
+
+# --- keeping and pruning ---------------------------------------------------------------------------------------------
+
+THIRD = generation_for(image="sparkfold/dsv41-tf:ghi", commit="ghi")
+RANK_CACHE = HS.layout.rank_cache
+KIT_D = f"{HS.layout.kit}.d"
+
+
+def prune(keep: int, serving: gen.Generation, *generations: gen.Generation, images=(), in_use=(), entries=None):
+    folders = entries if entries is not None else {RANK_CACHE: ["abc", "def", "ghi"], KIT_D: ["0123abcd"]}
+    return gen.prune_plan(records(*generations, last_good=generations[-1].id if generations else ""), keep, serving,
+                          0, folders, list(images), list(in_use))
+
+
+def test_keep_two_removes_the_third_oldest_only():
+    plan = prune(2, THIRD, good(OLD, 1), good(NEW, 2), images=[IMAGE, NEW.specs[0].image, THIRD.specs[0].image])
+    assert plan.records == (OLD.id,) and plan.folders == (f"{RANK_CACHE}/abc",) and plan.images == (IMAGE,)
+
+
+def test_keep_one_keeps_only_the_serving_generation():
+    plan = prune(1, THIRD, good(OLD, 1), good(NEW, 2), images=[IMAGE, NEW.specs[0].image, THIRD.specs[0].image])
+    assert set(plan.records) == {OLD.id, NEW.id}
+    assert plan.folders == (f"{RANK_CACHE}/abc", f"{RANK_CACHE}/def")
+    assert set(plan.images) == {IMAGE, NEW.specs[0].image}
+
+
+def test_the_serving_generation_is_kept_before_its_record_is_written():
+    plan = prune(1, NEW, good(OLD, 5))  # planned: NEW is recorded only once it serves
+    assert plan.records == (OLD.id,) and f"{RANK_CACHE}/def" not in plan.folders
+
+
+def test_never_a_folder_moved_aside_an_image_in_use_or_the_kit_a_kept_one_uses():
+    entries = {RANK_CACHE: ["abc", "replaced-20261204-101010"], KIT_D: ["0123abcd", "ffff0000"]}
+    plan = prune(1, NEW, good(OLD, 1), images=[IMAGE], in_use=[IMAGE], entries=entries)
+    assert plan.folders == (f"{KIT_D}/ffff0000", f"{RANK_CACHE}/abc") and plan.images == ()
+    assert not gen.prune_plan(records(good(NEW, 1), last_good=NEW.id), 2, NEW, 0, {RANK_CACHE: ["def"]}, [], [])
+
+
+# --- the operations ------------------------------------------------------------------------------------------------
+
+def inputs_with_records(s, container_, *generations, last_good=""):
+    found_ = found(s, container_)
+    found_["generations"] = {"files": {f"{g.id}.json": json.dumps(g.record()) for g in generations},
+                             "last_good": last_good}
+    return found_
+
+
+SERVING = OLD  # what found() makes: the generation the pair in these tests runs
+EARLIER = NEW  # another generation, recorded before it
+
+
+def kept_op(mine, theirs, prune_inputs=None, executing=True, s=HS):
+    facts = {RankInputs: mine, PruneInputs: prune_inputs or {"images": [], "in_use": [], "entries": {}}}
+    peer = FakeHost({RankInputs: theirs}, name="peer")
+    return run_op(ranks.generations_kept, facts, executing=executing, s=s, peer=peer, image=IMAGE, template=TEMPLATE)
+
+
+def running_pair(s, *generations, last_good=""):
+    rank_hash = SERVING.specs[s.rank].spec_hash()
+    return inputs_with_records(s, container(rank_hash), *generations, last_good=last_good)
+
+
+def test_a_recorded_last_good_generation_with_nothing_to_prune_changes_nothing():
+    recorded = good(SERVING, 3)
+    cmds, host = kept_op(running_pair(HS, recorded, last_good=SERVING.id), running_pair(WS))
+    assert cmds == [] and host.noops == [f"generation {SERVING.id} is the last good one; nothing older to remove"]
+
+
+def test_the_serving_generation_is_recorded_as_last_good_as_root():
+    cmds, _ = kept_op(running_pair(HS), running_pair(WS))
+    assert len(cmds) == 1 and cmds[0].startswith("sudo") is False and f"{SERVING.id}.json" in cmds[0]
+    assert f"> {HS.layout.generations}/.last-good.tmp" in cmds[0].replace("'\"'\"'", "'")
+    assert '"kind": "sparkfold-generation"' in cmds[0]
+
+
+def test_old_generations_are_pruned_after_the_record():
+    prune_inputs = {"images": [IMAGE, EARLIER.specs[0].image], "in_use": [],
+                    "entries": {HS.layout.rank_cache: ["abc", "def"]}}
+    both = running_pair(HS, good(EARLIER, 1), good(SERVING, 2), last_good=SERVING.id)
+    cmds, _ = kept_op(both, running_pair(WS), prune_inputs=prune_inputs, s=HS.replace(keep_generations=1))
+    assert cmds == [f"rm -rf -- {HS.layout.rank_cache}/def",  # abc is the serving one's weight folder
+                    f"docker image rm {EARLIER.specs[0].image} >/dev/null",
+                    f"rm -f -- {HS.layout.generations}/{EARLIER.id}.json"]
+    cmds, host = kept_op(both, running_pair(WS), prune_inputs=prune_inputs, s=HS.replace(keep_generations=2))
+    assert cmds == [] and "nothing older to remove" in host.noops[0]
+
+
+def test_the_switch_is_said_while_planning(caplog):
+    caplog.set_level("INFO")
+    mine = inputs_with_records(HS, container(EARLIER.specs[0].spec_hash()), good(EARLIER, 1), last_good=EARLIER.id)
+    theirs = inputs_with_records(WS, container(EARLIER.specs[1].spec_hash()))
+    peer = FakeHost({RankInputs: theirs}, name="peer")
+    run_op(ranks.pair_checked, {RankInputs: mine}, executing=False, s=HS, peer=peer, image=IMAGE, template=TEMPLATE)
+    assert f"generation {EARLIER.id} → {SERVING.id}: image, model revision, weight files" in caplog.text
+    assert f"rollback to {EARLIER.id}" in caplog.text
+
+
+def test_the_old_pair_is_recorded_for_the_exact_gate_only_when_it_serves():
+    notes = ranks.SwitchNotes()
+    serving_old = (inputs_with_records(HS, container(EARLIER.specs[0].spec_hash()), good(EARLIER, 1),
+                                       last_good=EARLIER.id),
+                   inputs_with_records(WS, container(EARLIER.specs[1].spec_hash())))
+    peer = FakeHost({RankInputs: serving_old[1]}, name="peer")
+    cmds, _ = run_op(ranks.old_pair_replayed, {RankInputs: serving_old[0]}, executing=True, s=HS, peer=peer,
+                     image=IMAGE, template=TEMPLATE, notes=notes)
+    assert len(cmds) == 1 and "_old_pair_recorded" in cmds[0]
+    first_run = FakeHost({RankInputs: found(WS)}, name="peer")
+    cmds, host = run_op(ranks.old_pair_replayed, {RankInputs: found(HS)}, executing=True, s=HS, peer=first_run,
+                        image=IMAGE, template=TEMPLATE, notes=notes)
+    assert cmds == [] and "nothing to record" in host.noops[0]

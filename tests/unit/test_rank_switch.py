@@ -1,0 +1,119 @@
+"""A switch judged from this machine (operations/rank/switch.py) and the head's function that serves it or rolls
+it back (operations/ranks.py `_new_pair_served`), with Sparks that record the commands they are sent."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from rank_inputs import container
+from settings_factory import make_pair
+from test_rank_generation import EARLIER, SERVING, good
+
+from operations import ranks
+from operations.facts.docker import RankContainer
+from operations.rank import switch
+from operations.rank.generation import switch_of
+
+HS, WS = make_pair(head={"nccl_rails": 1}, worker={"nccl_rails": 1})
+
+
+class Spark:
+    """A Host that answers RankContainer and records every command it runs (all succeed unless `fails` matches)."""
+
+    def __init__(self, name: str, rank_container: dict, fails: str = ""):
+        self.name, self.rank_container, self.fails = name, rank_container, fails
+        self.ran: list[str] = []
+        self.logged: list[str] = []
+
+    def get_fact(self, cls, **kwargs):
+        assert cls is RankContainer
+        return self.rank_container
+
+    def run_shell_command(self, command, print_output=False, print_input=False, **arguments):
+        text = command.get_raw_value()
+        self.ran.append(text)
+        ok = not (self.fails and self.fails in text)
+        return ok, SimpleNamespace(stdout_lines=[] if ok else ["no such image"], stderr_lines=[])
+
+    def log(self, message, log_func=None):
+        self.logged.append(message)
+
+
+def test_a_rollback_stops_the_failed_pair_then_starts_the_old_one_rank_1_first(monkeypatch):
+    monkeypatch.setattr(switch, "pair_problem", lambda s, head, worker, timeout: None)
+    head, worker = Spark("head", container("new")), Spark("worker", container("new"))
+    assert switch.switched_to(HS, head, worker, good(EARLIER, 1)) is None
+    assert head.ran[0].startswith("docker stop") and "docker rm -f" in head.ran[2]  # logs saved between
+    assert worker.ran[0].startswith("docker stop") and "-rank1.log.gz" in worker.ran[1]
+    assert f"sparkfold.spec-hash={EARLIER.specs[1].spec_hash()}" in worker.ran[-1]
+    assert f"sparkfold.spec-hash={EARLIER.specs[0].spec_hash()}" in head.ran[-1]
+
+
+def test_a_rollback_that_cannot_start_says_which_rank(monkeypatch):
+    monkeypatch.setattr(switch, "pair_problem", lambda s, head, worker, timeout: None)
+    head, worker = Spark("head", {}), Spark("worker", {}, fails="docker run")
+    problem = switch.switched_to(HS, head, worker, good(EARLIER, 1))
+    assert problem == f"rank 1 of generation {EARLIER.id} did not start on worker: no such image"
+    assert head.ran == []  # rank 0 is not started without rank 1
+
+
+def test_a_foreign_container_is_not_stopped_by_a_rollback(monkeypatch):
+    monkeypatch.setattr(switch, "pair_problem", lambda s, head, worker, timeout: None)
+    head, worker = Spark("head", container(managed=False)), Spark("worker", {})
+    switch.switched_to(HS, head, worker, good(EARLIER, 1))
+    assert not any("docker stop" in c or "docker rm" in c for c in head.ran)
+
+
+def test_the_failure_message_says_what_failed_where_the_logs_are_and_what_serves():
+    logs = ("/h/logs", "/w/logs")
+    back = switch.failure_message("c3d4", "rank 0 exited with code 1", logs, good(EARLIER, 1), None)
+    assert back == ("the new pair (generation c3d4) failed: rank 0 exited with code 1. Its ranks' logs are saved in "
+                    f"/h/logs on the head and /w/logs on the worker (logs.py shows them). Generation {EARLIER.id} "
+                    "serves again (rolled back); run deploy.py again once the cause is fixed, or keep the old "
+                    "settings.")
+    assert "no earlier generation to roll back to" in switch.failure_message("c3d4", "x", logs, None, None)
+    assert "failed too: disk full" in switch.failure_message("c3d4", "x", logs, good(EARLIER, 1), "disk full")
+
+
+def test_the_downtime_is_said_only_when_a_serving_pair_was_stopped():
+    assert switch.downtime_line(switch.SwitchNotes(stopped_at=100.0), 183.0) == \
+        "  the API was down 83 s during the switch"
+    assert switch.downtime_line(switch.SwitchNotes(), 183.0) == ""
+
+
+def serve(monkeypatch, problem=None, gate=None, replay=None, back=None, upgrade_gate="smoke"):
+    calls = []
+    monkeypatch.setattr(switch, "pair_problem", lambda s, head, worker, timeout: problem)
+    monkeypatch.setattr(switch, "gate_problem", lambda s, head, before: calls.append("gate") or gate)
+    monkeypatch.setattr(switch, "switched_to", lambda s, head, worker, target: calls.append(target.id) or back)
+    monkeypatch.setattr(switch, "clock", lambda: 200.0)
+    monkeypatch.setattr(ranks.serving, "log_tails", lambda head, worker, name: "(the logs)")
+    head, worker = Spark("head", {}), Spark("worker", {})
+    change = switch_of(SERVING, SimpleNamespace(get=lambda gid: good(EARLIER, 1), last_good=EARLIER.id,
+                                                previous=lambda gid: None))
+    ok = ranks._new_pair_served(None, head, worker, HS.replace(upgrade_gate=upgrade_gate), change,
+                                switch.SwitchNotes(stopped_at=170.0, replay=replay))
+    return ok, head.logged, calls
+
+
+def test_a_new_pair_that_serves_says_live_and_the_downtime(monkeypatch):
+    ok, logged, calls = serve(monkeypatch)
+    assert ok and logged[0].startswith("✔ DeepSeek-V4.1-Flash-1017 is now LIVE!") and calls == []
+    assert logged[-1] == "  the API was down 30 s during the switch"
+
+
+def test_a_new_pair_that_fails_rolls_back_and_fails_the_run(monkeypatch):
+    ok, logged, calls = serve(monkeypatch, problem="rank 0 exited with code 1")
+    assert not ok and calls == [EARLIER.id]
+    assert logged[-1].startswith(f"sparkfold: the new pair (generation {SERVING.id}) failed: rank 0 exited")
+    assert f"Generation {EARLIER.id} serves again (rolled back)" in logged[-1]
+
+
+def test_the_exact_gate_judges_only_with_a_record_of_the_old_pair(monkeypatch):
+    ok, logged, calls = serve(monkeypatch, gate="the exact gate found a difference: 1 of 3 prompts differ: prose",
+                              replay={"prompts": {}}, upgrade_gate="exact")
+    assert not ok and calls == ["gate", EARLIER.id] and "exact gate found a difference" in logged[-1]
+    ok, logged, calls = serve(monkeypatch, replay=None, upgrade_gate="exact")
+    assert ok and calls == [] and any("no record of the old pair" in line for line in logged)
+    ok, _logged, calls = serve(monkeypatch, gate="differs", replay={"prompts": {}}, upgrade_gate="smoke")
+    assert ok and calls == []  # smoke: the replies are not compared
