@@ -17,13 +17,14 @@ import pytest
 import requests
 
 ROOT = Path(__file__).resolve().parents[2]
-BIN = ROOT / "tests" / "sim" / "engine" / "bin"
+ENGINE = ROOT / "tests" / "sim" / "engine"
+BIN = ENGINE / "bin"
 TEMPLATE = ROOT / "model" / "chat_template.jinja"
 NAME = "DeepSeek-V4.1-Flash-1017"
 
 
-def tool(name, *args, **kw):
-    return subprocess.run([sys.executable, str(BIN / name), *map(str, args)], capture_output=True, text=True,
+def tool(name, *args, bin_dir=BIN, **kw):
+    return subprocess.run([sys.executable, str(bin_dir / name), *map(str, args)], capture_output=True, text=True,
                           timeout=30, **kw)
 
 
@@ -155,12 +156,12 @@ def rank0_env(inputs, link_port):
 
 
 class Pair:
-    def __init__(self, model, inputs, rank0_args=(), rank1_args=("--pool", "65536")):
+    def __init__(self, model, inputs, rank0_args=(), rank1_args=("--pool", "65536"), bin_dir=BIN):
         self.link, self.api = free_port(), free_port()
         self.url = f"http://127.0.0.1:{self.api}"
-        self.model, self.inputs = model, inputs
+        self.model, self.inputs, self.bin_dir = model, inputs, bin_dir
         self.rank0 = subprocess.Popen(
-            [sys.executable, str(BIN / "tensorfold-native"), "serve", str(model), "--name", NAME, "--host",
+            [sys.executable, str(bin_dir / "tensorfold-native"), "serve", str(model), "--name", NAME, "--host",
              "127.0.0.1", "--port", str(self.api), "--context", "65536", "--parallel", "4", *rank0_args],
             env=rank0_env(inputs, self.link), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         self.rank1_args = rank1_args
@@ -168,8 +169,8 @@ class Pair:
 
     def start_rank1(self):
         self.rank1 = subprocess.Popen(
-            [sys.executable, str(BIN / "tf-dsv41-lanes"), str(self.model), str(self.inputs / "rank1"), "1", "2",
-             "127.0.0.1", str(self.link), str(self.inputs / "kit"), "--engram", str(self.inputs / "engram"),
+            [sys.executable, str(self.bin_dir / "tf-dsv41-lanes"), str(self.model), str(self.inputs / "rank1"), "1",
+             "2", "127.0.0.1", str(self.link), str(self.inputs / "kit"), "--engram", str(self.inputs / "engram"),
              "--token-map", str(self.inputs / "token_map.json"), *self.rank1_args],
             env={**os.environ, "TF_STANDIN_LOAD_S": "0.1"}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
             text=True)
@@ -333,3 +334,155 @@ def test_a_broken_template_fails_visibly(pair, tmp_path):
     r = chat(p.url, messages=[{"role": "user", "content": "boom"}])
     assert r.status_code == 500 and "no boom here" in r.json()["error"]["message"]
     assert chat(p.url).status_code == 200
+
+
+# --- test-only faults (tests/sim/engine/faults/README.md) ---------------------------------------------------------
+
+CRASH_LINE = "sim fault crash-on-load: exiting while loading"
+DIFFER_MARK = " [sim fault replies-differ]"
+WEATHER = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+
+
+@pytest.fixture
+def engine_copy(tmp_path):
+    """A copy of the build context, as a test that wants a faulty image makes one: its programs read its faults/."""
+    copy = tmp_path / "engine-copy"
+    shutil.copytree(ENGINE, copy)
+    return copy
+
+
+def test_faults_folder_ships_with_no_fault_on():
+    """The folder always exists (its README), the image copies it beside the programs' resolved bin/, and no fault
+    file is committed: the checkout's image is the fault-free one."""
+    assert sorted(p.name for p in (ENGINE / "faults").iterdir()) == ["README.md"]
+    readme = (ENGINE / "faults" / "README.md").read_text()
+    assert "`crash-on-load`" in readme and "`replies-differ`" in readme
+    dockerfile = (ENGINE / "Dockerfile").read_text()
+    assert "COPY faults/ /opt/tensorfold/faults/" in dockerfile
+    assert "COPY bin/tensorfold-native bin/tf-dsv41-lanes bin/tf-dsv41-rank-cache /opt/tensorfold/bin/" in dockerfile
+    for name in ("tensorfold-native", "tf-dsv41-lanes", "tf-dsv41-rank-cache"):
+        assert f"ln -sf /opt/tensorfold/bin/{name} /usr/local/bin/{name}" in dockerfile
+
+
+def test_crash_on_load_fault(pair, model, inputs, engine_copy, tmp_path):
+    bin_dir = engine_copy / "bin"
+    # without the fault file the copy's pair serves as before
+    p = pair(bin_dir=bin_dir)
+    p.start_rank1()
+    assert p.wait_ready().json()["status"] == "ok" and chat(p.url).status_code == 200
+    p.close()
+
+    (engine_copy / "faults" / "crash-on-load").write_text("")
+    # run through symlinks, as the image runs /usr/local/bin/X -> /opt/tensorfold/bin/X: the fault is found beside
+    # the resolved bin/, not beside the link
+    links = tmp_path / "usr-local-bin"
+    links.mkdir()
+    for name in ("tensorfold-native", "tf-dsv41-lanes"):
+        (links / name).symlink_to(bin_dir / name)
+    start = time.monotonic()
+    p = pair(bin_dir=links)
+    p.start_rank1()
+    assert p.rank0.wait(timeout=15) == 1 and p.rank1.wait(timeout=15) == 1
+    assert time.monotonic() - start >= 1.9  # they ran (loading) before they exited, not a refused start
+    out, err = p.rank0.stdout.read(), p.rank0.stderr.read()
+    assert out.startswith("[tensorfold] CUDA sm_121 device 0") and "serving" not in out
+    assert err.splitlines() == [f"tensorfold: {CRASH_LINE}"]  # it never waited for rank 1
+    assert p.rank1.stdout.read() == ""
+    assert p.rank1.stderr.read().splitlines() == [f"tf-dsv41-lanes: {CRASH_LINE}"]
+
+    # what the deploy runs before it launches the ranks still works from the faulty image
+    caps = tool("tensorfold-native", "capabilities", "--json", bin_dir=bin_dir)
+    assert caps.returncode == 0 and caps.stdout == tool("tensorfold-native", "capabilities", "--json").stdout
+    assert tool("tensorfold-native", "--version", bin_dir=bin_dir).returncode == 0
+    r = tool("tf-dsv41-rank-cache", model, tmp_path / "rc", 0, 2, bin_dir=bin_dir)
+    assert r.returncode == 0 and json.loads(r.stdout.strip().splitlines()[-1])["rank"] == 0
+    r = tool("make_token_map.py", model, tmp_path / "map.json", bin_dir=bin_dir)
+    assert r.returncode == 0 and len(json.loads((tmp_path / "map.json").read_text())) == 7
+    # the fault comes after the argument and input checks: a usage error is still one, at once
+    r = tool("tensorfold-native", "serve", model, "--kv-dtype", "fp8", bin_dir=bin_dir)
+    assert r.returncode == 2 and CRASH_LINE not in r.stderr
+    r = tool("tf-dsv41-lanes", model, inputs / "rank1", 1, 2, bin_dir=bin_dir)
+    assert r.returncode == 2 and CRASH_LINE not in r.stderr
+
+
+def replies(url):
+    """The replies a fault can change: plain, streamed (assembled), with reasoning, and a tool call."""
+    plain = chat(url).json()["choices"][0]
+    events = [ln for ln in chat(url, stream=True).iter_lines(decode_unicode=True) if ln]
+    chunks = [json.loads(e[5:]) for e in events[:-1]]
+    thinking = chat(url, chat_template_kwargs={"enable_thinking": True}).json()["choices"][0]
+    call = chat(url, tools=WEATHER).json()["choices"][0]
+    return {"plain": plain["message"]["content"], "finish": plain["finish_reason"], "done": events[-1],
+            "streamed": "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks),
+            "stream_finish": chunks[-1]["choices"][0]["finish_reason"],
+            "reasoning": thinking["message"]["reasoning_content"], "thought_content": thinking["message"]["content"],
+            "call": call["message"]["tool_calls"][0]["function"], "call_finish": call["finish_reason"]}
+
+
+def exact_record(url, path):
+    from operations.validate import exact
+    from operations.validate.client import Client
+
+    path.write_text(json.dumps(exact.record(Client(url, model=NAME, timeout=10))))
+    return json.loads(path.read_text())
+
+
+def smoke(url):
+    from operations.validate.client import Client
+    from operations.validate.result import PASS
+    from operations.validate.smoke import smoke_parts
+
+    results = smoke_parts(Client(url, model=NAME, timeout=10))
+    assert [r.name for r in results] == ["health", "reply", "stream", "tool"]
+    return [r.line() for r in results if r.status != PASS]
+
+
+def test_replies_differ_fault(pair, engine_copy, tmp_path, capsys):
+    clean = pair()
+    (engine_copy / "faults" / "replies-differ").write_text("")
+    faulty = pair(bin_dir=engine_copy / "bin")
+    clean.start_rank1()
+    faulty.start_rank1()
+    clean.wait_ready()
+    faulty.wait_ready()
+
+    old, new = replies(clean.url), replies(faulty.url)
+    # without the fault: the replies as before
+    assert old["plain"].startswith("OK. Both ranks answered (rank 1 lanes ") and old["plain"].endswith(").")
+    assert old["streamed"] == old["plain"] and old["reasoning"] == "The user wants a short reply."
+    assert old["call"]["arguments"] == '{"city": "sparkfold"}'
+    # with it: every text differs, deterministically, and the reply is as good
+    assert new["plain"] == old["plain"] + DIFFER_MARK and new == replies(faulty.url)
+    assert new["streamed"] == new["plain"] and new["done"] == "data: [DONE]"
+    assert new["reasoning"] == old["reasoning"] + DIFFER_MARK and new["thought_content"] != old["thought_content"]
+    assert new["call"] == {"name": "get_weather", "arguments": '{"city":"sparkfold"}'}
+    assert json.loads(new["call"]["arguments"]) == json.loads(old["call"]["arguments"])
+    assert {k: new[k] for k in ("finish", "stream_finish", "call_finish", "done")} == {
+        k: old[k] for k in ("finish", "stream_finish", "call_finish", "done")}
+
+    # the smoke test passes on both; an exact record tells them apart on every prompt
+    assert smoke(clean.url) == [] and smoke(faulty.url) == []
+    from operations.validate import exact
+    from operations.validate.result import FAIL, PASS
+
+    a, a2, b = (exact_record(u, tmp_path / f) for u, f in ((clean.url, "a.json"), (clean.url, "a2.json"),
+                                                            (faulty.url, "b.json")))
+    assert exact.compare(str(tmp_path / "a.json"), str(tmp_path / "a2.json")).status == PASS
+    differ = exact.compare(str(tmp_path / "a.json"), str(tmp_path / "b.json"))
+    assert differ.status == FAIL and differ.detail.startswith(f"{len(exact.PROMPTS)} of {len(exact.PROMPTS)} prompts")
+    for name, one in a["prompts"].items():
+        other = b["prompts"][name]
+        assert one["text_sha256"] != other["text_sha256"], name
+        assert {k: v for k, v in one.items() if k not in ("text", "text_sha256")} == {
+            k: v for k, v in other.items() if k not in ("text", "text_sha256")}, name
+    assert a2["prompts"] == a["prompts"]
+
+    # rank 0 says so in its log, the fault-free one does not
+    for p in (clean, faulty):
+        p.rank0.send_signal(signal.SIGTERM)
+        assert p.rank0.wait(timeout=10) == 0
+    fault_line = "[tensorfold] sim fault replies-differ: every reply's text differs from the fault-free image's"
+    assert fault_line in faulty.rank0.stdout.read().splitlines()
+    assert "sim fault" not in clean.rank0.stdout.read()
+    capsys.readouterr()  # exact.record's progress lines
