@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import shlex
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from pyinfra import host, logger, state
@@ -21,7 +22,7 @@ from pyinfra.api.host import Host
 from operations.build.image_hash import HASH_LABEL, image_ref
 from operations.data.copy import versions_dir
 from operations.facts.docker import RankContainer
-from operations.facts.rank import PruneInputs, RankInputs
+from operations.facts.rank import PruneInputs, RankInputs, StartReady
 from operations.facts.systemd import UnitState
 from operations.layout import SUPERVISOR_UNIT, unit_path
 from operations.owned.files import file_put
@@ -279,6 +280,75 @@ def ranks_serving(s: Settings) -> None:
         pair_serving(name="Rank 0's API: wait, smoke test through both ranks, LIVE (or roll back)", s=s, worker=peer,
                      image=pair["image"], template=pair["template"], rank0=rank0, notes=notes)
     generations_kept(name="The serving generation recorded; old generations pruned", **pair)
+
+
+def start_ready_problem(where: str, spec: Any, ready: Mapping[str, Any]) -> str | None:
+    """Why a recorded rank cannot start on this Spark again (its image or a folder it mounts is gone), or None."""
+    gone = ([f"the image {spec.image}"] if not ready.get("image") else []) + list(ready.get("missing") or [])
+    return f"on the {where}: {', '.join(gone)} (removed since it served)" if gone else None
+
+
+def _rolled_back(state: Any, host: Any, worker: Any, s: Settings, target: Generation, came_from: str,
+                 notes: SwitchNotes) -> bool:
+    """rollback.py's switch: the serving pair stopped (the supervisor paused), `target` started from its record and
+    judged like any new pair, then recorded as the last good one on both Sparks."""
+    if s.supervise:
+        switch.run(host, StringCommand("systemctl", "stop", SUPERVISOR_UNIT, _sudo=True))
+    notes.stopped_at = switch.clock()
+    problem = switch.switched_to(s, host, worker, target)
+    switch.supervisor_started(s, host, SUPERVISOR_UNIT)
+    if problem is not None:
+        host.log(f"sparkfold: the rollback to generation {target.id} failed: {problem}; run deploy.py to start the "
+                 "pair the settings ask for", log_func=logger.error)
+        return False
+    recorded = Generation(target.id, target.specs, good_at=time.time())
+    for spark, ss in ((host, s.head), (worker, s.worker)):
+        ok, out = switch.run(spark, _record_command(ss.layout.generations, recorded))
+        if not ok:
+            host.log(f"sparkfold: generation {target.id} serves, but {spark.name} could not record it as the last "
+                     f"good one: {' '.join(out)[-200:]}", log_func=logger.error)
+            return False
+    host.log(f"rolled back: generation {came_from} → {target.id}")
+    for line in serving.live_lines(s.served_name, s.port, s.api_base_url, s.layout.api_key if s.api_key else "",
+                                   serving.open_api_note(s)):
+        host.log(line)
+    host.log(switch.downtime_line(notes, switch.clock()))
+    return True
+
+
+@operation()
+def previous_generation_served(s: Settings, worker: Host, image: str, template: str):
+    """Head (rollback.py): the pair switched to the previous good generation, the newest one that served other than
+    the one serving now; refused before anything stops when there is none, or when its image or a folder it mounts
+    is gone on either Spark."""
+    plan = read_pair_plan(s, worker, image, template)
+    records = plan.records[0]
+    current = plan.running or records.last_good
+    target = records.previous(current)
+    if target is None:
+        yield from check_failed("rollback", [f"no earlier generation that served is recorded in "
+                                             f"{s.layout.generations} (only {current or 'none'}): nothing to roll "
+                                             "back to"])
+        return
+    problems = []
+    for spark, ss, spec in ((host, s.head, target.specs[0]), (worker, s.worker, target.specs[1])):
+        paths = tuple(src for src, _dst, _ro in spec.mounts if src.startswith("/") and _ro)
+        ready = spark.get_fact(StartReady, image=spec.image, paths=paths)
+        problems.append(start_ready_problem(ss.role, spec, ready))
+    if any(problems):  # said by --dry too, and no switch is planned
+        yield from check_failed(f"rollback to generation {target.id}", problems)
+        return
+    logger.info(f"{host.name}: rollback: generation {current or '(none)'} → {target.id}")
+    yield FunctionCommand(_rolled_back, (worker, s, target, current or "(none)", SwitchNotes()), {})
+
+
+@deploy("Roll back to the previous generation")
+def rolled_back(s: Settings) -> None:
+    """rollback.py: the head switches both ranks to the previous good generation (the worker's part is driven from
+    the head, as the health wait is)."""
+    if s.is_head:
+        previous_generation_served(name="The previous good generation serves again", s=s, worker=peer_host(s),
+                                   image=image_ref(s), template=template_digest(s))
 
 
 @operation()

@@ -164,3 +164,26 @@ class PruneInputs(FactBase[PruneInputsDict]):
             elif folder and line.strip():
                 found["entries"][folder].append(line.strip())
         return found
+
+
+class StartReadyDict(TypedDict):
+    image: bool  # the image is here
+    missing: list[str]  # the folders a start would mount that are not here
+
+
+class StartReady(FactBase[StartReadyDict]):
+    """Whether a recorded rank could start here again without a build or a download: its image and every folder it
+    mounts are present."""
+
+    @staticmethod
+    def default() -> StartReadyDict:
+        return {"image": False, "missing": []}
+
+    def command(self, image: str, paths: tuple[str, ...] = ()) -> str:
+        checks = "; ".join(f"[ -e {shlex.quote(p)} ] || echo {shlex.quote('#MISSING ' + p)}" for p in paths)
+        return (f"if docker image inspect {shlex.quote(image)} >/dev/null 2>&1; then echo '#IMAGE yes'; "
+                f"else echo '#IMAGE no'; fi; {checks or 'true'}")
+
+    def process(self, output: list[str]) -> StartReadyDict:
+        return {"image": "#IMAGE yes" in [line.strip() for line in output],
+                "missing": [line.strip()[len("#MISSING "):] for line in output if line.startswith("#MISSING ")]}

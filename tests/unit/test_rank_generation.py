@@ -204,3 +204,33 @@ def test_the_old_pair_is_recorded_for_the_exact_gate_only_when_it_serves():
     cmds, host = run_op(ranks.old_pair_replayed, {RankInputs: found(HS)}, executing=True, s=HS, peer=first_run,
                         image=IMAGE, template=TEMPLATE, notes=notes)
     assert cmds == [] and "nothing to record" in host.noops[0]
+
+
+# --- rollback.py ------------------------------------------------------------------------------------------------------
+
+def rollback_op(mine, theirs, ready_head, ready_worker, executing=True):
+    from operations.facts.rank import StartReady
+    peer = FakeHost({RankInputs: theirs, StartReady: ready_worker}, name="peer")
+    return run_op(ranks.previous_generation_served, {RankInputs: mine, StartReady: ready_head}, executing=executing,
+                  s=HS, worker=peer, image=IMAGE, template=TEMPLATE)
+
+
+READY = {"image": True, "missing": []}
+
+
+def test_rollback_switches_to_the_newest_good_generation_but_the_serving_one():
+    mine = running_pair(HS, good(EARLIER, 1), good(SERVING, 2), last_good=SERVING.id)
+    cmds, _ = rollback_op(mine, running_pair(WS), READY, READY)
+    assert len(cmds) == 1 and "_rolled_back" in cmds[0]
+
+
+def test_rollback_refuses_without_an_earlier_generation_or_with_its_parts_gone():
+    alone = running_pair(HS, good(SERVING, 2), last_good=SERVING.id)
+    cmds, _ = rollback_op(alone, running_pair(WS), READY, READY)
+    assert len(cmds) == 1 and "nothing to roll back to" in cmds[0] and "exit 1" in cmds[0]
+    both = running_pair(HS, good(EARLIER, 1), good(SERVING, 2), last_good=SERVING.id)
+    gone = {"image": False, "missing": [f"{WS.layout.rank_cache}/def/rank1"]}
+    cmds, _ = rollback_op(both, running_pair(WS), READY, gone)
+    assert len(cmds) == 1 and f"the image {EARLIER.specs[1].image}" in cmds[0]
+    assert f"{WS.layout.rank_cache}/def/rank1 (removed since it served)" in cmds[0]
+    assert rollback_op(both, running_pair(WS), READY, gone, executing=False)[0] == []  # --dry: said, not planned
