@@ -33,7 +33,7 @@ if s.is_head and (note := passthrough_note(os.environ)):
 # one run at a time on each Spark (released at the end; a run that died leaves a lock the next run takes over)
 locked(s=s)
 
-# 2-5. host preparation (the folders sparkfold owns right before any step writes into them)
+# 2-6. host preparation (the folders sparkfold owns right before any step writes into them)
 preflight(s=s)
 folders(s=s)
 docker_runtime(s=s, _sudo=True)
@@ -42,17 +42,18 @@ link(s=s)
 nfs(s=s)
 both_sparks_reached(name="Host preparation done on both Sparks", step="host preparation")
 
-# 6-7. what the ranks load
+# 7-8. what the ranks load
 engine_image(s=s)
 model_data(s=s)
 both_sparks_reached(name="Data in place on both Sparks", step="the data")
 
-# 8. guards and keys (the supervisor comes last, once the pair serves)
+# 9. guards and keys (the supervisor comes last, once the pair serves)
 memguard(s=s, _sudo=True)
 api_key(s=s)
 both_sparks_reached(name="Guards in place on both Sparks", step="the guards")
 
-# 9-10. the pair: rank 1, then rank 0; then the health wait, the smoke test and the LIVE line
+# 10. the pair: rank 1, then rank 0; then the health wait, the smoke test and the LIVE line (or the last good
+# generation back); then the serving generation recorded and old ones pruned
 ranks_serving(s=s)
 
 # 11. the optional supervisor (head), started once the pair serves

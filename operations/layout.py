@@ -1,4 +1,4 @@
-"""Where everything lives on a Spark, written once: operations, the launch spec, preflight, the docs and the tests
+"""Where everything lives on a Spark, written once: operations, the rank specs, preflight, the docs and the tests
 read their paths here.
 
 `Layout` holds one Spark's roots (its Hugging Face cache, data_dir and state_dir, resolved against that Spark's

@@ -1,5 +1,5 @@
 """The CX7 link: this project's netplan file (with migration of other files' stanzas for the same netdevs),
-an apply the Spark undoes by itself unless confirmed (link_rollback.py), checks (addresses and MTU, DF ping per
+an apply the Spark undoes by itself unless confirmed (network/netplan_apply.py), checks (addresses and MTU, DF ping per
 rail, RoCE v2 GID), and the per-host link record the launch step reads."""
 
 from __future__ import annotations

@@ -64,9 +64,8 @@ def pair_checked(s: Settings, peer: Host, image: str, template: str):
         return
     if (yield from check_failed("ports", mine.ports)):
         return
-    switch = plan.switch
-    if s.is_head and plan.stale and switch is not None:
-        logger.info(f"{host.name}: {switch.line()}")  # --dry says it too: what the run switches, and the way back
+    if s.is_head and plan.stale:
+        logger.info(f"{host.name}: {plan.switch.line()}")  # --dry says it too: what the run switches, and the way back
     host.noop(f"the {mine.where}'s launch checks pass")
 
 
@@ -135,7 +134,7 @@ def old_pair_replayed(s: Settings, peer: Host, image: str, template: str, notes:
     """Head, upgrade_gate = "exact": before a serving pair is replaced, its replies to the gate's prompts at
     temperature 0 are recorded here, for the new pair's to be compared with."""
     plan = read_pair_plan(s, peer, image, template)
-    came_from = plan.switch.came_from if plan.switch else None
+    came_from = plan.switch.came_from
     if not plan.stale or came_from is None or plan.running != came_from.id:
         host.noop("no serving pair is replaced: nothing to record for the exact gate")
         return
@@ -166,7 +165,8 @@ def _new_pair_served(state: Any, host: Any, worker: Any, s: Settings, change: Sw
     if target is not None:
         switch.supervisor_started(s, host, SUPERVISOR_UNIT)
     logs = (s.head.layout.logs, s.worker.layout.logs)
-    host.log("sparkfold: " + switch.failure_message(change.to.id if change else "?", problem, logs, target, back),
+    new_id = change.to.id if change and change.to else "?"
+    host.log("sparkfold: " + switch.failure_message(new_id, problem, logs, target, back),
              log_func=logger.error)
     return False
 

@@ -1,4 +1,4 @@
-"""Facts about Docker: the rank container and its spec record, images (here and on the worker) and what the engine
+"""Facts about Docker: the rank container, images (here and on the worker) and what the engine
 inside says it can do, daemon.json and the live daemon's runtimes, the NVIDIA runtime's tools, the Docker root dir,
 running containers' memory, the NFS volume and its users.
 
@@ -27,7 +27,7 @@ _UNITS = {
     "kib": 1024, "mib": 1024**2, "gib": 1024**3, "tib": 1024**4,
 }
 
-# One line of JSON with the parts of `docker container inspect` the lifecycle decides from.
+# One line of JSON with the parts of `docker container inspect` the pair plan decides from.
 _CONTAINER_FORMAT = ('{"state":{{json .State}},"labels":{{json .Config.Labels}},"image":{{json .Config.Image}},'
                      '"created":{{json .Created}},"args":{{json .Args}},"env":{{json .Config.Env}}}')
 # where a rank is told the ports it listens on: rank 0's serve flag, and the rendezvous port in its environment
@@ -71,7 +71,7 @@ class RankContainerDict(TypedDict, total=False):
 
 
 class RankContainer(FactBase[RankContainerDict]):
-    """The container named `container` as the lifecycle decides from it (state, labels, image), or {} when there is
+    """The container named `container` as the pair plan decides from it (state, labels, image), or {} when there is
     none (or no docker yet)."""
 
     @staticmethod

@@ -329,3 +329,20 @@ class DiskSpace(FactBase[DiskSpaceDict]):
                 sections[-1][1].append(line)
         return {"free": [DiskFree().process(lines) for kind, lines in sections if kind == "#FREE"],
                 "held": sum(PathUsage().process(lines) for kind, lines in sections if kind == "#HELD")}
+
+
+class FolderSizes(FactBase[dict[str, int]]):
+    """{path: bytes on disk} of each folder in `paths` that exists (`du -sb`, links not followed)."""
+
+    default = dict
+
+    def command(self, paths: tuple[str, ...] = ()) -> str:
+        return f"du -sb {' '.join(shlex.quote(p) for p in paths)} 2>/dev/null; true" if paths else "true"
+
+    def process(self, output: list[str]) -> dict[str, int]:
+        sizes = {}
+        for line in output:
+            size, _, path = line.partition("\t")
+            if size.isdigit() and path:
+                sizes[path] = int(size)
+        return sizes

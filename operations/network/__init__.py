@@ -1,1 +1,1 @@
-"""The network parts steps share: the guarded netplan apply and the head's ssh to the worker."""
+"""The guarded netplan apply (an apply the Spark undoes by itself unless a new ssh connection confirms it)."""

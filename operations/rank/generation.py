@@ -143,32 +143,53 @@ def kept(records: Records, keep: int, also: Sequence[str]) -> set[str]:
 
 @dataclass(frozen=True)
 class Switch:
-    """A deploy that replaces a serving pair: to the wanted generation, from the last good one (None on a first
-    deploy, or when the wanted one is the last good one: a restart has nothing else to fall back to)."""
+    """A deploy that replaces a serving pair: to the wanted generation (None while a spec is not known: a new image
+    not built yet), from the last good one (None on a first deploy, or when the wanted one is the last good one: a
+    restart has nothing else to fall back to)."""
 
-    to: Generation
+    to: Generation | None
     came_from: Generation | None
     changed: tuple[str, ...]
     first: bool  # no generation was ever recorded on this pair
 
+    @property
+    def to_name(self) -> str:
+        return self.to.id if self.to else "a new one (its id is known once the steps before it have run)"
+
     def line(self) -> str:
         if self.came_from is not None:
-            return (f"generation {self.came_from.id} → {self.to.id}: {', '.join(self.changed) or 'the same parts'}; "
-                    f"rollback to {self.came_from.id} if the new pair fails")
+            return (f"generation {self.came_from.id} → {self.to_name}: {', '.join(self.changed) or 'the same parts'}"
+                    f"; rollback to {self.came_from.id} if the new pair fails")
         if self.first:
-            return (f"generation {self.to.id}: the first on this pair, so there is nothing to roll back to if it "
+            return (f"generation {self.to_name}: the first on this pair, so there is nothing to roll back to if it "
                     "fails")
-        return f"generation {self.to.id} starts again (the last good one: nothing else to roll back to)"
+        return f"generation {self.to_name} starts again (the last good one: nothing else to roll back to)"
 
 
-def switch_of(wanted: Generation | None, records: Records) -> Switch | None:
-    """The switch a recreated pair makes (None while the wanted spec is not known)."""
-    if wanted is None:
-        return None
+def _partial_changes(previous: Generation, specs: Sequence[ContainerSpec | None], image: str) -> list[str]:
+    """What is known to differ while a spec is not known yet: the image, and the parts of the spec that is."""
+    known = [spec for spec in specs if spec is not None]
+    found = ["image"] if previous.specs[0].image != image else []
+    for spec in known:
+        rank = int(spec.labels.get("sparkfold.rank", "0"))
+        old = previous.specs[rank]
+        if _mount(old, InContainer.RANK_CACHE) != _mount(spec, InContainer.RANK_CACHE):
+            found.append("weight files")
+        if _settings_digest(old) != _settings_digest(spec):
+            found.append("settings")
+    return list(dict.fromkeys(found))
+
+
+def switch_of(specs: Sequence[ContainerSpec | None], image: str, records: Records) -> Switch:
+    """The switch a recreated pair makes, from the wanted specs (either may be unknown yet) and the records."""
+    wanted = generation_of(specs)
     previous = records.get(records.last_good)
-    if previous is not None and previous.id == wanted.id:
+    if previous is None:
+        return Switch(wanted, None, (), first=True)
+    if wanted is not None and previous.id == wanted.id:
         return Switch(wanted, None, (), first=False)
-    return Switch(wanted, previous, tuple(changes(previous, wanted)) if previous else (), first=previous is None)
+    changed = changes(previous, wanted) if wanted is not None else _partial_changes(previous, specs, image)
+    return Switch(wanted, previous, tuple(changed), first=False)
 
 
 # --- what a switch that passed may remove ------------------------------------------------------------------------

@@ -63,10 +63,12 @@ class PairPlan:
     running: str = ""  # the id of the generation both containers run ("" unless both run sparkfold's specs)
     records: tuple[Records, Records] = (Records((), ""), Records((), ""))  # each Spark's generation records
 
+    image: str = ""  # the image both ranks should run
+
     @property
-    def switch(self) -> Switch | None:
+    def switch(self) -> Switch:
         """From the last good generation to the wanted one: what a recreated pair changes, and its way back."""
-        return switch_of(self.wanted, self.records[0])
+        return switch_of([rank.spec for rank in self.ranks], self.image, self.records[0])
 
     def rank(self, rank: int) -> RankPlan:
         return self.ranks[rank]
@@ -233,4 +235,4 @@ def pair_plan(head: Settings, worker: Settings, head_found: RankInputsDict, work
                                  (found.get("generations") or {}).get("last_good") or "")
                     for found in (head_found, worker_found))
     return PairPlan((ranks[0], ranks[1]), tuple(reasons), tuple(refusals),
-                    generation_of([spec for spec, _problems in built]), running, (records[0], records[1]))
+                    generation_of([spec for spec, _problems in built]), running, (records[0], records[1]), image)

@@ -1,5 +1,6 @@
-"""Scripts run on a Spark. They are sent on stdin (`python3 - ARGS <<EOF`) rather than uploaded, so a fact can run
-them during --dry on a Spark the deploy has not touched yet."""
+"""Scripts run on a Spark. The ones facts and steps run once (downloads, plans, the copy, the progress runner) are
+sent on stdin (`python3 - ARGS <<EOF`) rather than uploaded, so a fact can run them during --dry on a Spark the
+deploy has not touched yet; the ones a unit runs (memguard, the supervisor, the GPU clock lock) are uploaded."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Run a long command on a Spark and print one progress line every --every seconds while it runs.
 
-pyinfra shows a command's output only at the end unless asked (operations/util/progress.LiveCommand asks), and
+pyinfra shows a command's output only at the end unless asked (operations/remote/progress_command.LiveCommand asks), and
 tools such as rsync redraw one line with carriage returns. This runner keeps the command's own output in a log
 (shown when it fails) and prints plain lines of its own: what is done of the total, the rate and the time left
 (--size-of a folder, or --probe a command that prints a byte count, e.g. what a hashing has read), the newest

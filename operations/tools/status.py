@@ -23,7 +23,7 @@ from operations.build.image_hash import image_ref
 from operations.data.copy import MARKER, SUMS_STATE, listing_digest
 from operations.data.hub import checkpoint_plan_args
 from operations.facts.docker import DockerVolumeInfo, RankContainerDict
-from operations.facts.files import FolderCheck, FolderCheckDict, LinkTarget
+from operations.facts.files import FolderCheck, FolderCheckDict, FolderSizes, LinkTarget
 from operations.facts.gpu import GpuClockState, GpuClockStateDict
 from operations.facts.host import MemInfo, mem_available_gib
 from operations.facts.model import HfPlan, HfPlanDict, RankFolder, RankFolderDict
@@ -31,9 +31,10 @@ from operations.facts.network import IpAddresses, PingOk, RoceDevices
 from operations.facts.rank import RankInputs, RankInputsDict
 from operations.facts.systemd import UnitState, UnitStateDict
 from operations.gpu_clock import lock_verdict
-from operations.layout import GPU_CLOCK_RECORD, GPU_CLOCK_TIMER, MEMGUARD_UNIT, SUPERVISOR_UNIT, unit_path
+from operations.layout import GPU_CLOCK_RECORD, GPU_CLOCK_TIMER, MEMGUARD_UNIT, SUPERVISOR_UNIT, InContainer, unit_path
 from operations.link import rails_from_facts
 from operations.model_data import BLOB_SUMS, fetch_summary
+from operations.rank.generation import Generation, read_records
 from operations.rank.plan import pair_plan, rank_inputs_args
 from operations.rank.serving import models_listed, read_api_key
 from operations.rank.spec import LABEL_HASH, template_digest
@@ -61,6 +62,7 @@ class SparkFacts(TypedDict, total=False):
     unreachable: str  # set when the Spark did not answer over ssh: why, and no other key is read
     container: RankContainerDict
     rank_inputs: RankInputsDict  # what the pair plan reads (operations/facts/rank.py)
+    generation_sizes: dict[str, int]  # the kept generations' weight folders: bytes on disk
     want_hash: str | None  # the pair plan's spec hash for this rank; None when the spec cannot be built
     spec_note: str  # why it cannot
     gpu: GpuClockStateDict
@@ -356,11 +358,41 @@ def build_rows(hs: Settings, ws: Settings, head: SparkFacts, worker: SparkFacts,
         rows.append(weights_row(s.role, s.rank, p.active_rank_link(), f.get("weights_link"), f.get("weights"),
                                 f.get("weights_check"), verify=not s.is_head))
     for s, f in sparks:
+        rows.append(generations_row(s, f))
+    for s, f in sparks:
         units = f.get("units") or {}
         rows.append(unit_row(s.role, MEMGUARD_UNIT, units.get(MEMGUARD_UNIT), "memguard", s.memguard))
         if s.is_head:
             rows.append(unit_row(s.role, SUPERVISOR_UNIT, units.get(SUPERVISOR_UNIT), "supervise", s.supervise))
     return rows
+
+
+def generation_folder(s: Settings, generation: Generation) -> str:
+    """The weight folder this Spark's rank of `generation` mounts (its bulk on disk)."""
+    return next((src for src, dst, _ro in generation.specs[s.rank].mounts if dst == InContainer.RANK_CACHE), "")
+
+
+def generations_row(s: Settings, f: SparkFacts) -> Row:
+    """The generations kept on this Spark, newest first: which one runs, which is the last good one, their weight
+    folders' sizes."""
+    found: dict[str, Any] = dict(f.get("rank_inputs", {}).get("generations") or {})
+    records = read_records(found.get("files") or {}, found.get("last_good") or "")
+    label = ((f.get("container") or {}).get("labels") or {}).get(LABEL_HASH)
+    sizes = f.get("generation_sizes") or {}
+    parts = []
+    for generation in records.good():
+        marks = (["current"] if generation.specs[s.rank].spec_hash() == label else []) + (
+            ["last good"] if generation.id == records.last_good else [])
+        size = sizes.get(generation_folder(s, generation))
+        parts.append(f"{generation.id} ({', '.join(marks + [gib(size) if size is not None else 'weights gone'])})")
+    if not parts:
+        return Row(s.role, "generations", "none", "no pair has passed its smoke test here yet", None)
+    return Row(s.role, "generations", f"{len(parts)} kept", "; ".join(parts) + f" (keep_generations = "
+               f"{s.keep_generations})", None)
+
+
+def gib(size: int) -> str:
+    return f"{size / 1024**3:.1f} GiB"
 
 
 def not_serving(containers: Mapping[int, Mapping[str, Any] | None], api: ApiProbe) -> str | None:
@@ -424,6 +456,9 @@ def spark_facts(h: Any, s: Settings) -> SparkFacts:
     p = s.layout
     inputs = _fact(h, RankInputs, _sudo=True, **rank_inputs_args(s, image_ref(s)))
     f: SparkFacts = {"container": inputs["container"], "rank_inputs": inputs}
+    found = dict(inputs.get("generations") or {})
+    folders = tuple(generation_folder(s, g) for g in read_records(found.get("files") or {}, "").generations)
+    f["generation_sizes"] = _fact(h, FolderSizes, paths=folders) if folders else {}
     f["gpu"] = _fact(h, GpuClockState, nvidia_smi=s.nvidia_smi_path, record_path=GPU_CLOCK_RECORD)
     f["addrs"], f["roce"] = _fact(h, IpAddresses), _fact(h, RoceDevices)
     # sudo: binding ping to a netdev (-I) needs CAP_NET_RAW, as in the link step

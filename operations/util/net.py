@@ -1,4 +1,4 @@
-"""IPv4 helpers shared by the settings rules, the link step and the launch spec."""
+"""IPv4 helpers shared by the settings rules, the link step and the rank specs."""
 
 from __future__ import annotations
 

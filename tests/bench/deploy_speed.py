@@ -4,7 +4,7 @@
 
 Brings the pair up (fresh unless this checkout brought it up last), converges it, then measures, alternating A and B:
 1. a converged `deploy.py -y` against a bare `exec -y -- true`, 2. a converged `deploy.py --dry` against the same
-bare run, 3. sparkfold's head-to-worker copy (operations/data_copy.peer_copy_commands) of a generated file against
+bare run, 3. sparkfold's head-to-worker copy (operations/data/copy.peer_copy_commands) of a generated file against
 a plain TCP socket sender/receiver on the same link address, both into the worker's data folder. One line per
 measure, then one JSON line: converged_ratio and dry_ratio (deploy time / bare time), copy_ratio (raw time /
 sparkfold time: 1.0 is as fast as raw TCP).

@@ -79,14 +79,22 @@ def test_changes_name_the_parts_that_differ():
 
 
 def test_the_switch_line_says_from_what_to_what_and_the_way_back():
-    line = gen.switch_of(NEW, records(good(OLD, 1), last_good=OLD.id)).line()
+    image = NEW.specs[0].image
+    line = gen.switch_of(NEW.specs, image, records(good(OLD, 1), last_good=OLD.id)).line()
     assert line == (f"generation {OLD.id} → {NEW.id}: image, model revision, weight files; rollback to {OLD.id} if "
                     "the new pair fails")
-    first = gen.switch_of(NEW, records())
+    first = gen.switch_of(NEW.specs, image, records())
     assert first.came_from is None and first.first and "nothing to roll back to" in first.line()
-    again = gen.switch_of(OLD, records(good(OLD, 1), last_good=OLD.id))
+    again = gen.switch_of(OLD.specs, IMAGE, records(good(OLD, 1), last_good=OLD.id))
     assert again.came_from is None and not again.first and "starts again" in again.line()
-    assert gen.switch_of(None, records()) is None
+
+
+def test_a_switch_to_an_image_not_built_yet_is_said_from_what_is_known():
+    # --dry before a new image exists: rank 0's spec waits for the image's capabilities
+    unknown = gen.switch_of([None, NEW.specs[1]], NEW.specs[0].image, records(good(OLD, 1), last_good=OLD.id))
+    assert unknown.to is None and unknown.changed == ("image", "weight files")
+    assert unknown.line().startswith(f"generation {OLD.id} → a new one (its id is known once the steps before it")
+    assert unknown.line().endswith(f"; rollback to {OLD.id} if the new pair fails")
 
 
 def test_previous_is_the_newest_good_one_but_the_current():

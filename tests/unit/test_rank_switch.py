@@ -89,8 +89,8 @@ def serve(monkeypatch, problem=None, gate=None, replay=None, back=None, upgrade_
     monkeypatch.setattr(switch, "clock", lambda: 200.0)
     monkeypatch.setattr(ranks.serving, "log_tails", lambda head, worker, name: "(the logs)")
     head, worker = Spark("head", {}), Spark("worker", {})
-    change = switch_of(SERVING, SimpleNamespace(get=lambda gid: good(EARLIER, 1), last_good=EARLIER.id,
-                                                previous=lambda gid: None))
+    change = switch_of(SERVING.specs, SERVING.specs[0].image,
+                       SimpleNamespace(get=lambda gid: good(EARLIER, 1), last_good=EARLIER.id))
     ok = ranks._new_pair_served(None, head, worker, HS.replace(upgrade_gate=upgrade_gate), change,
                                 switch.SwitchNotes(stopped_at=170.0, replay=replay))
     return ok, head.logged, calls

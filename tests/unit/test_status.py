@@ -227,7 +227,8 @@ def test_nothing_deployed_yet():
     assert by_item(rows, "head", "weight file").state == "missing"
     assert by_item(rows, "worker", "sparkfold-memguard").ok is False  # memguard = true, not installed
     assert by_item(rows, "head", "memory").ok is True  # enough to start
-    assert {r.ok for r in rows if r.item != "memory" and r.item != "sparkfold-supervise"} == {False}
+    assert {r.ok for r in rows if r.item not in ("memory", "sparkfold-supervise", "generations")} == {False}
+    assert by_item(rows, "head", "generations").state == "none"  # information: nothing has served yet
     assert st.not_serving({0: {}, 1: {}}, API_DOWN) == ("rank 0 has no container; rank 1 has no container; "
                                                         + API_DOWN["problem"])
 

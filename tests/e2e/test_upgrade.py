@@ -1,0 +1,146 @@
+"""Generations on the simulated pair: a switch that fails is rolled back, the exact gate, rollback.py, pruning and
+an interrupted switch. A faulty engine is made only by its build context (a copy of tests/sim/engine with a fault
+file the stand-in reads, tests/sim/engine/faults/README.md), never by a flag of the deploy.
+
+Runs alone: the first fixture converges the pair; each test leaves it converged on the fault-free engine.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import time
+from pathlib import Path
+
+import pytest
+from test_deploy import (
+    DEPLOY,
+    changed_ops,
+    chat,
+    container_id,
+    deploy,
+    failing_deploy,
+    pair_ids,
+    start_deploy,
+    wait_until,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+STATE = "/home/nvidia/.local/state/sparkfold/generations"
+MARKER = "[sim fault replies-differ]"
+
+
+def faulty_engine(tmp_path: Path, fault: str) -> dict[str, str]:
+    """The environment of a deploy whose engine image carries `fault` (a new image: its context differs)."""
+    context = tmp_path / f"engine-{fault}"
+    shutil.copytree(ROOT / "tests/sim/engine", context)
+    (context / "faults" / fault).write_text("on\n")
+    return {"SPARKFOLD_ENGINE_CONTEXT": str(context)}
+
+
+def spec_hashes(sim_exec) -> tuple[str, str]:
+    return tuple(sim_exec(role, ["docker", "inspect", "-f", '{{index .Config.Labels "sparkfold.spec-hash"}}',
+                                 "dsv41-1017-exl3-tf"]).stdout.strip() for role in ("head", "worker"))
+
+
+def last_good(sim_exec, role: str = "head") -> str:
+    return sim_exec(role, ["cat", f"{STATE}/last-good"]).stdout.strip()
+
+
+def records(sim_exec, role: str = "head") -> list[str]:
+    out = sim_exec(role, f"ls {STATE}").stdout.split()
+    return sorted(name[:-5] for name in out if name.endswith(".json"))
+
+
+def images(sim_exec, role: str) -> list[str]:
+    out = sim_exec(role, ["docker", "images", "--filter", "label=sparkfold.image-hash", "--format",
+                          "{{.Repository}}:{{.Tag}}"]).stdout
+    return sorted(out.split())
+
+
+@pytest.fixture(scope="module", autouse=True)
+def converged(run_pyinfra):
+    deploy(run_pyinfra)
+    yield
+    deploy(run_pyinfra)  # leave the pair on the fault-free engine for the next file
+
+
+def test_the_serving_generation_is_recorded_root_owned_on_both_sparks(run_pyinfra, sim_exec):
+    gid = last_good(sim_exec)
+    assert len(gid) == 8 and last_good(sim_exec, "worker") == gid and gid in records(sim_exec)
+    owner = sim_exec("head", ["stat", "-c", "%U %a", f"{STATE}/{gid}.json"]).stdout.split()
+    assert owner == ["root", "644"]
+    record = json.loads(sim_exec("head", ["cat", f"{STATE}/{gid}.json"]).stdout)
+    assert [spec["labels"]["sparkfold.rank"] for spec in record["specs"]] == ["0", "1"]
+    assert changed_ops(deploy(run_pyinfra)) == {}  # recorded once: a second run changes nothing
+
+
+def test_a_new_engine_that_crashes_while_loading_is_rolled_back(run_pyinfra, sim_exec, tmp_path):
+    before, old = spec_hashes(sim_exec), last_good(sim_exec)
+    env = faulty_engine(tmp_path, "crash-on-load")
+    dry = run_pyinfra(*DEPLOY, "--dry", env=env)
+    assert dry.returncode == 0 and f"generation {old} → " in dry.stderr and f"rollback to {old}" in dry.stderr
+    run = failing_deploy(run_pyinfra, env=env)
+    assert "Traceback" not in run.stderr
+    assert "failed: rank" in run.stderr and f"Generation {old} serves again (rolled back)" in run.stderr
+    assert "logs are saved in /home/nvidia/.cache/sparkfold/logs on the head" in run.stderr
+    assert spec_hashes(sim_exec) == before and last_good(sim_exec) == old  # the old pair, as it was
+    assert "Both ranks answered" in chat()["choices"][0]["message"]["content"]
+    saved = sim_exec("head", "ls /home/nvidia/.cache/sparkfold/logs").stdout
+    assert "-rank0" in saved  # the crashed rank's log, kept for the user
+    assert changed_ops(deploy(run_pyinfra)) == {}  # the old settings: nothing to do
+
+
+def test_the_exact_gate_refuses_different_replies_and_smoke_accepts_them(run_pyinfra, sim_exec, tmp_path):
+    old = last_good(sim_exec)
+    env = faulty_engine(tmp_path, "replies-differ")
+    run = failing_deploy(run_pyinfra, env={**env, "SPARKFOLD_UPGRADE_GATE": "exact"})
+    assert "the exact gate found a difference" in run.stderr and f"Generation {old} serves again" in run.stderr
+    assert MARKER not in chat()["choices"][0]["message"]["content"] and last_good(sim_exec) == old
+    run = deploy(run_pyinfra, env=env)  # upgrade_gate = "smoke": the replies are not compared
+    assert "the API was down" in run.stderr and "is now LIVE!" in run.stderr
+    assert MARKER in chat()["choices"][0]["message"]["content"]
+    new = last_good(sim_exec)
+    assert new != old and {old, new} <= set(records(sim_exec)) and len(images(sim_exec, "worker")) >= 2
+
+    # rollback.py: the previous good generation (the fault-free one) serves again, from its record
+    run = run_pyinfra("inventory.py", "rollback.py", "-y")
+    assert run.returncode == 0, run.stderr[-4000:]
+    assert f"rolled back: generation {new} → {old}" in run.stderr and "is now LIVE!" in run.stderr
+    assert MARKER not in chat()["choices"][0]["message"]["content"] and last_good(sim_exec, "worker") == old
+    assert changed_ops(deploy(run_pyinfra)) == {}  # the settings ask for the generation that serves
+
+
+def test_keep_generations_1_keeps_only_what_serves(run_pyinfra, sim_exec, tmp_path):
+    env = {**faulty_engine(tmp_path, "replies-differ"), "SPARKFOLD_KEEP_GENERATIONS": "1"}
+    deploy(run_pyinfra, env=env)
+    serving = last_good(sim_exec)
+    assert records(sim_exec) == [serving] and records(sim_exec, "worker") == [serving]
+    assert len(images(sim_exec, "head")) == 1 and len(images(sim_exec, "worker")) == 1
+    refused = run_pyinfra("inventory.py", "rollback.py", "-y")
+    assert refused.returncode != 0 and "nothing to roll back to" in refused.stderr
+    deploy(run_pyinfra)  # back to the fault-free engine: built again, as nothing of it was kept
+    assert len(records(sim_exec)) == 2  # keep_generations = 2 again: the one before is kept
+
+
+def test_an_interrupted_switch_converges_on_the_next_run(run_pyinfra, sim_exec, site_file):
+    env_before = os.environ.get("SPARKFOLD_CONTEXT")
+    os.environ["SPARKFOLD_CONTEXT"] = "524288"  # a changed setting: the pair is switched
+    try:
+        run = start_deploy(site_file)
+        wait_until(lambda: pair_ids(sim_exec) == ("", "") or run.poll() is not None, 600, "the old pair stopped")
+        os.killpg(run.pid, signal.SIGKILL)  # between the stop and the start
+        run.wait(timeout=30)
+        assert container_id(sim_exec, "head") == ""
+        time.sleep(1)
+        deploy(run_pyinfra, env={"SPARKFOLD_CONTEXT": "524288"})
+        assert all(i.endswith("true") for i in pair_ids(sim_exec))
+        assert "524288" in sim_exec("head", ["docker", "inspect", "-f", "{{json .Args}}",
+                                            "dsv41-1017-exl3-tf"]).stdout
+    finally:
+        if env_before is None:
+            os.environ.pop("SPARKFOLD_CONTEXT", None)
+        else:
+            os.environ["SPARKFOLD_CONTEXT"] = env_before
