@@ -218,10 +218,11 @@ def _record_command(folder: str, generation: Generation) -> StringCommand:
 
 @operation()
 def generations_kept(s: Settings, peer: Host, image: str, template: str):
-    """Once the pair serves: its generation recorded on this Spark as the last good one, then what no kept
-    generation uses removed (keep_generations of them, the last good and the serving one): weight folders, kit
-    versions, ABLIT packs, the engine images sparkfold built, old records. Never a folder moved aside (replaced-*),
-    a symlink, an image a container uses, or an image sparkfold did not build."""
+    """Once a new pair passed its gate: its generation recorded on this Spark as the last good one, then what no
+    kept generation uses removed (keep_generations of them and the serving one): weight folders, kit versions, ABLIT
+    packs, the engine images sparkfold built, old records. Only then: a run that switched nothing (or rolled back)
+    removes nothing. Never a folder moved aside (replaced-*), a symlink, an image a container uses, or an image
+    sparkfold did not build."""
     plan = read_pair_plan(s, peer, image, template)
     wanted = plan.wanted
     if wanted is None:
@@ -232,8 +233,10 @@ def generations_kept(s: Settings, peer: Host, image: str, template: str):
         return
     records = plan.records[s.rank]
     recorded = records.get(wanted.id)
-    if recorded is None or not recorded.good_at or records.last_good != wanted.id:
-        yield _record_command(s.layout.generations, Generation(wanted.id, wanted.specs, good_at=time.time()))
+    if recorded is not None and recorded.good_at and records.last_good == wanted.id:
+        host.noop(f"generation {wanted.id} is the last good one")  # pruned when it became so
+        return
+    yield _record_command(s.layout.generations, Generation(wanted.id, wanted.specs, good_at=time.time()))
     layout = s.layout
     folders = (layout.rank_cache,) + ((versions_dir(layout.kit),) if s.is_head else ()) + (
         (layout.ablit,) if s.is_head and s.ablit else ())
@@ -241,7 +244,6 @@ def generations_kept(s: Settings, peer: Host, image: str, template: str):
     prune = prune_plan(records, s.keep_generations, wanted, s.rank, found["entries"], found["images"],
                        found["in_use"])
     if not prune:
-        host.noop(f"generation {wanted.id} is the last good one; nothing older to remove")
         return
     logger.info(f"{host.name}: generations no longer kept (keep_generations = {s.keep_generations}): "
                 f"{', '.join(prune.records) or 'no records'}; removing what they alone used")
@@ -309,8 +311,8 @@ def _rolled_back(state: Any, host: Any, worker: Any, s: Settings, target: Genera
                      f"good one: {' '.join(out)[-200:]}", log_func=logger.error)
             return False
     host.log(f"rolled back: generation {came_from} → {target.id}")
-    for line in serving.live_lines(s.served_name, s.port, s.api_base_url, s.layout.api_key if s.api_key else "",
-                                   serving.open_api_note(s)):
+    api = switch.api_of(s, target.specs[0])
+    for line in serving.live_lines(api.served_name, api.port, api.base_url, s.layout.api_key if api.keyed else ""):
         host.log(line)
     host.log(switch.downtime_line(notes, switch.clock()))
     return True
@@ -323,8 +325,9 @@ def previous_generation_served(s: Settings, worker: Host, image: str, template: 
     is gone on either Spark."""
     plan = read_pair_plan(s, worker, image, template)
     records = plan.records[0]
-    current = plan.running or records.last_good
-    target = records.previous(current)
+    current = plan.running
+    # nothing serves (a failed rollback, a stop): the last good one is what to start; else the one before the serving
+    target = records.previous(current) if current else (records.get(records.last_good) or records.previous(""))
     if target is None:
         yield from check_failed("rollback", [f"no earlier generation that served is recorded in "
                                              f"{s.layout.generations} (only {current or 'none'}): nothing to roll "

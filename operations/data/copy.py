@@ -11,10 +11,10 @@ import posixpath
 import re
 import shlex
 
-from pyinfra import host, logger
+from pyinfra import host
 from pyinfra.api import StringCommand, operation
 
-from operations.facts.files import DirFiles, DiskFree, FolderCheck, FolderEntries, LinkTarget, PeerFolder
+from operations.facts.files import DirFiles, DiskFree, FolderCheck, LinkTarget, PeerFolder
 from operations.remote import heredoc_command
 from operations.remote.progress import PRIVATE_DIR_ENV
 from operations.remote.progress_command import TICK_S, LiveCommand, progress_command
@@ -183,7 +183,7 @@ REPLACED_PREFIX = "replaced-"  # <dest>.d/replaced-<time>: a real folder found a
 def folder_placed(src: str, dest: str, what: str):
     """dest is a link to a hard-linked copy of src (real files, no extra space) in <dest>.d/<digest of src's
     listing>. A change makes a new version and switches the link (rename: atomic); the folder a running rank
-    mounts is never emptied or removed in place (folder_versions_pruned removes old versions after the pair
+    mounts is never emptied or removed in place (the pair step's generations_kept removes old versions after the pair
     step). An older layout's real folder at dest is moved to <dest>.d/replaced-<time>, not deleted, and never
     pruned: the run's output names where it went."""
     have = host.get_fact(DirFiles, path=src)
@@ -212,26 +212,6 @@ def folder_placed(src: str, dest: str, what: str):
         f"{{ [ -L {q(name)} ] || [ ! -e {q(name)} ] || {{ r={aside} && {{ [ ! -e \"$r\" ] || r=\"$r-$$\"; }} && "
         f"mv -T {q(name)} \"$r\" && echo {moved}; }}; }} && "
         f"ln -sfn \"$v\" {q(name + '.new-link')} && mv -T {q(name + '.new-link')} {q(name)}")
-
-
-@operation()
-def folder_versions_pruned(link: str, versions: str, what: str):
-    """Old versions removed: every entry of `versions` but the link's target (and the link itself when it lives
-    there). Runs after the pair step, so no rank mounts an old version any more. A replaced-* folder (what the user
-    had at the link's place, moved aside by folder_placed) is the user's: never removed, named in the output."""
-    target = host.get_fact(LinkTarget, path=link)
-    keep = {posixpath.basename(link)} | ({posixpath.basename(target)} if target else set())
-    entries = host.get_fact(FolderEntries, path=versions)
-    kept = [e for e in entries if e.startswith(REPLACED_PREFIX)]
-    old = [e for e in entries if e not in keep and e not in kept]
-    if kept:
-        logger.info(f"{host.name}: kept (yours, moved aside from {link}): "
-                    + ", ".join(f"{versions}/{e}" for e in sorted(kept)))
-    if target is None or not old:
-        host.noop(f"no old versions of {what}")
-        return
-    q = shlex.quote
-    yield f"cd {q(versions)} && rm -rf -- {' '.join(q(e) for e in sorted(old))}"
 
 
 def free_bytes(path: str):

@@ -19,6 +19,7 @@ from operations.rank.commands import removal_commands, start_commands
 from operations.rank.generation import Generation
 from operations.rank.plan import foreign
 from operations.rank.serving import load_status, ranks_down, read_api_key, smoke_test, wait_for_api
+from operations.rank.spec import ContainerSpec
 from operations.validate import exact
 from operations.validate.client import Client, CouldNotRun, HttpError
 from operations.validate.result import PASS
@@ -65,15 +66,41 @@ def gate_problem(s: Any, head: Any, before: dict[str, Any]) -> str | None:
     return None if result.status == PASS else f"the exact gate found a difference: {result.detail}"
 
 
-def pair_problem(s: Any, head: Any, worker: Any, timeout: float) -> str | None:
+@dataclass(frozen=True)
+class Api:
+    """Where and how this machine asks a pair: its base URL, the model name it serves, whether it wants the key."""
+
+    base_url: str
+    served_name: str
+    keyed: bool
+    port: int  # rank 0's own port (the LIVE line's)
+
+
+def _flag(argv: list[str], flag: str) -> str | None:
+    return argv[argv.index(flag) + 1] if flag in argv[:-1] else None
+
+
+def api_of(s: Any, spec: ContainerSpec | None = None) -> Api:
+    """The API the settings ask for, or the one a recorded rank 0 serves (a rollback across a changed port, name or
+    key is judged where the old pair answers)."""
+    if spec is None:
+        return Api(s.api_base_url, s.served_name, bool(s.api_key), s.port)
+    port = _flag(spec.argv, "--port") or str(s.port)
+    base = s.api_base_url
+    if port != str(s.port) and not s.api_url:  # api_url is the user's own view of the port: kept as given
+        base = f"{base.rsplit(':', 1)[0]}:{port}"
+    return Api(base, _flag(spec.argv, "--name") or s.served_name, "--api-key-file" in spec.argv, int(port))
+
+
+def pair_problem(s: Any, head: Any, worker: Any, timeout: float, api: Api | None = None) -> str | None:
     """Wait for rank 0's API (a rank that exits ends the wait), then the smoke test; None when both pass."""
-    name = s.container_name
-    api_key = read_api_key(head, s.layout.api_key) if s.api_key else ""
-    problem = wait_for_api(s.api_base_url, s.served_name, api_key, timeout, lambda: ranks_down(head, worker, name),
+    name, api = s.container_name, api or api_of(s)
+    api_key = read_api_key(head, s.layout.api_key) if api.keyed else ""
+    problem = wait_for_api(api.base_url, api.served_name, api_key, timeout, lambda: ranks_down(head, worker, name),
                            progress=lambda m: head.log(f"{m}; {load_status(head, worker, name)}"))
     if problem is not None:
         return problem
-    ok, report = smoke_test(s.api_base_url, s.served_name, api_key)
+    ok, report = smoke_test(api.base_url, api.served_name, api_key)
     if not ok:
         return "; ".join(report)
     for line in report:
@@ -113,7 +140,7 @@ def start_generation(s: Any, head: Any, worker: Any, target: Generation) -> str 
 def switched_to(s: Any, head: Any, worker: Any, target: Generation) -> str | None:
     """The pair replaced by `target` (stop, start, health wait, smoke test); None when it serves."""
     return (_stop_pair(s, head, worker) or start_generation(s, head, worker, target)
-            or pair_problem(s, head, worker, s.wait_timeout))
+            or pair_problem(s, head, worker, s.wait_timeout, api_of(s, target.specs[0])))
 
 
 def supervisor_started(s: Any, head: Any, unit: str) -> None:
@@ -132,10 +159,12 @@ def downtime_line(notes: SwitchNotes, now: float) -> str:
 def failure_message(new_id: str, problem: str, logs: tuple[str, str], target: Generation | None,
                     back: str | None) -> str:
     """The one message of a switch that failed: what failed, where its logs are, what serves now."""
-    said = (f"the new pair (generation {new_id}) failed: {problem}. Its ranks' logs are saved in {logs[0]} on the "
-            f"head and {logs[1]} on the worker (logs.py shows them).")
+    said = f"the new pair (generation {new_id}) failed: {problem}."
     if target is None:
-        return said + " There is no earlier generation to roll back to: fix the cause and run deploy.py again."
+        return (said + " No earlier generation served on this pair, so there is nothing to roll back to: its ranks "
+                "are left as they are (logs.py shows their logs); fix the cause and run deploy.py again.")
+    said += (f" Its ranks' logs are saved in {logs[0]} on the head and {logs[1]} on the worker (the newest "
+             "*-rank0.log.gz and *-rank1.log.gz; zcat shows them).")
     if back is None:
         return (said + f" Generation {target.id} serves again (rolled back); run deploy.py again once the cause is "
                 "fixed, or keep the old settings.")

@@ -38,7 +38,7 @@ PAIR_SETTINGS = (
     "context", "pool", "parallel", "drafts", "master_port", "gpu_clock_mhz", "link_mtu", "nccl_rails",
     "nccl_channels", "engine_image", "engine_context", "base_image", "tf_repo", "tf_ref", "tools_ref",
     "prebuilt_image", "eaq_v1_1", "ablit", "container_name", "model_repo", "model_revision", "model_repo_v1_1",
-    "model_revision_v1_1", "kv_shard", "spill_gib", "engine_env",
+    "model_revision_v1_1", "kv_shard", "spill_gib", "engine_env", "keep_generations", "upgrade_gate",
 )
 
 _HEX = re.compile(r"[0-9a-f]+")

@@ -22,7 +22,6 @@ from operations.facts.files import (
     DiskFree,
     FileText,
     FolderCheck,
-    FolderEntries,
     LinkTarget,
     PeerFolder,
     first_line,
@@ -374,14 +373,8 @@ def test_folder_placed_switches_versions_and_never_empties_the_mounted_one(tmp_p
     assert second != first and (dest / "aot/b.json").read_text() == "3"
     assert (first / "aot" / "a.json").read_text() == "1" and held.read() == "1"  # the old version is whole
     assert _place(tmp_path, {}).resolve() == second  # same content: same version, nothing copied
-    # prune after the pair step: only the link's target stays
-    facts = {LinkTarget: table(({"path": str(dest)}, f"kit.d/{second.name}")),
-             FolderEntries: table(({"path": f"{dest}.d"}, sorted(p.name for p in first.parent.iterdir())))}
-    cmds, _ = run_op(data_copy.folder_versions_pruned, facts, link=str(dest), versions=f"{dest}.d", what="the kit")
-    subprocess.run(["sh", "-c", cmds[0]], check=True)
-    assert [p.name for p in second.parent.iterdir()] == [second.name]
-    facts[FolderEntries] = table(({"path": f"{dest}.d"}, [second.name]))
-    assert run_op(data_copy.folder_versions_pruned, facts, link=str(dest), versions=f"{dest}.d", what="kit")[0] == []
+    # the old version stays until the pair step's generations_kept judges it (test_rank_generation.py)
+    assert first.exists()
 
 
 def test_folder_placed_moves_an_old_real_folder_aside(tmp_path):
@@ -396,7 +389,8 @@ def test_folder_placed_moves_an_old_real_folder_aside(tmp_path):
 
 def test_a_folder_moved_aside_is_named_in_the_plan_and_the_output(tmp_path, caplog):
     """The real folder an older layout (or the user) had at data_dir/kit is moved to kit.d/replaced-<time>, "not
-    deleted": the plan and the run say where (the pruning after the pair step leaves it alone: the next test)."""
+    deleted": the plan and the run say where (the generations' pruning leaves replaced-* alone:
+    test_rank_generation.py)."""
     old = tmp_path / "data" / "kit"
     old.mkdir(parents=True)
     (old / "MANIFEST").write_text("mine")
@@ -413,25 +407,6 @@ def test_a_folder_moved_aside_is_named_in_the_plan_and_the_output(tmp_path, capl
     aside = [p for p in versions.iterdir() if p.name.startswith("replaced-")]
     assert len(aside) == 1 and (aside[0] / "MANIFEST").read_text() == "mine"
     assert f"moved to {aside[0]}, kept" in done.stdout  # the run's output names the place
-
-
-def test_the_pruning_never_removes_a_folder_moved_aside(tmp_path):
-    versions = tmp_path / "kit.d"
-    for name in ("replaced-20261201-101010", "0123456789abcdef", "fedcba9876543210"):
-        (versions / name).mkdir(parents=True)
-        (versions / name / "MANIFEST").write_text(name)
-    old, current = tmp_path / "kit", "kit.d/fedcba9876543210"
-    old.symlink_to(current)
-    entries = sorted(p.name for p in versions.iterdir())
-    facts = {LinkTarget: table(({"path": str(old)}, current)), FolderEntries: table(({"path": str(versions)}, entries))}
-    cmds, _ = run_op(data_copy.folder_versions_pruned, facts, link=str(old), versions=str(versions), what="the kit")
-    assert len(cmds) == 1 and "0123456789abcdef" in cmds[0] and "replaced-" not in cmds[0]
-    subprocess.run(["sh", "-c", cmds[0]], check=True)
-    assert sorted(p.name for p in versions.iterdir()) == ["fedcba9876543210", "replaced-20261201-101010"]
-    assert (versions / "replaced-20261201-101010" / "MANIFEST").read_text() == "replaced-20261201-101010"
-    # only the replaced folder besides the current version: nothing to prune
-    facts[FolderEntries] = table(({"path": str(versions)}, ["fedcba9876543210", "replaced-20261201-101010"]))
-    assert run_op(data_copy.folder_versions_pruned, facts, link=str(old), versions=str(versions), what="kit")[0] == []
 
 
 def test_blob_sums_listed_from_names():

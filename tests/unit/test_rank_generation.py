@@ -167,7 +167,7 @@ def running_pair(s, *generations, last_good=""):
 def test_a_recorded_last_good_generation_with_nothing_to_prune_changes_nothing():
     recorded = good(SERVING, 3)
     cmds, host = kept_op(running_pair(HS, recorded, last_good=SERVING.id), running_pair(WS))
-    assert cmds == [] and host.noops == [f"generation {SERVING.id} is the last good one; nothing older to remove"]
+    assert cmds == [] and host.noops == [f"generation {SERVING.id} is the last good one"]
 
 
 def test_the_serving_generation_is_recorded_as_last_good_as_root():
@@ -177,16 +177,24 @@ def test_the_serving_generation_is_recorded_as_last_good_as_root():
     assert '"kind": "sparkfold-generation"' in cmds[0]
 
 
-def test_old_generations_are_pruned_after_the_record():
+def test_old_generations_are_pruned_once_a_new_one_is_recorded():
     prune_inputs = {"images": [IMAGE, EARLIER.specs[0].image], "in_use": [],
                     "entries": {HS.layout.rank_cache: ["abc", "def"]}}
+    switched = running_pair(HS, good(EARLIER, 1), last_good=EARLIER.id)  # the pair now runs SERVING
+    cmds, _ = kept_op(switched, running_pair(WS), prune_inputs=prune_inputs, s=HS.replace(keep_generations=1))
+    assert f"{SERVING.id}.json" in cmds[0] and cmds[1:] == [
+        f"rm -rf -- {HS.layout.rank_cache}/def",  # abc is the serving one's weight folder
+        f"docker image rm {EARLIER.specs[0].image} >/dev/null", f"rm -f -- {HS.layout.generations}/{EARLIER.id}.json"]
+    cmds, _ = kept_op(switched, running_pair(WS), prune_inputs=prune_inputs, s=HS.replace(keep_generations=2))
+    assert len(cmds) == 1  # the record only: two generations are kept
+
+
+def test_a_run_that_switched_nothing_prunes_nothing():
+    # after a rollback, or with keep_generations lowered: the serving one is already the last good one
     both = running_pair(HS, good(EARLIER, 1), good(SERVING, 2), last_good=SERVING.id)
+    prune_inputs = {"images": [EARLIER.specs[0].image], "in_use": [], "entries": {HS.layout.rank_cache: ["def"]}}
     cmds, _ = kept_op(both, running_pair(WS), prune_inputs=prune_inputs, s=HS.replace(keep_generations=1))
-    assert cmds == [f"rm -rf -- {HS.layout.rank_cache}/def",  # abc is the serving one's weight folder
-                    f"docker image rm {EARLIER.specs[0].image} >/dev/null",
-                    f"rm -f -- {HS.layout.generations}/{EARLIER.id}.json"]
-    cmds, host = kept_op(both, running_pair(WS), prune_inputs=prune_inputs, s=HS.replace(keep_generations=2))
-    assert cmds == [] and "nothing older to remove" in host.noops[0]
+    assert cmds == []
 
 
 def test_the_switch_is_said_while_planning(caplog):
@@ -242,3 +250,9 @@ def test_rollback_refuses_without_an_earlier_generation_or_with_its_parts_gone()
     assert len(cmds) == 1 and f"the image {EARLIER.specs[1].image}" in cmds[0]
     assert f"{WS.layout.rank_cache}/def/rank1 (removed since it served)" in cmds[0]
     assert rollback_op(both, running_pair(WS), READY, gone, executing=False)[0] == []  # --dry: said, not planned
+
+
+def test_rollback_with_nothing_serving_starts_the_last_good_generation():
+    stopped = inputs_with_records(HS, {}, good(EARLIER, 1), good(SERVING, 2), last_good=SERVING.id)
+    cmds, _ = rollback_op(stopped, inputs_with_records(WS, {}), READY, READY)
+    assert len(cmds) == 1 and f"'{SERVING.id}'" not in cmds[0] and f"id='{SERVING.id}'" in cmds[0]

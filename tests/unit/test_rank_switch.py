@@ -40,7 +40,7 @@ class Spark:
 
 
 def test_a_rollback_stops_the_failed_pair_then_starts_the_old_one_rank_1_first(monkeypatch):
-    monkeypatch.setattr(switch, "pair_problem", lambda s, head, worker, timeout: None)
+    monkeypatch.setattr(switch, "pair_problem", lambda s, head, worker, timeout, api=None: None)
     head, worker = Spark("head", container("new")), Spark("worker", container("new"))
     assert switch.switched_to(HS, head, worker, good(EARLIER, 1)) is None
     assert head.ran[0].startswith("docker stop") and "docker rm -f" in head.ran[2]  # logs saved between
@@ -50,7 +50,7 @@ def test_a_rollback_stops_the_failed_pair_then_starts_the_old_one_rank_1_first(m
 
 
 def test_a_rollback_that_cannot_start_says_which_rank(monkeypatch):
-    monkeypatch.setattr(switch, "pair_problem", lambda s, head, worker, timeout: None)
+    monkeypatch.setattr(switch, "pair_problem", lambda s, head, worker, timeout, api=None: None)
     head, worker = Spark("head", {}), Spark("worker", {}, fails="docker run")
     problem = switch.switched_to(HS, head, worker, good(EARLIER, 1))
     assert problem == f"rank 1 of generation {EARLIER.id} did not start on worker: no such image"
@@ -58,7 +58,7 @@ def test_a_rollback_that_cannot_start_says_which_rank(monkeypatch):
 
 
 def test_a_foreign_container_is_not_stopped_by_a_rollback(monkeypatch):
-    monkeypatch.setattr(switch, "pair_problem", lambda s, head, worker, timeout: None)
+    monkeypatch.setattr(switch, "pair_problem", lambda s, head, worker, timeout, api=None: None)
     head, worker = Spark("head", container(managed=False)), Spark("worker", {})
     switch.switched_to(HS, head, worker, good(EARLIER, 1))
     assert not any("docker stop" in c or "docker rm" in c for c in head.ran)
@@ -68,10 +68,12 @@ def test_the_failure_message_says_what_failed_where_the_logs_are_and_what_serves
     logs = ("/h/logs", "/w/logs")
     back = switch.failure_message("c3d4", "rank 0 exited with code 1", logs, good(EARLIER, 1), None)
     assert back == ("the new pair (generation c3d4) failed: rank 0 exited with code 1. Its ranks' logs are saved in "
-                    f"/h/logs on the head and /w/logs on the worker (logs.py shows them). Generation {EARLIER.id} "
+                    f"/h/logs on the head and /w/logs on the worker (the newest *-rank0.log.gz and *-rank1.log.gz; zcat shows "
+                    f"them). Generation {EARLIER.id} "
                     "serves again (rolled back); run deploy.py again once the cause is fixed, or keep the old "
                     "settings.")
-    assert "no earlier generation to roll back to" in switch.failure_message("c3d4", "x", logs, None, None)
+    first = switch.failure_message("c3d4", "x", logs, None, None)
+    assert "nothing to roll back to: its ranks are left as they are" in first and "saved" not in first
     assert "failed too: disk full" in switch.failure_message("c3d4", "x", logs, good(EARLIER, 1), "disk full")
 
 
@@ -117,3 +119,13 @@ def test_the_exact_gate_judges_only_with_a_record_of_the_old_pair(monkeypatch):
     assert ok and calls == [] and any("no record of the old pair" in line for line in logged)
     ok, _logged, calls = serve(monkeypatch, gate="differs", replay={"prompts": {}}, upgrade_gate="smoke")
     assert ok and calls == []  # smoke: the replies are not compared
+
+
+def test_a_rollback_is_judged_where_the_old_pair_answers():
+    hs = HS.replace(port=9000)  # the switch moved the API from 8888 to 9000: the old pair still answers on 8888
+    old = switch.api_of(hs, EARLIER.specs[0])
+    assert (old.base_url, old.port, old.served_name, old.keyed) == ("http://spark-a.local:8888", 8888,
+                                                                    "DeepSeek-V4.1-Flash-1017", False)
+    assert switch.api_of(hs).base_url == "http://spark-a.local:9000"
+    own = HS.replace(port=9000, api_url="http://127.0.0.1:18888")  # a URL the user gave is theirs: kept
+    assert switch.api_of(own, EARLIER.specs[0]).base_url == "http://127.0.0.1:18888"
