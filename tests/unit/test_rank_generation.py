@@ -255,4 +255,4 @@ def test_rollback_refuses_without_an_earlier_generation_or_with_its_parts_gone()
 def test_rollback_with_nothing_serving_starts_the_last_good_generation():
     stopped = inputs_with_records(HS, {}, good(EARLIER, 1), good(SERVING, 2), last_good=SERVING.id)
     cmds, _ = rollback_op(stopped, inputs_with_records(WS, {}), READY, READY)
-    assert len(cmds) == 1 and f"'{SERVING.id}'" not in cmds[0] and f"id='{SERVING.id}'" in cmds[0]
+    assert len(cmds) == 1 and f"id='{SERVING.id}'" in cmds[0] and f"id='{EARLIER.id}'" not in cmds[0]

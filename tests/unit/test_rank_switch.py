@@ -68,8 +68,8 @@ def test_the_failure_message_says_what_failed_where_the_logs_are_and_what_serves
     logs = ("/h/logs", "/w/logs")
     back = switch.failure_message("c3d4", "rank 0 exited with code 1", logs, good(EARLIER, 1), None)
     assert back == ("the new pair (generation c3d4) failed: rank 0 exited with code 1. Its ranks' logs are saved in "
-                    f"/h/logs on the head and /w/logs on the worker (the newest *-rank0.log.gz and *-rank1.log.gz; zcat shows "
-                    f"them). Generation {EARLIER.id} "
+                    "/h/logs on the head and /w/logs on the worker (the newest *-rank0.log.gz and *-rank1.log.gz; "
+                    f"zcat shows them). Generation {EARLIER.id} "
                     "serves again (rolled back); run deploy.py again once the cause is fixed, or keep the old "
                     "settings.")
     first = switch.failure_message("c3d4", "x", logs, None, None)
