@@ -100,7 +100,7 @@ class GpuClockState(FactBase[GpuClockStateDict]):
 
     def process(self, output: list[str]) -> GpuClockStateDict:
         gpu_state: GpuClockStateDict = {"smi": False, "error": "", "boot_id": "", "gpus": [], "record_boot_id": "",
-                                 "recorded": {}, "now": None, "applied": None, "failed_at": None, "failed": ""}
+                                        "recorded": {}, "now": None, "applied": None, "failed_at": None, "failed": ""}
         errors = []
         in_query = False
         record = []
