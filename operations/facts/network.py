@@ -305,8 +305,8 @@ class PortListeners(FactBase[list[str]]):
         for line in output:
             if not line.strip().startswith("LISTEN"):
                 continue
-            m = _SS_USER.search(line)
-            found.append(f"{m.group(1)} (pid {m.group(2)})" if m else "a process")
+            match = _SS_USER.search(line)
+            found.append(f"{match.group(1)} (pid {match.group(2)})" if match else "a process")
         return found
 
 

@@ -140,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"a fresh folder only this user can enter, named in ${PRIVATE_DIR_ENV} for the command "
                              "and the probe; removed at the end")
     args = parser.parse_args(argv)
-    # mkdtemp: a random name, made with mkdir (so never an existing folder or link), mode 0700
+    # mkdtemp: a random name, made with mkdir (so never an existing folder or symlink), mode 0700
     private = tempfile.mkdtemp(prefix="sparkfold-private-") if args.private_dir else None
     if private:
         os.environ[PRIVATE_DIR_ENV] = private  # inherited by the command and every probe
