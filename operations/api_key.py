@@ -36,11 +36,11 @@ def live_hint(s) -> str:
 
 
 def _generate(path: str, rotate: bool) -> StringCommand:
-    p, tmp = sh(path), sh(path + ".new")
+    key_file, tmp = sh(path), sh(path + ".new")
     directory = sh(posixpath.dirname(path))
     # the whole key into a temp file beside it, then one rename: atomic for every reader, the engine included
-    write = f"{_NEW_KEY} > {tmp} && [ -s {tmp} ] && mv -f {tmp} {p}"
-    guard = "" if rotate else f"[ -s {p} ] || "
+    write = f"{_NEW_KEY} > {tmp} && [ -s {tmp} ] && mv -f {tmp} {key_file}"
+    guard = "" if rotate else f"[ -s {key_file} ] || "
     return StringCommand(f"umask 077 && mkdir -p {directory} && {{ {guard}{{ {write}; }}; }}")
 
 

@@ -20,14 +20,16 @@ from operations.settings import Settings
 def owned_folders(s: Settings) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
     """(path, mode) of the folders this Spark's steps write into, parents first: (those both Sparks have, this
     Spark's own). The state folder, data_dir and the data folders the head's or the worker's steps make; api-key.d
-    is the API key step's own (operations/api_key.py). Not the head's kit: a link switched between the versions in
+    is the API key step's own (operations/api_key.py). Not the head's kit: a symlink switched between the versions in
     kit.d."""
-    p = s.layout
-    both = [p.state_dir, p.data_dir, p.engram, p.token_map_dir, p.rank_cache, p.cache_root, p.logs]
+    layout = s.layout
+    both = [layout.state_dir, layout.data_dir, layout.engram, layout.token_map_dir, layout.rank_cache,
+            layout.cache_root, layout.logs]
     if s.is_head:
-        own = [p.kit_src, versions_dir(p.kit), p.build_root] + ([p.ablit, p.overlay] if s.ablit else [])
+        own = [layout.kit_src, versions_dir(layout.kit), layout.build_root]
+        own += [layout.ablit, layout.overlay] if s.ablit else []
     else:
-        own = [p.kit]  # the worker's kit is a real folder, copied from the head
+        own = [layout.kit]  # the worker's kit is a real folder, copied from the head
     return [(d, SHARED) for d in both], [(d, SHARED) for d in own]
 
 

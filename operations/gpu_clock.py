@@ -42,30 +42,31 @@ def render_timer(mhz: int, period_s: int) -> str:
     return render("sparkfold-gpu-clock.timer.j2", mhz=int(mhz), period_s=int(period_s), service=GPU_CLOCK_UNIT)
 
 
-def lock_verdict(st: GpuClockStateDict, mhz: int, period_s: int,
+def lock_verdict(gpu_state: GpuClockStateDict, mhz: int, period_s: int,
                  timer_active: bool | None = None) -> tuple[str, str] | None:
     """(NOT_LOCKED, FAILED or STALE, why) when the lock must be applied now, or None when the record shows it held:
     from this boot, not failed, for every GPU at `mhz`, no GPU above it, and applied within stale_after_s(period_s).
     timer_active (the timer's state) only explains a stale record.
     The record is matched by count, not bus id: the -lgc answer and --query-gpu=pci.bus_id may spell the id
     differently (a published GB10 query row reads 00000000:0F:01.0 against the journal's 0000000F:01:00.0)."""
-    now = st.get("now")
-    if not st["boot_id"] or st["record_boot_id"] != st["boot_id"] or not (st["recorded"] or st.get("failed_at")):
+    now = gpu_state.get("now")
+    if (not gpu_state["boot_id"] or gpu_state["record_boot_id"] != gpu_state["boot_id"]
+            or not (gpu_state["recorded"] or gpu_state.get("failed_at"))):
         return NOT_LOCKED, "no lock recorded since this boot"
-    failed_at = st.get("failed_at")
+    failed_at = gpu_state.get("failed_at")
     if failed_at is not None:
         when = f" {duration(now - failed_at)} ago" if now is not None else ""
-        return FAILED, f"the last application failed{when}: {st.get('failed') or 'no reason given'}"
-    if len(st["recorded"]) < len(st["gpus"]):
-        return NOT_LOCKED, f"{len(st['recorded'])} of {len(st['gpus'])} GPUs have a recorded lock"
-    ceilings = sorted({top for _, top in st["recorded"].values()})
+        return FAILED, f"the last application failed{when}: {gpu_state.get('failed') or 'no reason given'}"
+    if len(gpu_state["recorded"]) < len(gpu_state["gpus"]):
+        return NOT_LOCKED, f"{len(gpu_state['recorded'])} of {len(gpu_state['gpus'])} GPUs have a recorded lock"
+    ceilings = sorted({top for _, top in gpu_state["recorded"].values()})
     if ceilings != [mhz]:
         return NOT_LOCKED, f"the recorded ceiling is {', '.join(map(str, ceilings))} MHz, not {mhz}"
-    for gpu in st["gpus"]:
+    for gpu in gpu_state["gpus"]:
         if gpu["clocks_sm"] is not None and gpu["clocks_sm"] > mhz + OVER_CEILING_MHZ:
             return NOT_LOCKED, (f"GPU {gpu['index']} runs at {gpu['clocks_sm']} MHz, above the {mhz} MHz ceiling "
                                 "(lock reset)")
-    applied = st.get("applied")
+    applied = gpu_state.get("applied")
     if applied is None or now is None:
         return STALE, "the record does not say when the lock was applied"
     if now - applied > stale_after_s(period_s):
@@ -75,9 +76,9 @@ def lock_verdict(st: GpuClockStateDict, mhz: int, period_s: int,
     return None
 
 
-def lock_drift(st: GpuClockStateDict, mhz: int, period_s: int, timer_active: bool | None = None) -> str | None:
+def lock_drift(gpu_state: GpuClockStateDict, mhz: int, period_s: int, timer_active: bool | None = None) -> str | None:
     """Why the lock must be applied now (lock_verdict's reason), or None."""
-    verdict = lock_verdict(st, mhz, period_s, timer_active)
+    verdict = lock_verdict(gpu_state, mhz, period_s, timer_active)
     return verdict[1] if verdict else None
 
 
@@ -100,13 +101,14 @@ def gpu_clock_locked(mhz: int, nvidia_smi: str, period_s: int, record_path: str 
     """Every GPU's clock ceiling is `mhz`, applied recently (the timer's record) or now, verified from the driver's
     answer. Custom: no core operation reads back a clock lock."""
     mhz = int(mhz)
-    st = host.get_fact(GpuClockState, nvidia_smi=nvidia_smi, record_path=record_path)
-    unreadable = [] if st["smi"] else [f"cannot read the GPU with {nvidia_smi} ({st['error'] or 'no answer'}); "
-                                       "check the NVIDIA driver (nvidia-smi -L) and the nvidia_smi path"]
+    gpu_state = host.get_fact(GpuClockState, nvidia_smi=nvidia_smi, record_path=record_path)
+    unreadable = [] if gpu_state["smi"] else [
+        f"cannot read the GPU with {nvidia_smi} ({gpu_state['error'] or 'no answer'}); check the NVIDIA driver "
+        "(nvidia-smi -L) and the nvidia_smi path"]
     if (yield from check_failed("GPU clock", unreadable)):
         return
     timer = fact_until_change(host, UnitState, unit=GPU_CLOCK_TIMER)  # the timer's own step asks it again
-    drift = lock_drift(st, mhz, period_s, timer_active=unit_running(timer))
+    drift = lock_drift(gpu_state, mhz, period_s, timer_active=unit_running(timer))
     if drift is None:
         host.noop(f"GPU clock ceiling is {mhz} MHz")
         return

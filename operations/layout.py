@@ -33,7 +33,7 @@ SUPERVISOR_UNIT = "sparkfold-supervise.service"
 NETPLAN_REVERT_UNIT = "sparkfold-netplan-revert"  # transient timer per apply: <this>-<apply folder name>
 
 # --- names inside a Hugging Face cache repo folder and data_dir ---
-SERVED_LINK = "sparkfold-current"  # <repo folder>/sparkfold-current -> snapshots/<commit>: the served snapshot
+SERVED_SYMLINK = "sparkfold-current"  # <repo folder>/sparkfold-current -> snapshots/<commit>: the served snapshot
 ABLIT_CURRENT = "current"  # <data_dir>/ablit/current -> <commit>: the applied ABLIT pack
 TOKEN_MAP_FILE = "dsv41_token_map.json"
 
@@ -86,7 +86,8 @@ class Layout:
 
     @property
     def served_link(self) -> str:
-        return f"{self.model_folder}/{SERVED_LINK}"
+        """The served snapshot's symlink (<repo folder>/sparkfold-current -> snapshots/<commit>)."""
+        return f"{self.model_folder}/{SERVED_SYMLINK}"
 
     # --- data_dir: kit, Engram tables, token map, weight files, logs ---
     @property
@@ -114,7 +115,7 @@ class Layout:
         return f"{self.data_dir}/rank-cache"
 
     def active_rank_link(self, rank: int | None = None) -> str:
-        """The folder the launch step mounts as /rank-cache (a link to the current weight folder of that rank)."""
+        """The folder the launch step mounts as /rank-cache (a symlink to the current weight folder of that rank)."""
         return f"{self.rank_cache}/active-rank{self.rank if rank is None else rank}"
 
     @property

@@ -54,7 +54,7 @@ def ipv4_mapped_gid(ip: str) -> str:
 
 
 def find_ibdev(netdev: str, roce: dict) -> str | None:
-    """The RoCE device whose netdev is `netdev`: the sysfs device links first, else the GID ndevs."""
+    """The RoCE device whose netdev is `netdev`: the sysfs device symlinks first, else the GID ndevs."""
     for ibdev in sorted(roce):
         if netdev in roce[ibdev]["netdevs"]:
             return ibdev

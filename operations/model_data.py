@@ -9,9 +9,9 @@ then verified on the worker against checksum lists; with worker_weights = "copy"
 from __future__ import annotations
 
 import hashlib
-import shlex
 from collections.abc import Mapping
 from io import StringIO
+from shlex import quote
 from typing import Any
 
 from pyinfra import host
@@ -61,10 +61,9 @@ def hf_python_ready(python: str, venv: str = ""):
                                               "huggingface_hub`, or set hf_python to \"\" so the deploy makes its "
                                               "own venv"])
         return
-    q = shlex.quote
-    yield (f"[ -x {q(python)} ] || python3 -m venv {q(venv)} || {{ echo 'sparkfold: python3 -m venv failed: "
+    yield (f"[ -x {quote(python)} ] || python3 -m venv {quote(venv)} || {{ echo 'sparkfold: python3 -m venv failed: "
            "install python3-venv (sudo apt-get install -y python3-venv) or set hf_python' >&2; exit 1; }")
-    yield f"{q(python)} -m pip install --quiet --disable-pip-version-check 'huggingface_hub>=0.23'"
+    yield f"{quote(python)} -m pip install --quiet --disable-pip-version-check 'huggingface_hub>=0.23'"
 
 
 @operation()
@@ -72,10 +71,9 @@ def hf_token_file(path: str, token: str):
     """The token in a 0600 file on the head (uploaded over SFTP, never on a command line); scripts read it through
     HF_TOKEN_PATH. No token: the file is removed so an old one is not used."""
     have = host.get_fact(Sha256File, path=path)
-    q = shlex.quote
     if not token:
         if have:
-            yield f"rm -f {q(path)}"
+            yield f"rm -f {quote(path)}"
         else:
             host.noop("no HF_TOKEN: anonymous Hugging Face access")
         return
@@ -83,7 +81,7 @@ def hf_token_file(path: str, token: str):
         host.noop("HF token file is current")
         return
     parent = path.rsplit("/", 1)[0]
-    yield f"mkdir -p {q(parent)} && install -m 600 /dev/null {q(path)}"  # 0600 before the token lands in it
+    yield f"mkdir -p {quote(parent)} && install -m 600 /dev/null {quote(path)}"  # 0600 before the token lands in it
     yield FileUploadCommand(StringIO(token), path)
 
 
@@ -127,17 +125,16 @@ def hf_snapshot(python: str, repo: str, revision: str, label: str, cache_dir: st
     space = space_problem(free_bytes(dest), plan.get("missing_bytes") or 0, dest, label)
     if (yield from check_failed("free disk", [space])):
         return
-    q = shlex.quote
     words = ["--repo", repo, "--revision", revision, "--every", str(TICK_S)]  # its file count, as often as ours
     words += ["--cache-dir", cache_dir] if cache_dir else ["--local-dir", local_dir]
     for pattern in include:
         words += ["--include", pattern]
     if expect_model_type:
         words += ["--expect-model-type", expect_model_type]
-    env = [f"HF_TOKEN_PATH={q(token_path)}"] if has_token else []
-    env += [f"HF_ENDPOINT={q(endpoint)}"] if endpoint else []
-    fetch = heredoc_command(f"mkdir -p {q(dest)} && {' '.join(env)} {q(python)} - {' '.join(q(w) for w in words)}",
-                            "hf_fetch")
+    env = [f"HF_TOKEN_PATH={quote(token_path)}"] if has_token else []
+    env += [f"HF_ENDPOINT={quote(endpoint)}"] if endpoint else []
+    fetch = heredoc_command(f"mkdir -p {quote(dest)} && {' '.join(env)} {quote(python)} - "
+                            f"{' '.join(quote(w) for w in words)}", "hf_fetch")
     # the download's own folder: local_dir's real files, or the repo's folder (blobs, partials) in the cache
     yield progress_command(f"{label} download", fetch, size_of=local_dir or f"{cache_dir}/{repo_folder_name(repo)}",
                            total=plan.get("total_bytes") or 0, latest=FILES_WHOLE)
@@ -169,57 +166,57 @@ def _fetch(s, label, repo, revision, **where):
 
 
 def _head(s, image_ref: str) -> None:
-    p = s.layout
-    hf_python_ready(name="huggingface_hub on the head", python=hub_python(s), venv="" if s.hf_python else p.venv)
-    hf_token_file(name="Hugging Face token file (0600)", path=p.hf_token, token=s.hf_token)
+    layout = s.layout
+    hf_python_ready(name="huggingface_hub on the head", python=hub_python(s), venv="" if s.hf_python else layout.venv)
+    hf_token_file(name="Hugging Face token file (0600)", path=layout.hf_token, token=s.hf_token)
 
-    name, args = _fetch(s, "Checkpoint", s.active_model_repo, s.active_model_revision, cache_dir=p.hub)
+    name, args = _fetch(s, "Checkpoint", s.active_model_repo, s.active_model_revision, cache_dir=layout.hub)
     hf_snapshot(name=name, expect_model_type=MODEL_TYPE, **args)
-    weights.served_link(s)
+    weights.served_symlink(s)
 
-    name, args = _fetch(s, "Engram tables", s.engram_repo, s.engram_revision, local_dir=p.engram,
+    name, args = _fetch(s, "Engram tables", s.engram_repo, s.engram_revision, local_dir=layout.engram,
                         include=s.engram_files)
     hf_snapshot(name=name, **args)
-    checksums_written(name="Engram SHA256SUMS (once)", folder=p.engram, files=list(s.engram_files),
+    checksums_written(name="Engram SHA256SUMS (once)", folder=layout.engram, files=list(s.engram_files),
                       what="the Engram tables")
 
-    name, args = _fetch(s, "Kernel kit", s.kit_repo, s.kit_revision, local_dir=p.kit_src, include=["kit/*"])
+    name, args = _fetch(s, "Kernel kit", s.kit_repo, s.kit_revision, local_dir=layout.kit_src, include=["kit/*"])
     hf_snapshot(name=name, **args)
-    folder_placed(name="Kit at data_dir/kit", src=f"{p.kit_src}/kit", dest=p.kit, what="the kit")
-    folder_verified(name="Kit matches its MANIFEST (head)", folder=p.kit, sums="MANIFEST", what="the kit",
+    folder_placed(name="Kit at data_dir/kit", src=f"{layout.kit_src}/kit", dest=layout.kit, what="the kit")
+    folder_verified(name="Kit matches its MANIFEST (head)", folder=layout.kit, sums="MANIFEST", what="the kit",
                     generated_fix=KIT_GENERATED_FIX)
 
     if s.ablit:
-        name, args = _fetch(s, "ABLIT overlay", s.ablit_repo, s.ablit_revision, local_dir=p.overlay,
+        name, args = _fetch(s, "ABLIT overlay", s.ablit_repo, s.ablit_revision, local_dir=layout.overlay,
                             include=[s.ablit_file, ablit.APPLY_SCRIPT])
         hf_snapshot(name=name, require_token=True, **args)
         ablit.deploy_ablit(s, image_ref)
 
     weights.deploy_weights(s, image_ref)
 
-    target, w = s.worker_link_ssh, s.worker.layout
-    folder_to_peer(name="Engram tables to the worker", src=p.engram, target=target, dest=w.engram,
+    target, worker_layout = s.worker_link_ssh, s.worker.layout
+    folder_to_peer(name="Engram tables to the worker", src=layout.engram, target=target, dest=worker_layout.engram,
                    what="the Engram tables")
-    folder_to_peer(name="Kit to the worker", src=p.kit, target=target, dest=w.kit, what="the kit")
-    folder_to_peer(name="Token map to the worker", src=p.token_map_dir, target=target, dest=w.token_map_dir,
-                   what="the token map")
+    folder_to_peer(name="Kit to the worker", src=layout.kit, target=target, dest=worker_layout.kit, what="the kit")
+    folder_to_peer(name="Token map to the worker", src=layout.token_map_dir, target=target,
+                   dest=worker_layout.token_map_dir, what="the token map")
     weights.rank1_to_worker(s)
     if s.worker_weights == "copy":
-        blob_sums_written(name="Checkpoint blob list (for the worker copy)", repo_dir=p.model_folder)
-        folder_to_peer(name="Checkpoint to the worker (copy)", src=p.model_folder, target=target, dest=w.model_folder,
-                       what="the checkpoint", extra_rsync=("--copy-unsafe-links",))
+        blob_sums_written(name="Checkpoint blob list (for the worker copy)", repo_dir=layout.model_folder)
+        folder_to_peer(name="Checkpoint to the worker (copy)", src=layout.model_folder, target=target,
+                       dest=worker_layout.model_folder, what="the checkpoint", extra_rsync=("--copy-unsafe-links",))
 
 
 def _worker(s) -> None:
-    p = s.layout
-    folder_verified(name="Engram tables verified (worker)", folder=p.engram, sums="SHA256SUMS",
+    layout = s.layout
+    folder_verified(name="Engram tables verified (worker)", folder=layout.engram, sums="SHA256SUMS",
                     what="the Engram tables")
-    folder_verified(name="Kit matches its MANIFEST (worker)", folder=p.kit, sums="MANIFEST", what="the kit",
+    folder_verified(name="Kit matches its MANIFEST (worker)", folder=layout.kit, sums="MANIFEST", what="the kit",
                     generated_fix=KIT_GENERATED_FIX)
-    folder_verified(name="Rank 1's weight file verified (worker)", folder=p.active_rank_link(1),
+    folder_verified(name="Rank 1's weight file verified (worker)", folder=layout.active_rank_link(1),
                     sums="SHA256SUMS", what="rank 1's weight file")
     if s.worker_weights == "copy":
-        folder_verified(name="Checkpoint copy verified (worker)", folder=p.model_folder, sums=BLOB_SUMS,
+        folder_verified(name="Checkpoint copy verified (worker)", folder=layout.model_folder, sums=BLOB_SUMS,
                         what="the checkpoint copy")
 
 
@@ -237,6 +234,5 @@ def blob_sums_written(repo_dir: str):
     if (yield from check_failed("the checkpoint's blob list", [] if blobs else
                                 [f"no blobs in {repo_dir}: the checkpoint download must come first"], settled=False)):
         return
-    q = shlex.quote
-    yield (f"cd {q(repo_dir)} && ls blobs | grep -E '^[0-9a-f]{{64}}$' | sed 's|.*|&  blobs/&|' > {BLOB_SUMS}.tmp "
+    yield (f"cd {quote(repo_dir)} && ls blobs | grep -E '^[0-9a-f]{{64}}$' | sed 's|.*|&  blobs/&|' > {BLOB_SUMS}.tmp "
            f"&& mv {BLOB_SUMS}.tmp {BLOB_SUMS}")

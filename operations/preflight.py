@@ -76,12 +76,12 @@ def disk_problems(need_gb: float, data: list[dict], held_bytes: int, image_gb: f
     to it when the Docker root dir shares one of them, else the Docker filesystem must hold it alone."""
     problems = []
     data_fs: dict[str, dict] = {}
-    for d in data:
-        data_fs.setdefault(d["mount"], d)
-    data_free = sum(d["free_bytes"] for d in data_fs.values())
+    for disk in data:
+        data_fs.setdefault(disk["mount"], disk)
+    data_free = sum(disk["free_bytes"] for disk in data_fs.values())
     data_need = max(need_gb * GB - held_bytes, 0)
     image_need = image_gb * GB
-    where = ", ".join(f"{d['path']} ({d['mount']}, {d['free_bytes'] / GB:.0f} GB free)" for d in data)
+    where = ", ".join(f"{disk['path']} ({disk['mount']}, {disk['free_bytes'] / GB:.0f} GB free)" for disk in data)
     held = f", {held_bytes / GB:.0f} GB of it already held" if held_bytes else ""
     if docker["mount"] in data_fs:
         if data_free < data_need + image_need:

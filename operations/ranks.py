@@ -304,8 +304,8 @@ def _rolled_back(state: Any, host: Any, worker: Any, s: Settings, target: Genera
                  "pair the settings ask for", log_func=logger.error)
         return False
     recorded = Generation(target.id, target.specs, good_at=time.time())
-    for spark, ss in ((host, s.head), (worker, s.worker)):
-        ok, out = switch.run(spark, _record_command(ss.layout.generations, recorded))
+    for spark, side in ((host, s.head), (worker, s.worker)):
+        ok, out = switch.run(spark, _record_command(side.layout.generations, recorded))
         if not ok:
             host.log(f"sparkfold: generation {target.id} serves, but {spark.name} could not record it as the last "
                      f"good one: {' '.join(out)[-200:]}", log_func=logger.error)
@@ -334,10 +334,10 @@ def previous_generation_served(s: Settings, worker: Host, image: str, template: 
                                              "back to"])
         return
     problems = []
-    for spark, ss, spec in ((host, s.head, target.specs[0]), (worker, s.worker, target.specs[1])):
+    for spark, side, spec in ((host, s.head, target.specs[0]), (worker, s.worker, target.specs[1])):
         paths = tuple(src for src, _dst, _ro in spec.mounts if src.startswith("/") and _ro)
         ready = spark.get_fact(StartReady, image=spec.image, paths=paths)
-        problems.append(start_ready_problem(ss.role, spec, ready))
+        problems.append(start_ready_problem(side.role, spec, ready))
     if any(problems):  # said by --dry too, and no switch is planned
         yield from check_failed(f"rollback to generation {target.id}", problems)
         return

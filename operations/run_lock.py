@@ -57,10 +57,11 @@ class RunLock(FactBase[dict[str, str] | None]):
     there is none. alive (lock_alive) is "1" while the process it records still runs."""
 
     def command(self, path: str) -> StringCommand:
-        p = QuoteString(path)
+        quoted = QuoteString(path)
         return StringCommand(
-            _STAT + "if [ -f", p, "]; then cat", p, "; echo boot_now=$(cat", BOOT_ID, "2>/dev/null); o=$(sed -n",
-            "'s/^pid=//p'", p, '); case "$o" in ""|*[!0-9]*) ;; *) n=$(start_of "$o"); [ -z "$n" ] ||',
+            _STAT + "if [ -f", quoted, "]; then cat", quoted, "; echo boot_now=$(cat", BOOT_ID,
+            "2>/dev/null); o=$(sed -n", "'s/^pid=//p'", quoted,
+            '); case "$o" in ""|*[!0-9]*) ;; *) n=$(start_of "$o"); [ -z "$n" ] ||',
             'echo "start_now=$n";; esac; fi; true')
 
     def process(self, output: list[str]) -> dict[str, str] | None:

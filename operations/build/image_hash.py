@@ -76,8 +76,8 @@ def _ignore_rules(context: Path) -> list[tuple[bool, re.Pattern]]:
 
 def _ignored(rel: str, rules: list[tuple[bool, re.Pattern]]) -> bool:
     ignored = False
-    for negate, rx in rules:  # the last matching rule wins, as in Docker
-        if rx.match(rel):
+    for negate, regex in rules:  # the last matching rule wins, as in Docker
+        if regex.match(rel):
             ignored = not negate
     return ignored
 

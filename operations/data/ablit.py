@@ -10,14 +10,14 @@ longer names are removed after the pair step.
 
 from __future__ import annotations
 
-import shlex
+from shlex import quote
 
 from pyinfra import host
 from pyinfra.api import operation
 
 from operations.data.copy import free_bytes, space_problem
 from operations.data.hub import checkpoint_plan_args
-from operations.data.weights import SOURCE, ablit_tag, commit_link, need_commit, pack_name, pack_tag, tool_run
+from operations.data.weights import SOURCE, ablit_tag, commit_symlink, need_commit, pack_name, pack_tag, tool_run
 from operations.facts.files import FileText, first_line
 from operations.facts.model import AblitShards
 from operations.remote.progress_command import progress_command
@@ -51,27 +51,26 @@ def ablit_applied(image_ref: str, plan_args: dict, hf_cache: str, overlay: str, 
     space = space_problem(free_bytes(ablit_root), need, ablit_root, "the ABLIT pack")
     if (yield from check_failed("free disk", [space])):
         return
-    q = shlex.quote
     staged, out = f"{dst}.src", f"{dst}.out"
     inside = f"/ablit/{name}"
     # the script hard-links what it keeps, so its --src and --dst share one mount: --src is a hard-linked copy of
     # the stock snapshot inside ablit_root (no extra space); the script writes only new files and never its --src
-    yield (f"rm -rf {q(staged)} {q(out)} && mkdir -p {q(ablit_root)} && cp -rLl {q(snapshot)}/. {q(staged)}/ && "
-           f"rm -f {q(staged)}/{MANIFEST_NAME}")
+    yield (f"rm -rf {quote(staged)} {quote(out)} && mkdir -p {quote(ablit_root)} && "
+           f"cp -rLl {quote(snapshot)}/. {quote(staged)}/ && rm -f {quote(staged)}/{MANIFEST_NAME}")
     # minutes on a real checkpoint: the GiB the script has written so far
     yield progress_command("ABLIT overlay: applying", tool_run(
         image_ref, [(ablit_root, "/ablit", False), (overlay, "/overlay", True)], "python3",
         f"/overlay/{APPLY_SCRIPT}", "--src", f"{inside}.src", "--wo-b", f"/overlay/{ablit_file}",
         "--dst", f"{inside}.out"), size_of=out, own_work=True)
     # files the script did not write into --dst are the unchanged ones: hard links to the stock files
-    yield (f"cp -rln {q(staged)}/. {q(out)}/ && rm -rf {q(staged)} {q(dst)} && mv {q(out)} {q(dst)} && "
-           f"printf '%s\\n' {q(want)} > {q(dst)}/{SOURCE}")
+    yield (f"cp -rln {quote(staged)}/. {quote(out)}/ && rm -rf {quote(staged)} {quote(dst)} && "
+           f"mv {quote(out)} {quote(dst)} && printf '%s\\n' {quote(want)} > {quote(dst)}/{SOURCE}")
 
 
 def deploy_ablit(s, image_ref: str) -> None:
-    p = s.layout
+    layout = s.layout
     ablit_applied(name="ABLIT pack (overlay applied)", image_ref=image_ref, plan_args=checkpoint_plan_args(s),
-                  hf_cache=s.hf_cache, overlay=p.overlay, ablit_file=s.ablit_file, ablit_root=p.ablit,
+                  hf_cache=s.hf_cache, overlay=layout.overlay, ablit_file=s.ablit_file, ablit_root=layout.ablit,
                   overlay_revision=s.ablit_revision, has_token=bool(s.hf_token))
-    commit_link(name="ABLIT served pack link", link=p.ablit_current, plan_args=checkpoint_plan_args(s),
-                template=pack_name("{commit}", ablit_tag(s)))
+    commit_symlink(name="ABLIT served pack symlink", symlink=layout.ablit_current, plan_args=checkpoint_plan_args(s),
+                   template=pack_name("{commit}", ablit_tag(s)))

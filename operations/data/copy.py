@@ -1,4 +1,4 @@
-"""Big folders kept whole and checked once: checksum lists, verification markers, head-to-worker copies, links.
+"""Big folders kept whole and checked once: checksum lists, verification markers, head-to-worker copies, symlinks.
 
 Hashing hundreds of GB happens in operations, once: a small state file or marker records the sizes and mtimes (and
 the list's own sha256) it was computed for, and the facts compare only those cheap values.
@@ -10,6 +10,7 @@ import hashlib
 import posixpath
 import re
 import shlex
+from shlex import quote
 
 from pyinfra import host
 from pyinfra.api import StringCommand, operation
@@ -67,13 +68,12 @@ def hashing_command(label: str, folder: str, hashing: str, total: int, complaint
     """`hashing` (one sha256sum command, with its redirections) run in `folder` with a progress line every few
     seconds: the bytes it has read so far (its /proc/<pid>/io rchar) of `total`, the rate and the time left; when it
     fails, `complaint` on stderr. Hashing hundreds of GB takes minutes. The pid file lives in the progress runner's
-    private folder (a fresh name, mode 0700): a name in /tmp anyone can compute would let a planted link there be
+    private folder (a fresh name, mode 0700): a name in /tmp anyone can compute would let a planted symlink there be
     written through, or block the check."""
-    q = shlex.quote
     pid_file = f'"${{{PRIVATE_DIR_ENV}:?}}/hashing.pid"'
     # exec keeps the inner shell's pid, which it wrote down, for sha256sum
-    command = (f"cd {q(folder)} && sh -c {q(f'echo $$ > {pid_file} && exec {hashing}')}; rc=$?; "
-               + (f"[ $rc = 0 ] || echo {q(complaint)} >&2; " if complaint else "") + "exit $rc")
+    command = (f"cd {quote(folder)} && sh -c {quote(f'echo $$ > {pid_file} && exec {hashing}')}; rc=$?; "
+               + (f"[ $rc = 0 ] || echo {quote(complaint)} >&2; " if complaint else "") + "exit $rc")
     probe = f"awk '/^rchar:/ {{print $2}}' /proc/$(cat {pid_file} 2>/dev/null)/io 2>/dev/null"
     return progress_command(label, command, probe=probe, total=total, own_work=True, every=every, private_dir=True)
 
@@ -91,11 +91,10 @@ def checksums_written(folder: str, files: list, sums: str = "SHA256SUMS", what: 
     absent_problem = f"cannot write {folder}/{sums}: {', '.join(absent[:3])} missing (the download failed?)"
     if (yield from check_failed("checksums", [absent_problem] if absent else [], settled=False)):
         return
-    q = shlex.quote
     total = sum(have[f][0] for f in files if f in have)  # planned before a download: what is there
     yield hashing_command(f"{what}: hashing for {sums}", folder,
-                          f"sha256sum -- {' '.join(q(f) for f in sorted(files))} > {q(sums)}.tmp", total)
-    yield f"cd {q(folder)} && mv {q(sums)}.tmp {q(sums)} && printf '%s\\n' {digest} > {SUMS_STATE}"
+                          f"sha256sum -- {' '.join(quote(f) for f in sorted(files))} > {quote(sums)}.tmp", total)
+    yield f"cd {quote(folder)} && mv {quote(sums)}.tmp {quote(sums)} && printf '%s\\n' {digest} > {SUMS_STATE}"
 
 
 @operation()
@@ -105,7 +104,6 @@ def folder_verified(folder: str, sums: str, what: str, generated_fix: str = ""):
     generated_fix: when set, files matching the kit's generated names (rope-*.f32, vision/gate_bias_vl) that are
     missing get this explanation instead of a plain "missing"."""
     check = host.get_fact(FolderCheck, path=folder, sums=sums, marker=MARKER)
-    q = shlex.quote
     if not check or not check["sums_sha"]:
         if not (yield from check_failed(what, [f"no {sums} in {folder}"], settled=False)):
             yield f"# will verify {what} in {folder} against {sums}"
@@ -126,20 +124,21 @@ def folder_verified(folder: str, sums: str, what: str, generated_fix: str = ""):
                  "re-run the deploy to copy or download them again")
     listed = set(check["names"])
     total = sum(size for name, (size, _mtime) in check["files"].items() if name in listed)
-    yield hashing_command(f"{what}: checking {sums}", folder, f"sha256sum -c --quiet {q(sums)}", total, complaint)
-    yield f"cd {q(folder)} && printf '%s\\n' {expected} > {MARKER}"
+    yield hashing_command(f"{what}: checking {sums}", folder, f"sha256sum -c --quiet {quote(sums)}", total, complaint)
+    yield f"cd {quote(folder)} && printf '%s\\n' {expected} > {MARKER}"
 
 
 @operation()
-def folder_to_peer(src: str, target: str, dest: str, what: str, link: str = "", link_to: str = "",
+def folder_to_peer(src: str, target: str, dest: str, what: str, symlink: str = "", symlink_target: str = "",
                    extra_rsync: tuple = ()):
     """rsync a folder from this host (the head) to the worker over the link, resumable; only when the worker's
-    files differ in size or mtime. link/link_to: a symlink on the worker (ln -sfn link_to link) kept in step."""
-    head = {p: v for p, v in host.get_fact(DirFiles, path=src).items() if not is_bookkeeping(p)}
-    peer = host.get_fact(PeerFolder, target=target, path=dest, link=link)
-    differing = {p: v for p, v in head.items() if peer["files"].get(p) != v}
-    link_ok = not link or peer["link"] == link_to
-    if head and not differing and link_ok:
+    files differ in size or mtime. symlink/symlink_target: a symlink on the worker (ln -sfn symlink_target symlink)
+    kept in step."""
+    head = {name: v for name, v in host.get_fact(DirFiles, path=src).items() if not is_bookkeeping(name)}
+    peer = host.get_fact(PeerFolder, target=target, path=dest, link=symlink)
+    differing = {name: v for name, v in head.items() if peer["files"].get(name) != v}
+    symlink_ok = not symlink or peer["link"] == symlink_target
+    if head and not differing and symlink_ok:
         host.noop(f"{what} on the worker matches the head ({len(head)} files)")
         return
     problems: list[str | None]
@@ -154,13 +153,12 @@ def folder_to_peer(src: str, target: str, dest: str, what: str, link: str = "", 
         return
     if differing or not head:
         yield from peer_copy_commands(src, target, dest, what, sum(v[0] for v in head.values()), extra_rsync)
-    if link and not link_ok:
-        q = shlex.quote
-        yield f"{SSH} {q(target)} {q(f'ln -sfn {q(link_to)} {q(link)}')}"
+    if symlink and not symlink_ok:
+        yield f"{SSH} {quote(target)} {quote(f'ln -sfn {quote(symlink_target)} {quote(symlink)}')}"
 
 
 def versions_dir(dest: str) -> str:
-    """Where the versions of a placed folder live: dest is a link into it."""
+    """Where the versions of a placed folder live: dest is a symlink into it."""
     return f"{dest}.d"
 
 
@@ -168,12 +166,12 @@ def peer_copy_commands(src: str, target: str, dest: str, what: str, total: int, 
     """The commands that copy the folder src (on the head) into dest on the worker, resumably, with progress lines:
     rsync through a transient daemon on the worker's link address (operations/remote/link_copy.py), unencrypted on
     the cable at the link's speed (the benchmark tests/bench/deploy_speed.py times these)."""
-    q = shlex.quote
     options = ["-a", "--partial", *extra_rsync] + [f"--exclude={e}" for e in COPY_EXCLUDES]
     words = [src, "--target", target, "--dest", dest, "--ssh", SSH] + [f"--rsync-option={o}" for o in options]
     # progress: the worker's copy measured over ssh (its size at the start says how much a resume keeps)
     return [progress_command(f"{what} to the worker", heredoc_command(f"python3 - {shlex.join(words)}", "link_copy"),
-                             probe=f"{SSH} {q(target)} {q(f'du -sb {q(dest)} 2>/dev/null | cut -f1')}", total=total)]
+                             probe=f"{SSH} {quote(target)} {quote(f'du -sb {quote(dest)} 2>/dev/null | cut -f1')}",
+                             total=total)]
 
 
 REPLACED_PREFIX = "replaced-"  # <dest>.d/replaced-<time>: a real folder found at dest, moved aside (the user's)
@@ -181,37 +179,38 @@ REPLACED_PREFIX = "replaced-"  # <dest>.d/replaced-<time>: a real folder found a
 
 @operation()
 def folder_placed(src: str, dest: str, what: str):
-    """dest is a link to a hard-linked copy of src (real files, no extra space) in <dest>.d/<digest of src's
-    listing>. A change makes a new version and switches the link (rename: atomic); the folder a running rank
+    """dest is a symlink to a hard-linked copy of src (real files, no extra space) in <dest>.d/<digest of src's
+    listing>. A change makes a new version and switches the symlink (rename: atomic); the folder a running rank
     mounts is never emptied or removed in place (the pair step's generations_kept removes old versions after the pair
     step). An older layout's real folder at dest is moved to <dest>.d/replaced-<time>, not deleted, and never
     pruned: the run's output names where it went."""
     have = host.get_fact(DirFiles, path=src)
     placed = {p: v for p, v in host.get_fact(DirFiles, path=dest).items() if p != MARKER}
-    is_link = host.get_fact(LinkTarget, path=dest) is not None
-    if have and have == placed and is_link:
+    is_symlink = host.get_fact(LinkTarget, path=dest) is not None
+    if have and have == placed and is_symlink:
         host.noop(f"{what} in place at {dest}")
         return
     if (yield from check_failed(what, [] if have else [f"{src} is empty (the download failed?)"], settled=False)):
         return
-    q = shlex.quote
     parent, name = posixpath.split(dest)
     versions = posixpath.basename(versions_dir(dest))
-    if placed and not is_link:
+    if placed and not is_symlink:
         warned("a folder in the symlink's place", f"{dest} is a folder, not sparkfold's symlink: it is moved to "
                f"{versions_dir(dest)}/{REPLACED_PREFIX}<date-time> and kept there (remove it yourself)")
     # the version's name is computed on the Spark: src may only be downloaded later in this run
-    digest = (f"$(cd {q(src)} && find . -type f -printf '%P %s %T@\\n' | LC_ALL=C sort | sha256sum "
+    digest = (f"$(cd {quote(src)} && find . -type f -printf '%P %s %T@\\n' | LC_ALL=C sort | sha256sum "
               "| cut -c1-16)")
-    aside = f"{q(versions)}/{REPLACED_PREFIX}$(date +%Y%m%d-%H%M%S)"
-    moved = q(f"sparkfold: {dest} was a folder, not sparkfold's link: moved to {parent}/") + '"$r"' + \
-        q(", kept (yours to remove)")
+    aside = f"{quote(versions)}/{REPLACED_PREFIX}$(date +%Y%m%d-%H%M%S)"
+    moved = quote(f"sparkfold: {dest} was a folder, not sparkfold's symlink: moved to {parent}/") + '"$r"' + \
+        quote(", kept (yours to remove)")
     yield LiveCommand(
-        f"cd {q(parent)} && mkdir -p {q(versions)} && d={digest} && [ -n \"$d\" ] && v={q(versions)}/$d && "
-        f"{{ [ -d \"$v\" ] || {{ rm -rf \"$v.tmp\" && cp -rl {q(src)} \"$v.tmp\" && mv \"$v.tmp\" \"$v\"; }}; }} && "
-        f"{{ [ -L {q(name)} ] || [ ! -e {q(name)} ] || {{ r={aside} && {{ [ ! -e \"$r\" ] || r=\"$r-$$\"; }} && "
-        f"mv -T {q(name)} \"$r\" && echo {moved}; }}; }} && "
-        f"ln -sfn \"$v\" {q(name + '.new-link')} && mv -T {q(name + '.new-link')} {q(name)}")
+        f"cd {quote(parent)} && mkdir -p {quote(versions)} && d={digest} && [ -n \"$d\" ] && "
+        f"v={quote(versions)}/$d && "
+        f"{{ [ -d \"$v\" ] || {{ rm -rf \"$v.tmp\" && cp -rl {quote(src)} \"$v.tmp\" && mv \"$v.tmp\" \"$v\"; }}; }} "
+        f"&& {{ [ -L {quote(name)} ] || [ ! -e {quote(name)} ] || "
+        f"{{ r={aside} && {{ [ ! -e \"$r\" ] || r=\"$r-$$\"; }} && "
+        f"mv -T {quote(name)} \"$r\" && echo {moved}; }}; }} && "
+        f"ln -sfn \"$v\" {quote(name + '.new-link')} && mv -T {quote(name + '.new-link')} {quote(name)}")
 
 
 def free_bytes(path: str):

@@ -12,8 +12,8 @@ the ABLIT overlay's revision and file, so another overlay writes other folders, 
 from __future__ import annotations
 
 import hashlib
-import shlex
 from collections.abc import Generator
+from shlex import quote
 
 from pyinfra import host
 from pyinfra.api import StringCommand, operation
@@ -50,10 +50,9 @@ def need_commit(plan_args: dict, what: str) -> Generator[StringCommand, None, st
 
 def tool_run(image_ref: str, mounts: list, entrypoint: str, *args: str) -> str:
     """docker run of one of the image's tools: no network, our uid (files stay ours), given mounts."""
-    q = shlex.quote
     words = ["docker run --rm --network none --user \"$(id -u):$(id -g)\" -e HOME=/tmp"]
-    words += [f"-v {q(src + ':' + dst + (':ro' if ro else ''))}" for src, dst, ro in mounts]
-    words += [f"--entrypoint {q(entrypoint)}", q(image_ref), *(q(a) for a in args)]
+    words += [f"-v {quote(src + ':' + dst + (':ro' if ro else ''))}" for src, dst, ro in mounts]
+    words += [f"--entrypoint {quote(entrypoint)}", quote(image_ref), *(quote(a) for a in args)]
     return " ".join(words)
 
 
@@ -63,7 +62,7 @@ def pack_tag(overlay_revision: str, ablit_file: str) -> str:
 
 
 def pack_name(commit: str, ablit_tag: str) -> str:
-    """The applied ABLIT pack's folder under <data_dir>/ablit (commit may be "{commit}", for a link template)."""
+    """The applied ABLIT pack's folder under <data_dir>/ablit (commit may be "{commit}", for a symlink template)."""
     return f"{commit}-{ablit_tag}"
 
 
@@ -90,11 +89,10 @@ def token_map_written(image_ref: str, plan_args: dict, hf_cache: str, out_dir: s
         host.noop(f"token map is current for {commit[:12]}")
         return
     mount, model = model_source(hf_cache, plan_args["repo"], commit)
-    q = shlex.quote
-    yield (f"mkdir -p {q(out_dir)} && rm -f {q(sidecar)} && "
+    yield (f"mkdir -p {quote(out_dir)} && rm -f {quote(sidecar)} && "
            + tool_run(image_ref, [mount, (out_dir, "/out", False)], "python3", TOKEN_MAP_TOOL, model,
                       f"/out/{TOKEN_MAP}")
-           + f" && printf '%s\\n' {q(commit)} > {q(sidecar)}")
+           + f" && printf '%s\\n' {quote(commit)} > {quote(sidecar)}")
 
 
 def rank_folder(rank_cache: str, commit: str, rank: int, ablit_tag: str) -> str:
@@ -127,29 +125,28 @@ def rank_file_written(image_ref: str, rank: int, plan_args: dict, hf_cache: str,
     if (yield from check_failed("free disk", [space])):
         return
     mount, model = model_source(hf_cache, plan_args["repo"], commit, ablit_dir, tag)
-    q = shlex.quote
     # a partial or stray file from an interrupted run: clear the folder of this rank's files, then write again
-    yield (f"mkdir -p {q(folder)} && rm -f {q(folder)}/rank{rank}of2-*.bin {q(folder)}/.rank{rank}of2.partial "
-           f"{q(folder)}/{SOURCE} {q(folder)}/SHA256SUMS {q(folder)}/.sparkfold-sums.state")
+    yield (f"mkdir -p {quote(folder)} && rm -f {quote(folder)}/rank{rank}of2-*.bin "
+           f"{quote(folder)}/.rank{rank}of2.partial "
+           f"{quote(folder)}/{SOURCE} {quote(folder)}/SHA256SUMS {quote(folder)}/.sparkfold-sums.state")
     write = tool_run(image_ref, [mount, (folder, "/out", False)], RANK_TOOL, model, "/out", str(rank), "2")
     yield progress_command(f"rank {rank}'s weight file", write, size_of=folder, total=int(total / 2))
-    yield f"printf '%s\\n' {q(want)} > {q(folder)}/{SOURCE}"
+    yield f"printf '%s\\n' {quote(want)} > {quote(folder)}/{SOURCE}"
 
 
 @operation()
-def commit_link(link: str, plan_args: dict, template: str):
-    """A symlink we own pointing at a commit-named folder: template.format(commit=...), relative to the link."""
-    commit = yield from need_commit(plan_args, link)
+def commit_symlink(symlink: str, plan_args: dict, template: str):
+    """A symlink we own pointing at a commit-named folder: template.format(commit=...), relative to the symlink."""
+    commit = yield from need_commit(plan_args, symlink)
     if commit is None:
         return
     target = template.format(commit=commit)
-    if host.get_fact(LinkTarget, path=link) == target:
-        host.noop(f"{link} -> {target}")
+    if host.get_fact(LinkTarget, path=symlink) == target:
+        host.noop(f"{symlink} -> {target}")
         return
-    q = shlex.quote
-    # a new link renamed over the old one: a reader (a rank starting) never finds no link
-    yield (f"mkdir -p {q(link.rsplit('/', 1)[0])} && ln -sfn {q(target)} {q(link + '.new-link')} && "
-           f"mv -T {q(link + '.new-link')} {q(link)}")
+    # a new symlink renamed over the old one: a reader (a rank starting) never finds none
+    yield (f"mkdir -p {quote(symlink.rsplit('/', 1)[0])} && ln -sfn {quote(target)} {quote(symlink + '.new-link')} "
+           f"&& mv -T {quote(symlink + '.new-link')} {quote(symlink)}")
 
 
 @operation()
@@ -168,15 +165,15 @@ def rank_sums_written(plan_args: dict, rank_cache: str, rank: int, ablit_tag: st
 def rank_file_to_peer(plan_args: dict, rank_cache: str, rank: int, ablit_tag: str, target: str,
                       peer_rank_cache: str):
     """The rank's folder (weight file + SHA256SUMS) rsynced to the same layout on the worker, and the worker's
-    active-rank link pointed at it."""
+    active-rank symlink pointed at it."""
     commit = yield from need_commit(plan_args, f"rank {rank}'s weight file on the worker")
     if commit is None:
         return
     key = source_key(commit, ablit_tag)
     yield from folder_to_peer._inner(src=rank_folder(rank_cache, commit, rank, ablit_tag), target=target,
                                      dest=rank_folder(peer_rank_cache, commit, rank, ablit_tag),
-                                     what=f"rank {rank}'s weight file", link=f"{peer_rank_cache}/active-rank{rank}",
-                                     link_to=f"{key}/rank{rank}")
+                                     what=f"rank {rank}'s weight file",
+                                     symlink=f"{peer_rank_cache}/active-rank{rank}", symlink_target=f"{key}/rank{rank}")
 
 
 def ablit_tag(s) -> str:
@@ -185,24 +182,24 @@ def ablit_tag(s) -> str:
 
 
 def deploy_weights(s, image_ref: str) -> None:
-    p, plan_args = s.layout, checkpoint_plan_args(s)
-    ablit_dir = p.ablit if s.ablit else ""
+    layout, plan_args = s.layout, checkpoint_plan_args(s)
+    ablit_dir = layout.ablit if s.ablit else ""
     tag = ablit_tag(s)
     token_map_written(name="Token map (image's make_token_map.py)", image_ref=image_ref, plan_args=plan_args,
-                      hf_cache=s.hf_cache, out_dir=p.token_map_dir)
+                      hf_cache=s.hf_cache, out_dir=layout.token_map_dir)
     rank_file_written(name="Rank 0's weight file", image_ref=image_ref, rank=0, plan_args=plan_args,
-                      hf_cache=s.hf_cache, rank_cache=p.rank_cache, ablit_dir=ablit_dir, ablit_tag=tag)
+                      hf_cache=s.hf_cache, rank_cache=layout.rank_cache, ablit_dir=ablit_dir, ablit_tag=tag)
     rank_file_written(name="Rank 1's weight file", image_ref=image_ref, rank=1, plan_args=plan_args,
-                      hf_cache=s.hf_cache, rank_cache=p.rank_cache, ablit_dir=ablit_dir, ablit_tag=tag)
-    commit_link(name="Rank 0's active weight folder", link=p.active_rank_link(0), plan_args=plan_args,
-                template=source_key("{commit}", tag) + "/rank0")
-    rank_sums_written(name="Rank 1's SHA256SUMS (once)", plan_args=plan_args, rank_cache=p.rank_cache, rank=1,
+                      hf_cache=s.hf_cache, rank_cache=layout.rank_cache, ablit_dir=ablit_dir, ablit_tag=tag)
+    commit_symlink(name="Rank 0's active weight folder", symlink=layout.active_rank_link(0), plan_args=plan_args,
+                   template=source_key("{commit}", tag) + "/rank0")
+    rank_sums_written(name="Rank 1's SHA256SUMS (once)", plan_args=plan_args, rank_cache=layout.rank_cache, rank=1,
                       ablit_tag=tag)
 
 
-def served_link(s) -> None:
-    commit_link(name="Served snapshot link", link=s.layout.served_link,
-                plan_args=checkpoint_plan_args(s), template="snapshots/{commit}")
+def served_symlink(s) -> None:
+    commit_symlink(name="Served snapshot symlink", symlink=s.layout.served_link,
+                   plan_args=checkpoint_plan_args(s), template="snapshots/{commit}")
 
 
 def rank1_to_worker(s) -> None:

@@ -39,19 +39,19 @@ def listening_ports(args: list[str], env: list[str]) -> list[int]:
     """The ports a rank container was started to listen on, read from its argv and environment."""
     found = []
     for i, arg in enumerate(args):
-        flag, eq, value = arg.partition("=")
+        flag, has_value, value = arg.partition("=")
         if flag in _PORT_FLAGS:
-            found.append(value if eq else (args[i + 1] if i + 1 < len(args) else ""))
+            found.append(value if has_value else (args[i + 1] if i + 1 < len(args) else ""))
     found += [entry.partition("=")[2] for entry in env if entry.partition("=")[0] in _PORT_ENV]
     return sorted({int(v) for v in found if v.isdigit()})
 
 
 def parse_size(text: str) -> int | None:
     """docker's human sizes ("1.5GiB", "512MiB", "0B", "3.2kB") -> bytes; None when unreadable."""
-    m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([KMGT]?i?B)\s*", text, re.IGNORECASE)
-    if not m:
+    match = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([KMGT]?i?B)\s*", text, re.IGNORECASE)
+    if not match:
         return None
-    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+    return int(float(match.group(1)) * _UNITS[match.group(2).lower()])
 
 
 # --- the rank container ------------------------------------------------------------------------------------------
@@ -261,8 +261,8 @@ class DaemonJson(FactBase[DaemonJsonDict]):
         return {"exists": False, "config": {}, "error": None}
 
     def command(self, path: str = DAEMON_JSON) -> str:
-        q = shlex.quote(path)
-        return f"if [ -e {q} ]; then echo '##EXISTS##'; cat {q} 2>&1 || true; else echo '##ABSENT##'; fi"
+        quoted = shlex.quote(path)
+        return f"if [ -e {quoted} ]; then echo '##EXISTS##'; cat {quoted} 2>&1 || true; else echo '##ABSENT##'; fi"
 
     def process(self, output: list[str]) -> DaemonJsonDict:
         if not output or output[0].strip() != "##EXISTS##":

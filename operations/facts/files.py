@@ -1,5 +1,5 @@
 """Facts about files and folders: one regular file (its text, its sum and header, the API key file's stat: one
-family, RegularFileFact), where a link leads, folder listings and their checks, used and free disk space, and the
+family, RegularFileFact), where a symlink leads, folder listings and their checks, used and free disk space, and the
 worker's copy of a folder (read from the head over ssh).
 
 Every command exits 0 and stays cheap: they stat and list, and hash only small files (a SHA256SUMS list).
@@ -39,12 +39,13 @@ def first_line(text: str | None) -> str | None:
     return None if text is None else text.partition("\n")[0].strip()
 
 
-# What a RegularFileFact may read of the file besides its stat, each printed as one '#TAG value' line ({p}: the path).
+# What a RegularFileFact may read of the file besides its stat, each printed as one '#TAG value' line ({path}: the
+# quoted path).
 _FILE_PARTS = {
-    "link": "[ -L {p} ] && echo '#LINK';",  # files.put replaces a link, so the caller must know
-    "sha1": "echo \"#SHA1 $(sha1sum < {p} 2>/dev/null | cut -c1-40)\";",
-    "head": "echo \"#HEAD $(head -n 3 {p} 2>/dev/null | base64 -w0)\";",  # where sparkfold's header is
-    "text": "echo \"#TEXT $(base64 -w0 {p} 2>/dev/null)\";",  # base64 keeps blank and trailing lines
+    "link": "[ -L {path} ] && echo '#LINK';",  # is it a symlink: files.put replaces one, so the caller must know
+    "sha1": "echo \"#SHA1 $(sha1sum < {path} 2>/dev/null | cut -c1-40)\";",
+    "head": "echo \"#HEAD $(head -n 3 {path} 2>/dev/null | base64 -w0)\";",  # where sparkfold's header is
+    "text": "echo \"#TEXT $(base64 -w0 {path} 2>/dev/null)\";",  # base64 keeps blank and trailing lines
 }
 
 
@@ -56,16 +57,17 @@ class FileStat(TypedDict):
 
 
 class RegularFileFact(FactBase[T]):
-    """The family of facts about one regular file at `path` (links followed), each one round trip: its stat and the
+    """The family of facts about one regular file at `path` (symlinks followed), each one round trip: its stat and the
     `parts` (of _FILE_PARTS) a subclass asks for, which `found` turns into the subclass's answer; default() when
     `path` is not a regular file. Like pyinfra's File family, the subclasses differ only in what they read."""
 
     parts: ClassVar[tuple[str, ...]] = ()
 
     def command(self, path: str) -> str:
-        p = sh(path)
-        asked = " ".join(_FILE_PARTS[part].format(p=p) for part in self.parts)
-        return f"if [ -f {p} ]; then echo \"#FILE $(stat -L -c '%a %U %G %s' {p} 2>/dev/null)\"; {asked} fi; true"
+        quoted = sh(path)
+        asked = " ".join(_FILE_PARTS[part].format(path=quoted) for part in self.parts)
+        return (f"if [ -f {quoted} ]; then echo \"#FILE $(stat -L -c '%a %U %G %s' {quoted} 2>/dev/null)\"; "
+                f"{asked} fi; true")
 
     def process(self, output: list[str]) -> T:
         fields = {line.partition(" ")[0]: line.partition(" ")[2].strip() for line in output if line.startswith("#")}
@@ -143,8 +145,9 @@ class ApiKeyFile(RegularFileFact[ApiKeyFileDict]):
 
 
 class LinkTarget(FactBase[str | None]):
-    """Where a link leads. resolve=False: the link's own target text (`readlink`), None when `path` is not a link.
-    resolve=True: the real path with every link resolved (`readlink -e`), None when it or a link target is missing."""
+    """Where a symlink leads. resolve=False: the symlink's own target text (`readlink`), None when `path` is not a
+    symlink. resolve=True: the real path with every symlink resolved (`readlink -e`), None when it or a symlink's
+    target is missing."""
 
     def command(self, path: str, resolve: bool = False) -> str:
         return f"readlink {'-e ' if resolve else ''}{shlex.quote(path)} 2>/dev/null || true"
@@ -192,11 +195,10 @@ class FolderCheck(FactBase[FolderCheckDict | None]):
     marker file's content; None when the folder is absent. Hashes only the (small) list itself."""
 
     def command(self, path: str, sums: str, marker: str) -> str:
-        q = shlex.quote
-        return (f"cd {q(path)} 2>/dev/null || exit 0; echo '#DIR'; "
-                f"echo \"#SUMS $(sha256sum {q(sums)} 2>/dev/null | cut -c1-64)\"; "
-                f"echo \"#MARKER $(head -c 200 {q(marker)} 2>/dev/null)\"; "
-                f"sed -n 's/^[0-9a-f]\\{{64\\}} [ *]/#NAME /p' {q(sums)} 2>/dev/null; "
+        return (f"cd {shlex.quote(path)} 2>/dev/null || exit 0; echo '#DIR'; "
+                f"echo \"#SUMS $(sha256sum {shlex.quote(sums)} 2>/dev/null | cut -c1-64)\"; "
+                f"echo \"#MARKER $(head -c 200 {shlex.quote(marker)} 2>/dev/null)\"; "
+                f"sed -n 's/^[0-9a-f]\\{{64\\}} [ *]/#NAME /p' {shlex.quote(sums)} 2>/dev/null; "
                 f"find -H . {_LISTING} 2>/dev/null || true")
 
     def process(self, output: list[str]) -> FolderCheckDict | None:
@@ -219,7 +221,7 @@ class PeerFolderDict(TypedDict):
     reachable: bool
     files: Listing
     free: int | None  # bytes free where the folder lives (or will)
-    link: str | None  # readlink of `link`
+    link: str | None  # readlink of the symlink `link` (None when not asked, absent or no symlink)
 
 
 class PeerFolder(FactBase[PeerFolderDict]):
@@ -291,8 +293,8 @@ class PathUsage(FactBase[int]):
     default = int
 
     def command(self, path: str) -> str:
-        q = shlex.quote(path)
-        return f"if [ -e {q} ]; then du -skx {q} 2>/dev/null | tail -n 1 || true; else echo '0 -'; fi"
+        quoted = shlex.quote(path)
+        return f"if [ -e {quoted} ]; then du -skx {quoted} 2>/dev/null | tail -n 1 || true; else echo '0 -'; fi"
 
     def process(self, output: list[str]) -> int:
         for line in reversed(output):

@@ -45,9 +45,9 @@ def parse_confirmation(lines) -> dict[str, tuple[int, int]]:
     """{bus id: (min, max)} from nvidia-smi -lgc output lines."""
     found = {}
     for line in lines:
-        m = CONFIRM_RE.search(line)
-        if m:
-            found[m.group(3).rstrip(".").lower()] = (int(m.group(1)), int(m.group(2)))
+        match = CONFIRM_RE.search(line)
+        if match:
+            found[match.group(3).rstrip(".").lower()] = (int(match.group(1)), int(match.group(2)))
     return found
 
 
@@ -91,34 +91,34 @@ class GpuClockState(FactBase[GpuClockStateDict]):
         return shlex.quote(nvidia_smi.split()[-1])  # a path or a name: `command -v` takes either
 
     def command(self, nvidia_smi: str = "nvidia-smi", record_path: str = RECORD_PATH) -> str:
-        rec = shlex.quote(record_path)
+        record = shlex.quote(record_path)
         return (
             f"echo '##QUERY##'; {query_command(nvidia_smi)} 2>&1 || echo '##QUERY_FAILED##'; "
             "echo \"boot_id=$(cat /proc/sys/kernel/random/boot_id 2>/dev/null)\"; echo \"now=$(date +%s)\"; "
-            f"if [ -f {rec} ]; then sed 's/^/record: /' {rec}; fi; true"
+            f"if [ -f {record} ]; then sed 's/^/record: /' {record}; fi; true"
         )
 
     def process(self, output: list[str]) -> GpuClockStateDict:
-        st: GpuClockStateDict = {"smi": False, "error": "", "boot_id": "", "gpus": [], "record_boot_id": "",
-                                 "recorded": {}, "now": None, "applied": None, "failed_at": None, "failed": ""}
+        gpu_state: GpuClockStateDict = {"smi": False, "error": "", "boot_id": "", "gpus": [], "record_boot_id": "",
+                                        "recorded": {}, "now": None, "applied": None, "failed_at": None, "failed": ""}
         errors = []
         in_query = False
         record = []
         for line in output:
             if line.startswith("##QUERY##"):
-                st["smi"], in_query = True, True
+                gpu_state["smi"], in_query = True, True
             elif line.startswith("##QUERY_FAILED##"):
-                st["smi"], in_query = False, False
+                gpu_state["smi"], in_query = False, False
             elif line.startswith("boot_id="):
-                st["boot_id"], in_query = line[len("boot_id="):].strip(), False
+                gpu_state["boot_id"], in_query = line[len("boot_id="):].strip(), False
             elif line.startswith("now="):
-                st["now"], in_query = _mhz(line[len("now="):]), False
+                gpu_state["now"], in_query = _mhz(line[len("now="):]), False
             elif line.startswith("record: "):
                 record.append(line[len("record: "):])
             elif in_query:
                 fields = [f.strip() for f in line.split(",")]
                 if len(fields) == len(QUERY_FIELDS) and fields[0].isdigit():
-                    st["gpus"].append({
+                    gpu_state["gpus"].append({
                         "index": int(fields[0]), "bus_id": fields[1].lower(), "name": fields[2],
                         "clocks_sm": _mhz(fields[3]), "clocks_max_sm": _mhz(fields[4]),
                         "apps_clocks_reason": fields[5],
@@ -127,16 +127,16 @@ class GpuClockState(FactBase[GpuClockStateDict]):
                     errors.append(line.strip())
         for line in record:
             if line.startswith("boot="):
-                st["record_boot_id"] = line[len("boot="):].strip()
+                gpu_state["record_boot_id"] = line[len("boot="):].strip()
             elif line.startswith("applied="):
-                st["applied"] = _mhz(line[len("applied="):])
+                gpu_state["applied"] = _mhz(line[len("applied="):])
             elif line.startswith("failed="):
                 when, _, why = line[len("failed="):].partition(" ")
-                st["failed_at"], st["failed"] = _mhz(when), why.strip() or "no reason given"
-        st["recorded"] = parse_confirmation(record)
-        if not st["gpus"] and not errors:
+                gpu_state["failed_at"], gpu_state["failed"] = _mhz(when), why.strip() or "no reason given"
+        gpu_state["recorded"] = parse_confirmation(record)
+        if not gpu_state["gpus"] and not errors:
             errors.append("nvidia-smi listed no GPU")
-        if not st["gpus"]:
-            st["smi"] = False
-        st["error"] = "; ".join(errors)
-        return st
+        if not gpu_state["gpus"]:
+            gpu_state["smi"] = False
+        gpu_state["error"] = "; ".join(errors)
+        return gpu_state

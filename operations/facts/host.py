@@ -68,10 +68,10 @@ class MemInfo(FactBase[dict[str, int]]):
     def process(self, output: list[str]) -> dict[str, int]:
         values = {}
         for line in output:
-            m = re.match(r"^(\w+):\s+(\d+)(?:\s+kB)?\s*$", line.strip())
-            if m:
+            match = re.match(r"^(\w+):\s+(\d+)(?:\s+kB)?\s*$", line.strip())
+            if match:
                 factor = 1024 if line.rstrip().endswith("kB") else 1
-                values[m.group(1)] = int(m.group(2)) * factor
+                values[match.group(1)] = int(match.group(2)) * factor
         return values
 
 

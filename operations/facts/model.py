@@ -66,10 +66,11 @@ class HfPlan(FactBase[HfPlanDict]):
         return self.default()
 
 
-def hf_plan(h, **args) -> HfPlanDict:
-    """HfPlan on host h, read once per run once the download is complete (its manifest written): the checkpoint's
-    plan is asked by several operations, and a complete download stays complete for the rest of the run."""
-    return fact_once(h, HfPlan, lambda plan: bool(plan.get("complete") and plan.get("manifest")), **args)
+def hf_plan(spark, **args) -> HfPlanDict:
+    """HfPlan on the host `spark`, read once per run once the download is complete (its manifest written): the
+    checkpoint's plan is asked by several operations, and a complete download stays complete for the rest of the
+    run."""
+    return fact_once(spark, HfPlan, lambda plan: bool(plan.get("complete") and plan.get("manifest")), **args)
 
 
 class HfHubPython(FactBase[str | None]):
@@ -130,9 +131,9 @@ class RankFolder(FactBase[RankFolderDict]):
         return {"bins": {}, "partial": [], "source": None}
 
     def command(self, path: str) -> str:
-        q = shlex.quote(path)
-        return (f"ls -A {q} 2>/dev/null | sed 's/^/#F /'; "
-                f"echo \"#SOURCE $(cat {q}/.sparkfold-source 2>/dev/null)\"")
+        quoted = shlex.quote(path)
+        return (f"ls -A {quoted} 2>/dev/null | sed 's/^/#F /'; "
+                f"echo \"#SOURCE $(cat {quoted}/.sparkfold-source 2>/dev/null)\"")
 
     def process(self, output: list[str]) -> RankFolderDict:
         out = self.default()
@@ -140,9 +141,9 @@ class RankFolder(FactBase[RankFolderDict]):
             if line.startswith("#SOURCE "):
                 out["source"] = line[8:].strip() or None
                 continue
-            m = _RANK_FILE.match(line[3:]) if line.startswith("#F ") else None
-            if m and m.group(1) is not None:
-                out["bins"].setdefault(int(m.group(1)), []).append(line[3:])
-            elif m:
-                out["partial"].append(int(m.group(2)))
+            match = _RANK_FILE.match(line[3:]) if line.startswith("#F ") else None
+            if match and match.group(1) is not None:
+                out["bins"].setdefault(int(match.group(1)), []).append(line[3:])
+            elif match:
+                out["partial"].append(int(match.group(2)))
         return out

@@ -38,21 +38,21 @@ class IpAddresses(FactBase[dict[str, NetdevDict]]):
 
     def process(self, output: list[str]) -> dict[str, NetdevDict]:
         try:
-            links = json.loads("".join(output))
+            entries = json.loads("".join(output))
         except ValueError:
             return {}
         netdevs: dict[str, NetdevDict] = {}
-        for link in links if isinstance(links, list) else []:
-            name = link.get("ifname")
+        for entry in entries if isinstance(entries, list) else []:
+            name = entry.get("ifname")
             if not name:
                 continue
             # iproute2 sometimes emits empty {} entries in addr_info; skip anything without a local address
             found: dict[str, list[str]] = {"inet": [], "inet6": []}
-            for a in link.get("addr_info") or []:
-                if a.get("family") in found and a.get("local"):
-                    full = 32 if a["family"] == "inet" else 128
-                    found[a["family"]].append(f"{a['local']}/{a.get('prefixlen', full)}")
-            netdevs[name] = {"mtu": link.get("mtu"), "operstate": link.get("operstate", ""), "ipv4": found["inet"],
+            for addr in entry.get("addr_info") or []:
+                if addr.get("family") in found and addr.get("local"):
+                    full = 32 if addr["family"] == "inet" else 128
+                    found[addr["family"]].append(f"{addr['local']}/{addr.get('prefixlen', full)}")
+            netdevs[name] = {"mtu": entry.get("mtu"), "operstate": entry.get("operstate", ""), "ipv4": found["inet"],
                              "ipv6": found["inet6"]}
         return netdevs
 
@@ -305,8 +305,8 @@ class PortListeners(FactBase[list[str]]):
         for line in output:
             if not line.strip().startswith("LISTEN"):
                 continue
-            m = _SS_USER.search(line)
-            found.append(f"{m.group(1)} (pid {m.group(2)})" if m else "a process")
+            match = _SS_USER.search(line)
+            found.append(f"{match.group(1)} (pid {match.group(2)})" if match else "a process")
         return found
 
 

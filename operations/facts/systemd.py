@@ -32,8 +32,8 @@ class UnitState(FactBase[UnitStateDict]):
         asked = " ".join(f"--property {name}" for name in _PROPERTIES)
         command = f"systemctl show {asked} {shlex.quote(unit)} 2>/dev/null || true"
         if path:
-            p = shlex.quote(path)
-            command += f"; if [ -f {p} ]; then echo \"sha256=$(sha256sum {p} | cut -d' ' -f1)\"; fi"
+            quoted = shlex.quote(path)
+            command += f"; if [ -f {quoted} ]; then echo \"sha256=$(sha256sum {quoted} | cut -d' ' -f1)\"; fi"
         return command
 
     def process(self, output: list[str]) -> UnitStateDict:

@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import posixpath
 import secrets
-import shlex
 import time
+from shlex import quote
 
 from pyinfra.api import FunctionCommand, StringCommand
 
@@ -42,18 +42,17 @@ def new_apply_dir() -> str:
 def revert_script(apply_dir: str, before: dict[str, bool], seconds: int) -> str:
     """revert.sh: put back each path in `before` (True: it existed, restore its copy; False: remove ours), then
     re-apply. Paths are copied to before/<n> in the order of sorted(before)."""
-    q = shlex.quote
     lines = ["#!/bin/sh",
              f"# sparkfold: undo the netplan apply of {apply_dir} unless it was confirmed within {seconds} s",
-             f"d={q(apply_dir)}",
+             f"d={quote(apply_dir)}",
              'mkdir "$d/decided" 2>/dev/null || exit 0  # confirmed, or already reverted',
              "{",
              '  echo "reverting at $(date -Is)"']
     for n, path in enumerate(sorted(before)):
         if before[path]:
-            lines.append(f'  cp -p "$d/before/{n}" {q(path)}')
+            lines.append(f'  cp -p "$d/before/{n}" {quote(path)}')
         else:
-            lines.append(f"  rm -f {q(path)}")
+            lines.append(f"  rm -f {quote(path)}")
     lines += ["  netplan generate && netplan apply",
               '  echo "netplan apply after the revert: exit $?"',
               '} >>"$d/revert.log" 2>&1',
@@ -63,13 +62,12 @@ def revert_script(apply_dir: str, before: dict[str, bool], seconds: int) -> str:
 
 def snapshot_command(apply_dir: str, before: dict[str, bool], seconds: int) -> StringCommand:
     """Copy the files this apply touches and write revert.sh (root only: netplan files can hold secrets)."""
-    q = shlex.quote
-    parts = [f"umask 077 && mkdir -p {q(apply_dir + '/before')}"]
-    parts += [f"cp -p {q(path)} {q(f'{apply_dir}/before/{n}')}" for n, path in enumerate(sorted(before))
+    parts = [f"umask 077 && mkdir -p {quote(apply_dir + '/before')}"]
+    parts += [f"cp -p {quote(path)} {quote(f'{apply_dir}/before/{n}')}" for n, path in enumerate(sorted(before))
               if before[path]]
-    parts.append(f"printf '%s' {q(revert_script(apply_dir, before, seconds))} > {q(apply_dir + '/revert.sh')}")
+    parts.append(f"printf '%s' {quote(revert_script(apply_dir, before, seconds))} > {quote(apply_dir + '/revert.sh')}")
     # old apply directories are ours alone; a month of history is plenty to read what happened
-    parts.append(f"find {q(posixpath.dirname(apply_dir))} -mindepth 1 -maxdepth 1 -type d -mtime +{KEEP_DAYS} "
+    parts.append(f"find {quote(posixpath.dirname(apply_dir))} -mindepth 1 -maxdepth 1 -type d -mtime +{KEEP_DAYS} "
                  "-exec rm -rf {} +")
     return StringCommand(" && ".join(parts))
 
@@ -77,34 +75,36 @@ def snapshot_command(apply_dir: str, before: dict[str, bool], seconds: int) -> S
 def arm_command(apply_dir: str, seconds: int) -> StringCommand:
     """The revert, armed on the Spark: it fires even if this machine, the network or the ssh session is gone."""
     unit = f"{NETPLAN_REVERT_UNIT}-{apply_dir.rsplit('/', 1)[-1]}"
-    return StringCommand(f"systemd-run --quiet --unit={shlex.quote(unit)} --on-active={int(seconds)}s "
-                         f"/bin/sh {shlex.quote(apply_dir + '/revert.sh')}")
+    return StringCommand(f"systemd-run --quiet --unit={quote(unit)} --on-active={int(seconds)}s "
+                         f"/bin/sh {quote(apply_dir + '/revert.sh')}")
 
 
 def apply_command(apply_dir: str) -> StringCommand:
     """netplan generate && apply, detached from this ssh session; the exit status lands in <dir>/applied."""
-    d = shlex.quote(apply_dir)
-    inner = (f"netplan generate && netplan apply; echo $? > {d}/applied.tmp && mv {d}/applied.tmp {d}/applied")
-    return StringCommand(f"setsid sh -c {shlex.quote(inner)} > {d}/apply.log 2>&1 < /dev/null &")
+    folder = quote(apply_dir)
+    inner = (f"netplan generate && netplan apply; echo $? > {folder}/applied.tmp && "
+             f"mv {folder}/applied.tmp {folder}/applied")
+    return StringCommand(f"setsid sh -c {quote(inner)} > {folder}/apply.log 2>&1 < /dev/null &")
 
 
 def confirm_script(apply_dir: str, mgmt_dev: str | None, mgmt_ip: str | None) -> str:
     """Run over the new connection: wait for the apply, revert now if it failed or lost the management address,
     else claim the decision (exit 0). On failure the last stderr line is MARK<n>: 2 apply failed, 3 management
     address lost, 4 apply hung, 5 the automatic revert already ran (no exit code reaches pyinfra's caller)."""
-    q = shlex.quote
-    d = q(apply_dir)
+    folder = quote(apply_dir)
     tries = CONFIRM_WAIT_APPLY_S * 2
-    script = (f"i=0; while [ ! -e {d}/applied ]; do i=$((i+1)); "
+    script = (f"i=0; while [ ! -e {folder}/applied ]; do i=$((i+1)); "
               f"if [ $i -gt {tries} ]; then echo 'netplan apply did not finish within {CONFIRM_WAIT_APPLY_S} s' "
-              f">&2; sh {d}/revert.sh; echo {MARK}4 >&2; exit 1; fi; sleep 0.5; done; "
-              f"rc=$(cat {d}/applied); if [ \"$rc\" != 0 ]; then cat {d}/apply.log >&2; sh {d}/revert.sh; "
+              f">&2; sh {folder}/revert.sh; echo {MARK}4 >&2; exit 1; fi; sleep 0.5; done; "
+              f"rc=$(cat {folder}/applied); if [ \"$rc\" != 0 ]; then cat {folder}/apply.log >&2; "
+              f"sh {folder}/revert.sh; "
               f"echo {MARK}2 >&2; exit 1; fi; ")
     if mgmt_dev and mgmt_ip:
-        script += (f"ip -4 -o addr show dev {q(mgmt_dev)} | grep -qF {q(f' inet {mgmt_ip}/')} || "
-                   f"{{ sh {d}/revert.sh; echo {MARK}3 >&2; exit 1; }}; ")
-    script += (f"mkdir {d}/decided 2>/dev/null || {{ cat {d}/reverted >&2; echo {MARK}5 >&2; exit 1; }}; "
-               f"date -Is > {d}/confirmed")
+        script += (f"ip -4 -o addr show dev {quote(mgmt_dev)} | grep -qF {quote(f' inet {mgmt_ip}/')} || "
+                   f"{{ sh {folder}/revert.sh; echo {MARK}3 >&2; exit 1; }}; ")
+    script += (f"mkdir {folder}/decided 2>/dev/null || "
+               f"{{ cat {folder}/reverted >&2; echo {MARK}5 >&2; exit 1; }}; "
+               f"date -Is > {folder}/confirmed")
     return script
 
 

@@ -2,7 +2,7 @@
 
 files.put reads three facts every time (the file's stat, its folder, its sha1). A converged run writes nothing, so
 FileSum answers all three questions at once, and files.put runs, with its facts, its upload and its `--diff`, only
-for a file that differs (content, mode, a link in the way).
+for a file that differs (content, mode, a symlink in the way).
 """
 
 from __future__ import annotations

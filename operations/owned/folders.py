@@ -1,7 +1,7 @@
 """One folder sparkfold owns on a Spark, converged like any other state: present, the ssh user's, one mode.
 
 Not files.directory: a folder that is the ssh user's is made by the ssh user (files.directory run with sudo for its
-chown would make missing parents root's), only a chown needs root; a link to a folder (data_dir moved to a larger
+chown would make missing parents root's), only a chown needs root; a symlink to a folder (data_dir moved to a larger
 disk) is judged by the folder it leads to; a file in the way is the user's, refused, never moved.
 """
 
@@ -25,7 +25,7 @@ def permission_bits(mode: object) -> str:
 
 @operation()
 def owned_folder(path: str, owner: str, mode: str):
-    """`path` is a folder (or a link to one) owned by `owner` with mode `mode`: mkdir by the ssh user when it is
+    """`path` is a folder (or a symlink to one) owned by `owner` with mode `mode`: mkdir by the ssh user when it is
     missing, chmod when the mode differs, chown (root) when the owner does; nothing when all is right.
 
     + path: absolute path of the folder
@@ -33,11 +33,11 @@ def owned_folder(path: str, owner: str, mode: str):
     + mode: its mode in octal digits ("700", "755")
     """
     info = host.get_fact(Directory, path=path)
-    if info is False:  # a link, or something that is no folder
-        info = host.get_fact(Directory, path=path + "/")  # the trailing slash follows a link
+    if info is False:  # a symlink, or something that is no folder
+        info = host.get_fact(Directory, path=path + "/")  # the trailing slash follows a symlink
         if not info:
             yield from check_failed("sparkfold's folders", [
-                f"{path} exists and is not a folder (nor a link to one): it is left alone; move it away, or point "
+                f"{path} exists and is not a folder (nor a symlink to one): it is left alone; move it away, or point "
                 "the setting that names it at another place"])
             return
     if info is None:

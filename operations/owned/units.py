@@ -57,8 +57,8 @@ def unit_service(service: str, file_put: Any, running: bool, enabled: bool | Non
     (and, with restart_on_change, a restart) only when that file changed. enabled None: left as it is. One
     `systemctl show` when nothing is to be done, where systemd.service reads two facts."""
     changed = file_put is not None and op_changed(file_put)
-    st = fact_until_change(host, UnitState, unit=service)
-    if not changed and unit_running(st) == running and enabled in (None, unit_enabled(st)):
+    unit = fact_until_change(host, UnitState, unit=service)
+    if not changed and unit_running(unit) == running and enabled in (None, unit_enabled(unit)):
         host.noop(f"{service} is {'running' if running else 'stopped'}"
                   + ("" if enabled is None else f" and {'enabled' if enabled else 'disabled'}"))
         return

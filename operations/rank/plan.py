@@ -199,11 +199,12 @@ def rank_ports(s: Settings) -> tuple[int, ...]:
 
 def rank_inputs_args(s: Settings, image: str) -> dict[str, Any]:
     """The RankInputs arguments for Spark `s`: its paths, and the image's capabilities on the head only."""
-    p = s.layout
-    return {"container": s.container_name, "link_record": p.link_record, "served": p.served_link, "kit": p.kit,
-            "rank_link": p.active_rank_link(), "ablit": p.ablit_current if s.ablit and s.is_head else "",
-            "image": image if s.is_head else "", "capabilities_cache": p.capabilities_cache if s.is_head else "",
-            "ports": rank_ports(s), "generations": p.generations}
+    layout = s.layout
+    return {"container": s.container_name, "link_record": layout.link_record, "served": layout.served_link,
+            "kit": layout.kit, "rank_link": layout.active_rank_link(),
+            "ablit": layout.ablit_current if s.ablit and s.is_head else "", "image": image if s.is_head else "",
+            "capabilities_cache": layout.capabilities_cache if s.is_head else "", "ports": rank_ports(s),
+            "generations": layout.generations}
 
 
 def pair_plan(head: Settings, worker: Settings, head_found: RankInputsDict, worker_found: RankInputsDict, *,
@@ -230,7 +231,7 @@ def pair_plan(head: Settings, worker: Settings, head_found: RankInputsDict, work
         ranks.append(RankPlan(rank, where, spec, action, container, tuple(problems), (memory,) if memory else (),
                               tuple(port_problems(s, mine, where))))
     labels = [(c.get("labels") or {}).get(LABEL_HASH) if c.get("running") else None for c in containers]
-    running = generation_id([str(h) for h in labels]) if all(labels) else ""
+    running = generation_id([str(label) for label in labels]) if all(labels) else ""
     records = tuple(read_records((found.get("generations") or {}).get("files") or {},
                                  (found.get("generations") or {}).get("last_good") or "")
                     for found in (head_found, worker_found))

@@ -12,8 +12,8 @@ import time
 from collections.abc import Callable
 
 import requests
-from pyinfra import host, logger, state
-from pyinfra.api import FunctionCommand, QuoteString, StringCommand, operation
+from pyinfra import logger
+from pyinfra.api import QuoteString, StringCommand
 
 from operations.facts.docker import RankContainer
 from operations.validate.client import Client, ServerUnusable
@@ -107,15 +107,15 @@ def live_lines(served_name: str, port: int, base_url: str, api_key_file: str = "
 
 # --- host helpers (the controller reaches the Sparks through pyinfra's connections) -----------------------------
 
-def _shell(h, command: StringCommand) -> list[str]:
-    ok, out = h.run_shell_command(command, print_output=False, print_input=False)
+def _shell(spark, command: StringCommand) -> list[str]:
+    ok, out = spark.run_shell_command(command, print_output=False, print_input=False)
     return list(out.stdout_lines) + list(out.stderr_lines)
 
 
-def read_api_key(h, path: str) -> str:
+def read_api_key(spark, path: str) -> str:
     if not path:
         return ""
-    lines = [ln.strip() for ln in _shell(h, StringCommand("cat", QuoteString(path), "2>/dev/null", "||", "true"))]
+    lines = [ln.strip() for ln in _shell(spark, StringCommand("cat", QuoteString(path), "2>/dev/null", "||", "true"))]
     for line in lines:
         if line and not line.startswith("#"):
             return line.split(": ", 1)[-1].strip()
@@ -124,18 +124,18 @@ def read_api_key(h, path: str) -> str:
 
 def log_tails(head, worker, container_name: str, lines: int = LOG_LINES) -> str:
     parts = []
-    for rank, h in ((0, head), (1, worker)):
-        out = _shell(h, StringCommand("docker", "logs", "--tail", str(lines), QuoteString(container_name), "2>&1",
+    for rank, spark in ((0, head), (1, worker)):
+        out = _shell(spark, StringCommand("docker", "logs", "--tail", str(lines), QuoteString(container_name), "2>&1",
                                       "||", "true"))
-        parts.append(f"--- rank {rank} ({h.name}), last {lines} log lines ---\n" + "\n".join(out))
+        parts.append(f"--- rank {rank} ({spark.name}), last {lines} log lines ---\n" + "\n".join(out))
     return "\n".join(parts)
 
 
 def load_status(head, worker, container_name: str) -> str:
     """One progress line's tail while the ranks load: unified memory in use and the newest log line of each rank."""
     parts = []
-    for rank, h in ((0, head), (1, worker)):
-        out = _shell(h, StringCommand(
+    for rank, spark in ((0, head), (1, worker)):
+        out = _shell(spark, StringCommand(
             "awk '/^MemTotal:/ {t=$2} /^MemAvailable:/ {a=$2} END {printf \"%.1f of %.1f GiB in use\\n\", "
             "(t-a)/1048576, t/1048576}' /proc/meminfo;", "docker", "logs", "--tail", "1",
             QuoteString(container_name), "2>&1", "|", "tail", "-n", "1", "||", "true"))
@@ -153,71 +153,11 @@ def newest_redraw(line: str) -> str:
 
 
 def ranks_down(head, worker, container_name: str) -> str | None:
-    for rank, h in ((0, head), (1, worker)):
-        c = h.get_fact(RankContainer, container=container_name)
-        if not c:
+    for rank, spark in ((0, head), (1, worker)):
+        container = spark.get_fact(RankContainer, container=container_name)
+        if not container:
             return f"rank {rank}'s container is gone"
-        if not c.get("running"):
-            oom = " (killed by the OOM killer: free memory, or lower context)" if c.get("oom_killed") else ""
-            return f"rank {rank} exited with code {c.get('exit_code')}{oom}"
+        if not container.get("running"):
+            oom = " (killed by the OOM killer: free memory, or lower context)" if container.get("oom_killed") else ""
+            return f"rank {rank} exited with code {container.get('exit_code')}{oom}"
     return None
-
-
-def _wait_and_smoke(state, host, worker, base_url, served_name, port, container_name, api_key_file, timeout,
-                    open_note=""):
-    api_key = read_api_key(host, api_key_file)
-    report: list[str] = []
-    problem = wait_for_api(base_url, served_name, api_key, timeout,
-                           lambda: ranks_down(host, worker, container_name),
-                           progress=lambda m: host.log(f"{m}; {load_status(host, worker, container_name)}"))
-    if problem is None:
-        ok, report = smoke_test(base_url, served_name, api_key)
-        problem = None if ok else "; ".join(report)
-    if problem is not None:
-        host.log(f"sparkfold: {problem}\n{log_tails(host, worker, container_name)}", log_func=logger.error)
-        return False
-    for line in report:
-        host.log(f"smoke test {line}")
-    for line in live_lines(served_name, port, base_url, api_key_file, open_note):
-        host.log(line)
-    return True
-
-
-def _fail_with_logs(state, host, worker, container_name, message):
-    host.log(f"sparkfold: {message}\n{log_tails(host, worker, container_name)}", log_func=logger.error)
-    return False
-
-
-@operation()
-def api_serving(base_url: str, served_name: str, port: int, container_name: str, worker, api_key_file: str,
-                wait_timeout: float, started: Callable[[], bool], planned: Callable[[], bool] = lambda: False,
-                open_note: str = ""):
-    """Head: after a (re)start, wait for the API and smoke-test the pair; otherwise check it once and log LIVE.
-
-    started: true when the pair was (re)started in this run (evaluated at execute time).
-    planned: the plan's prediction of that (evaluated while planning).
-    """
-    wait = FunctionCommand(_wait_and_smoke, (worker, base_url, served_name, port, container_name, api_key_file,
-                                             wait_timeout, open_note), {})
-    if not state.is_executing:
-        if planned():
-            yield wait
-        else:
-            host.noop("the pair is not restarted: one quick API check at execute time")
-        return
-    if started():
-        yield wait
-        return
-    down = ranks_down(host, worker, container_name)
-    problem = down or models_listed(base_url, served_name, read_api_key(host, api_key_file))
-    if problem is None:
-        for line in live_lines(served_name, port, base_url, api_key_file, open_note):
-            logger.info(line)
-        host.noop(f"{served_name} serves at {base_url}/v1")
-        return
-    if down:
-        yield FunctionCommand(_fail_with_logs, (worker, container_name,
-                                                f"{down}: run deploy.py again to restart the pair"), {})
-        return
-    logger.info(f"{host.name}: {problem}; waiting for rank 0 (it may still be loading)")
-    yield wait

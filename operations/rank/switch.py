@@ -108,32 +108,32 @@ def pair_problem(s: Any, head: Any, worker: Any, timeout: float, api: Api | None
     return None
 
 
-def run(h: Any, command: StringCommand) -> tuple[bool, list[str]]:
-    ok, out = h.run_shell_command(command, print_output=False, print_input=False, **command.connector_arguments)
+def run(spark: Any, command: StringCommand) -> tuple[bool, list[str]]:
+    ok, out = spark.run_shell_command(command, print_output=False, print_input=False, **command.connector_arguments)
     return bool(ok), list(out.stdout_lines) + list(out.stderr_lines)
 
 
 def _stop_pair(s: Any, head: Any, worker: Any) -> str | None:
     """Both ranks stopped and removed, each log saved first (a container sparkfold did not start is left alone)."""
-    for rank, h, ss in ((0, head, s.head), (1, worker, s.worker)):
-        container = h.get_fact(RankContainer, container=ss.container_name)
-        if not container or foreign("Spark", ss.container_name, container):
+    for rank, spark, side in ((0, head, s.head), (1, worker, s.worker)):
+        container = spark.get_fact(RankContainer, container=side.container_name)
+        if not container or foreign("Spark", side.container_name, container):
             continue
-        for command in removal_commands(ss.container_name, rank, bool(container.get("running")), ss.stop_timeout,
-                                        ss.layout.logs, ss.log_keep):
-            ok, out = run(h, command)
+        for command in removal_commands(side.container_name, rank, bool(container.get("running")), side.stop_timeout,
+                                        side.layout.logs, side.log_keep):
+            ok, out = run(spark, command)
             if not ok:
-                return f"rank {rank} could not be stopped on {h.name}: {' '.join(out)[-300:]}"
+                return f"rank {rank} could not be stopped on {spark.name}: {' '.join(out)[-300:]}"
     return None
 
 
 def start_generation(s: Any, head: Any, worker: Any, target: Generation) -> str | None:
     """`target`'s ranks started from its record, rank 1 then rank 0; None when both started."""
-    for rank, h, ss in ((1, worker, s.worker), (0, head, s.head)):
-        for command in start_commands(target.specs[rank], ss.min_avail_gib, ss.gpu_clock_mhz, ss.nvidia_smi_path):
-            ok, out = run(h, command)
+    for rank, spark, side in ((1, worker, s.worker), (0, head, s.head)):
+        for command in start_commands(target.specs[rank], side.min_avail_gib, side.gpu_clock_mhz, side.nvidia_smi_path):
+            ok, out = run(spark, command)
             if not ok:
-                return f"rank {rank} of generation {target.id} did not start on {h.name}: {' '.join(out)[-300:]}"
+                return f"rank {rank} of generation {target.id} did not start on {spark.name}: {' '.join(out)[-300:]}"
     return None
 
 

@@ -29,14 +29,14 @@ if not globals().get("_BUNDLED"):  # run from a checkout
 
 def fetch_args(argv):
     rest, expect, every = [], None, 30.0
-    it = iter(argv)
-    for a in it:
-        if a == "--expect-model-type":
-            expect = next(it)
-        elif a == "--every":
-            every = float(next(it))
+    words = iter(argv)
+    for word in words:
+        if word == "--expect-model-type":
+            expect = next(words)
+        elif word == "--every":
+            every = float(next(words))
         else:
-            rest.append(a)
+            rest.append(word)
     return parse_args(rest), expect, every
 
 
@@ -103,9 +103,9 @@ def main(argv=None):
                   "check the repo and revision settings", file=sys.stderr)
             return 1
     write_manifest(folder, manifest_record(args.repo, args.revision, commit, args.include,
-                                           {p: s for p, s, _e in files}))
+                                           {path: size for path, size, _e in files}))
     print(f"sparkfold: {args.repo}@{commit[:12]} complete: {len(files)} files, "
-          f"{_gib(sum(s or 0 for _p, s, _e in files))}", file=sys.stderr, flush=True)
+          f"{_gib(sum(size or 0 for _p, size, _e in files))}", file=sys.stderr, flush=True)
     return 0
 
 

@@ -27,14 +27,14 @@ if not globals().get("_BUNDLED"):  # run from a checkout: hf_cache lives in ../u
 
 
 def parse_args(argv):
-    p = argparse.ArgumentParser()
-    p.add_argument("--repo", required=True)
-    p.add_argument("--revision", default="main")
-    where = p.add_mutually_exclusive_group(required=True)
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--repo", required=True)
+    parser.add_argument("--revision", default="main")
+    where = parser.add_mutually_exclusive_group(required=True)
     where.add_argument("--cache-dir")
     where.add_argument("--local-dir")
-    p.add_argument("--include", action="append", default=[])
-    return p.parse_args(argv)
+    parser.add_argument("--include", action="append", default=[])
+    return parser.parse_args(argv)
 
 
 def _token():
@@ -58,10 +58,10 @@ def hub_files(repo, revision, patterns):
     info = HfApi(endpoint=os.environ.get("HF_ENDPOINT") or None).model_info(
         repo, revision=revision, files_metadata=True, token=_token())
     files = []
-    for s in info.siblings or []:
-        if matches(s.rfilename, patterns):
-            etag = s.lfs.sha256 if s.lfs else s.blob_id
-            files.append((s.rfilename, s.lfs.size if s.lfs else s.size, etag))
+    for sibling in info.siblings or []:
+        if matches(sibling.rfilename, patterns):
+            etag = sibling.lfs.sha256 if sibling.lfs else sibling.blob_id
+            files.append((sibling.rfilename, sibling.lfs.size if sibling.lfs else sibling.size, etag))
     return info.sha, files
 
 
@@ -75,25 +75,25 @@ def _hub_files_rest(repo, revision, patterns):
     token = _token()
     if token:
         req.add_header("Authorization", f"Bearer {token}")
-    with urllib.request.urlopen(req, timeout=30) as r:
-        info = json.load(r)
+    with urllib.request.urlopen(req, timeout=30) as response:
+        info = json.load(response)
     files = []
-    for s in info.get("siblings") or []:
-        if matches(s["rfilename"], patterns):
-            lfs = s.get("lfs")
-            files.append((s["rfilename"], lfs["size"] if lfs else s.get("size"),
-                          lfs["sha256"] if lfs else s.get("blobId")))
+    for sibling in info.get("siblings") or []:
+        if matches(sibling["rfilename"], patterns):
+            lfs = sibling.get("lfs")
+            files.append((sibling["rfilename"], lfs["size"] if lfs else sibling.get("size"),
+                          lfs["sha256"] if lfs else sibling.get("blobId")))
     return info["sha"], files
 
 
 def local_folder(args):
     """(folder holding the files, commit known offline or None)."""
     if args.local_dir:
-        m = read_manifest(args.local_dir)
-        return args.local_dir, (m or {}).get("commit")
-    rp = repo_dir(args.cache_dir, args.repo)
-    commit = resolve_revision(rp, args.revision)
-    return (os.path.join(rp, "snapshots", commit) if commit else None), commit
+        manifest = read_manifest(args.local_dir)
+        return args.local_dir, (manifest or {}).get("commit")
+    repo_folder = repo_dir(args.cache_dir, args.repo)
+    commit = resolve_revision(repo_folder, args.revision)
+    return (os.path.join(repo_folder, "snapshots", commit) if commit else None), commit
 
 
 def model_type(folder):
@@ -109,11 +109,12 @@ def offline_plan(args):
     folder, commit = local_folder(args)
     if not folder:
         return None
-    m = read_manifest(folder)
-    if not m or not manifest_covers(m, args.repo, args.revision, args.include) or manifest_missing(folder, m):
+    manifest = read_manifest(folder)
+    if (not manifest or not manifest_covers(manifest, args.repo, args.revision, args.include)
+            or manifest_missing(folder, manifest)):
         return None
-    return {"complete": True, "missing": [], "missing_bytes": 0, "commit": m["commit"],
-            "total_bytes": sum(m["files"].values()), "offline": True, "model_type": model_type(folder),
+    return {"complete": True, "missing": [], "missing_bytes": 0, "commit": manifest["commit"],
+            "total_bytes": sum(manifest["files"].values()), "offline": True, "model_type": model_type(folder),
             "manifest": True, "error": None}
 
 
@@ -123,8 +124,9 @@ def still_to_fetch(args, commit, files):
     if args.local_dir:
         folder, partial, blobs = args.local_dir, incomplete_local(args.local_dir), None
     else:
-        rp = repo_dir(args.cache_dir, args.repo)
-        folder, partial, blobs = os.path.join(rp, "snapshots", commit), incomplete_blobs(rp), os.path.join(rp, "blobs")
+        repo_folder = repo_dir(args.cache_dir, args.repo)
+        folder, partial = os.path.join(repo_folder, "snapshots", commit), incomplete_blobs(repo_folder)
+        blobs = os.path.join(repo_folder, "blobs")
     for path, size, etag in files:
         try:
             if os.stat(os.path.join(folder, path)).st_size == size:
@@ -135,7 +137,7 @@ def still_to_fetch(args, commit, files):
         if blobs and etag:
             try:
                 if os.stat(os.path.join(blobs, etag)).st_size == size:
-                    continue  # another revision holds this blob: only the link is missing
+                    continue  # another revision holds this blob: only the symlink is missing
             except OSError:
                 pass
         done = partial.get(etag, 0) if blobs else max(partial.get(path, 0), partial.get(f"{path}.{etag}", 0))

@@ -11,7 +11,7 @@ session ends and so do they.
 Files the worker lacks are streamed first, several at once, each straight from the page cache (sendfile) into its
 place on the worker: nearly the cable's rate, where rsync's own protocol costs about twice the CPU. rsync then
 goes over everything: what a stream left half-written (an interrupted copy) resumes with rsync's delta from what
-is there, and links, modes and times are made exact. The worker checks the files against their SHA256SUMS
+is there, and symlinks, modes and times are made exact. The worker checks the files against their SHA256SUMS
 afterwards, as before.
 """
 
@@ -131,11 +131,11 @@ for _ in range(500):
     owned = set()
     for fd in fds:
         try:
-            link = os.readlink(f"/proc/{pid}/fd/{fd}")
+            fd_target = os.readlink(f"/proc/{pid}/fd/{fd}")
         except OSError:
             continue
-        if link.startswith("socket:["):
-            owned.add(link[8:-1])
+        if fd_target.startswith("socket:["):
+            owned.add(fd_target[8:-1])
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         try:
             rows = [row.split() for row in open(table).readlines()[1:]]
@@ -230,7 +230,7 @@ def excluded(rel: str, patterns: list[str]) -> bool:
 
 
 def files_to_stream(src: str, patterns: list[str]) -> list[tuple[str, str, int]]:
-    """(relative path, full path, size) of src's regular files (links are rsync's), biggest first."""
+    """(relative path, full path, size) of src's regular files (symlinks are rsync's), biggest first."""
     found = []
     for folder, _dirs, names in os.walk(src):
         for name in names:
@@ -239,36 +239,37 @@ def files_to_stream(src: str, patterns: list[str]) -> list[tuple[str, str, int]]
             if excluded(rel, patterns) or os.path.islink(full):
                 continue
             try:
-                st = os.stat(full)
+                file_stat = os.stat(full)
             except OSError:  # gone meanwhile: rsync's pass sees what is there
                 continue
-            if stat.S_ISREG(st.st_mode):
-                found.append((rel, full, st.st_size))
+            if stat.S_ISREG(file_stat.st_mode):
+                found.append((rel, full, file_stat.st_size))
     return sorted(found, key=lambda item: -item[2])
 
 
 def _line(sock: socket.socket) -> str:
     out = b""
     while not out.endswith(b"\n"):
-        b = sock.recv(1)
-        if not b:
+        byte = sock.recv(1)
+        if not byte:
             raise ConnectionError("the worker's receiver closed the stream")
-        out += b
+        out += byte
     return out[:-1].decode()
 
 
 def send_file(address: str, port: int, secret: str, rel: str, full: str) -> bool:
     """One file to the worker's receiver; True when it arrived whole or was there already."""
-    st = os.stat(full)
-    with socket.create_connection((address, port), timeout=CONNECT_TIMEOUT_S) as sock, open(full, "rb") as f:
+    file_stat = os.stat(full)
+    with socket.create_connection((address, port), timeout=CONNECT_TIMEOUT_S) as sock, open(full, "rb") as file:
         sock.settimeout(STREAM_TIMEOUT_S)
         nonce = _line(sock)
         sock.sendall(hmac.new(secret.encode(), nonce.encode(), hashlib.sha256).hexdigest().encode() + b"\n")
-        head = {"path": rel, "size": st.st_size, "mode": st.st_mode & 0o777, "mtime_ns": st.st_mtime_ns}
+        head = {"path": rel, "size": file_stat.st_size, "mode": file_stat.st_mode & 0o777,
+                "mtime_ns": file_stat.st_mtime_ns}
         sock.sendall(json.dumps(head).encode() + b"\n")
         answer = _line(sock)
         if answer == "go":
-            sock.sendfile(f, 0, st.st_size)
+            sock.sendfile(file, 0, file_stat.st_size)
             answer = _line(sock)
         return answer in ("ok", "skip")
 
@@ -328,13 +329,13 @@ def copy(src: str, address: str, port: int, secret: str, options: list[str], str
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description="copy SRC into DEST on the worker through a transient rsync daemon")
-    p.add_argument("src")
-    p.add_argument("--target", required=True, help="user@address of the worker on the link (ssh)")
-    p.add_argument("--dest", required=True)
-    p.add_argument("--ssh", default="ssh -o BatchMode=yes -o StrictHostKeyChecking=accept-new")
-    p.add_argument("--rsync-option", action="append", default=[], dest="options")
-    args = p.parse_args(argv)
+    parser = argparse.ArgumentParser(description="copy SRC into DEST on the worker through a transient rsync daemon")
+    parser.add_argument("src")
+    parser.add_argument("--target", required=True, help="user@address of the worker on the link (ssh)")
+    parser.add_argument("--dest", required=True)
+    parser.add_argument("--ssh", default="ssh -o BatchMode=yes -o StrictHostKeyChecking=accept-new")
+    parser.add_argument("--rsync-option", action="append", default=[], dest="options")
+    args = parser.parse_args(argv)
     address = args.target.rsplit("@", 1)[-1]
     rc = 1
     for _ in range(TRIES):

@@ -106,13 +106,13 @@ def write_low(path: str, low_gib: float) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--container", required=True)
-    p.add_argument("--floor-gib", type=float, required=True)
-    p.add_argument("--state-file", default="/var/lib/sparkfold/memguard.low")
-    p.add_argument("--interval", type=float, default=0.5)
-    p.add_argument("--meminfo", default="/proc/meminfo", help=argparse.SUPPRESS)  # for tests
-    args = p.parse_args(argv)
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--container", required=True)
+    parser.add_argument("--floor-gib", type=float, required=True)
+    parser.add_argument("--state-file", default="/var/lib/sparkfold/memguard.low")
+    parser.add_argument("--interval", type=float, default=0.5)
+    parser.add_argument("--meminfo", default="/proc/meminfo", help=argparse.SUPPRESS)  # for tests
+    args = parser.parse_args(argv)
 
     stop = []
     signal.signal(signal.SIGTERM, lambda *_: stop.append(1))

@@ -29,16 +29,16 @@ PRIVATE_DIR_ENV = "SPARKFOLD_PRIVATE_DIR"
 
 
 def folder_bytes(path: str) -> int:
-    """Bytes of the regular files under `path` (links not followed; 0 when absent)."""
+    """Bytes of the regular files under `path` (symlinks not followed; 0 when absent)."""
     total = 0
     for root, _dirs, files in os.walk(path):
         for name in files:
             try:
-                st = os.lstat(os.path.join(root, name))
+                file_stat = os.lstat(os.path.join(root, name))
             except OSError:
                 continue
             if not os.path.islink(os.path.join(root, name)):
-                total += st.st_size
+                total += file_stat.st_size
     return total
 
 
@@ -124,23 +124,23 @@ class Relay:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description="run a long command, printing a progress line every --every seconds")
-    p.add_argument("label")
-    p.add_argument("command", nargs="?", default="", help="the shell command to run (not with --relay)")
-    p.add_argument("--every", type=float, default=10.0)
-    p.add_argument("--size-of", help="a folder whose size is the progress")
-    p.add_argument("--probe", help="a shell command printing the bytes done")
-    p.add_argument("--total", type=int, default=0, help="bytes when done")
-    p.add_argument("--own-work", action="store_true",
-                   help="the probe counts the command's own work (bytes it has read): nothing was there before it")
-    p.add_argument("--latest", help="a regex: show the newest output line that matches (beside an amount: only the "
-                                    "matched text, e.g. a file count)")
-    p.add_argument("--relay", nargs=2, metavar=("FROM", "TO"))
-    p.add_argument("--private-dir", action="store_true",
-                   help=f"a fresh folder only this user can enter, named in ${PRIVATE_DIR_ENV} for the command and the "
-                        "probe; removed at the end")
-    args = p.parse_args(argv)
-    # mkdtemp: a random name, made with mkdir (so never an existing folder or link), mode 0700
+    parser = argparse.ArgumentParser(description="run a long command, printing a progress line every --every seconds")
+    parser.add_argument("label")
+    parser.add_argument("command", nargs="?", default="", help="the shell command to run (not with --relay)")
+    parser.add_argument("--every", type=float, default=10.0)
+    parser.add_argument("--size-of", help="a folder whose size is the progress")
+    parser.add_argument("--probe", help="a shell command printing the bytes done")
+    parser.add_argument("--total", type=int, default=0, help="bytes when done")
+    parser.add_argument("--own-work", action="store_true",
+                        help="the probe counts the command's own work (bytes it has read): nothing was there before it")
+    parser.add_argument("--latest", help="a regex: show the newest output line that matches (beside an amount: "
+                                         "only the matched text, e.g. a file count)")
+    parser.add_argument("--relay", nargs=2, metavar=("FROM", "TO"))
+    parser.add_argument("--private-dir", action="store_true",
+                        help=f"a fresh folder only this user can enter, named in ${PRIVATE_DIR_ENV} for the command "
+                             "and the probe; removed at the end")
+    args = parser.parse_args(argv)
+    # mkdtemp: a random name, made with mkdir (so never an existing folder or symlink), mode 0700
     private = tempfile.mkdtemp(prefix="sparkfold-private-") if args.private_dir else None
     if private:
         os.environ[PRIVATE_DIR_ENV] = private  # inherited by the command and every probe

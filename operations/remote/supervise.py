@@ -215,19 +215,20 @@ class Pair:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--container", required=True)
-    p.add_argument("--worker-ssh", required=True)
-    p.add_argument("--retries", type=int, required=True)
-    p.add_argument("--backoff-s", type=float, required=True)
-    p.add_argument("--min-avail-gib", type=float, required=True,
-                   help="MemAvailable (GiB) each Spark needs before its rank is started again")
-    p.add_argument("--stop-timeout", type=int, default=30)
-    p.add_argument("--stable-s", type=float, default=600)
-    p.add_argument("--interval", type=float, default=5)
-    p.add_argument("--relock-unit", default="", help="a unit that applies the GPU clock lock, started before a start")
-    p.add_argument("--meminfo", default="/proc/meminfo", help=argparse.SUPPRESS)  # for tests
-    args = p.parse_args(argv)
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--container", required=True)
+    parser.add_argument("--worker-ssh", required=True)
+    parser.add_argument("--retries", type=int, required=True)
+    parser.add_argument("--backoff-s", type=float, required=True)
+    parser.add_argument("--min-avail-gib", type=float, required=True,
+                        help="MemAvailable (GiB) each Spark needs before its rank is started again")
+    parser.add_argument("--stop-timeout", type=int, default=30)
+    parser.add_argument("--stable-s", type=float, default=600)
+    parser.add_argument("--interval", type=float, default=5)
+    parser.add_argument("--relock-unit", default="",
+                        help="a unit that applies the GPU clock lock, started before a start")
+    parser.add_argument("--meminfo", default="/proc/meminfo", help=argparse.SUPPRESS)  # for tests
+    args = parser.parse_args(argv)
 
     stop = []
     signal.signal(signal.SIGTERM, lambda *_: stop.append(1))

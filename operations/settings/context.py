@@ -18,20 +18,20 @@ from operations.util.ssh_socket import send_without_delay
 _loaded: dict[str, tuple[Settings, list[str]]] = {}
 
 
-def layers_of(h: Host) -> Layers:
-    """The sources pyinfra merges into h.data, kept apart so a problem can name where its value came from."""
-    inv = h.inventory
-    return Layers(all=inv.get_data(), group=inv.get_groups_data(h.groups), site=inv.get_host_data(h.name),
+def layers_of(spark: Host) -> Layers:
+    """The sources pyinfra merges into spark.data, kept apart so a problem can name where its value came from."""
+    inv = spark.inventory
+    return Layers(all=inv.get_data(), group=inv.get_groups_data(spark.groups), site=inv.get_host_data(spark.name),
                   override=inv.get_override_data())
 
 
-def _load(h: Host) -> tuple[Settings, list[str]]:
-    if h.name not in _loaded:
-        send_without_delay(h)  # every run reads its settings first: from here on, each command is sent at once
+def _load(spark: Host) -> tuple[Settings, list[str]]:
+    if spark.name not in _loaded:
+        send_without_delay(spark)  # every run reads its settings first: from here on, each command is sent at once
         # a Spark that did not answer (only the read-only tools go on without one) is not asked again
-        home = (h.get_fact(Home) if h.connected else None) or f"/home/{h.data.get('ssh_user') or 'root'}"
-        _loaded[h.name] = load(layers_of(h), os.environ, home)
-    return _loaded[h.name]
+        home = (spark.get_fact(Home) if spark.connected else None) or f"/home/{spark.data.get('ssh_user') or 'root'}"
+        _loaded[spark.name] = load(layers_of(spark), os.environ, home)
+    return _loaded[spark.name]
 
 
 def pair_hosts() -> tuple[Host, Host]:
@@ -55,20 +55,21 @@ def pair_settings() -> tuple[Settings, Settings, list[str]]:
     """(the head's Settings, the worker's, each with the other's under .peer; every problem of the pair's
     settings)."""
     head, worker = pair_hosts()
-    (hs, head_problems), (ws, worker_problems) = _load(head), _load(worker)
-    hs, ws = pair(hs, ws)
-    problems = validate_all(hs, ws, _target(head), _target(worker), loaded=(head_problems, worker_problems))
-    return hs, ws, problems
+    (head_settings, head_problems), (worker_settings, worker_problems) = _load(head), _load(worker)
+    head_settings, worker_settings = pair(head_settings, worker_settings)
+    problems = validate_all(head_settings, worker_settings, _target(head), _target(worker),
+                            loaded=(head_problems, worker_problems))
+    return head_settings, worker_settings, problems
 
 
 def current_settings() -> tuple[Settings, list[str]]:
     """This host's Settings (with its peer's under .peer) and every problem of the pair's settings."""
-    hs, ws, problems = pair_settings()
-    return (hs if current_host.name == pair_hosts()[0].name else ws), problems
+    head_settings, worker_settings, problems = pair_settings()
+    return (head_settings if current_host.name == pair_hosts()[0].name else worker_settings), problems
 
 
-def _target(h: Host) -> str:
-    return f"{h.data.get('ssh_hostname', h.name)}:{h.data.get('ssh_port', 22)}"
+def _target(spark: Host) -> str:
+    return f"{spark.data.get('ssh_hostname', spark.name)}:{spark.data.get('ssh_port', 22)}"
 
 
 def limit_refusal(script: str, hosts: Sequence[str], limited_to: Sequence[str] | None,
@@ -86,7 +87,7 @@ def refuse_part_of_pair(script: str) -> None:
     """Stop deploy.py, stop.py or restart.py run with --limit: the two ranks are one server, so a change to one Spark
     alone would leave the pair half changed (status.py and logs.py, which only read, accept it)."""
     limited = state.limit_hosts
-    problem = limit_refusal(script, [h.name for h in inventory],
-                            [h.name for h in limited] if isinstance(limited, list) else None, sys.argv)
+    problem = limit_refusal(script, [spark.name for spark in inventory],
+                            [spark.name for spark in limited] if isinstance(limited, list) else None, sys.argv)
     if problem:
         raise DeployError(problem)

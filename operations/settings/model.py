@@ -222,7 +222,7 @@ class Settings:
 def pair(head: Settings, worker: Settings) -> tuple[Settings, Settings]:
     """The two Sparks' settings, each with the other as its peer."""
     head, worker = head.replace(), worker.replace()
-    object.__setattr__(head, "peer", worker)  # frozen: the link is made here, once, before anyone reads them
+    object.__setattr__(head, "peer", worker)  # frozen: the two are joined here, once, before anyone reads them
     object.__setattr__(worker, "peer", head)
     return head, worker
 

@@ -67,113 +67,117 @@ def _check_range(problems, s, name, low, high, fix=""):
 
 def validate(s: Settings) -> list[str]:
     """Every problem with one Spark's settings, each naming the setting and the fix."""
-    p: list[str] = []
+    problems: list[str] = []
     if s.context < 4096 or s.context > MAX_CONTEXT or s.context & (s.context - 1):
-        p.append(f"context = {s.context} must be a power of two from 4096 to {MAX_CONTEXT} (e.g. 524288 or 1048576)")
+        problems.append(f"context = {s.context} must be a power of two from 4096 to {MAX_CONTEXT} (e.g. 524288 or "
+                        "1048576)")
     if s.pool and s.pool != s.context:
-        p.append(f"pool = {s.pool} must equal context ({s.context}) or be 0: rank 1's pool is rank 0's context")
-    _check_range(p, s, "parallel", 1, 4, "the engine serves at most 4 streams at once")
-    _check_range(p, s, "max_tokens", 1, s.context, "lower max_tokens or raise context")
+        problems.append(f"pool = {s.pool} must equal context ({s.context}) or be 0: rank 1's pool is rank 0's context")
+    _check_range(problems, s, "parallel", 1, 4, "the engine serves at most 4 streams at once")
+    _check_range(problems, s, "max_tokens", 1, s.context, "lower max_tokens or raise context")
     if s.reasoning_effort not in REASONING_EFFORTS:
-        p.append(f"reasoning_effort = {s.reasoning_effort!r} must be one of low, medium, high, xhigh (or empty)")
-    _check_range(p, s, "port", 1, 65535)
-    _check_range(p, s, "master_port", 1024, 65535)
+        problems.append(f"reasoning_effort = {s.reasoning_effort!r} must be one of low, medium, high, xhigh (or empty)")
+    _check_range(problems, s, "port", 1, 65535)
+    _check_range(problems, s, "master_port", 1024, 65535)
     if s.port == s.master_port:
-        p.append(f"master_port = {s.master_port} must differ from port: the rendezvous and the API need two ports")
+        problems.append(f"master_port = {s.master_port} must differ from port: the rendezvous and the API need two "
+                        "ports")
     if not s.served_name.strip():
-        p.append("served_name is empty: set the model id the API serves")
+        problems.append("served_name is empty: set the model id the API serves")
     if not 0 < s.memguard_gib < s.min_avail_gib:
-        p.append(f"memguard_gib = {s.memguard_gib} must be above 0 and below min_avail_gib ({s.min_avail_gib})")
+        problems.append(f"memguard_gib = {s.memguard_gib} must be above 0 and below min_avail_gib ({s.min_avail_gib})")
     if s.spill_gib < 0 or s.kv_shard < 0:
-        p.append("spill_gib and kv_shard must be 0 (off) or positive")
+        problems.append("spill_gib and kv_shard must be 0 (off) or positive")
     try:
         ipaddress.ip_address(s.host)
     except ValueError:
         if not fits(re.compile(r"[A-Za-z0-9.-]+"), s.host):
-            p.append(f"host = {shown(s.host)} is not an address to bind: use 0.0.0.0, 127.0.0.1 or this Spark's "
-                     "address")
+            problems.append(f"host = {shown(s.host)} is not an address to bind: use 0.0.0.0, 127.0.0.1 or this Spark's "
+                            "address")
     for i, arg in enumerate(s.extra_serve_args):
         if not isinstance(arg, str):
-            p.append(f"extra_serve_args: argument {i + 1} is not a string ({type(arg).__name__}): write each "
-                     "argument as a string")
+            problems.append(f"extra_serve_args: argument {i + 1} is not a string ({type(arg).__name__}): write each "
+                            "argument as a string")
     for key in s.engine_env:
         if not key.startswith(PASSTHROUGH_PREFIXES):
-            p.append(f"engine_env: {key} is not an engine variable (TENSORFOLD_*, TF_DS_*, TF_FILL_*, "
-                     "TF_SPILL_*)")
+            problems.append(f"engine_env: {key} is not an engine variable (TENSORFOLD_*, TF_DS_*, TF_FILL_*, "
+                            "TF_SPILL_*)")
     if s.ablit and not s.hf_token:
-        p.append("ablit needs your Hugging Face token: accept the overlay's terms on its model page, create a read "
-                 "token, then run with HF_TOKEN=hf_... in the environment (or set ablit to false)")
+        problems.append("ablit needs your Hugging Face token: accept the overlay's terms on its model page, create a "
+                        "read token, then run with HF_TOKEN=hf_... in the environment (or set ablit to false)")
     if s.worker_weights not in ("nfs", "copy"):
-        p.append(f"worker_weights = {s.worker_weights!r} must be 'nfs' or 'copy'")
+        problems.append(f"worker_weights = {s.worker_weights!r} must be 'nfs' or 'copy'")
     elif s.worker_weights == "nfs" and not s.nfs:
-        p.append("worker_weights = 'nfs' needs nfs = true: set nfs true, or worker_weights 'copy' for a local copy")
+        problems.append("worker_weights = 'nfs' needs nfs = true: set nfs true, or worker_weights 'copy' for a local "
+                        "copy")
     if s.prebuilt_image and not PREBUILT_REFERENCE.fullmatch(s.prebuilt_image):
-        p.append(f"prebuilt_image = {shown(s.prebuilt_image)} must be a reference pinned by digest: "
-                 "name@sha256:<64 hex>")
+        problems.append(f"prebuilt_image = {shown(s.prebuilt_image)} must be a reference pinned by digest: "
+                        "name@sha256:<64 hex>")
     for name, lengths in (("tf_ref", (7, 40)), ("tools_ref", (7, 40)), ("zig_sha256", (64, 64))):
         value = getattr(s, name)
         if not (fits(_HEX, value) and lengths[0] <= len(value) <= lengths[1]):
-            p.append(f"{name} = {shown(value)} must be {lengths[0]}-{lengths[1]} lower-case hex characters")
-    p.extend(shape_problems({f.name: getattr(s, f.name) for f in fields(s)}))
+            problems.append(f"{name} = {shown(value)} must be {lengths[0]}-{lengths[1]} lower-case hex characters")
+    problems.extend(shape_problems({f.name: getattr(s, f.name) for f in fields(s)}))
     # files sparkfold owns live directly in the folder their tool reads, never elsewhere on the Spark
     for name, folder, suffix in (("link_netplan_file", "/etc/netplan", ".yaml"),
                                  ("nfs_exports_file", "/etc/exports.d", ".exports")):
         path = getattr(s, name)
         if posixpath.dirname(path) != folder or not path.endswith(suffix) or path == folder + "/" + suffix:
-            p.append(f"{name} = {path!r} must be a {suffix} file in {folder}/ (directly, e.g. "
-                     f"{folder}/60-sparkfold{suffix})")
-    p.extend(_serve_arg_problems(s.extra_serve_args))
-    p.extend(_outside_hub(s))
+            problems.append(f"{name} = {path!r} must be a {suffix} file in {folder}/ (directly, e.g. "
+                            f"{folder}/60-sparkfold{suffix})")
+    problems.extend(_serve_arg_problems(s.extra_serve_args))
+    problems.extend(_outside_hub(s))
     if "TENSORFOLD_API_KEY" in s.engine_env:
-        p.append("engine_env: TENSORFOLD_API_KEY is not allowed: set api_key = true instead (the key stays in a "
-                 "0600 file; an environment value shows in docker inspect)")
-    for u in s.docker_ulimits:
-        if not fits(_ULIMIT, u):
-            p.append(f"docker_ulimits: {shown(u)} must look like memlock=-1:-1")
-    _check_range(p, s, "link_mtu", 1280, 9216)
+        problems.append("engine_env: TENSORFOLD_API_KEY is not allowed: set api_key = true instead (the key stays in a "
+                        "0600 file; an environment value shows in docker inspect)")
+    for ulimit in s.docker_ulimits:
+        if not fits(_ULIMIT, ulimit):
+            problems.append(f"docker_ulimits: {shown(ulimit)} must look like memlock=-1:-1")
+    _check_range(problems, s, "link_mtu", 1280, 9216)
     if s.link_rollback_s < MIN_ROLLBACK_S:
-        p.append(f"link_rollback_s = {s.link_rollback_s} is below {MIN_ROLLBACK_S}: the confirmation of a netplan "
-                 f"apply waits up to {CONFIRM_WAIT_APPLY_S} s for the apply, and the Spark's revert must not fire "
-                 f"while it waits; set link_rollback_s to {MIN_ROLLBACK_S} or more")
+        problems.append(f"link_rollback_s = {s.link_rollback_s} is below {MIN_ROLLBACK_S}: the confirmation of a "
+                        f"netplan apply waits up to {CONFIRM_WAIT_APPLY_S} s for the apply, and the Spark's revert "
+                        f"must not fire while it waits; set link_rollback_s to {MIN_ROLLBACK_S} or more")
     elif s.link_rollback_s > MAX_ROLLBACK_S:
-        p.append(f"link_rollback_s = {s.link_rollback_s} is above {MAX_ROLLBACK_S}: an apply that cut the Spark off "
-                 f"would stay that long; set it from {MIN_ROLLBACK_S} to {MAX_ROLLBACK_S}")
-    _check_range(p, s, "link_prefix_min", LINK_PREFIX_WIDEST, LINK_PREFIX_NARROWEST,
+        problems.append(f"link_rollback_s = {s.link_rollback_s} is above {MAX_ROLLBACK_S}: an apply that cut the Spark "
+                        f"off would stay that long; set it from {MIN_ROLLBACK_S} to {MAX_ROLLBACK_S}")
+    _check_range(problems, s, "link_prefix_min", LINK_PREFIX_WIDEST, LINK_PREFIX_NARROWEST,
                  f"{LINK_PREFIX_USUAL} unless the link needs a wider subnet (a wider prefix is routed over the cable)")
-    _check_range(p, s, "gpu_clock_mhz", 300, 4000)
-    _check_range(p, s, "nccl_rails", 1, 2, "1 uses the first twin only, 2 both")
-    _check_range(p, s, "nccl_channels", 1, 64)
-    _check_range(p, s, "wait_timeout", 10, 86400)
-    _check_range(p, s, "stop_timeout", 1, 3600)
-    _check_range(p, s, "log_keep", 1, 1000)
-    _check_range(p, s, "keep_generations", 1, 100, "1 keeps only the pair that serves: nothing to roll back to")
+    _check_range(problems, s, "gpu_clock_mhz", 300, 4000)
+    _check_range(problems, s, "nccl_rails", 1, 2, "1 uses the first twin only, 2 both")
+    _check_range(problems, s, "nccl_channels", 1, 64)
+    _check_range(problems, s, "wait_timeout", 10, 86400)
+    _check_range(problems, s, "stop_timeout", 1, 3600)
+    _check_range(problems, s, "log_keep", 1, 1000)
+    _check_range(problems, s, "keep_generations", 1, 100, "1 keeps only the pair that serves: nothing to roll back to")
     if s.upgrade_gate not in UPGRADE_GATES:
-        p.append(f"upgrade_gate = {s.upgrade_gate!r} must be one of {', '.join(UPGRADE_GATES)}: \"smoke\" (the smoke "
-                 "test through both ranks) or \"exact\" (also the same replies as the old pair at temperature 0)")
-    _check_range(p, s, "log_lines", 1, 100000)
-    _check_range(p, s, "supervise_retries", 1, 100)
-    _check_range(p, s, "supervise_backoff_s", 1, 3600)
+        problems.append(f"upgrade_gate = {s.upgrade_gate!r} must be one of {', '.join(UPGRADE_GATES)}: \"smoke\" "
+                        "(the smoke test through both ranks) or \"exact\" (also the same replies as the old pair at "
+                        "temperature 0)")
+    _check_range(problems, s, "log_lines", 1, 100000)
+    _check_range(problems, s, "supervise_retries", 1, 100)
+    _check_range(problems, s, "supervise_backoff_s", 1, 3600)
     if not fits(_API_URL, s.api_base_url):
-        p.append(f"api_url = {shown(s.api_url)} must be like http://spark-a.local:8888 (how this machine reaches "
-                 "rank 0)")
-    p.extend(_host_problems(s))
-    p.extend(_validate_rails(s))
-    return p
+        problems.append(f"api_url = {shown(s.api_url)} must be like http://spark-a.local:8888 (how this machine "
+                        "reaches rank 0)")
+    problems.extend(_host_problems(s))
+    problems.extend(_validate_rails(s))
+    return problems
 
 
 def _serve_arg_problems(args: list) -> list[str]:
     """A flag sparkfold sets itself is refused with the setting that sets it; the API key travels by file, never on
     a command line. Only the flag is named: the value may be a secret."""
-    p = []
+    problems = []
     for arg in args:
         flag = arg.split("=", 1)[0] if isinstance(arg, str) else ""
         if flag in ("--api-key", "--api-key-file"):
-            p.append(f"extra_serve_args: {flag} is not allowed: set api_key = true (sparkfold keeps the key in a "
-                     "0600 file on the head and gives rank 0 --api-key-file)")
+            problems.append(f"extra_serve_args: {flag} is not allowed: set api_key = true (sparkfold keeps the key in "
+                            "a 0600 file on the head and gives rank 0 --api-key-file)")
         elif flag in OWN_SERVE_FLAGS:
-            p.append(f"extra_serve_args: {flag} is not allowed: sparkfold sets it from the {OWN_SERVE_FLAGS[flag]} "
-                     "setting; set that instead")
-    return p
+            problems.append(f"extra_serve_args: {flag} is not allowed: sparkfold sets it from the "
+                            f"{OWN_SERVE_FLAGS[flag]} setting; set that instead")
+    return problems
 
 
 def _normal(path: str) -> str:
@@ -199,17 +203,17 @@ def _outside_hub(s: Settings) -> list[str]:
 def _host_problems(s: Settings) -> list[str]:
     """The per-host fields from the site file's `data:` or --data: the site file's own patterns."""
     who = f"{s.role or 'this Spark'} ({shown(s.ssh_hostname)})"
-    p = []
+    problems = []
     if s.ssh_hostname and not fits(HOST_NAME, s.ssh_hostname):
-        p.append(f"{who}: ssh_hostname must be a host name or address (letters, digits, . - : only)")
+        problems.append(f"{who}: ssh_hostname must be a host name or address (letters, digits, . - : only)")
     if s.reach_from_head and not fits(HOST_NAME, s.reach_from_head):
-        p.append(f"{who}: reach_from_head = {shown(s.reach_from_head)} must be a host name or address (letters, "
-                 "digits, . - : only)")
+        problems.append(f"{who}: reach_from_head = {shown(s.reach_from_head)} must be a host name or address (letters, "
+                        "digits, . - : only)")
     if not fits(LOGIN, s.ssh_user):
-        p.append(f"{who}: ssh_user = {shown(s.ssh_user)} must be a login name (lower-case letters, digits, _ -)")
+        problems.append(f"{who}: ssh_user = {shown(s.ssh_user)} must be a login name (lower-case letters, digits, _ -)")
     if not 1 <= s.ssh_port <= 65535:
-        p.append(f"{who}: ssh_port = {s.ssh_port} must be a port number (1-65535)")
-    return p
+        problems.append(f"{who}: ssh_port = {s.ssh_port} must be a port number (1-65535)")
+    return problems
 
 
 def _prefix_min(s: Settings) -> int:
@@ -218,57 +222,59 @@ def _prefix_min(s: Settings) -> int:
 
 
 def _validate_rails(s: Settings) -> list[str]:
-    p: list[str] = []
+    problems: list[str] = []
     who = s.role or "this Spark"
     peer_rails = s.peer.link_rails if s.peer else ()
     if not s.link_rails:
         return [f"{who} has no link addresses: list its CX7 netdevs and addresses under `link:` in the site file"]
     if len(s.link_rails) > 2:
-        p.append(f"{who}: at most two link rails (the two PCIe twins of the cabled port), not {len(s.link_rails)}")
+        problems.append(f"{who}: at most two link rails (the two PCIe twins of the cabled port), not "
+                        f"{len(s.link_rails)}")
     if len(s.link_rails) < s.nccl_rails:
-        p.append(f"nccl_rails = {s.nccl_rails} but {who} lists {len(s.link_rails)} link rail(s): add the twin or "
-                 "set nccl_rails 1")
+        problems.append(f"nccl_rails = {s.nccl_rails} but {who} lists {len(s.link_rails)} link rail(s): add the twin "
+                        "or set nccl_rails 1")
     if peer_rails and len(peer_rails) != len(s.link_rails):
-        p.append("the head and the worker list a different number of link rails: address the same twins on both")
+        problems.append("the head and the worker list a different number of link rails: address the same twins on both")
     netdevs = [r.get("netdev", "") for r in s.link_rails]
     if len(set(netdevs)) != len(netdevs):
-        p.append(f"{who}: a link netdev is listed twice ({', '.join(netdevs)})")
-    for i, rail in enumerate(s.link_rails):
+        problems.append(f"{who}: a link netdev is listed twice ({', '.join(netdevs)})")
+    for index, rail in enumerate(s.link_rails):
         if not fits(NETDEV, rail.get("netdev")):
-            p.append(f"{who} link rail {i}: netdev {shown(rail.get('netdev'))} is not an interface name (letters, "
-                     "digits, _ . -, at most 15, not starting with - or .; `ip -br link` lists them)")
+            problems.append(f"{who} link rail {index}: netdev {shown(rail.get('netdev'))} is not an interface name "
+                            "(letters, digits, _ . -, at most 15, not starting with - or .; `ip -br link` lists them)")
         if rail.get("ibdev") is not None and not fits(IBDEV, rail.get("ibdev")):
-            p.append(f"{who} link rail {i}: ibdev {shown(rail.get('ibdev'))} is not a RoCE device name "
-                     "(`ibdev2netdev` lists them)")
+            problems.append(f"{who} link rail {index}: ibdev {shown(rail.get('ibdev'))} is not a RoCE device name "
+                            "(`ibdev2netdev` lists them)")
         if not fits(IPV4_PREFIX, rail.get("address")):
-            p.append(f"{who} link rail {i}: address {shown(rail.get('address'))} must be IPv4 with a prefix, e.g. "
-                     "192.168.100.1/24")
+            problems.append(f"{who} link rail {index}: address {shown(rail.get('address'))} must be IPv4 with a "
+                            "prefix, e.g. 192.168.100.1/24")
             continue
         try:
             mine = ipaddress.ip_interface(str(rail.get("address", "")))
         except ValueError:
-            p.append(f"{who} link rail {i}: address {rail.get('address')!r} must be IPv4 with a prefix, e.g. "
-                     "192.168.100.1/24")
+            problems.append(f"{who} link rail {index}: address {rail.get('address')!r} must be IPv4 with a prefix, "
+                            "e.g. 192.168.100.1/24")
             continue
         if mine.version != 4 or not mine.ip.is_private or mine.ip.is_loopback or mine.ip.is_link_local:
-            p.append(f"{who} link rail {i}: {mine} must be a private IPv4 address (e.g. 192.168.100.1/24), not "
-                     "loopback or link-local")
+            problems.append(f"{who} link rail {index}: {mine} must be a private IPv4 address (e.g. 192.168.100.1/24), "
+                            "not loopback or link-local")
         elif wide := rail_prefix_problem(str(rail.get("address")), _prefix_min(s)):
-            p.append(f"{who} link rail {i}: {mine}: {wide}")
+            problems.append(f"{who} link rail {index}: {mine}: {wide}")
         elif not mine.network.is_private:
-            p.append(f"{who} link rail {i}: {mine}: its subnet {mine.network} reaches beyond the private ranges "
-                     "(it would route public addresses over the cable): use a narrower prefix, e.g. /24")
-        if i < len(peer_rails):
+            problems.append(f"{who} link rail {index}: {mine}: its subnet {mine.network} reaches beyond the private "
+                            "ranges (it would route public addresses over the cable): use a narrower prefix, e.g. /24")
+        if index < len(peer_rails):
             try:
-                peer = ipaddress.ip_interface(str(peer_rails[i].get("address", "")))
+                peer = ipaddress.ip_interface(str(peer_rails[index].get("address", "")))
             except ValueError:
                 continue
             if peer.ip == mine.ip:
-                p.append(f"link rail {i}: the head and the worker both use {mine.ip}: give each Spark its own address")
+                problems.append(f"link rail {index}: the head and the worker both use {mine.ip}: give each Spark its "
+                                "own address")
             elif peer.network != mine.network:
-                p.append(f"link rail {i}: {mine} and the peer's {peer} are not in one subnet: use the same subnet "
-                         "on both ends of a rail")
-    return p
+                problems.append(f"link rail {index}: {mine} and the peer's {peer} are not in one subnet: use the same "
+                                "subnet on both ends of a rail")
+    return problems
 
 
 def rail_warnings(rails) -> list[str]:
@@ -287,15 +293,16 @@ def rail_warnings(rails) -> list[str]:
 
 def validate_pair(head: Settings, worker: Settings) -> list[str]:
     """Problems that only show when the two Sparks' settings are compared."""
-    p: list[str] = []
+    problems: list[str] = []
     for name in PAIR_SETTINGS:
-        a, b = getattr(head, name), getattr(worker, name)
-        if a != b:
+        head_value, worker_value = getattr(head, name), getattr(worker, name)
+        if head_value != worker_value:
             # an engine variable's value may be a secret: name the setting only
-            shown_a, shown_b = ("(not shown)",) * 2 if name == "engine_env" else (shown(a), shown(b))
-            p.append(f"{name} differs between the head ({shown_a}) and the worker ({shown_b}): the ranks are one "
-                     "server, set it for both (group_data/all.py) instead of per host")
-    return p
+            shown_head, shown_worker = (("(not shown)",) * 2 if name == "engine_env"
+                                        else (shown(head_value), shown(worker_value)))
+            problems.append(f"{name} differs between the head ({shown_head}) and the worker ({shown_worker}): the "
+                            "ranks are one server, set it for both (group_data/all.py) instead of per host")
+    return problems
 
 
 def merge_problems(head: list[str], worker: list[str]) -> list[str]:

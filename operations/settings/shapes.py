@@ -113,8 +113,8 @@ def serve_arg_shown(index: int, arg: Any) -> str:
 
 
 def _url(value: str) -> bool:
-    m = _URL.fullmatch(value)
-    return m is not None and (m["port"] is None or 1 <= int(m["port"]) <= 65535)
+    match = _URL.fullmatch(value)
+    return match is not None and (match["port"] is None or 1 <= int(match["port"]) <= 65535)
 
 
 def _relative_file(value: str) -> bool:
@@ -238,10 +238,10 @@ def shape_problems(values: dict[str, Any]) -> list[str]:
         if values[name] in RESERVED_PORTS:
             problems.append(f"{name} = {values[name]} is the port of {RESERVED_PORTS[values[name]]} on the Sparks: "
                             "choose another port")
-    names = [u.split("=", 1)[0] for u in values["docker_ulimits"] if isinstance(u, str)]
-    for u in values["docker_ulimits"]:
-        if isinstance(u, str) and u.split("=", 1)[0] not in ULIMITS:
-            problems.append(f"docker_ulimits: {shown(u)} names no limit docker knows ({', '.join(ULIMITS)})")
+    names = [ulimit.split("=", 1)[0] for ulimit in values["docker_ulimits"] if isinstance(ulimit, str)]
+    for ulimit in values["docker_ulimits"]:
+        if isinstance(ulimit, str) and ulimit.split("=", 1)[0] not in ULIMITS:
+            problems.append(f"docker_ulimits: {shown(ulimit)} names no limit docker knows ({', '.join(ULIMITS)})")
     for twice in sorted({n for n in names if names.count(n) > 1}):
         problems.append(f"docker_ulimits: {twice} is set twice: keep one {twice}=... entry")
     for key, value in values["engine_env"].items():

@@ -62,9 +62,9 @@ def read_site(path: Path) -> dict[str, Any]:
         link = spark.get("link")
         _need(isinstance(link, list) and len(link) > 0, path,
               f"{role}.link must list the CX7 netdevs, e.g. - {{netdev: enp1s0f0np0, address: 192.168.100.1/24}}")
-        for i, rail in enumerate(link):
+        for index, rail in enumerate(link):
             _need(isinstance(rail, dict) and {"netdev", "address"} <= set(rail), path,
-                  f"{role}.link[{i}] needs netdev and address")
+                  f"{role}.link[{index}] needs netdev and address")
         if "ssh_port" in spark:
             _need(isinstance(spark["ssh_port"], int) and not isinstance(spark["ssh_port"], bool)
                   and 1 <= spark["ssh_port"] <= 65535, path, f"{role}.ssh_port must be a port number (1-65535)")
@@ -81,20 +81,21 @@ def read_site(path: Path) -> dict[str, Any]:
             key_path = spark["ssh_key"]
             _need(isinstance(key_path, str) and key_path.isprintable() and key_path.strip() == key_path != "", path,
                   f"{role}.ssh_key must be the path of a private key file, e.g. ~/.ssh/id_ed25519")
-        for i, rail in enumerate(link):
+        for index, rail in enumerate(link):
             _need(fits(NETDEV, rail["netdev"]), path,
-                  f"{role}.link[{i}].netdev = {shown(rail['netdev'])} must be an interface name (letters, digits, "
+                  f"{role}.link[{index}].netdev = {shown(rail['netdev'])} must be an interface name (letters, digits, "
                   "_ . -, at most 15, not starting with - or .; `ip -br link` lists them)")
             _need(fits(IPV4_PREFIX, rail["address"]), path,
-                  f"{role}.link[{i}].address = {shown(rail['address'])} must be IPv4 with a prefix, e.g. "
+                  f"{role}.link[{index}].address = {shown(rail['address'])} must be IPv4 with a prefix, e.g. "
                   "192.168.100.1/24")
             # the settings check the prefix against link_prefix_min, which may come from anywhere: here only what
             # no link_prefix_min allows
             wide = rail_prefix_problem(rail["address"], LINK_PREFIX_WIDEST)
-            _need(wide is None, path, f"{role}.link[{i}].address = {shown(rail['address'])}: {wide}")
+            _need(wide is None, path, f"{role}.link[{index}].address = {shown(rail['address'])}: {wide}")
             if rail.get("ibdev") is not None:
                 _need(fits(IBDEV, rail["ibdev"]), path,
-                      f"{role}.link[{i}].ibdev = {shown(rail['ibdev'])} must be a RoCE device name (`ibdev2netdev`)")
+                      f"{role}.link[{index}].ibdev = {shown(rail['ibdev'])} must be a RoCE device name "
+                      "(`ibdev2netdev`)")
         _need(isinstance(spark.get("data", {}) or {}, dict), path, f"{role}.data must be a mapping of settings")
     _need(isinstance(site.get("data", {}) or {}, dict), path, "data must be a mapping of settings")
     return site

@@ -217,10 +217,10 @@ def passthrough_note(environ: Mapping[str, str]) -> str:
 
 def _rails(value: Any) -> tuple[Rail, ...]:
     rails = []
-    for r in value or ():
-        if isinstance(r, Mapping):
-            ibdev = r.get("ibdev")
-            rails.append(Rail(netdev=str(r.get("netdev", "")), address=str(r.get("address", "")),
+    for rail in value or ():
+        if isinstance(rail, Mapping):
+            ibdev = rail.get("ibdev")
+            rails.append(Rail(netdev=str(rail.get("netdev", "")), address=str(rail.get("address", "")),
                               ibdev=str(ibdev) if ibdev else None))
     return tuple(rails)
 

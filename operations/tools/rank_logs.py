@@ -25,9 +25,9 @@ def log_section(rank: int, role: str, host_name: str, container: str, log_dir: s
     return "\n".join([header, *tail["lines"]])
 
 
-def rank_log_text(h: Any, s: Settings) -> str:
+def rank_log_text(spark: Any, s: Settings) -> str:
     tail: RankLogTailDict = {"source": "unreachable", "path": "", "lines": []}
-    if h.connected:  # asking a Spark that did not answer would try to connect again
-        tail = h.get_fact(RankLogTail, container=s.container_name, log_dir=s.layout.logs, rank=s.rank,
-                          lines=s.log_lines, _ignore_errors=True)
-    return log_section(s.rank, s.role, h.name, s.container_name, s.layout.logs, s.log_lines, tail)
+    if spark.connected:  # asking a Spark that did not answer would try to connect again
+        tail = spark.get_fact(RankLogTail, container=s.container_name, log_dir=s.layout.logs, rank=s.rank,
+                              lines=s.log_lines, _ignore_errors=True)
+    return log_section(s.rank, s.role, spark.name, s.container_name, s.layout.logs, s.log_lines, tail)

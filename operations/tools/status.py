@@ -75,7 +75,7 @@ class SparkFacts(TypedDict, total=False):
     checkpoint_copy: FolderCheckDict | None  # worker with worker_weights = "copy"
     engram: FolderCheckDict | None
     kit: FolderCheckDict | None
-    weights_link: str | None  # readlink of the active-rank link
+    weights_symlink: str | None  # readlink of the active-rank symlink
     weights: RankFolderDict
     weights_check: FolderCheckDict | None  # worker: its copy verified against SHA256SUMS
     units: dict[str, UnitStateDict]
@@ -100,12 +100,12 @@ def parse_time(text: str | None) -> datetime | None:
     """docker's RFC 3339 time (nanoseconds, Z) as an aware UTC datetime; None for empty or docker's zero time."""
     if not text or text.startswith("0001-01-01"):
         return None
-    m = re.fullmatch(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d+))?(Z|[+-]\d\d:\d\d)?", text.strip())
-    if not m:
+    match = re.fullmatch(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d+))?(Z|[+-]\d\d:\d\d)?", text.strip())
+    if not match:
         return None
-    fraction = f".{m.group(2)[:6]}" if m.group(2) else ""
-    zone = "+00:00" if m.group(3) in (None, "Z") else m.group(3)
-    return datetime.fromisoformat(m.group(1) + fraction + zone).astimezone(UTC)
+    fraction = f".{match.group(2)[:6]}" if match.group(2) else ""
+    zone = "+00:00" if match.group(3) in (None, "Z") else match.group(3)
+    return datetime.fromisoformat(match.group(1) + fraction + zone).astimezone(UTC)
 
 
 def ago(then: datetime, now: datetime) -> str:
@@ -144,9 +144,9 @@ def rank_row(role: str, rank: int, name: str, container: Mapping[str, Any], want
         return Row(role, item, "running", f"since {started}; {spec_text}; {image}", spec != "stale")
     oom = ", killed by the OOM killer" if container.get("oom_killed") else ""
     ended = parse_time(container.get("finished_at"))
-    at = f" at {when(ended, now)}" if ended else ""
+    ended_text = f" at {when(ended, now)}" if ended else ""
     return Row(role, item, container.get("status") or "stopped",
-               f"exit code {container.get('exit_code')}{oom}{at}; {spec_text}; {image}", False)
+               f"exit code {container.get('exit_code')}{oom}{ended_text}; {spec_text}; {image}", False)
 
 
 def unreachable_row(role: str, why: str) -> Row:
@@ -159,25 +159,27 @@ def api_row(base_url: str, served_name: str, api: ApiProbe) -> Row:
         key = {True: "key on", False: "key on, but the key file on the head gave no key",
                None: "key on, but the head did not answer: asked without it"}[api["key_read"]]
     if api["problem"] is None:
-        ms = f" in {api['latency_ms']:.0f} ms" if api["latency_ms"] is not None else ""
-        return Row("head", "API", "answers", f"model {served_name} at {base_url}/v1{ms}; {key}", True)
+        latency = f" in {api['latency_ms']:.0f} ms" if api["latency_ms"] is not None else ""
+        return Row("head", "API", "answers", f"model {served_name} at {base_url}/v1{latency}; {key}", True)
     return Row("head", "API", "no answer", f"{api['problem']}; {key}", False)
 
 
-def gpu_row(role: str, st: GpuClockStateDict | None, mhz: int, period_s: int, timer: Mapping[str, Any] | None) -> Row:
+def gpu_row(role: str, gpu_state: GpuClockStateDict | None, mhz: int, period_s: int,
+            timer: Mapping[str, Any] | None) -> Row:
     """The ceiling, when the lock was last applied (the Spark's own clock ages the record), and the timer that keeps
     it; stale or failed when the record says so."""
-    if not st or not st.get("smi"):
-        error = (st["error"] if st else "") or "no answer"
+    if not gpu_state or not gpu_state.get("smi"):
+        error = (gpu_state["error"] if gpu_state else "") or "no answer"
         return Row(role, "GPU clock", "unreadable", f"nvidia-smi: {error}", False)
     timer_active = (timer or {}).get("active") == "active"
-    verdict = lock_verdict(st, mhz, period_s, timer_active)
+    verdict = lock_verdict(gpu_state, mhz, period_s, timer_active)
     if verdict is not None:
         word, why = verdict
         return Row(role, "GPU clock", word, f"{why}; wanted ceiling {mhz} MHz", False)
-    applied, now = st.get("applied"), st.get("now")
+    applied, now = gpu_state.get("applied"), gpu_state.get("now")
     age = f"last applied {duration(now - applied)} ago" if applied is not None and now is not None else ""
-    clocks = ", ".join(f"GPU {g['index']} at {g['clocks_sm']} MHz" for g in st["gpus"] if g["clocks_sm"] is not None)
+    clocks = ", ".join(f"GPU {gpu['index']} at {gpu['clocks_sm']} MHz" for gpu in gpu_state["gpus"]
+                       if gpu["clocks_sm"] is not None)
     timer_text = (f"{GPU_CLOCK_TIMER} every {period_s} s" if timer_active else
                   f"{GPU_CLOCK_TIMER} is not running (deploy.py starts it)")
     detail = "; ".join(x for x in (f"ceiling {mhz} MHz", age, timer_text, clocks) if x)
@@ -190,7 +192,7 @@ def rail_rows(role: str, rails: Sequence[Mapping[str, Any]], peer_rails: Sequenc
         return [Row(role, "link", "unknown", "no link rails in the site file", False)]
     rows = []
     records = rails_from_facts([dict(r) for r in rails], dict(addrs), dict(roce))
-    for i, record in enumerate(records):
+    for index, record in enumerate(records):
         netdev, address = record["netdev"], record["address"]
         live = addrs.get(netdev)
         bad = []
@@ -211,12 +213,12 @@ def rail_rows(role: str, rails: Sequence[Mapping[str, Any]], peer_rails: Sequenc
         else:
             gid_text = f"GID index {record['gid_index']} ({record['ibdev']})"
         parts = [where, mtu_text, gid_text]
-        if i < len(peer_rails):
-            answers = i < len(pings) and pings[i]
-            parts.append(f"peer {ip_of(peer_rails[i]['address'])} " + ("answers" if answers else "no reply"))
+        if index < len(peer_rails):
+            answers = index < len(pings) and pings[index]
+            parts.append(f"peer {ip_of(peer_rails[index]['address'])} " + ("answers" if answers else "no reply"))
             if not answers:
                 bad.append("ping")
-        rows.append(Row(role, f"link rail {i}", "down" if bad else "up", ", ".join(parts), not bad))
+        rows.append(Row(role, f"link rail {index}", "down" if bad else "up", ", ".join(parts), not bad))
     return rows
 
 
@@ -225,12 +227,12 @@ def memory_row(role: str, meminfo: Mapping[str, int], min_avail_gib: float, rank
     if avail is None:
         return Row(role, "memory", "unknown", "/proc/meminfo was not read", None)
     total = meminfo.get("MemTotal")
-    of = f" of {total / 2**30:.1f} GiB" if total else ""
+    total_text = f" of {total / 2**30:.1f} GiB" if total else ""
     if rank_running:
-        return Row(role, "memory", f"{avail:.1f} GiB", f"MemAvailable{of}", None)
+        return Row(role, "memory", f"{avail:.1f} GiB", f"MemAvailable{total_text}", None)
     enough = avail >= min_avail_gib
     need = f"a rank needs min_avail_gib = {min_avail_gib:g} GiB to start"
-    return Row(role, "memory", f"{avail:.1f} GiB", f"MemAvailable{of}; {need}", enough)
+    return Row(role, "memory", f"{avail:.1f} GiB", f"MemAvailable{total_text}; {need}", enough)
 
 
 def marker_verified(check: Mapping[str, Any] | None) -> bool:
@@ -255,49 +257,49 @@ def folder_row(role: str, item: str, path: str, check: Mapping[str, Any] | None,
     return Row(role, item, "verified" if verified else "not verified", detail, verified)
 
 
-def checkpoint_row(s: Settings, f: SparkFacts) -> Row:
+def checkpoint_row(s: Settings, facts: SparkFacts) -> Row:
     role = s.role or "?"
     if s.is_head:
-        plan = f.get("checkpoint") or {}
+        plan = facts.get("checkpoint") or {}
         detail = fetch_summary("", plan, s.active_model_repo, s.active_model_revision, s.layout.hub).lstrip(": ")
         if plan.get("complete"):
             return Row(role, "checkpoint", "complete", detail, True)
         return Row(role, "checkpoint", "unknown" if plan.get("error") else "incomplete", detail, False)
     if s.worker_weights == "nfs":
-        volume = f.get("nfs_volume")
+        volume = facts.get("nfs_volume")
         if volume:
             return Row(role, "checkpoint", "via NFS", f"the head's cache through docker volume {s.nfs_volume}", True)
         return Row(role, "checkpoint", "no volume", f"docker volume {s.nfs_volume} is missing", False)
-    copy = f.get("checkpoint_copy")
+    copy = facts.get("checkpoint_copy")
     return folder_row(role, "checkpoint", s.layout.model_folder, copy, BLOB_SUMS, marker_verified(copy))
 
 
-def weights_row(role: str, rank: int, link: str, target: str | None, folder: Mapping[str, Any] | None,
+def weights_row(role: str, rank: int, symlink: str, target: str | None, folder: Mapping[str, Any] | None,
                 check: Mapping[str, Any] | None, verify: bool) -> Row:
     item = "weight file"
     if not target:
-        return Row(role, item, "missing", f"no {link}", False)
+        return Row(role, item, "missing", f"no {symlink}", False)
     folder = folder or {}
     bins = (folder.get("bins") or {}).get(rank, [])
     partial = rank in (folder.get("partial") or [])
     if len(bins) != 1 or partial:
         what = "an interrupted build" if partial else f"{len(bins)} rank{rank} files"
-        return Row(role, item, "incomplete", f"{what} in {link} -> {target}", False)
+        return Row(role, item, "incomplete", f"{what} in {symlink} -> {target}", False)
     if verify:
         verified = marker_verified(check)
-        return Row(role, item, "verified" if verified else "not verified", f"{bins[0]} in {link} -> {target}",
+        return Row(role, item, "verified" if verified else "not verified", f"{bins[0]} in {symlink} -> {target}",
                    verified)
     # made on this Spark by the image's tool, whole when no partial build is left; no list to check it against
-    return Row(role, item, "whole (no checksum list)", f"{bins[0]} in {link} -> {target}", True)
+    return Row(role, item, "whole (no checksum list)", f"{bins[0]} in {symlink} -> {target}", True)
 
 
-def unit_row(role: str, unit: str, st: Mapping[str, Any] | None, setting: str, wanted: bool) -> Row:
-    st = st or {}
-    installed = bool(st.get("enabled"))
-    active = st.get("active") or "unknown"
+def unit_row(role: str, unit: str, unit_state: Mapping[str, Any] | None, setting: str, wanted: bool) -> Row:
+    unit_state = unit_state or {}
+    installed = bool(unit_state.get("enabled"))
+    active = unit_state.get("active") or "unknown"
     state = active if installed else "not installed"
     running = active in ("active", "activating", "reloading")
-    detail = (f"enabled: {st.get('enabled')}; " if installed else "") + f"{setting} = {str(wanted).lower()}"
+    detail = (f"enabled: {unit_state.get('enabled')}; " if installed else "") + f"{setting} = {str(wanted).lower()}"
     return Row(role, unit.removesuffix(".service"), state, detail, running == wanted)
 
 
@@ -327,40 +329,42 @@ def plan_row(plan: PlanCount, names: Mapping[str, str]) -> Row:
                detail + "; pyinfra inventory.py deploy.py --dry shows them", total == 0)
 
 
-def build_rows(hs: Settings, ws: Settings, head: SparkFacts, worker: SparkFacts, api: ApiProbe,
-               plan: PlanCount | None, now: datetime, host_names: Mapping[str, str] | None = None) -> list[Row]:
+def build_rows(head_settings: Settings, worker_settings: Settings, head: SparkFacts, worker: SparkFacts,
+               api: ApiProbe, plan: PlanCount | None, now: datetime,
+               host_names: Mapping[str, str] | None = None) -> list[Row]:
     """The table: the ranks, the API, the deploy plan, then per Spark the GPU lock, the link, memory, data, units.
     host_names: role -> inventory name (the plan counts by host name)."""
-    rows = [unreachable_row(s.role, f["unreachable"]) if "unreachable" in f else
-            rank_row(s.role, s.rank, s.container_name, f.get("container") or {}, f.get("want_hash"),
-                     f.get("spec_note", ""), now) for s, f in ((hs, head), (ws, worker))]
-    sparks = [(s, f) for s, f in ((hs, head), (ws, worker)) if "unreachable" not in f]  # the rest: what they say
-    rows.append(api_row(hs.api_base_url, hs.served_name, api))
+    both = ((head_settings, head), (worker_settings, worker))
+    rows = [unreachable_row(s.role, facts["unreachable"]) if "unreachable" in facts else
+            rank_row(s.role, s.rank, s.container_name, facts.get("container") or {}, facts.get("want_hash"),
+                     facts.get("spec_note", ""), now) for s, facts in both]
+    sparks = [(s, facts) for s, facts in both if "unreachable" not in facts]  # the rest: what they say
+    rows.append(api_row(head_settings.api_base_url, head_settings.served_name, api))
     if plan is not None:
         rows.append(plan_row(plan, host_names or {"head": "head", "worker": "worker"}))
-    for s, f in sparks:
-        rows.append(gpu_row(s.role, f.get("gpu"), s.gpu_clock_mhz, s.gpu_clock_period_s,
-                            (f.get("units") or {}).get(GPU_CLOCK_TIMER)))
-    for s, f in sparks:
-        rows += rail_rows(s.role, s.link_rails, s.the_peer.link_rails, f.get("addrs") or {}, f.get("roce") or {},
-                          f.get("pings") or [], s.link_mtu)
-    for s, f in sparks:
-        running = bool((f.get("container") or {}).get("running"))
-        rows.append(memory_row(s.role, f.get("meminfo") or {}, s.min_avail_gib, running))
-    for s, f in sparks:
-        p = s.layout
-        rows.append(checkpoint_row(s, f))
-        engram = f.get("engram")
-        rows.append(folder_row(s.role, "Engram tables", p.engram, engram, "SHA256SUMS",
+    for s, facts in sparks:
+        rows.append(gpu_row(s.role, facts.get("gpu"), s.gpu_clock_mhz, s.gpu_clock_period_s,
+                            (facts.get("units") or {}).get(GPU_CLOCK_TIMER)))
+    for s, facts in sparks:
+        rows += rail_rows(s.role, s.link_rails, s.the_peer.link_rails, facts.get("addrs") or {},
+                          facts.get("roce") or {}, facts.get("pings") or [], s.link_mtu)
+    for s, facts in sparks:
+        running = bool((facts.get("container") or {}).get("running"))
+        rows.append(memory_row(s.role, facts.get("meminfo") or {}, s.min_avail_gib, running))
+    for s, facts in sparks:
+        layout = s.layout
+        rows.append(checkpoint_row(s, facts))
+        engram = facts.get("engram")
+        rows.append(folder_row(s.role, "Engram tables", layout.engram, engram, "SHA256SUMS",
                                sums_current(engram, s.engram_files) if s.is_head else marker_verified(engram)))
-        kit = f.get("kit")
-        rows.append(folder_row(s.role, "kit", p.kit, kit, "MANIFEST", marker_verified(kit)))
-        rows.append(weights_row(s.role, s.rank, p.active_rank_link(), f.get("weights_link"), f.get("weights"),
-                                f.get("weights_check"), verify=not s.is_head))
-    for s, f in sparks:
-        rows.append(generations_row(s, f))
-    for s, f in sparks:
-        units = f.get("units") or {}
+        kit = facts.get("kit")
+        rows.append(folder_row(s.role, "kit", layout.kit, kit, "MANIFEST", marker_verified(kit)))
+        rows.append(weights_row(s.role, s.rank, layout.active_rank_link(), facts.get("weights_symlink"),
+                                facts.get("weights"), facts.get("weights_check"), verify=not s.is_head))
+    for s, facts in sparks:
+        rows.append(generations_row(s, facts))
+    for s, facts in sparks:
+        units = facts.get("units") or {}
         rows.append(unit_row(s.role, MEMGUARD_UNIT, units.get(MEMGUARD_UNIT), "memguard", s.memguard))
         if s.is_head:
             rows.append(unit_row(s.role, SUPERVISOR_UNIT, units.get(SUPERVISOR_UNIT), "supervise", s.supervise))
@@ -372,13 +376,13 @@ def generation_folder(s: Settings, generation: Generation) -> str:
     return next((src for src, dst, _ro in generation.specs[s.rank].mounts if dst == InContainer.RANK_CACHE), "")
 
 
-def generations_row(s: Settings, f: SparkFacts) -> Row:
+def generations_row(s: Settings, facts: SparkFacts) -> Row:
     """The generations kept on this Spark, newest first: which one runs, which is the last good one, their weight
     folders' sizes."""
-    found: dict[str, Any] = dict(f.get("rank_inputs", {}).get("generations") or {})
+    found: dict[str, Any] = dict(facts.get("rank_inputs", {}).get("generations") or {})
     records = read_records(found.get("files") or {}, found.get("last_good") or "")
-    label = ((f.get("container") or {}).get("labels") or {}).get(LABEL_HASH)
-    sizes = f.get("generation_sizes") or {}
+    label = ((facts.get("container") or {}).get("labels") or {}).get(LABEL_HASH)
+    sizes = facts.get("generation_sizes") or {}
     parts = []
     for generation in records.good():
         marks = (["current"] if generation.specs[s.rank].spec_hash() == label else []) + (
@@ -401,13 +405,13 @@ def not_serving(containers: Mapping[int, Mapping[str, Any] | None], api: ApiProb
     if api["problem"] is None:
         return None
     reasons = []
-    for rank, c in sorted(containers.items()):
-        if c is None:
+    for rank, container in sorted(containers.items()):
+        if container is None:
             reasons.append(f"rank {rank}'s Spark does not answer over ssh")
-        elif not c:
+        elif not container:
             reasons.append(f"rank {rank} has no container")
-        elif not c.get("running"):
-            reasons.append(f"rank {rank} is not running (exit code {c.get('exit_code')})")
+        elif not container.get("running"):
+            reasons.append(f"rank {rank} is not running (exit code {container.get('exit_code')})")
     return "; ".join(reasons + [api["problem"]])
 
 
@@ -425,63 +429,66 @@ def render_table(rows: Sequence[Row]) -> str:
 
 # --- reading the Sparks (the head's run) --------------------------------------------------------------------------
 
-def _fact(h: Any, cls: type, **kwargs: Any) -> Any:
+def _fact(spark: Any, cls: type, **kwargs: Any) -> Any:
     # a fact that fails (e.g. sudo refused) reads as its default instead of failing the run
-    return h.get_fact(cls, _ignore_errors=True, **kwargs)
+    return spark.get_fact(cls, _ignore_errors=True, **kwargs)
 
 
-def wanted_hashes(hs: Settings, ws: Settings, head: SparkFacts, worker: SparkFacts) -> None:
+def wanted_hashes(head_settings: Settings, worker_settings: Settings, head: SparkFacts, worker: SparkFacts) -> None:
     """Set each reachable Spark's want_hash and spec_note from the pair plan of both Sparks' rank inputs."""
-    found = [f.get("rank_inputs") for f in (head, worker)]
+    found = [facts.get("rank_inputs") for facts in (head, worker)]
     if found[0] is None or found[1] is None:
-        for f in (head, worker):
-            f["want_hash"], f["spec_note"] = None, "the other Spark's inputs are not known"
+        for facts in (head, worker):
+            facts["want_hash"], facts["spec_note"] = None, "the other Spark's inputs are not known"
         return
     try:
-        plan = pair_plan(hs, ws, found[0], found[1], image=image_ref(hs), template_digest=template_digest(hs),
-                         force=False)
+        plan = pair_plan(head_settings, worker_settings, found[0], found[1], image=image_ref(head_settings),
+                         template_digest=template_digest(head_settings), force=False)
     except Exception as e:  # settings with problems: the rest of the table still shows
-        for f in (head, worker):
-            f["want_hash"], f["spec_note"] = None, f"the spec cannot be built ({type(e).__name__}: {e})"
+        for facts in (head, worker):
+            facts["want_hash"], facts["spec_note"] = None, f"the spec cannot be built ({type(e).__name__}: {e})"
         return
-    for rank, f in enumerate((head, worker)):
+    for rank, facts in enumerate((head, worker)):
         spec = plan.rank(rank).spec
-        f["want_hash"] = spec.spec_hash() if spec else None
-        f["spec_note"] = "" if spec else "; ".join(plan.rank(rank).problems) or "its inputs are missing"
+        facts["want_hash"] = spec.spec_hash() if spec else None
+        facts["spec_note"] = "" if spec else "; ".join(plan.rank(rank).problems) or "its inputs are missing"
 
 
-def spark_facts(h: Any, s: Settings) -> SparkFacts:
-    if not h.connected:  # pyinfra said why above; asking a fact would try to connect again
-        return {"unreachable": f"{h.name} did not answer over ssh (pyinfra's message is above)"}
-    p = s.layout
-    inputs = _fact(h, RankInputs, _sudo=True, **rank_inputs_args(s, image_ref(s)))
-    f: SparkFacts = {"container": inputs["container"], "rank_inputs": inputs}
+def spark_facts(spark: Any, s: Settings) -> SparkFacts:
+    if not spark.connected:  # pyinfra said why above; asking a fact would try to connect again
+        return {"unreachable": f"{spark.name} did not answer over ssh (pyinfra's message is above)"}
+    layout = s.layout
+    inputs = _fact(spark, RankInputs, _sudo=True, **rank_inputs_args(s, image_ref(s)))
+    facts: SparkFacts = {"container": inputs["container"], "rank_inputs": inputs}
     found = dict(inputs.get("generations") or {})
     folders = tuple(generation_folder(s, g) for g in read_records(found.get("files") or {}, "").generations)
-    f["generation_sizes"] = _fact(h, FolderSizes, paths=folders) if folders else {}
-    f["gpu"] = _fact(h, GpuClockState, nvidia_smi=s.nvidia_smi_path, record_path=GPU_CLOCK_RECORD)
-    f["addrs"], f["roce"] = _fact(h, IpAddresses), _fact(h, RoceDevices)
+    facts["generation_sizes"] = _fact(spark, FolderSizes, paths=folders) if folders else {}
+    facts["gpu"] = _fact(spark, GpuClockState, nvidia_smi=s.nvidia_smi_path, record_path=GPU_CLOCK_RECORD)
+    facts["addrs"], facts["roce"] = _fact(spark, IpAddresses), _fact(spark, RoceDevices)
     # sudo: binding ping to a netdev (-I) needs CAP_NET_RAW, as in the link step
-    f["pings"] = [bool(_fact(h, PingOk, netdev=r["netdev"], address=ip_of(peer["address"]),
-                             size=int(s.link_mtu) - 28, _sudo=True))
-                  for r, peer in zip(s.link_rails, s.the_peer.link_rails, strict=False)]
-    f["meminfo"] = _fact(h, MemInfo)
-    f["engram"] = _fact(h, FolderCheck, path=p.engram, sums="SHA256SUMS", marker=SUMS_STATE if s.is_head else MARKER)
-    f["kit"] = _fact(h, FolderCheck, path=p.kit, sums="MANIFEST", marker=MARKER)
-    f["weights_link"] = _fact(h, LinkTarget, path=p.active_rank_link())
-    f["weights"] = _fact(h, RankFolder, path=p.active_rank_link())
+    facts["pings"] = [bool(_fact(spark, PingOk, netdev=r["netdev"], address=ip_of(peer["address"]),
+                                 size=int(s.link_mtu) - 28, _sudo=True))
+                      for r, peer in zip(s.link_rails, s.the_peer.link_rails, strict=False)]
+    facts["meminfo"] = _fact(spark, MemInfo)
+    facts["engram"] = _fact(spark, FolderCheck, path=layout.engram, sums="SHA256SUMS",
+                            marker=SUMS_STATE if s.is_head else MARKER)
+    facts["kit"] = _fact(spark, FolderCheck, path=layout.kit, sums="MANIFEST", marker=MARKER)
+    facts["weights_symlink"] = _fact(spark, LinkTarget, path=layout.active_rank_link())
+    facts["weights"] = _fact(spark, RankFolder, path=layout.active_rank_link())
     units = [MEMGUARD_UNIT, SUPERVISOR_UNIT] if s.is_head else [MEMGUARD_UNIT]
-    f["units"] = {u: _fact(h, UnitState, unit=u, path=unit_path(u)) for u in units}
-    f["units"][GPU_CLOCK_TIMER] = _fact(h, UnitState, unit=GPU_CLOCK_TIMER)  # read by the GPU row
+    facts["units"] = {u: _fact(spark, UnitState, unit=u, path=unit_path(u)) for u in units}
+    facts["units"][GPU_CLOCK_TIMER] = _fact(spark, UnitState, unit=GPU_CLOCK_TIMER)  # read by the GPU row
     if s.is_head:
-        f["checkpoint"] = _fact(h, HfPlan, **checkpoint_plan_args(s))
+        facts["checkpoint"] = _fact(spark, HfPlan, **checkpoint_plan_args(s))
     else:
-        f["weights_check"] = _fact(h, FolderCheck, path=p.active_rank_link(), sums="SHA256SUMS", marker=MARKER)
+        facts["weights_check"] = _fact(spark, FolderCheck, path=layout.active_rank_link(), sums="SHA256SUMS",
+                                       marker=MARKER)
         if s.worker_weights == "nfs":
-            f["nfs_volume"] = _fact(h, DockerVolumeInfo, volume=s.nfs_volume)
+            facts["nfs_volume"] = _fact(spark, DockerVolumeInfo, volume=s.nfs_volume)
         else:
-            f["checkpoint_copy"] = _fact(h, FolderCheck, path=p.model_folder, sums=BLOB_SUMS, marker=MARKER)
-    return f
+            facts["checkpoint_copy"] = _fact(spark, FolderCheck, path=layout.model_folder, sums=BLOB_SUMS,
+                                             marker=MARKER)
+    return facts
 
 
 def probe_api(head: Any, s: Settings) -> ApiProbe:
@@ -534,15 +541,16 @@ class Report:
     verdict: str | None  # None: serving
 
 
-def gather(head: Any, worker: Any, hs: Settings, ws: Settings, argv: Sequence[str] | None) -> Report:
+def gather(head: Any, worker: Any, head_settings: Settings, worker_settings: Settings,
+           argv: Sequence[str] | None) -> Report:
     """Read both Sparks (and, with argv, the deploy plan) and build the table. argv: this run's command line."""
-    facts = spark_facts(head, hs), spark_facts(worker, ws)
-    wanted_hashes(hs, ws, *facts)
-    api = probe_api(head, hs)
+    head_facts, worker_facts = spark_facts(head, head_settings), spark_facts(worker, worker_settings)
+    wanted_hashes(head_settings, worker_settings, head_facts, worker_facts)
+    api = probe_api(head, head_settings)
     # deploy.py --dry stops at a Spark that does not answer: its plan would say only that, after a timeout
     plan = deploy_plan(argv) if argv is not None and head.connected and worker.connected else None
-    rows = build_rows(hs, ws, facts[0], facts[1], api, plan, datetime.now(UTC),
+    rows = build_rows(head_settings, worker_settings, head_facts, worker_facts, api, plan, datetime.now(UTC),
                       {"head": head.name, "worker": worker.name})
-    containers = {s.rank: None if "unreachable" in f else f.get("container") or {}
-                  for s, f in ((hs, facts[0]), (ws, facts[1]))}
+    containers = {s.rank: None if "unreachable" in facts else facts.get("container") or {}
+                  for s, facts in ((head_settings, head_facts), (worker_settings, worker_facts))}
     return Report(rows, not_serving(containers, api))

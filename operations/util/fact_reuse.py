@@ -1,7 +1,7 @@
 """Facts read once where their answer cannot have changed since.
 
 pyinfra 3 keeps no fact cache: every get_fact is a round trip, and a converged run asks the same questions in
-several operations (the addresses, a rank's container, a link's target). Two rules keep an answer:
+several operations (the addresses, a rank's container, a symlink's target). Two rules keep an answer:
 
 - fact_once: an answer that stays true for the rest of the run (a complete download: nothing in the run removes
   it) is kept for this process, i.e. this run.
@@ -22,42 +22,43 @@ _SINCE: WeakKeyDictionary[Any, dict[tuple, tuple[tuple, Any]]] = WeakKeyDictiona
 _SUDO_ARGS = ("_sudo", "_sudo_user", "_su_user", "_use_sudo_login", "_use_su_login")  # they change what is read
 
 
-def _key(h: Any, cls: type, kwargs: dict) -> tuple:
+def _key(spark: Any, cls: type, kwargs: dict) -> tuple:
     # the fact's own arguments, and who it runs as (the operation's, or given here as _sudo=...)
-    context = dict(getattr(h, "current_op_global_arguments", None) or {}, **kwargs)
+    context = dict(getattr(spark, "current_op_global_arguments", None) or {}, **kwargs)
     fact_args = sorted((k, v) for k, v in kwargs.items() if not k.startswith("_"))
-    return h.name, cls, repr(fact_args), tuple(context.get(a) or None for a in _SUDO_ARGS)
+    return spark.name, cls, repr(fact_args), tuple(context.get(a) or None for a in _SUDO_ARGS)
 
 
-def fact_once(h: Any, cls: type, settled: Callable[[Any], bool], **kwargs: Any) -> Any:
-    """h.get_fact(cls, **kwargs); an answer `settled` accepts is reused for the rest of the run."""
-    kept = _KEPT.setdefault(h.state, {})
-    key = _key(h, cls, kwargs)
+def fact_once(spark: Any, cls: type, settled: Callable[[Any], bool], **kwargs: Any) -> Any:
+    """spark.get_fact(cls, **kwargs); an answer `settled` accepts is reused for the rest of the run."""
+    kept = _KEPT.setdefault(spark.state, {})
+    key = _key(spark, cls, kwargs)
     if key in kept:
         return kept[key]
-    value = h.get_fact(cls, **kwargs)
+    value = spark.get_fact(cls, **kwargs)
     if settled(value):
         kept[key] = value
     return value
 
 
-def _generation(h: Any) -> tuple[int, bool]:
+def _generation(spark: Any) -> tuple[int, bool]:
     """(operations of this run that changed a Spark so far, executing): counted from pyinfra's own results, so any
     run mode (lock-step, --serial, --no-wait) is seen the moment an operation ends on a host."""
-    state = h.state
+    state = spark.state
     # executed, not did_change: an operation that ran commands and then failed (ignored errors) changed things too
     changed = sum(1 for ops in state.ops.values() for data in ops.values()
                   if data.operation_meta.is_complete() and data.operation_meta.executed)
     return changed, bool(state.is_executing)
 
 
-def fact_until_change(h: Any, cls: type, _fresh: bool = False, **kwargs: Any) -> Any:
-    """h.get_fact(cls, **kwargs), reused until an operation of this run changes either Spark (see above). _fresh:
-    read it now (an operation that waits for a change outside pyinfra, e.g. the driver's GIDs), and keep that."""
-    since = _SINCE.setdefault(h.state, {})
-    key, now = _key(h, cls, kwargs), _generation(h)
+def fact_until_change(spark: Any, cls: type, _fresh: bool = False, **kwargs: Any) -> Any:
+    """spark.get_fact(cls, **kwargs), reused until an operation of this run changes either Spark (see above).
+    _fresh: read it now (an operation that waits for a change outside pyinfra, e.g. the driver's GIDs), and keep
+    that."""
+    since = _SINCE.setdefault(spark.state, {})
+    key, now = _key(spark, cls, kwargs), _generation(spark)
     if not _fresh and key in since and since[key][0] == now:
         return since[key][1]
-    value = h.get_fact(cls, **kwargs)
+    value = spark.get_fact(cls, **kwargs)
     since[key] = (now, value)
     return value

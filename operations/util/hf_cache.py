@@ -51,7 +51,7 @@ def resolve_revision(repo_path: str, revision: str) -> str | None:
 
 
 def list_files(root: str, skip_prefixes: tuple = (".cache/", MANIFEST_NAME)) -> dict:
-    """{relative path: size} of every file under root, following symlinks; a dangling link has size None."""
+    """{relative path: size} of every file under root, following symlinks; a dangling symlink has size None."""
     out: dict[str, int | None] = {}
     if not os.path.isdir(root):
         return out

@@ -12,9 +12,10 @@ import socket
 from typing import Any
 
 
-def send_without_delay(h: Any) -> bool:
-    """Turn Nagle off on h's ssh socket; False when h has none (another connector, or ssh over a ProxyCommand)."""
-    client = getattr(h.connector, "client", None)
+def send_without_delay(spark: Any) -> bool:
+    """Turn Nagle off on the ssh socket of `spark` (a pyinfra Host); False when it has none (another connector, or
+    ssh over a ProxyCommand)."""
+    client = getattr(spark.connector, "client", None)
     transport = client.get_transport() if client is not None else None
     sock = getattr(transport, "sock", None)
     if not isinstance(sock, socket.socket) or sock.family not in (socket.AF_INET, socket.AF_INET6):

@@ -35,34 +35,35 @@ ALL = ["text", "thinking-on", "thinking-off", "tools", "image", "long", "end-of-
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m operations.validate", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("checks", nargs="+", metavar="CHECK",
-                   help=f"{', '.join(CHECKS)}, all ({', '.join(ALL)}), or: compare A.json B.json, "
-                        "plot A.json [B.json], exact record FILE, exact compare A.json B.json")
-    p.add_argument("--base-url", help="server base URL (else API_URL, else OPENAI_BASE_URL)")
-    p.add_argument("--api-key-file", help="file holding the API key (else API_KEY, else OPENAI_API_KEY)")
-    p.add_argument("--model", help="model id (default: the first of /v1/models)")
-    p.add_argument("--timeout", type=float, default=1800, help="seconds per request")
-    p.add_argument("--think-tokens", type=int, default=4096, help="max_tokens of the thinking-on check")
-    p.add_argument("--long-tokens", type=int, default=32000, help="size of the long prompt (approx. tokens)")
-    p.add_argument("--needle-tokens", type=int, default=195000, help="size of the needle context (approx. tokens)")
-    p.add_argument("--needle-depth", type=float, default=0.6, help="needle: where the passphrase sits (0 start, 1 end)")
-    p.add_argument("--reuse-tokens", type=int, default=16000, help="prompt-reuse: first turn size (approx. tokens)")
-    p.add_argument("--repeat", type=int, default=1, help="end-of-turn: times each prompt is asked")
-    p.add_argument("--max-cut", type=int, default=0, help="end-of-turn: replies allowed to hit max_tokens")
-    bench.add_arguments(p)
-    return p
+    cli = argparse.ArgumentParser(prog="python -m operations.validate", description=__doc__,
+                                  formatter_class=argparse.RawDescriptionHelpFormatter)
+    cli.add_argument("checks", nargs="+", metavar="CHECK",
+                     help=f"{', '.join(CHECKS)}, all ({', '.join(ALL)}), or: compare A.json B.json, "
+                          "plot A.json [B.json], exact record FILE, exact compare A.json B.json")
+    cli.add_argument("--base-url", help="server base URL (else API_URL, else OPENAI_BASE_URL)")
+    cli.add_argument("--api-key-file", help="file holding the API key (else API_KEY, else OPENAI_API_KEY)")
+    cli.add_argument("--model", help="model id (default: the first of /v1/models)")
+    cli.add_argument("--timeout", type=float, default=1800, help="seconds per request")
+    cli.add_argument("--think-tokens", type=int, default=4096, help="max_tokens of the thinking-on check")
+    cli.add_argument("--long-tokens", type=int, default=32000, help="size of the long prompt (approx. tokens)")
+    cli.add_argument("--needle-tokens", type=int, default=195000, help="size of the needle context (approx. tokens)")
+    cli.add_argument("--needle-depth", type=float, default=0.6,
+                     help="needle: where the passphrase sits (0 start, 1 end)")
+    cli.add_argument("--reuse-tokens", type=int, default=16000, help="prompt-reuse: first turn size (approx. tokens)")
+    cli.add_argument("--repeat", type=int, default=1, help="end-of-turn: times each prompt is asked")
+    cli.add_argument("--max-cut", type=int, default=0, help="end-of-turn: replies allowed to hit max_tokens")
+    bench.add_arguments(cli)
+    return cli
 
 
 def run_check(name: str, client: Client, args) -> Result:
     return attempt(name, CHECKS[name], client, args)
 
 
-def _unusable(e: ServerUnusable, results: list[Result]) -> int:
+def _unusable(error: ServerUnusable, results: list[Result]) -> int:
     """A server that cannot be asked: said once (every further check would say the same), and the run stops."""
-    print(f"NOT RUN: {e}", file=sys.stderr)
-    return exit_code([*results, Result("server", NOT_RUN, str(e))])
+    print(f"NOT RUN: {error}", file=sys.stderr)
+    return exit_code([*results, Result("server", NOT_RUN, str(error))])
 
 
 def main(argv: list[str] | None = None) -> int:

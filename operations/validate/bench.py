@@ -75,24 +75,24 @@ def _list(text: str, item, what: str) -> list:
 
 def _size(word: str) -> int:
     """4096, 4K or 4k (K = 1024 tokens)."""
-    n = int(word[:-1]) * 1024 if word[-1:] in ("K", "k") else int(word)
-    if not 16 <= n <= 1_048_576:
+    size = int(word[:-1]) * 1024 if word[-1:] in ("K", "k") else int(word)
+    if not 16 <= size <= 1_048_576:
         raise ValueError(f"{word} is not a prompt size from 16 to 1024K tokens")
-    return n
+    return size
 
 
 def _streams(word: str) -> int:
-    n = int(word)
-    if not 1 <= n <= 16:
+    count = int(word)
+    if not 1 <= count <= 16:
         raise ValueError(f"{word} streams: give 1 to 16")
-    return n
+    return count
 
 
 def _temperature(word: str) -> float:
-    t = float(word)
-    if not 0 <= t <= 2:
+    temperature = float(word)
+    if not 0 <= temperature <= 2:
         raise ValueError(f"temperature {word} is outside 0..2")
-    return t
+    return temperature
 
 
 def _switch(word: str) -> bool:
@@ -107,25 +107,25 @@ def _prompt(word: str) -> str:
     return word
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     """bench's and compare's options (python -m operations.validate ... bench | compare A B)."""
-    p.add_argument("--prefill-sizes", "--prefill-tokens", dest="prefill_sizes", metavar="N,N,...",
-                   type=lambda t: _list(t, _size, "size"), default=DEFAULT_PREFILL_SIZES,
-                   help="bench: prompt sizes of the prefill sweep, in tokens as the server counts them "
-                        "(default 4K,8K,16K,32K,64K,128K,256K)")
-    p.add_argument("--decode-tokens", type=int, default=256, help="bench: tokens generated per stream (256)")
-    p.add_argument("--streams", metavar="N,N,...", type=lambda t: _list(t, _streams, "stream count"),
-                   default=DEFAULT_STREAMS, help="bench: concurrent streams of the decode runs (default 1,2,3,4)")
-    p.add_argument("--temperatures", metavar="T,T,...", type=lambda t: _list(t, _temperature, "temperature"),
-                   default=DEFAULT_TEMPERATURES, help="bench: decode temperatures (default 0,0.7)")
-    p.add_argument("--thinking", metavar="off,on", type=lambda t: _list(t, _switch, "of on/off"),
-                   default=DEFAULT_THINKING, help="bench: decode with thinking off and/or on (default off,on)")
-    p.add_argument("--prompts", metavar="prose,code", type=lambda t: _list(t, _prompt, "prompt"),
-                   default=list(PROMPTS), help="bench: decode prompts (default prose,code)")
-    p.add_argument("-o", "--out", help="bench: write the JSON record to this file (else it follows the tables on "
-                                       "stdout); plot: the PNG (bench.png)")
-    p.add_argument("--tolerance", type=float, default=10.0, help="compare: allowed change in percent (10)")
-    p.add_argument("--json", action="store_true", help="compare: print the comparison as JSON instead of a table")
+    parser.add_argument("--prefill-sizes", "--prefill-tokens", dest="prefill_sizes", metavar="N,N,...",
+                        type=lambda t: _list(t, _size, "size"), default=DEFAULT_PREFILL_SIZES,
+                        help="bench: prompt sizes of the prefill sweep, in tokens as the server counts them "
+                             "(default 4K,8K,16K,32K,64K,128K,256K)")
+    parser.add_argument("--decode-tokens", type=int, default=256, help="bench: tokens generated per stream (256)")
+    parser.add_argument("--streams", metavar="N,N,...", type=lambda t: _list(t, _streams, "stream count"),
+                        default=DEFAULT_STREAMS, help="bench: concurrent streams of the decode runs (default 1,2,3,4)")
+    parser.add_argument("--temperatures", metavar="T,T,...", type=lambda t: _list(t, _temperature, "temperature"),
+                        default=DEFAULT_TEMPERATURES, help="bench: decode temperatures (default 0,0.7)")
+    parser.add_argument("--thinking", metavar="off,on", type=lambda t: _list(t, _switch, "of on/off"),
+                        default=DEFAULT_THINKING, help="bench: decode with thinking off and/or on (default off,on)")
+    parser.add_argument("--prompts", metavar="prose,code", type=lambda t: _list(t, _prompt, "prompt"),
+                        default=list(PROMPTS), help="bench: decode prompts (default prose,code)")
+    parser.add_argument("-o", "--out", help="bench: write the JSON record to this file (else it follows the tables on "
+                                            "stdout); plot: the PNG (bench.png)")
+    parser.add_argument("--tolerance", type=float, default=10.0, help="compare: allowed change in percent (10)")
+    parser.add_argument("--json", action="store_true", help="compare: print the comparison as JSON instead of a table")
 
 
 # --- measuring ------------------------------------------------------------------------------------------------
@@ -288,23 +288,23 @@ def _ms(seconds: float) -> str:
 def tables(record: dict) -> str:
     """The record as the recipe lays out its figures: a prefill table, then a decode table per condition."""
     out = ["## prefill", "", "| prompt tokens | seconds | tok/s |", "|---:|---:|---:|"]
-    for r in record.get("prefill_sweep") or []:
-        if "error" in r:
-            out.append(f"| ({r['size']:,}) | failed | {r['error'][:60]} |")
+    for entry in record.get("prefill_sweep") or []:
+        if "error" in entry:
+            out.append(f"| ({entry['size']:,}) | failed | {entry['error'][:60]} |")
         else:
-            out.append(f"| {r['prompt_tokens']:,} | {r['seconds']:.2f} | {r['tok_s']:,.1f} |")
+            out.append(f"| {entry['prompt_tokens']:,} | {entry['seconds']:.2f} | {entry['tok_s']:,.1f} |")
     shown: list[tuple] = []
-    for r in record.get("decode_runs") or []:
-        key = (r["prompt"], r["temperature"], r["thinking"])
+    for entry in record.get("decode_runs") or []:
+        key = (entry["prompt"], entry["temperature"], entry["thinking"])
         if key not in shown:
             shown.append(key)
             out += ["", f"## decode: {_condition(*key)}", "",
                     "| streams | total tok/s | per-stream tok/s | TTFT |", "|---:|---:|---:|---:|"]
-        if "error" in r:
-            out.append(f"| {r['streams']} | failed | | {r['error'][:60]} |")
+        if "error" in entry:
+            out.append(f"| {entry['streams']} | failed | | {entry['error'][:60]} |")
         else:
-            out.append(f"| {r['streams']} | {r['tok_s_total']:.1f} | {r['tok_s_per_stream']:.1f} | "
-                       f"{_ms(r['ttft_s'])} |")
+            out.append(f"| {entry['streams']} | {entry['tok_s_total']:.1f} | {entry['tok_s_per_stream']:.1f} | "
+                       f"{_ms(entry['ttft_s'])} |")
     return "\n".join(out)
 
 
@@ -339,30 +339,30 @@ def figures(record: dict) -> dict[str, tuple[float | None, bool]]:
     out: dict[str, tuple[float | None, bool]] = {}
     for (section, key), higher in FIGURES:
         out[f"{section}.{key}"] = (_number((record.get(section) or {}).get(key)), higher)
-    for r in record.get("prefill_sweep") or []:
+    for entry in record.get("prefill_sweep") or []:
         for key, higher in PREFILL_FIGURES:
-            out[f"prefill@{r.get('size')}.{key}"] = (_number(r.get(key)), higher)
-    for r in record.get("decode_runs") or []:
-        run = f"decode@{r.get('prompt')},t{r.get('temperature')},thinking-{'on' if r.get('thinking') else 'off'}," \
-              f"x{r.get('streams')}"
+            out[f"prefill@{entry.get('size')}.{key}"] = (_number(entry.get(key)), higher)
+    for entry in record.get("decode_runs") or []:
+        run = f"decode@{entry.get('prompt')},t{entry.get('temperature')}," \
+              f"thinking-{'on' if entry.get('thinking') else 'off'},x{entry.get('streams')}"
         for key, higher in DECODE_FIGURES:
-            out[f"{run}.{key}"] = (_number(r.get(key)), higher)
+            out[f"{run}.{key}"] = (_number(entry.get(key)), higher)
     return out
 
 
-def compare(a: dict, b: dict, tolerance_pct: float) -> dict:
+def compare(record_a: dict, record_b: dict, tolerance_pct: float) -> dict:
     """Each figure of A and B with B's change in percent; `worse` lists figures that moved the wrong way by more
     than the tolerance (lower tok/s, higher TTFT). A figure only one record has is listed without a change."""
-    fa, fb = figures(a), figures(b)
+    figures_a, figures_b = figures(record_a), figures(record_b)
     rows, worse = {}, []
-    for name in list(fa) + [n for n in fb if n not in fa]:
-        va, higher_better = fa.get(name, (None, fb[name][1]))
-        vb = fb.get(name, (None, higher_better))[0]
-        if va is None or vb is None or va == 0:
-            rows[name] = {"a": va, "b": vb, "change_pct": None}
+    for name in list(figures_a) + [n for n in figures_b if n not in figures_a]:
+        value_a, higher_better = figures_a.get(name, (None, figures_b[name][1]))
+        value_b = figures_b.get(name, (None, higher_better))[0]
+        if value_a is None or value_b is None or value_a == 0:
+            rows[name] = {"a": value_a, "b": value_b, "change_pct": None}
             continue
-        change = (vb - va) / va * 100
-        rows[name] = {"a": va, "b": vb, "change_pct": round(change, 1)}
+        change = (value_b - value_a) / value_a * 100
+        rows[name] = {"a": value_a, "b": value_b, "change_pct": round(change, 1)}
         if (change < -tolerance_pct) if higher_better else (change > tolerance_pct):
             worse.append(name)
     return {"figures": rows, "tolerance_pct": tolerance_pct, "worse": worse}
@@ -410,10 +410,10 @@ def compare_table(report: dict, path_a: str, path_b: str) -> str:
 
 def run_compare(path_a: str, path_b: str, tolerance_pct: float, as_json: bool = False) -> Result:
     try:
-        a, b = load_record(path_a), load_record(path_b)
+        record_a, record_b = load_record(path_a), load_record(path_b)
     except (OSError, ValueError) as e:
         return Result("compare", NOT_RUN, str(e))
-    report = compare(a, b, tolerance_pct)
+    report = compare(record_a, record_b, tolerance_pct)
     print(json.dumps(report, indent=2) if as_json else compare_table(report, path_a, path_b))
     if report["worse"]:
         return Result("compare", FAIL, f"worse than {path_a} by more than {tolerance_pct:g}%: "

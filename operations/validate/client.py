@@ -223,29 +223,29 @@ def _causes(error: BaseException) -> Iterator[BaseException]:
     seen: set[int] = set()
     todo: list[BaseException | None] = [error]
     while todo:
-        e = todo.pop(0)
-        if e is None or id(e) in seen:
+        cause = todo.pop(0)
+        if cause is None or id(cause) in seen:
             continue
-        seen.add(id(e))
-        yield e
-        todo += [e.__cause__, e.__context__, getattr(e, "reason", None)]
-        todo += [a for a in e.args if isinstance(a, BaseException)]
+        seen.add(id(cause))
+        yield cause
+        todo += [cause.__cause__, cause.__context__, getattr(cause, "reason", None)]
+        todo += [a for a in cause.args if isinstance(a, BaseException)]
 
 
 def no_answer_reason(error: BaseException) -> str:
     """Why a connection failed, in a few words (the socket's reason, not urllib3's retry story)."""
-    for e in _causes(error):
-        if isinstance(e, ConnectionRefusedError):
+    for cause in _causes(error):
+        if isinstance(cause, ConnectionRefusedError):
             return "connection refused"
-        if isinstance(e, socket.gaierror):
+        if isinstance(cause, socket.gaierror):
             return "host name not found"
-        if isinstance(e, (TimeoutError, requests.ConnectTimeout)):
+        if isinstance(cause, (TimeoutError, requests.ConnectTimeout)):
             return "no connection within the timeout"
-        if isinstance(e, ssl.SSLError):
-            return f"TLS failed: {e.reason or e.__class__.__name__}"
-        if isinstance(e, OSError) and e.errno in (errno.EHOSTUNREACH, errno.ENETUNREACH):
-            return os.strerror(e.errno).lower()
-        if isinstance(e, ConnectionResetError):
+        if isinstance(cause, ssl.SSLError):
+            return f"TLS failed: {cause.reason or cause.__class__.__name__}"
+        if isinstance(cause, OSError) and cause.errno in (errno.EHOSTUNREACH, errno.ENETUNREACH):
+            return os.strerror(cause.errno).lower()
+        if isinstance(cause, ConnectionResetError):
             return "connection reset"
     return error.__class__.__name__
 

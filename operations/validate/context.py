@@ -20,10 +20,10 @@ _SENTENCES = [
 
 def paragraphs(tokens: int) -> list[str]:
     """Numbered filler paragraphs adding up to about `tokens` tokens."""
-    out, size, n = [], 0, 0
+    out, size, number = [], 0, 0
     while size < tokens * CHARS_PER_TOKEN:
-        n += 1
-        text = f"Paragraph {n}. " + " ".join(_SENTENCES[(n + i) % len(_SENTENCES)] for i in range(4))
+        number += 1
+        text = f"Paragraph {number}. " + " ".join(_SENTENCES[(number + i) % len(_SENTENCES)] for i in range(4))
         out.append(text)
         size += len(text) + 2
     return out

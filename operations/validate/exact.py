@@ -110,28 +110,30 @@ def record(client: Client, names: Iterable[str] = tuple(PROMPTS), say: Callable[
 
 def first_difference(a, b) -> tuple[int, object, object] | None:
     """Index and the two values where two sequences (lists or strings) first differ; a missing value is None."""
-    for i in range(max(len(a), len(b))):
-        va = a[i] if i < len(a) else None
-        vb = b[i] if i < len(b) else None
-        if va != vb:
-            return i, va, vb
+    for index in range(max(len(a), len(b))):
+        value_a = a[index] if index < len(a) else None
+        value_b = b[index] if index < len(b) else None
+        if value_a != value_b:
+            return index, value_a, value_b
     return None
 
 
-def compare_prompt(a: dict, b: dict) -> tuple[str, str | None]:
+def compare_prompt(prompt_a: dict, prompt_b: dict) -> tuple[str, str | None]:
     """The basis used, and None when the replies are the same, else where they first differ."""
-    basis = next(x for x in BASES if x in a and x in b)
-    if a[basis] == b[basis]:
+    basis = next(x for x in BASES if x in prompt_a and x in prompt_b)
+    if prompt_a[basis] == prompt_b[basis]:
         return basis, None
     if basis in ("token_ids", "tokens"):
-        i, va, vb = first_difference(a[basis], b[basis]) or (0, None, None)
-        return basis, f"first difference at token {i}: {va!r} vs {vb!r}"
-    where = first_difference(a.get("text", ""), b.get("text", ""))
+        index, value_a, value_b = first_difference(prompt_a[basis], prompt_b[basis]) or (0, None, None)
+        return basis, f"first difference at token {index}: {value_a!r} vs {value_b!r}"
+    where = first_difference(prompt_a.get("text", ""), prompt_b.get("text", ""))
     if where is None:
-        return basis, f"{basis} {a[basis][:12]} vs {b[basis][:12]} (the texts are equal: the tokens differ)"
-    i, _, _ = where
-    return basis, (f"first difference at character {i}: {a['text'][i:i + 24]!r} vs {b['text'][i:i + 24]!r} "
-                   f"({basis} {a[basis][:12]} vs {b[basis][:12]})")
+        return basis, (f"{basis} {prompt_a[basis][:12]} vs {prompt_b[basis][:12]} (the texts are equal: the tokens "
+                       "differ)")
+    index, _, _ = where
+    return basis, (f"first difference at character {index}: {prompt_a['text'][index:index + 24]!r} vs "
+                   f"{prompt_b['text'][index:index + 24]!r} ({basis} {prompt_a[basis][:12]} vs "
+                   f"{prompt_b[basis][:12]})")
 
 
 def load(path: str) -> dict:
@@ -150,38 +152,40 @@ def load(path: str) -> dict:
 
 def compare(path_a: str, path_b: str) -> Result:
     try:
-        a, b = load(path_a), load(path_b)
+        record_a, record_b = load(path_a), load(path_b)
     except Mismatch as e:
         return Result("exact", NOT_RUN, str(e))
-    result = compare_records(a, b)
+    result = compare_records(record_a, record_b)
     if result.status == PASS:
         return Result("exact", PASS, f"{result.detail} in {path_a} and {path_b}")
     return result
 
 
-def compare_records(a: dict, b: dict, say: Callable[[str], None] = _print) -> Result:
+def compare_records(record_a: dict, record_b: dict, say: Callable[[str], None] = _print) -> Result:
     """Two records of the same prompt set, prompt by prompt (each difference said where it starts)."""
     try:
-        if a["prompts"].keys() != b["prompts"].keys():
-            raise Mismatch(f"other prompt sets: {sorted(a['prompts'])} vs {sorted(b['prompts'])}")
-        changed = [n for n in a["prompts"] if a["prompts"][n].get("request") != b["prompts"][n].get("request")]
-        if changed or a.get("fixed") != b.get("fixed"):
+        if record_a["prompts"].keys() != record_b["prompts"].keys():
+            raise Mismatch(f"other prompt sets: {sorted(record_a['prompts'])} vs {sorted(record_b['prompts'])}")
+        changed = [name for name in record_a["prompts"]
+                   if record_a["prompts"][name].get("request") != record_b["prompts"][name].get("request")]
+        if changed or record_a.get("fixed") != record_b.get("fixed"):
             raise Mismatch(f"the requests differ ({', '.join(changed) or 'fixed fields'}): record both with the "
                            "same sparkfold version")
     except Mismatch as e:
         return Result("exact", NOT_RUN, str(e))
-    if a.get("model") != b.get("model"):
-        say(f"note: model {a.get('model')!r} vs {b.get('model')!r}")
+    if record_a.get("model") != record_b.get("model"):
+        say(f"note: model {record_a.get('model')!r} vs {record_b.get('model')!r}")
     different = []
-    for name in a["prompts"]:
-        basis, difference = compare_prompt(a["prompts"][name], b["prompts"][name])
+    for name in record_a["prompts"]:
+        basis, difference = compare_prompt(record_a["prompts"][name], record_b["prompts"][name])
         say(f"{'same' if difference is None else 'different'} {name} ({basis})"
             + (f": {difference}" if difference else ""))
         if difference:
             different.append(name)
     if different:
-        return Result("exact", FAIL, f"{len(different)} of {len(a['prompts'])} prompts differ: {', '.join(different)}")
-    return Result("exact", PASS, f"all {len(a['prompts'])} prompts answer the same")
+        return Result("exact", FAIL,
+                      f"{len(different)} of {len(record_a['prompts'])} prompts differ: {', '.join(different)}")
+    return Result("exact", PASS, f"all {len(record_a['prompts'])} prompts answer the same")
 
 
 def run(words: list[str], args) -> Result:

@@ -50,22 +50,23 @@ def check_prompt_reuse(client: Client, args) -> Result:
     second = _turn(client, messages)
     after = metric_total(client)
 
-    c1, c2 = cached_tokens(first.usage), cached_tokens(second.usage)
-    t1, t2 = first.ttft_s, second.ttft_s
-    data = {"cached_tokens": [c1, c2], "metric": [before, after], "ttft_s": [t1, t2],
+    cached1, cached2 = cached_tokens(first.usage), cached_tokens(second.usage)
+    ttft1, ttft2 = first.ttft_s, second.ttft_s
+    data = {"cached_tokens": [cached1, cached2], "metric": [before, after], "ttft_s": [ttft1, ttft2],
             "prompt_tokens": second.usage.get("prompt_tokens")}
-    timing = (f"TTFT {t1:.2f} s then {t2:.2f} s" if t1 is not None and t2 is not None
+    timing = (f"TTFT {ttft1:.2f} s then {ttft2:.2f} s" if ttft1 is not None and ttft2 is not None
               else "no time to first token (no content deltas)")
-    if c2 is not None and c2 > (c1 or 0):
-        return Result("prompt-reuse", PASS, f"turn 2 reused {c2} of {data['prompt_tokens']} prompt tokens; "
+    if cached2 is not None and cached2 > (cached1 or 0):
+        return Result("prompt-reuse", PASS, f"turn 2 reused {cached2} of {data['prompt_tokens']} prompt tokens; "
                                             f"{timing}", data)
     if before is not None and after is not None and after > before:
         return Result("prompt-reuse", PASS, f"/metrics {METRIC} rose by {after - before:g}; {timing}", data)
-    if t1 is not None and t2 is not None and t2 <= t1 * REUSE_TTFT_RATIO:
-        return Result("prompt-reuse", PASS, f"{timing}: turn 2 answered {t1 / max(t2, 1e-6):.1f}x sooner", data)
-    if t1 is None or t2 is None:
+    if ttft1 is not None and ttft2 is not None and ttft2 <= ttft1 * REUSE_TTFT_RATIO:
+        return Result("prompt-reuse", PASS, f"{timing}: turn 2 answered {ttft1 / max(ttft2, 1e-6):.1f}x sooner", data)
+    if ttft1 is None or ttft2 is None:
         return Result("prompt-reuse", UNVERIFIED, f"{timing}, and no cached-token counter rose", data)
-    counters = (f"cached_tokens {c1} then {c2}" if c2 is not None else "no usage.prompt_tokens_details.cached_tokens")
+    counters = (f"cached_tokens {cached1} then {cached2}" if cached2 is not None
+                else "no usage.prompt_tokens_details.cached_tokens")
     counters += f", {METRIC} {before} then {after}" if before is not None else f", no {METRIC} in /metrics"
     return Result("prompt-reuse", FAIL, f"turn 2 was not reused: {timing} (want at most {REUSE_TTFT_RATIO:.0%}); "
                                         f"{counters}", data)

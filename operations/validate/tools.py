@@ -32,10 +32,10 @@ def judge(message: dict) -> str | None:
     calls = message.get("tool_calls") or []
     if not calls:
         return f"no tool call (content {str(message.get('content'))[:80]!r})"
-    fn = calls[0].get("function") or {}
-    if fn.get("name") != "add_tags":
-        return f"called {fn.get('name')!r}, not add_tags"
-    raw = fn.get("arguments")
+    function = calls[0].get("function") or {}
+    if function.get("name") != "add_tags":
+        return f"called {function.get('name')!r}, not add_tags"
+    raw = function.get("arguments")
     try:
         arguments = json.loads(raw) if isinstance(raw, str) else raw
     except ValueError:

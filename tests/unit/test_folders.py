@@ -1,5 +1,5 @@
 """The folders sparkfold owns: the operation both ways (on real folders through pyinfra's Directory fact), a chown
-only as root, a link to a folder followed, a file in the way refused; which folders each Spark converges, and the
+only as root, a symlink to a folder followed, a file in the way refused; which folders each Spark converges, and the
 API key's folder in its own step."""
 
 from __future__ import annotations

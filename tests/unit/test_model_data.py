@@ -326,10 +326,10 @@ def test_folder_to_peer_checks_worker_space_and_reachability():
     assert unwrap_progress(cmds[0])[1].startswith("python3 - /d/engram ")
 
 
-def test_folder_to_peer_fixes_only_the_link():
+def test_folder_to_peer_fixes_only_the_symlink():
     facts = {DirFiles: ENGRAM, PeerFolder: _peer(dict(ENGRAM), link="old/rank1")}
-    cmds, _ = run_op(data_copy.folder_to_peer, facts, executing=True, **PEER, link="/w/active-rank1",
-                     link_to="new/rank1")
+    cmds, _ = run_op(data_copy.folder_to_peer, facts, executing=True, **PEER, symlink="/w/active-rank1",
+                     symlink_target="new/rank1")
     assert cmds == [f"{data_copy.SSH} nvidia@10.0.0.2 'ln -sfn new/rank1 /w/active-rank1'"]
 
 

@@ -10,13 +10,18 @@ from types import SimpleNamespace
 
 import pytest
 from harness import FakeHost, run_op
+from settings_factory import make_pair
 from validate_fake import MODEL
 from validate_fake import serving as validate_serving
 
+from operations import ranks
 from operations.facts.docker import RankContainer
+from operations.facts.rank import RankInputs
 from operations.rank import serving as health
+from operations.rank import switch
 
 NAME = "DeepSeek-V4.1-Flash-1017"
+HS, WS = make_pair(head={"nccl_rails": 1}, worker={"nccl_rails": 1})
 UP = {"exists": True, "running": True, "status": "running", "exit_code": 0, "labels": {}}
 DOWN = {**UP, "running": False, "status": "exited", "exit_code": 1}
 
@@ -203,36 +208,40 @@ def test_live_lines_name_the_key_file_not_the_key():
     assert len(health.live_lines(NAME, 8888, "http://x:1")) == 2
 
 
-# --- the wait + smoke as run by the FunctionCommand -------------------------------------------------------------
+# --- the wait + smoke of a new pair (operations/rank/switch.py) -----------------------------------------------------
 
-def test_wait_and_smoke_success_logs_each_part_and_live(fake):
+def keyed(url: str, keyed_: bool = False) -> switch.Api:
+    return switch.Api(url, MODEL, keyed_, 8888)
+
+
+def test_a_pair_that_serves_logs_each_smoke_part_and_never_the_key(fake):
     fake.require_key = "k1"
     head = Spark({RankContainer: UP}, "head", {"cat ": ["# key", "k1"]})
     worker = Spark({RankContainer: UP}, "worker")
-    assert health._wait_and_smoke(None, head, worker, fake.url, MODEL, 8888, "c", "/state/api-key", 60) is True
+    assert switch.pair_problem(HS, head, worker, 60, keyed(fake.url, True)) is None
     smoke = [m for m in head.logged if m.startswith("smoke test ")]
     assert [m.split(":", 1)[0] for m in smoke] == [f"smoke test {p}" for p in ("health", "reply", "stream", "tool")]
-    assert any(f"✔ {MODEL} is now LIVE! on port 8888" in m for m in head.logged)
     assert not any("k1" in m for m in head.logged)
 
 
-def test_wait_and_smoke_failed_smoke_says_what_and_shows_both_ranks_logs(fake):
+def test_a_failed_smoke_test_says_which_part(fake):
     fake.bad = {"no-done"}
-    head = Spark({RankContainer: UP}, "head", {"docker logs": ["rank0 says hi"]})
-    worker = Spark({RankContainer: UP}, "worker", {"docker logs": ["rank1 says hi"]})
-    assert health._wait_and_smoke(None, head, worker, fake.url, MODEL, 8888, "c", "", 60) is False
-    text = "\n".join(head.logged)
-    assert "sparkfold: the smoke test failed: FAIL stream: the stream ended without data: [DONE]" in text
-    assert "rank0 says hi" in text and "rank1 says hi" in text and "LIVE" not in text
+    head, worker = Spark({RankContainer: UP}, "head"), Spark({RankContainer: UP}, "worker")
+    problem = switch.pair_problem(HS, head, worker, 60, keyed(fake.url))
+    assert problem == "the smoke test failed: FAIL stream: the stream ended without data: [DONE]"
 
 
-def test_wait_and_smoke_failure_shows_both_ranks_logs(api):
+def test_a_rank_that_exits_ends_the_wait(api):
     a = api(models=503)
-    head = Spark({RankContainer: UP}, "head", {"docker logs": ["rank0 says hi"]})
-    worker = Spark({RankContainer: DOWN}, "worker", {"docker logs": ["rank1: PeerDown"]})
-    assert health._wait_and_smoke(None, head, worker, a.url, NAME, 8888, "c", "", 60) is False
-    text = "\n".join(head.logged)
-    assert "rank 1 exited with code 1" in text and "rank0 says hi" in text and "rank1: PeerDown" in text
+    head, worker = Spark({RankContainer: UP}, "head"), Spark({RankContainer: DOWN}, "worker")
+    assert switch.pair_problem(HS, head, worker, 60, keyed(a.url)) == "rank 1 exited with code 1"
+
+
+def test_the_logs_of_both_ranks_are_shown_on_a_failure():
+    head = Spark({}, "head", {"docker logs": ["rank0 says hi"]})
+    worker = Spark({}, "worker", {"docker logs": ["rank1: PeerDown"]})
+    text = health.log_tails(head, worker, "c")
+    assert "rank 0 (head)" in text and "rank0 says hi" in text and "rank1: PeerDown" in text
 
 
 def test_load_status_shows_memory_and_the_newest_log_text_of_each_rank():
@@ -246,35 +255,37 @@ def test_load_status_shows_memory_and_the_newest_log_text_of_each_rank():
     assert health.load_status(head, quiet, "c").endswith("rank 1: 1.0 of 121.7 GiB in use")
 
 
-# --- the operation -----------------------------------------------------------------------------------------------
+# --- the operation (operations/ranks.py pair_serving) ---------------------------------------------------------------
 
-def serving(url, executing, started=False, planned=False, worker_state=UP):
-    worker = Spark({RankContainer: worker_state}, "worker")
-    return run_op(health.api_serving, {RankContainer: UP}, executing=executing, base_url=url, served_name=NAME,
-                  port=8888, container_name="c", worker=worker, api_key_file="", wait_timeout=60,
-                  started=lambda: started, planned=lambda: planned)
-
-
-def test_api_serving_plan(api):
-    assert serving("http://unused", False, planned=True)[0][0].startswith("FunctionCommand(_wait_and_smoke")
-    cmds, host = serving("http://unused", False, planned=False)
-    assert cmds == [] and host.noops
+def pair_serving(url, executing, restarted=False, worker_state=UP):
+    from rank_inputs import found
+    s = HS.replace(api_url=url)
+    worker = Spark({RankContainer: worker_state, RankInputs: found(WS)}, "worker")
+    rank0 = SimpleNamespace(is_complete=lambda: executing, did_change=lambda: restarted, will_change=restarted)
+    return run_op(ranks.pair_serving, {RankContainer: UP, RankInputs: found(s)}, executing=executing, s=s,
+                  worker=worker, image="img", template="t", rank0=rank0, notes=switch.SwitchNotes())
 
 
-def test_api_serving_after_a_start_waits(api):
-    assert serving(api().url, True, started=True)[0][0].startswith("FunctionCommand(_wait_and_smoke")
+def test_pair_serving_plans_the_wait_only_after_a_start(api):
+    assert pair_serving("http://unused", False, restarted=True)[0][0].startswith("FunctionCommand(_new_pair_served")
+    cmds, host = pair_serving("http://unused", False)
+    assert cmds == [] and host.noops == ["the pair is not restarted: one quick API check at execute time"]
 
 
-def test_api_serving_converged_is_no_change(api, caplog):
+def test_pair_serving_after_a_start_waits(api):
+    assert pair_serving(api().url, True, restarted=True)[0][0].startswith("FunctionCommand(_new_pair_served")
+
+
+def test_pair_serving_converged_is_no_change(api, caplog):
     caplog.set_level("INFO")
-    cmds, host = serving(api().url, True)
+    cmds, host = pair_serving(api().url, True)
     assert cmds == [] and f"{NAME} serves at" in host.noops[0]
     assert f"✔ {NAME} is now LIVE! on port 8888" in caplog.text
 
 
-def test_api_serving_not_answering_waits_and_dead_rank_fails(api):
-    assert serving(closed_url(), True)[0][0].startswith("FunctionCommand(_wait_and_smoke")
-    cmds, _ = serving(api().url, True, worker_state=DOWN)
+def test_pair_serving_not_answering_waits_and_a_dead_rank_fails(api):
+    assert pair_serving(closed_url(), True)[0][0].startswith("FunctionCommand(_new_pair_served")
+    cmds, _ = pair_serving(api().url, True, worker_state=DOWN)
     assert len(cmds) == 1 and cmds[0].startswith("FunctionCommand(_fail_with_logs")
     assert "rank 1 exited with code 1" in cmds[0]
 
@@ -282,5 +293,5 @@ def test_api_serving_not_answering_waits_and_dead_rank_fails(api):
 def test_fail_with_logs_shows_both_ranks():
     head = Spark({}, "head", {"docker logs": ["r0 line"]})
     worker = Spark({}, "worker", {"docker logs": ["r1 line"]})
-    assert health._fail_with_logs(None, head, worker, "c", "rank 1 exited") is False
+    assert ranks._fail_with_logs(None, head, worker, HS, "rank 1 exited") is False
     assert "rank 1 exited" in head.logged[0] and "r0 line" in head.logged[0] and "r1 line" in head.logged[0]

@@ -88,7 +88,7 @@ def up_facts(s) -> st.SparkFacts:
         "meminfo": {"MemTotal": 119 * GIB, "MemAvailable": 8 * GIB},
         "engram": sums_written(list(s.engram_files)) if s.is_head else verified(["a.safetensors"]),
         "kit": verified(["MANIFEST.txt", "rope-0.f32"]),
-        "weights_link": f"{COMMIT}/rank{s.rank}",
+        "weights_symlink": f"{COMMIT}/rank{s.rank}",
         "weights": {"bins": {s.rank: [f"rank{s.rank}of2-abc.bin"]}, "partial": [], "source": COMMIT},
         "units": {MEMGUARD_UNIT: UNIT_ON, SUPERVISOR_UNIT: UNIT_NONE, GPU_CLOCK_TIMER: UNIT_ON},
         **link_facts(s),
@@ -108,7 +108,7 @@ def nothing_facts(s) -> st.SparkFacts:
         "container": {}, "want_hash": None, "gpu": GpuClockState.default(),
         "spec_note": f"rank {s.rank} cannot be launched yet: the link record (rails) missing",
         "addrs": {}, "roce": {}, "pings": [False, False], "meminfo": {"MemTotal": 119 * GIB, "MemAvailable": 117 * GIB},
-        "engram": None, "kit": None, "weights_link": None, "weights": RankFolder.default(),
+        "engram": None, "kit": None, "weights_symlink": None, "weights": RankFolder.default(),
         "units": {MEMGUARD_UNIT: UNIT_NONE, SUPERVISOR_UNIT: UNIT_NONE},
     }
     if s.is_head:

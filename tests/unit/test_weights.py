@@ -149,24 +149,24 @@ def test_rank_files_end_to_end_then_converged(tmp_path):
 
 # ---- links, checksums, copy to the worker ----
 
-def test_commit_link_both_ways():
+def test_commit_symlink_both_ways():
     facts = {HfPlan: plan(), LinkTarget: f"snapshots/{COMMIT}"}
-    assert run_op(weights.commit_link, facts, link="/h/hub/models--Org--M/sparkfold-current", plan_args=PLAN,
+    assert run_op(weights.commit_symlink, facts, symlink="/h/hub/models--Org--M/sparkfold-current", plan_args=PLAN,
                   template="snapshots/{commit}")[0] == []
     facts[LinkTarget] = "snapshots/" + "c" * 40  # the revision moved
-    cmds, _ = run_op(weights.commit_link, facts, link="/h/hub/models--Org--M/sparkfold-current", plan_args=PLAN,
+    cmds, _ = run_op(weights.commit_symlink, facts, symlink="/h/hub/models--Org--M/sparkfold-current", plan_args=PLAN,
                      template="snapshots/{commit}")
     link = "/h/hub/models--Org--M/sparkfold-current"
     assert cmds == [f"mkdir -p /h/hub/models--Org--M && ln -sfn snapshots/{COMMIT} {link}.new-link && "
                     f"mv -T {link}.new-link {link}"]  # renamed over the old link: never a moment without one
 
 
-def test_commit_link_switch_for_real(tmp_path):
+def test_commit_symlink_switch_for_real(tmp_path):
     link = tmp_path / "current"
     (tmp_path / "old").mkdir()
     (tmp_path / "new").mkdir()
     link.symlink_to("old")
-    cmds, _ = run_op(weights.commit_link, {HfPlan: plan(), LinkTarget: "old"}, link=str(link), plan_args=PLAN,
+    cmds, _ = run_op(weights.commit_symlink, {HfPlan: plan(), LinkTarget: "old"}, symlink=str(link), plan_args=PLAN,
                      template="new")
     subprocess.run(["sh", "-c", cmds[0]], check=True)
     assert os.readlink(link) == "new" and sorted(p.name for p in tmp_path.iterdir()) == ["current", "new", "old"]
