@@ -14,7 +14,7 @@ from pyinfra import host
 from pyinfra.api import StringCommand, deploy, operation
 
 from operations.facts.files import ApiKeyFile
-from operations.owned.folders import PRIVATE, owned_folder
+from operations.owned.folders import PRIVATE, owned_folders
 from operations.rank.serving import open_api_note
 from operations.settings import Settings
 from operations.util import sh, warned
@@ -85,8 +85,8 @@ def api_key(s: Settings) -> None:
         return
     rotate = s.rotate_api_key
     # the folder rank 0 mounts: the ssh user's, 0700 (a key write into a folder chmod'ed 644 fails)
-    owned_folder(name=f"{s.layout.api_key_dir}: {s.ssh_user}'s, mode {PRIVATE} (head only)",
-                 path=s.layout.api_key_dir, owner=s.ssh_user, mode=PRIVATE)
+    owned_folders(name=f"{s.layout.api_key_dir}: {s.ssh_user}'s, mode {PRIVATE} (head only)",
+                  folders=((s.layout.api_key_dir, PRIVATE),), owner=s.ssh_user)
     api_key_present(
         name=("API key rotated" if rotate else "API key present") + f" in {api_key_path(s)} (head only)",
         path=api_key_path(s),

@@ -5,7 +5,7 @@ denied"): each run reads them (pyinfra's Directory fact) and yields mkdir, chmod
 `--dry` shows it. Modes: 0700 where the code keeps secrets (api-key.d, made under umask 077), else 0755, what mkdir
 makes under the usual umask 022: the ssh user writes, the rank containers (root) read.
 
-The operation that converges one folder is operations/owned/folders.py's `owned_folder`.
+The operation that converges them is operations/owned/folders.py's `owned_folders`.
 """
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ from __future__ import annotations
 from pyinfra.api import deploy
 
 from operations.data.copy import versions_dir
-from operations.owned.folders import SHARED, owned_folder
+from operations.owned.folders import SHARED
+from operations.owned.folders import owned_folders as owned_folders_op
 from operations.settings import Settings
 
 
@@ -35,15 +36,7 @@ def owned_folders(s: Settings) -> tuple[list[tuple[str, str]], list[tuple[str, s
 
 @deploy("The folders sparkfold owns")
 def folders(s: Settings) -> None:
-    """The state folder, data_dir and the data folders, before any step writes into them. The folders only one
-    Spark has are converged at call sites of their own (pyinfra merges operations by call position)."""
+    """The state folder, data_dir and the data folders, before any step writes into them: one operation, one fact."""
     both, own = owned_folders(s)
-    for path, mode in both:
-        owned_folder(name=f"{path}: {s.ssh_user}'s, mode {mode}", path=path, owner=s.ssh_user, mode=mode)
-    if s.is_head:
-        for path, mode in own:
-            owned_folder(name=f"{path}: {s.ssh_user}'s, mode {mode} (head)", path=path, owner=s.ssh_user, mode=mode)
-    if not s.is_head:
-        for path, mode in own:
-            owned_folder(name=f"{path}: {s.ssh_user}'s, mode {mode} (worker)", path=path, owner=s.ssh_user,
-                         mode=mode)
+    owned_folders_op(name=f"the state and data folders: {s.ssh_user}'s, with their modes",
+                     folders=tuple(both + own), owner=s.ssh_user)

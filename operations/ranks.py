@@ -22,7 +22,8 @@ from pyinfra.api.host import Host
 from operations.build.image_hash import HASH_LABEL, image_ref
 from operations.data.copy import versions_dir
 from operations.facts.docker import RankContainer
-from operations.facts.rank import PruneInputs, RankInputs, StartReady
+from operations.facts.network import PortListeners
+from operations.facts.rank import PruneInputs, RankInputs, RankInputsDict, StartReady
 from operations.facts.systemd import UnitState
 from operations.layout import SUPERVISOR_UNIT, unit_path
 from operations.owned.files import file_put
@@ -38,10 +39,21 @@ from operations.util import check_failed
 from operations.util.checks import op_changed
 
 
+def _holders_named(spark: Host, found: RankInputsDict) -> RankInputsDict:
+    """A held port's holders named as root (`ss -p` names other users' processes only for root): asked only when a
+    port is held, so the composite fact runs as the ssh user."""
+    held = [port for port, holders in found["port_holders"].items() if holders]
+    if not held:
+        return found
+    named = {port: spark.get_fact(PortListeners, port=port, _sudo=True) or found["port_holders"][port]
+             for port in held}
+    return {**found, "port_holders": {**found["port_holders"], **named}}
+
+
 def read_pair_plan(s: Settings, peer: Host, image: str, template: str) -> PairPlan:
-    """Both Sparks' RankInputs (root: `ss` names other users' processes only for root), then the pure plan."""
-    mine = host.get_fact(RankInputs, _sudo=True, **rank_inputs_args(s, image))
-    theirs = peer.get_fact(RankInputs, _sudo=True, **rank_inputs_args(s.the_peer, image))
+    """Both Sparks' RankInputs, one round trip each, then the pure plan."""
+    mine = _holders_named(host, host.get_fact(RankInputs, **rank_inputs_args(s, image)))
+    theirs = _holders_named(peer, peer.get_fact(RankInputs, **rank_inputs_args(s.the_peer, image)))
     head_found, worker_found = (mine, theirs) if s.is_head else (theirs, mine)
     return pair_plan(s.head, s.worker, head_found, worker_found, image=image, template_digest=template,
                      force=bool(s.restart))

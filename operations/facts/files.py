@@ -348,3 +348,32 @@ class FolderSizes(FactBase[dict[str, int]]):
             if size.isdigit() and path:
                 sizes[path] = int(size)
         return sizes
+
+
+class FolderStateDict(TypedDict):
+    kind: str  # "folder" (or a symlink to one), "other" (a file, a dangling symlink...), "missing"
+    user: str
+    mode: str  # the permission digits, as stat prints them (755, 2775)
+
+
+class FolderStates(FactBase[dict[str, FolderStateDict]]):
+    """{path: kind, owner and mode} of each of `paths` in one round trip; a symlink to a folder is judged by the
+    folder (data_dir moved to a larger disk). Paths hold no spaces (the settings refuse them)."""
+
+    default = dict
+
+    def command(self, paths: tuple[str, ...] = ()) -> str:
+        each = ("for p in \"$@\"; do if [ -d \"$p\" ]; then "
+                "printf '#FOLDER %s %s\\n' \"$(stat -L -c '%U %a' \"$p\")\" \"$p\"; "
+                "elif [ -e \"$p\" ] || [ -L \"$p\" ]; then echo \"#OTHER - - $p\"; "
+                "else echo \"#MISSING - - $p\"; fi; done")
+        return f"sh -c {shlex.quote(each)} sh {' '.join(shlex.quote(p) for p in paths)}"
+
+    def process(self, output: list[str]) -> dict[str, FolderStateDict]:
+        found: dict[str, FolderStateDict] = {}
+        for line in output:
+            words = line.strip().split(" ", 3)
+            if len(words) == 4 and words[0] in ("#FOLDER", "#OTHER", "#MISSING"):
+                kind = {"#FOLDER": "folder", "#OTHER": "other"}.get(words[0], "missing")
+                found[words[3]] = {"kind": kind, "user": words[1], "mode": words[2]}
+        return found

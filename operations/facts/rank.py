@@ -71,8 +71,9 @@ def _raw(command: Any) -> str:
 
 
 class RankInputs(FactBase[RankInputsDict]):
-    """The rank decision's inputs on this Spark (see the module docstring). Read as root: `ss -p` names other
-    users' processes only for root. image="" skips the capabilities (the worker's rank does not read them);
+    """The rank decision's inputs on this Spark (see the module docstring), read as the ssh user: a held port's
+    holder is named by `ss -p` only when it is that user's (the pair step asks again as root when a port is held).
+    image="" skips the capabilities (the worker's rank does not read them);
     generations: the folder of the generation records ("" skips them)."""
 
     def command(self, container: str, link_record: str, served: str, kit: str, rank_link: str, ablit: str = "",

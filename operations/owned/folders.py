@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from pyinfra import host
 from pyinfra.api import StringCommand, operation
-from pyinfra.facts.files import Directory
 
+from operations.facts.files import FolderStates
 from operations.util import check_failed, sh
 
 PRIVATE = "700"  # secrets: api-key.d
@@ -24,31 +24,32 @@ def permission_bits(mode: object) -> str:
 
 
 @operation()
-def owned_folder(path: str, owner: str, mode: str):
-    """`path` is a folder (or a symlink to one) owned by `owner` with mode `mode`: mkdir by the ssh user when it is
-    missing, chmod when the mode differs, chown (root) when the owner does; nothing when all is right.
+def owned_folders(folders: tuple[tuple[str, str], ...], owner: str):
+    """Each (path, mode) of `folders` is a folder (or a symlink to one) owned by `owner` with that mode: mkdir by the
+    ssh user when it is missing, chmod when the mode differs, chown (root) when the owner does; nothing when all is
+    right. One fact for all of them (FolderStates): a converged run asks once.
 
-    + path: absolute path of the folder
-    + owner: the user that owns it (the ssh user)
-    + mode: its mode in octal digits ("700", "755")
+    + folders: (absolute path, mode in octal digits such as "700" or "755"), parents first
+    + owner: the user that owns them (the ssh user)
     """
-    info = host.get_fact(Directory, path=path)
-    if info is False:  # a symlink, or something that is no folder
-        info = host.get_fact(Directory, path=path + "/")  # the trailing slash follows a symlink
-        if not info:
-            yield from check_failed("sparkfold's folders", [
-                f"{path} exists and is not a folder (nor a symlink to one): it is left alone; move it away, or point "
-                "the setting that names it at another place"])
-            return
-    if info is None:
-        yield StringCommand(f"mkdir -p {sh(path)} && chmod {sh(mode)} {sh(path)}")
+    states = host.get_fact(FolderStates, paths=tuple(path for path, _mode in folders))
+    others = [path for path, _mode in folders if path in states and states[path]["kind"] == "other"]
+    if others:  # nothing is made or changed while a path is not ours to judge
+        yield from check_failed("sparkfold's folders", [
+            f"{path} exists and is not a folder (nor a symlink to one): it is left alone; move it away, or point the "
+            "setting that names it at another place" for path in others])
         return
-    right = True
-    if info["user"] != owner:  # someone else's folder (made by root?): only root can give it back
-        right = False
-        yield StringCommand("chown", sh(owner), sh(path), _sudo=True)
-    if permission_bits(info["mode"]) != mode:
-        right = False
-        yield StringCommand("chmod", sh(mode), sh(path))
-    if right:
-        host.noop(f"{path} is {owner}'s, mode {mode}")
+    right = []
+    for path, mode in folders:
+        state = states.get(path) or {"kind": "missing", "user": "", "mode": ""}
+        if state["kind"] == "missing":
+            yield StringCommand(f"mkdir -p {sh(path)} && chmod {sh(mode)} {sh(path)}")
+            continue
+        if state["user"] != owner:  # someone else's folder (made by root?): only root can give it back
+            yield StringCommand("chown", sh(owner), sh(path), _sudo=True)
+        if permission_bits(state["mode"]) != mode:
+            yield StringCommand("chmod", sh(mode), sh(path))
+        elif state["user"] == owner:
+            right.append(path)
+    if len(right) == len(folders):
+        host.noop(f"{len(folders)} folder(s) {owner}'s, with their modes")

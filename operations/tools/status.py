@@ -458,7 +458,7 @@ def spark_facts(spark: Any, s: Settings) -> SparkFacts:
     if not spark.connected:  # pyinfra said why above; asking a fact would try to connect again
         return {"unreachable": f"{spark.name} did not answer over ssh (pyinfra's message is above)"}
     layout = s.layout
-    inputs = _fact(spark, RankInputs, _sudo=True, **rank_inputs_args(s, image_ref(s)))
+    inputs = _fact(spark, RankInputs, **rank_inputs_args(s, image_ref(s)))
     facts: SparkFacts = {"container": inputs["container"], "rank_inputs": inputs}
     found = dict(inputs.get("generations") or {})
     folders = tuple(generation_folder(s, g) for g in read_records(found.get("files") or {}, "").generations)

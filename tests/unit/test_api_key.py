@@ -149,7 +149,7 @@ def test_path_and_live_hint_never_show_the_key():
 def test_deploy_only_on_the_head_with_api_key(monkeypatch):
     calls = []
     monkeypatch.setattr(ak, "api_key_present", lambda **kw: calls.append(kw))
-    monkeypatch.setattr(ak, "owned_folder", lambda **kw: None)  # the key's folder: tests/unit/test_folders.py
+    monkeypatch.setattr(ak, "owned_folders", lambda **kw: None)  # the key's folder: tests/unit/test_folders.py
     with ctx_host.use(FakeHost({})):  # the open API's warning names the Spark
         ak.api_key._inner(make_settings("head", api_key=True))
         assert calls == [{"name": f"API key present in {PATH} (head only)", "path": PATH, "owner": "nvidia",

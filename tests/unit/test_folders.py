@@ -9,119 +9,118 @@ import os
 import stat
 import subprocess
 
-from harness import FakeHost, _State, run_fact, run_op, with_args
+from harness import FakeHost, _State, run_fact, run_op
 from pyinfra.context import ctx_host, ctx_state
-from pyinfra.facts.files import Directory
 from settings_factory import make_settings
 
 from operations import folders
+from operations.facts.files import FolderStates
 from operations.owned import folders as owned
 
 ME = getpass.getuser()
 
 
-def facts(*entries):
-    return {Directory: with_args({f"path={path}": value for path, value in entries})}
-
-
-def converge(path: str, mode: str) -> list[str]:
-    """The commands for a real folder, read with the real fact, then run."""
-    info = run_fact(Directory, path=path)
-    commands, _ = run_op(owned.owned_folder, facts((path, info)), path=path, owner=ME, mode=mode)
+def converge(folders: tuple[tuple[str, str], ...], executing: bool = False) -> tuple[list[str], FakeHost]:
+    """The commands for real folders, read with the real fact, then run."""
+    states = run_fact(FolderStates, paths=tuple(path for path, _mode in folders))
+    commands, host = run_op(owned.owned_folders, {FolderStates: states}, executing=executing, folders=folders, owner=ME)
     for command in commands:
-        subprocess.run(["sh", "-c", command], check=True)
-    return commands
+        if "exit 1" not in command:
+            subprocess.run(["sh", "-c", command], check=True)
+    return commands, host
 
 
 def test_a_folder_chmod_644_gets_its_mode_back_and_a_right_one_is_left_alone(tmp_path):
     keys = tmp_path / "api-key.d"
     keys.mkdir(mode=0o700)
     keys.chmod(0o644)  # what broke every later key write
-    assert converge(str(keys), "700") == [f"chmod 700 {keys}"]
+    assert converge(((str(keys), "700"),))[0] == [f"chmod 700 {keys}"]
     assert stat.S_IMODE(keys.stat().st_mode) == 0o700
-    info = run_fact(Directory, path=str(keys))
-    commands, host = run_op(owned.owned_folder, facts((str(keys), info)), path=str(keys), owner=ME, mode="700")
-    assert commands == [] and host.noops == [f"{keys} is {ME}'s, mode 700"]
+    commands, host = converge(((str(keys), "700"),))
+    assert commands == [] and host.noops == [f"1 folder(s) {ME}'s, with their modes"]
 
 
 def test_a_missing_folder_is_made_with_its_mode_whatever_the_umask(tmp_path):
     data = tmp_path / "data" / "engram"
     old = os.umask(0o077)
     try:
-        assert converge(str(data), "755") == [f"mkdir -p {data} && chmod 755 {data}"]
+        assert converge(((str(data), "755"),))[0] == [f"mkdir -p {data} && chmod 755 {data}"]
     finally:
         os.umask(old)
     assert data.is_dir() and stat.S_IMODE(data.stat().st_mode) == 0o755
-    assert converge(str(data), "755") == []
+    assert converge(((str(data), "755"),))[0] == []
+
+
+def test_several_folders_are_read_in_one_round_trip(tmp_path):
+    made = [tmp_path / name for name in ("state", "data", "logs")]
+    commands, host = converge(tuple((str(path), "755") for path in made))
+    assert len(commands) == 3 and all(path.is_dir() for path in made)
+    assert [name for name, _kwargs in host.fact_calls] == ["operations.facts.files.FolderStates"]
 
 
 def test_another_owner_is_given_back_by_root_only():
-    info = {"user": "root", "group": "root", "mode": 755}
-    host = FakeHost(facts(("/d", info)))
+    state = {"/d": {"kind": "folder", "user": "root", "mode": "755"}}
+    host = FakeHost({FolderStates: state})
     with ctx_state.use(_State(False)), ctx_host.use(host):
-        commands = list(owned.owned_folder._inner(path="/d", owner="nvidia", mode="700"))
+        commands = list(owned.owned_folders._inner(folders=(("/d", "700"),), owner="nvidia"))
     assert [c.get_raw_value() for c in commands] == ["chown nvidia /d", "chmod 700 /d"]
     assert commands[0].connector_arguments.get("_sudo") is True and not commands[1].connector_arguments.get("_sudo")
 
 
 def test_a_set_group_id_bit_is_kept_and_not_chmoded_every_run():
-    info = {"user": "nvidia", "group": "team", "mode": 2755}
-    commands, host = run_op(owned.owned_folder, facts(("/d", info)), path="/d", owner="nvidia", mode="755")
+    state = {"/d": {"kind": "folder", "user": "nvidia", "mode": "2755"}}
+    commands, host = run_op(owned.owned_folders, {FolderStates: state}, folders=(("/d", "755"),), owner="nvidia")
     assert commands == [] and host.noops
 
 
-def test_a_link_to_a_folder_is_judged_by_the_folder_and_a_file_is_refused(tmp_path, caplog):
+def test_a_symlink_to_a_folder_is_judged_by_the_folder_and_a_file_is_refused(tmp_path, caplog):
     big = tmp_path / "big-disk"
     big.mkdir(mode=0o700)
     data = tmp_path / "sparkfold"
     data.symlink_to(big)  # data_dir moved to a larger disk
-    assert run_fact(Directory, path=str(data)) is False
-    entries = facts((str(data), False), (f"{data}/", run_fact(Directory, path=f"{data}/")))
-    commands, _ = run_op(owned.owned_folder, entries, path=str(data), owner=ME, mode="755")
-    assert commands == [f"chmod 755 {data}"]
-    subprocess.run(["sh", "-c", commands[0]], check=True)
+    assert converge(((str(data), "755"),))[0] == [f"chmod 755 {data}"]
     assert data.is_symlink() and stat.S_IMODE(big.stat().st_mode) == 0o755
     file = tmp_path / "state"
     file.write_text("someone's notes\n")
-    entries = facts((str(file), False), (f"{file}/", run_fact(Directory, path=f"{file}/")))
+    missing = tmp_path / "logs"
     with caplog.at_level("WARNING", logger="pyinfra"):
-        assert run_op(owned.owned_folder, entries, path=str(file), owner=ME, mode="755")[0] == []
+        assert converge(((str(missing), "755"), (str(file), "755")))[0] == []  # nothing made while one is refused
     assert f"will fail: sparkfold's folders: {file} exists and is not a folder" in caplog.text
-    commands, _ = run_op(owned.owned_folder, entries, executing=True, path=str(file), owner=ME, mode="755")
+    commands, _ = converge(((str(file), "755"),), executing=True)
     assert len(commands) == 1 and "exit 1" in commands[0] and "rm " not in commands[0] and "mv " not in commands[0]
-    assert file.read_text() == "someone's notes\n"
+    assert file.read_text() == "someone's notes\n" and not missing.exists()
 
 
 def test_each_spark_converges_its_state_and_data_folders():
     head = make_settings("head", home="/home/n")
     both, own = folders.owned_folders(head)
-    p = head.layout
-    assert both == [(p.state_dir, "755"), (p.data_dir, "755"), (p.engram, "755"), (p.token_map_dir, "755"),
-                    (p.rank_cache, "755"), (p.cache_root, "755"), (p.logs, "755")]
-    assert [d for d, _ in own] == [p.kit_src, f"{p.kit}.d", f"{p.data_dir}/build"] + (
-        [p.ablit, p.overlay] if head.ablit else [])
-    assert p.kit not in [d for d, _ in both + own]  # the head's kit is a link sparkfold switches
+    layout = head.layout
+    assert both == [(layout.state_dir, "755"), (layout.data_dir, "755"), (layout.engram, "755"),
+                    (layout.token_map_dir, "755"), (layout.rank_cache, "755"), (layout.cache_root, "755"),
+                    (layout.logs, "755")]
+    assert [d for d, _ in own] == [layout.kit_src, f"{layout.kit}.d", f"{layout.data_dir}/build"] + (
+        [layout.ablit, layout.overlay] if head.ablit else [])
+    assert layout.kit not in [d for d, _ in both + own]  # the head's kit is a symlink sparkfold switches
     worker = make_settings("worker", home="/home/n")
     assert folders.owned_folders(worker)[1] == [(worker.layout.kit, "755")]
 
 
-def test_the_deploy_step_calls_the_operation_once_per_folder(monkeypatch):
+def test_the_deploy_step_converges_every_folder_in_one_operation(monkeypatch):
     calls = []
-    monkeypatch.setattr(folders, "owned_folder", lambda **kw: calls.append(kw))
+    monkeypatch.setattr(folders, "owned_folders_op", lambda **kw: calls.append(kw))
     s = make_settings("worker", home="/home/n")
     folders.folders._inner(s)
     both, own = folders.owned_folders(s)
-    assert [(c["path"], c["mode"], c["owner"]) for c in calls] == [(d, m, s.ssh_user) for d, m in both + own]
+    assert len(calls) == 1 and calls[0]["folders"] == tuple(both + own) and calls[0]["owner"] == s.ssh_user
 
 
 def test_the_api_key_step_converges_its_folder_first(monkeypatch):
     import operations.api_key as ak
 
     calls = []
-    monkeypatch.setattr(ak, "owned_folder", lambda **kw: calls.append(("folder", kw)))
+    monkeypatch.setattr(ak, "owned_folders", lambda **kw: calls.append(("folder", kw)))
     monkeypatch.setattr(ak, "api_key_present", lambda **kw: calls.append(("key", kw)))
     s = make_settings("head", api_key=True)
     ak.api_key._inner(s)
     assert [c[0] for c in calls] == ["folder", "key"]
-    assert {k: calls[0][1][k] for k in ("path", "owner", "mode")} == {
-        "path": s.layout.api_key_dir, "owner": s.ssh_user, "mode": "700"}
+    assert (calls[0][1]["folders"], calls[0][1]["owner"]) == (((s.layout.api_key_dir, "700"),), s.ssh_user)

@@ -123,8 +123,13 @@ def test_pair_checked_memory_and_ports_of_this_spark_only():
     cmds, _ = run(ranks.pair_checked, HS, found(HS, mem_gib=40.0), found(WS))
     assert "only 40.0 GiB" in cmds[0] and "min_avail_gib = 112" in cmds[0]
     assert run(ranks.pair_checked, HS, found(HS), found(WS, mem_gib=40.0))[0] == []  # the worker's own op says it
-    cmds, _ = run(ranks.pair_checked, HS, found(HS, holders={8888: ["nginx (pid 12)"]}), found(WS))
+    # the composite fact runs as the ssh user: a root process shows as "a process"; root names it (asked only then)
+    cmds, host = run(ranks.pair_checked, HS, found(HS, holders={8888: ["a process"]}), found(WS),
+                     extra={PortListeners: ["nginx (pid 12)"]})
     assert "port 8888 is held by nginx (pid 12) on the head" in cmds[0]
+    assert ("operations.facts.network.PortListeners", {"port": 8888}) in host.fact_calls
+    _cmds, host = run(ranks.pair_checked, HS, found(HS), found(WS))
+    assert not any(name.endswith("PortListeners") for name, _kwargs in host.fact_calls)  # free ports: not asked
 
 
 # --- stale_pair_stopped ------------------------------------------------------------------------------------------
