@@ -15,9 +15,11 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+import gevent
 from pyinfra import host, logger, state
 from pyinfra.api import FunctionCommand, StringCommand, deploy, operation
 from pyinfra.api.host import Host
+from pyinfra.context import ctx_config, ctx_host
 
 from operations.build.image_hash import HASH_LABEL, image_ref
 from operations.data.copy import versions_dir
@@ -29,9 +31,9 @@ from operations.layout import SUPERVISOR_UNIT, unit_path
 from operations.owned.files import file_put
 from operations.rank import serving, switch
 from operations.rank.commands import removal_commands, start_commands
-from operations.rank.generation import LAST_GOOD, Generation, Switch, prune_plan
+from operations.rank.generation import LAST_GOOD, Generation, Switch, prune_plan, read_records
 from operations.rank.plan import KEEP, REFUSED, START, PairPlan, foreign, pair_plan, rank_inputs_args
-from operations.rank.spec import CHAT_TEMPLATE, template_digest
+from operations.rank.spec import CHAT_TEMPLATE, LABEL_HASH, template_digest
 from operations.rank.switch import SwitchNotes
 from operations.settings import Settings
 from operations.settings.context import peer_host
@@ -50,10 +52,17 @@ def _holders_named(spark: Host, found: RankInputsDict) -> RankInputsDict:
     return {**found, "port_holders": {**found["port_holders"], **named}}
 
 
+def _read_on(spark: Host, config: Any, args: dict[str, Any]) -> RankInputsDict:
+    with ctx_host.use(spark), ctx_config.use(config):  # a greenlet of its own starts with no pyinfra context
+        return _holders_named(spark, spark.get_fact(RankInputs, **args))
+
+
 def read_pair_plan(s: Settings, peer: Host, image: str, template: str) -> PairPlan:
-    """Both Sparks' RankInputs, one round trip each, then the pure plan."""
+    """Both Sparks' RankInputs, one round trip each and both at once (the peer's in a greenlet: they are two
+    connections), then the pure plan."""
+    theirs_read = gevent.spawn(_read_on, peer, ctx_config.get(), rank_inputs_args(s.the_peer, image))
     mine = _holders_named(host, host.get_fact(RankInputs, **rank_inputs_args(s, image)))
-    theirs = _holders_named(peer, peer.get_fact(RankInputs, **rank_inputs_args(s.the_peer, image)))
+    theirs = theirs_read.get()
     head_found, worker_found = (mine, theirs) if s.is_head else (theirs, mine)
     return pair_plan(s.head, s.worker, head_found, worker_found, image=image, template_digest=template,
                      force=bool(s.restart))
@@ -228,6 +237,15 @@ def _record_command(folder: str, generation: Generation) -> StringCommand:
         f"mv -f {d}/.last-good.tmp {d}/{LAST_GOOD}"), _sudo=True)
 
 
+def _runs_last_good(rank: int, found: RankInputsDict) -> bool:
+    """This Spark's rank runs its part of the recorded last good generation (a pair is recreated together, so the
+    peer's rank runs its part too)."""
+    records = read_records(found["generations"]["files"], found["generations"]["last_good"])
+    last = records.get(records.last_good)
+    label = (found["container"].get("labels") or {}).get(LABEL_HASH) if found["container"].get("running") else None
+    return bool(last and last.good_at and label == last.specs[rank].spec_hash())
+
+
 @operation()
 def generations_kept(s: Settings, peer: Host, image: str, template: str):
     """Once a new pair passed its gate: its generation recorded on this Spark as the last good one, then what no
@@ -235,6 +253,10 @@ def generations_kept(s: Settings, peer: Host, image: str, template: str):
     packs, the engine images sparkfold built, old records. Only then: a run that switched nothing (or rolled back)
     removes nothing. Never a folder moved aside (replaced-*), a symlink, an image a container uses, or an image
     sparkfold did not build."""
+    mine = host.get_fact(RankInputs, **rank_inputs_args(s, image))
+    if _runs_last_good(s.rank, mine):  # a run that switched nothing: the peer need not be asked
+        host.noop("this rank runs the last good generation")
+        return
     plan = read_pair_plan(s, peer, image, template)
     wanted = plan.wanted
     if wanted is None:

@@ -167,7 +167,8 @@ def running_pair(s, *generations, last_good=""):
 def test_a_recorded_last_good_generation_with_nothing_to_prune_changes_nothing():
     recorded = good(SERVING, 3)
     cmds, host = kept_op(running_pair(HS, recorded, last_good=SERVING.id), running_pair(WS))
-    assert cmds == [] and host.noops == [f"generation {SERVING.id} is the last good one"]
+    assert cmds == [] and host.noops == ["this rank runs the last good generation"]
+    assert [name.rsplit(".", 1)[1] for name, _kwargs in host.fact_calls] == ["RankInputs"]  # the peer not asked
 
 
 def test_the_serving_generation_is_recorded_as_last_good_as_root():
