@@ -13,6 +13,7 @@ import json
 import shlex
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import gevent
@@ -68,12 +69,26 @@ def read_pair_plan(s: Settings, peer: Host, image: str, template: str) -> PairPl
                      force=bool(s.restart))
 
 
+@dataclass
+class CheckedPlan:
+    """pair_checked's plan handed to stale_pair_stopped as data: no operation between them changes a Spark (the exact
+    gate's record only asks the API), so the stop judges the same plan without asking the Sparks again."""
+
+    plan: PairPlan | None = None
+
+    def take(self) -> PairPlan | None:
+        plan, self.plan = self.plan, None
+        return plan
+
+
 @operation()
-def pair_checked(s: Settings, peer: Host, image: str, template: str):
+def pair_checked(s: Settings, peer: Host, image: str, template: str, handoff: CheckedPlan | None = None):
     """Refuse before anything is touched: a foreign container with our name (on either Spark), this rank's launch
     problems (inputs, rails, rank 0's flags against the image), too little memory for a rank that is not there, or
     one of its ports held by another process."""
     plan = read_pair_plan(s, peer, image, template)
+    if handoff is not None:
+        handoff.plan = plan
     mine = plan.rank(s.rank)
     if plan.refusals:  # the rest would judge a container that is not ours
         yield from check_failed("the rank containers", plan.refusals)
@@ -92,14 +107,14 @@ def pair_checked(s: Settings, peer: Host, image: str, template: str):
 
 @operation()
 def stale_pair_stopped(s: Settings, peer: Host, image: str, template: str, pause_units: tuple[str, ...] = (),
-                       notes: SwitchNotes | None = None):
+                       notes: SwitchNotes | None = None, handoff: CheckedPlan | None = None):
     """Both Sparks: when the pair is stale (either rank missing, stopped or changed, or a restart is asked for),
     save this rank's log and remove its container, so both ranks start again together.
 
     pause_units: systemd units (the supervisor) stopped first while they run, so they do not restart the old pair
     behind the deploy's back; the deploy starts them again after the health check. notes: the head's, to time how
-    long the API is down when a serving pair is replaced."""
-    plan = read_pair_plan(s, peer, image, template)
+    long the API is down when a serving pair is replaced. handoff: pair_checked's plan of this pass."""
+    plan = (handoff.take() if handoff is not None else None) or read_pair_plan(s, peer, image, template)
     if not plan.stale:
         host.noop("both ranks run the wanted spec")
         return
@@ -301,14 +316,15 @@ def ranks_serving(s: Settings) -> None:
                  mode="644")
     # the controller's inputs, read once: the content-addressed image and the template rank 0 serves
     pair: dict[str, Any] = dict(s=s, peer=peer, image=image_ref(s), template=template_digest(s))
-    notes = SwitchNotes()  # the head's operations of this run share it
-    pair_checked(name="Check the launch (container ownership, rank 0's flags, link record, memory, ports)", **pair)
+    notes, handoff = SwitchNotes(), CheckedPlan()  # what this Spark's operations of the pair step hand on
+    pair_checked(name="Check the launch (container ownership, rank 0's flags, link record, memory, ports)",
+                 handoff=handoff, **pair)
     if s.is_head and s.upgrade_gate == "exact":
         old_pair_replayed(name="Exact gate: the serving pair's replies recorded", notes=notes, **pair)
     # the supervisor must not restart the old pair while the deploy replaces it (supervision starts it again)
     pause = (SUPERVISOR_UNIT,) if s.is_head and s.supervise else ()
     stale_pair_stopped(name="Stop the stale pair (logs saved first)", pause_units=pause,
-                       notes=notes if s.is_head else None, **pair)
+                       notes=notes if s.is_head else None, handoff=handoff, **pair)
     if not s.is_head:
         rank_started(name="Start rank 1 (worker)", **pair)
     if s.is_head:

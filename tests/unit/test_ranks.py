@@ -354,3 +354,21 @@ def test_a_part_that_ends_early_does_not_cut_the_parts_after_it(tmp_path, monkey
     got = run_fact(RankInputs, container=NAME, link_record="/nonexistent", served="/a", kit="/b", rank_link="/c",
                    image=IMAGE, capabilities_cache=str(tmp_path / "caps"), ports=(1, 2))
     assert got["capabilities"] == {"schema": 1} and set(got["port_holders"]) == {1, 2}
+
+
+def test_the_stop_judges_the_checked_plan_without_asking_again():
+    handoff = ranks.CheckedPlan()
+    _cmds, checked = run(ranks.pair_checked, HS, found(HS, container(H0)), found(WS, container(H1)), handoff=handoff)
+    assert handoff.plan is not None and not handoff.plan.stale
+    cmds, stopped = run(ranks.stale_pair_stopped, HS, {}, {}, handoff=handoff)  # no inputs: the plan is data
+    assert cmds == [] and stopped.fact_calls == [] and stopped.noops == ["both ranks run the wanted spec"]
+    assert handoff.plan is None  # taken once: a later pass reads the Sparks again
+
+
+def test_the_pair_step_hands_the_checked_plan_to_the_stop(monkeypatch):
+    from pyinfra.context import ctx_host
+    calls, head_host, _worker_host = _recording(monkeypatch)
+    with ctx_host.use(head_host):
+        ranks.ranks_serving._inner(HS)
+    handoffs = {kind: kw.get("handoff") for kind, kw in calls if kind in ("pair_checked", "stale_pair_stopped")}
+    assert handoffs["pair_checked"] is handoffs["stale_pair_stopped"] is not None
