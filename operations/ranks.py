@@ -216,9 +216,12 @@ def _fail_with_logs(state: Any, host: Any, worker: Any, s: Settings, message: st
 def pair_serving(s: Settings, worker: Host, image: str, template: str, rank0: Any, notes: SwitchNotes):
     """Head: after a (re)start, the new pair's health wait, smoke test and optional exact gate, and the LIVE line
     with the API's downtime; when it fails, the last good generation started again (operations/rank/switch.py).
-    Without a start, one quick check of the API and the LIVE line. Asking the API is this machine's request, not
+    A pair that runs but was never judged (no record says it passed) is judged the same way. Otherwise one quick
+    check of the API and the LIVE line. Asking the API is this machine's request, not
     a fact: while planning, only executing can say whether it answers (hence the one is_executing branch)."""
-    if op_changed(rank0):
+    if op_changed(rank0) or not _runs_last_good(0, host.get_fact(RankInputs, **rank_inputs_args(s, image))):
+        # started now, or running but never judged (a run cut short after the start, an older sparkfold): judged
+        # like any new pair before it may become the last good one
         plan = read_pair_plan(s, worker, image, template)
         yield FunctionCommand(_new_pair_served, (worker, s, plan.switch, notes), {})
         return
@@ -255,7 +258,8 @@ def _record_command(folder: str, generation: Generation) -> StringCommand:
 def _runs_last_good(rank: int, found: RankInputsDict) -> bool:
     """This Spark's rank runs its part of the recorded last good generation (a pair is recreated together, so the
     peer's rank runs its part too)."""
-    records = read_records(found["generations"]["files"], found["generations"]["last_good"])
+    kept = found.get("generations") or {"files": {}, "last_good": ""}
+    records = read_records(kept["files"], kept["last_good"])
     last = records.get(records.last_good)
     label = (found["container"].get("labels") or {}).get(LABEL_HASH) if found["container"].get("running") else None
     return bool(last and last.good_at and label == last.specs[rank].spec_hash())

@@ -33,7 +33,7 @@ def container(spec_hash: str | None = None, running: bool = True, managed: bool 
 
 def found(s, container_: dict | None = None, *, linked: bool = True, rails: list | None = RAILS,
           caps: dict | None = None, mem_gib: float = 200.0, holders: dict | None = None,
-          infiniband: bool = True) -> dict:
+          infiniband: bool = True, generations: dict | None = None) -> dict:
     """RankInputs of Spark `s` after a complete bring-up (its symlinks lead to commit abc), with `container_`."""
     p = s.layout
     return {
@@ -47,4 +47,5 @@ def found(s, container_: dict | None = None, *, linked: bool = True, rails: list
         "capabilities": (CAPS if caps is None else caps) if s.is_head else {},
         "port_holders": holders or {},
         "mem_available": int(mem_gib * GIB),
+        "generations": generations or {"files": {}, "last_good": ""},
     }

@@ -257,13 +257,28 @@ def test_load_status_shows_memory_and_the_newest_log_text_of_each_rank():
 
 # --- the operation (operations/ranks.py pair_serving) ---------------------------------------------------------------
 
-def pair_serving(url, executing, restarted=False, worker_state=UP):
-    from rank_inputs import found
+def pair_serving(url, executing, restarted=False, worker_state=UP, judged=True):
+    """pair_serving on the head; judged: the running pair is the recorded last good generation."""
+    import json as json_
+
+    from rank_inputs import container, found
+
+    from operations.rank.generation import Generation
+    from operations.rank.plan import pair_plan
     s = HS.replace(api_url=url)
+    wanted = pair_plan(s, WS, found(s), found(WS), image="img", template_digest="t", force=False).wanted
+    good = Generation(wanted.id, wanted.specs, good_at=1.0)
+    records = {"files": {f"{good.id}.json": json_.dumps(good.record())}, "last_good": good.id if judged else ""}
+    head_inputs = found(s, container(wanted.specs[0].spec_hash()), generations=records)
     worker = Spark({RankContainer: worker_state, RankInputs: found(WS)}, "worker")
     rank0 = SimpleNamespace(is_complete=lambda: executing, did_change=lambda: restarted, will_change=restarted)
-    return run_op(ranks.pair_serving, {RankContainer: UP, RankInputs: found(s)}, executing=executing, s=s,
+    return run_op(ranks.pair_serving, {RankContainer: UP, RankInputs: head_inputs}, executing=executing, s=s,
                   worker=worker, image="img", template="t", rank0=rank0, notes=switch.SwitchNotes())
+
+
+def test_a_running_pair_never_judged_is_judged_before_it_becomes_the_last_good(api):
+    cmds, _ = pair_serving(api().url, True, judged=False)  # a run cut short after the start, say
+    assert len(cmds) == 1 and cmds[0].startswith("FunctionCommand(_new_pair_served")
 
 
 def test_pair_serving_plans_the_wait_only_after_a_start(api):
