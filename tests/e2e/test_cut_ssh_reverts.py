@@ -12,7 +12,8 @@ import time
 
 from test_deploy import DEPLOY, addresses, changed_ops, chat, deploy, wait_until
 
-ROLLBACK = {"SPARKFOLD_LINK_ROLLBACK_S": "30"}
+ROLLBACK_S = 90  # the shortest window the settings take (longer than the confirmation's wait for the apply)
+ROLLBACK = {"SPARKFOLD_LINK_ROLLBACK_S": str(ROLLBACK_S)}
 RAIL, ADDRESS = "enP2p1s0f0np0", "192.168.101.2/24"
 NETPLAN = "/etc/netplan/60-sparkfold-cx7.yaml"
 
@@ -35,8 +36,10 @@ def test_an_apply_that_cuts_ssh_is_reverted_by_the_spark_and_the_next_run_conver
     assert sim_exec("worker", f"echo '# edited by hand' >> {NETPLAN}").returncode == 0
     assert sim_exec("worker", f"ip addr del {ADDRESS} dev {RAIL}").returncode == 0
     assert sim_exec("worker", "echo cut-management > /run/sim-netplan.fault").returncode == 0
-
-    run = run_pyinfra(*DEPLOY, "-y", env=ROLLBACK)
+    try:
+        run = run_pyinfra(*DEPLOY, "-y", env=ROLLBACK)
+    finally:  # a run that stopped before its apply leaves the fault for the next file's deploy otherwise
+        sim_exec("worker", "rm -f /run/sim-netplan.fault")
     assert run.returncode != 0, "a run whose apply cut ssh must fail"
     said = run.stderr
     assert "sim-worker" in said and ("no new ssh connection succeeded" in said
@@ -44,9 +47,10 @@ def test_an_apply_that_cuts_ssh_is_reverted_by_the_spark_and_the_next_run_conver
     assert sim_exec("worker", "test -e /run/sim-netplan.cut").returncode == 0 or \
         sim_exec("worker", f"test -e {newest_apply(sim_exec)}/reverted").returncode == 0  # the fault did fire
 
-    # the Spark undoes the apply by itself (30 s after it) and ssh answers again
+    # the Spark undoes the apply by itself (ROLLBACK_S after it) and ssh answers again
     folder = newest_apply(sim_exec)
-    wait_until(lambda: sim_exec("worker", f"test -e {folder}/reverted").returncode == 0, 90, "the automatic revert")
+    wait_until(lambda: sim_exec("worker", f"test -e {folder}/reverted").returncode == 0, ROLLBACK_S + 60,
+               "the automatic revert")
     assert sim_exec("worker", "test -e /run/sim-netplan.cut").returncode != 0
     assert sim_exec("worker", f"test -e {folder}/confirmed").returncode != 0
     log = sim_exec("worker", f"cat {folder}/revert.log").stdout
@@ -63,6 +67,6 @@ def test_an_apply_that_cuts_ssh_is_reverted_by_the_spark_and_the_next_run_conver
     assert sim_exec("worker", f"test -e {folder}/confirmed").returncode == 0
     assert chat()["choices"][0]["message"]["content"]
     assert changed_ops(deploy(run_pyinfra)) == {}
-    time.sleep(32)  # past the window: the confirmed apply's timer fired and did nothing
+    time.sleep(ROLLBACK_S + 2)  # past the window: the confirmed apply's timer fired and did nothing
     assert sim_exec("worker", f"test -e {folder}/reverted").returncode != 0
     assert addresses(sim_exec, "worker", RAIL) == [ADDRESS]

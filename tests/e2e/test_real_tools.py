@@ -64,7 +64,8 @@ def rendered(overrides: dict) -> dict[str, str]:
         "sparkfold-memguard.service": memguard.render_unit(head.container_name, head.memguard_gib),
         "sparkfold-supervise.service": supervise.render_unit(head.container_name, head.worker_link_ssh,
                                                              head.ssh_user, head.supervise_retries,
-                                                             head.supervise_backoff_s, head.stop_timeout),
+                                                             head.supervise_backoff_s, head.stop_timeout,
+                                                             head.min_avail_gib),
         "sparkfold.exports": nfs.render_exports(head.layout.hub, clients),
         "nvidia-smi": head.nvidia_smi_path,  # the gpu unit's ExecStart must name an executable
         "hub": head.layout.hub,  # exportfs looks the exported folder up
