@@ -71,14 +71,20 @@ def read_pair_plan(s: Settings, peer: Host, image: str, template: str) -> PairPl
 
 @dataclass
 class CheckedPlan:
-    """pair_checked's plan handed to stale_pair_stopped as data: no operation between them changes a Spark (the exact
-    gate's record only asks the API), so the stop judges the same plan without asking the Sparks again."""
+    """pair_checked's plan handed on as data: no operation between it and the stop changes a Spark (the exact gate's
+    record only asks the API), so the stop judges the same plan without asking the Sparks again; and when nothing
+    was started, the API check and the generation record judge it too."""
 
     plan: PairPlan | None = None
 
-    def take(self) -> PairPlan | None:
-        plan, self.plan = self.plan, None
-        return plan
+    def runs_last_good(self, rank: int) -> bool:
+        """The checked pair's `rank` ran its part of the recorded last good generation (False when not known)."""
+        if self.plan is None:
+            return False
+        records, container = self.plan.records[rank], self.plan.rank(rank).container
+        last = records.get(records.last_good)
+        label = (container.get("labels") or {}).get(LABEL_HASH) if container.get("running") else None
+        return bool(last and last.good_at and label == last.specs[rank].spec_hash())
 
 
 @operation()
@@ -114,7 +120,7 @@ def stale_pair_stopped(s: Settings, peer: Host, image: str, template: str, pause
     pause_units: systemd units (the supervisor) stopped first while they run, so they do not restart the old pair
     behind the deploy's back; the deploy starts them again after the health check. notes: the head's, to time how
     long the API is down when a serving pair is replaced. handoff: pair_checked's plan of this pass."""
-    plan = (handoff.take() if handoff is not None else None) or read_pair_plan(s, peer, image, template)
+    plan = (handoff.plan if handoff is not None else None) or read_pair_plan(s, peer, image, template)
     if not plan.stale:
         host.noop("both ranks run the wanted spec")
         return
@@ -213,13 +219,16 @@ def _fail_with_logs(state: Any, host: Any, worker: Any, s: Settings, message: st
 
 
 @operation()
-def pair_serving(s: Settings, worker: Host, image: str, template: str, rank0: Any, notes: SwitchNotes):
+def pair_serving(s: Settings, worker: Host, image: str, template: str, rank0: Any, notes: SwitchNotes,
+                 handoff: CheckedPlan | None = None):
     """Head: after a (re)start, the new pair's health wait, smoke test and optional exact gate, and the LIVE line
     with the API's downtime; when it fails, the last good generation started again (operations/rank/switch.py).
     A pair that runs but was never judged (no record says it passed) is judged the same way. Otherwise one quick
     check of the API and the LIVE line. Asking the API is this machine's request, not
     a fact: while planning, only executing can say whether it answers (hence the one is_executing branch)."""
-    if op_changed(rank0) or not _runs_last_good(0, host.get_fact(RankInputs, **rank_inputs_args(s, image))):
+    judged = handoff.runs_last_good(0) if handoff is not None and handoff.plan is not None else _runs_last_good(
+        0, host.get_fact(RankInputs, **rank_inputs_args(s, image)))
+    if op_changed(rank0) or not judged:
         # started now, or running but never judged (a run cut short after the start, an older sparkfold): judged
         # like any new pair before it may become the last good one
         plan = read_pair_plan(s, worker, image, template)
@@ -266,12 +275,16 @@ def _runs_last_good(rank: int, found: RankInputsDict) -> bool:
 
 
 @operation()
-def generations_kept(s: Settings, peer: Host, image: str, template: str):
+def generations_kept(s: Settings, peer: Host, image: str, template: str, started: Any = None,
+                     handoff: CheckedPlan | None = None):
     """Once a new pair passed its gate: its generation recorded on this Spark as the last good one, then what no
     kept generation uses removed (keep_generations of them and the serving one): weight folders, kit versions, ABLIT
     packs, the engine images sparkfold built, old records. Only then: a run that switched nothing (or rolled back)
     removes nothing. Never a folder moved aside (replaced-*), a symlink, an image a container uses, or an image
     sparkfold did not build."""
+    if started is not None and not op_changed(started) and handoff is not None and handoff.runs_last_good(s.rank):
+        host.noop("this rank runs the last good generation")  # nothing started since the check: asked nothing
+        return
     mine = host.get_fact(RankInputs, **rank_inputs_args(s, image))
     if _runs_last_good(s.rank, mine):  # a run that switched nothing: the peer need not be asked
         host.noop("this rank runs the last good generation")
@@ -330,12 +343,13 @@ def ranks_serving(s: Settings) -> None:
     stale_pair_stopped(name="Stop the stale pair (logs saved first)", pause_units=pause,
                        notes=notes if s.is_head else None, handoff=handoff, **pair)
     if not s.is_head:
-        rank_started(name="Start rank 1 (worker)", **pair)
+        started = rank_started(name="Start rank 1 (worker)", **pair)
     if s.is_head:
-        rank0 = rank_started(name="Start rank 0 (head)", **pair)
+        started = rank_started(name="Start rank 0 (head)", **pair)
         pair_serving(name="Rank 0's API: wait, smoke test through both ranks, LIVE (or roll back)", s=s, worker=peer,
-                     image=pair["image"], template=pair["template"], rank0=rank0, notes=notes)
-    generations_kept(name="The serving generation recorded; old generations pruned", **pair)
+                     image=pair["image"], template=pair["template"], rank0=started, notes=notes, handoff=handoff)
+    generations_kept(name="The serving generation recorded; old generations pruned", started=started,
+                     handoff=handoff, **pair)
 
 
 def start_ready_problem(where: str, spec: Any, ready: Mapping[str, Any]) -> str | None:

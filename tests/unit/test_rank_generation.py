@@ -257,3 +257,21 @@ def test_rollback_with_nothing_serving_starts_the_last_good_generation():
     stopped = inputs_with_records(HS, {}, good(EARLIER, 1), good(SERVING, 2), last_good=SERVING.id)
     cmds, _ = rollback_op(stopped, inputs_with_records(WS, {}), READY, READY)
     assert len(cmds) == 1 and f"id='{SERVING.id}'" in cmds[0] and f"id='{EARLIER.id}'" not in cmds[0]
+
+
+def test_nothing_started_since_the_check_asks_nothing():
+    from types import SimpleNamespace
+    checked = ranks.CheckedPlan()
+    recorded = good(SERVING, 3)
+    _cmds, _host = run_op(ranks.pair_checked, {RankInputs: running_pair(HS, recorded, last_good=SERVING.id)},
+                          executing=True, s=HS, peer=FakeHost({RankInputs: running_pair(WS)}, name="peer"),
+                          image=IMAGE, template=TEMPLATE, handoff=checked)
+    idle = SimpleNamespace(is_complete=lambda: True, did_change=lambda: False, will_change=False)
+    cmds, host = run_op(ranks.generations_kept, {}, executing=True, s=HS, peer=FakeHost({}, name="peer"),
+                        image=IMAGE, template=TEMPLATE, started=idle, handoff=checked)
+    assert cmds == [] and host.fact_calls == [] and host.noops == ["this rank runs the last good generation"]
+    started = SimpleNamespace(is_complete=lambda: True, did_change=lambda: True, will_change=True)
+    facts = {RankInputs: running_pair(HS, recorded, last_good=SERVING.id)}
+    cmds, host = run_op(ranks.generations_kept, facts, executing=True, s=HS, peer=FakeHost({}, name="peer"),
+                        image=IMAGE, template=TEMPLATE, started=started, handoff=checked)
+    assert host.fact_calls  # started in this run: this Spark is asked again

@@ -362,7 +362,7 @@ def test_the_stop_judges_the_checked_plan_without_asking_again():
     assert handoff.plan is not None and not handoff.plan.stale
     cmds, stopped = run(ranks.stale_pair_stopped, HS, {}, {}, handoff=handoff)  # no inputs: the plan is data
     assert cmds == [] and stopped.fact_calls == [] and stopped.noops == ["both ranks run the wanted spec"]
-    assert handoff.plan is None  # taken once: a later pass reads the Sparks again
+    assert handoff.plan is not None  # kept for the API check and the record (pair_checked sets it each pass)
 
 
 def test_the_pair_step_hands_the_checked_plan_to_the_stop(monkeypatch):
@@ -370,5 +370,6 @@ def test_the_pair_step_hands_the_checked_plan_to_the_stop(monkeypatch):
     calls, head_host, _worker_host = _recording(monkeypatch)
     with ctx_host.use(head_host):
         ranks.ranks_serving._inner(HS)
-    handoffs = {kind: kw.get("handoff") for kind, kw in calls if kind in ("pair_checked", "stale_pair_stopped")}
-    assert handoffs["pair_checked"] is handoffs["stale_pair_stopped"] is not None
+    kinds = ("pair_checked", "stale_pair_stopped", "pair_serving", "generations_kept")
+    handoffs = {kind: kw.get("handoff") for kind, kw in calls if kind in kinds}
+    assert len(handoffs) == 4 and len({id(h) for h in handoffs.values()}) == 1 and handoffs["pair_checked"]
