@@ -32,9 +32,9 @@ from operations.layout import SUPERVISOR_UNIT, unit_path
 from operations.owned.files import file_put
 from operations.rank import serving, switch
 from operations.rank.commands import removal_commands, start_commands
-from operations.rank.generation import LAST_GOOD, Generation, Switch, prune_plan, read_records
+from operations.rank.generation import LAST_GOOD, Generation, Switch, prune_plan, read_records, runs_last_good
 from operations.rank.plan import KEEP, REFUSED, START, PairPlan, foreign, pair_plan, rank_inputs_args
-from operations.rank.spec import CHAT_TEMPLATE, LABEL_HASH, template_digest
+from operations.rank.spec import CHAT_TEMPLATE, template_digest
 from operations.rank.switch import SwitchNotes
 from operations.settings import Settings
 from operations.settings.context import peer_host
@@ -81,10 +81,7 @@ class CheckedPlan:
         """The checked pair's `rank` ran its part of the recorded last good generation (False when not known)."""
         if self.plan is None:
             return False
-        records, container = self.plan.records[rank], self.plan.rank(rank).container
-        last = records.get(records.last_good)
-        label = (container.get("labels") or {}).get(LABEL_HASH) if container.get("running") else None
-        return bool(last and last.good_at and label == last.specs[rank].spec_hash())
+        return runs_last_good(self.plan.records[rank], self.plan.rank(rank).container, rank)
 
 
 @operation()
@@ -268,10 +265,7 @@ def _runs_last_good(rank: int, found: RankInputsDict) -> bool:
     """This Spark's rank runs its part of the recorded last good generation (a pair is recreated together, so the
     peer's rank runs its part too)."""
     kept = found.get("generations") or {"files": {}, "last_good": ""}
-    records = read_records(kept["files"], kept["last_good"])
-    last = records.get(records.last_good)
-    label = (found["container"].get("labels") or {}).get(LABEL_HASH) if found["container"].get("running") else None
-    return bool(last and last.good_at and label == last.specs[rank].spec_hash())
+    return runs_last_good(read_records(kept["files"], kept["last_good"]), found["container"], rank)
 
 
 @operation()

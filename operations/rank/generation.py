@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from operations.layout import InContainer
-from operations.rank.spec import ContainerSpec
+from operations.rank.spec import LABEL_HASH, ContainerSpec
 
 RECORD_KIND = "sparkfold-generation"
 LAST_GOOD = "last-good"
@@ -133,6 +133,14 @@ def read_records(files: Mapping[str, str], last_good: str) -> Records:
     found = [g for name, text in sorted(files.items()) if name.endswith(".json")
              for g in [read_record(text)] if g is not None and name == f"{g.id}.json"]
     return Records(tuple(found), last_good.strip())
+
+
+def runs_last_good(records: Records, container: Mapping[str, Any], rank: int) -> bool:
+    """`container` (a rank's inspect) runs rank `rank`'s part of the recorded last good generation (a pair is
+    recreated together, so the other rank runs its part too)."""
+    last = records.get(records.last_good)
+    label = (container.get("labels") or {}).get(LABEL_HASH) if container.get("running") else None
+    return bool(last and last.good_at and label == last.specs[rank].spec_hash())
 
 
 def kept(records: Records, keep: int, also: Sequence[str]) -> set[str]:
