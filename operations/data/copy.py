@@ -6,7 +6,6 @@ the list's own sha256) it was computed for, and the facts compare only those che
 
 from __future__ import annotations
 
-import hashlib
 import posixpath
 import re
 import shlex
@@ -22,6 +21,7 @@ from operations.remote.progress_command import TICK_S, LiveCommand, progress_com
 from operations.util import check_failed
 from operations.util.checks import warned
 from operations.util.hf_cache import PARTIAL_SUFFIX
+from operations.util.listing import listing_digest
 from operations.util.peer_ssh import ssh_prefix
 
 MARKER = ".sparkfold-verified"
@@ -44,12 +44,6 @@ def is_bookkeeping(path: str) -> bool:
     compared."""
     name = path.rsplit("/", 1)[-1]
     return path.startswith(".cache/") or name.startswith(".sparkfold-") or name.endswith(PARTIAL_SUFFIX)
-
-
-def listing_digest(files: dict, names, extra: str = "") -> str:
-    """sha256 over `extra` and the (size, mtime) of the named files: what a marker or state file records."""
-    lines = [extra] + [f"{n}\t{files.get(n)}" for n in sorted(names)]
-    return hashlib.sha256("\n".join(lines).encode()).hexdigest()
 
 
 def space_problem(free, need: int, where: str, what: str) -> str | None:

@@ -15,18 +15,12 @@ from typing import ClassVar, TypedDict, TypeVar
 from pyinfra.api import FactBase
 
 from operations.util import sh
+from operations.util.listing import LISTING_FIND as _LISTING
+from operations.util.listing import Listing
+from operations.util.listing import parse_listing_line as _parse_listing_line
 from operations.util.peer_ssh import ssh_prefix
 
 T = TypeVar("T")
-Listing = dict[str, list[int]]  # relative path -> [size, mtime seconds]
-
-_LISTING = "-type f -printf '%P\\t%s\\t%T@\\n'"  # path, size, mtime: what rsync -a keeps
-
-
-def _parse_listing_line(line: str, files: Listing) -> None:
-    parts = line.split("\t")
-    if len(parts) == 3 and parts[1].isdigit():
-        files[parts[0]] = [int(parts[1]), int(float(parts[2]))]
 
 
 def _nearest_existing(path: str) -> str:
