@@ -25,14 +25,12 @@ from pyinfra.api import FactBase, QuoteString, StringCommand, deploy, operation
 from operations.layout import RUN_LOCK
 from operations.settings import Settings
 from operations.util import check_failed, sh, warned
+from operations.util.session import FIND_SESSION, STAT_FUNCTIONS
 
 RUN_ID = uuid.uuid4().hex[:12]  # one per controller process: both Sparks see the same run
 HOLDER = f"{getpass.getuser()}@{socket.gethostname()} (pid {os.getpid()})"
 BOOT_ID = "/proc/sys/kernel/random/boot_id"
-# sh functions: a process's start time (field 22 of /proc/<pid>/stat) and its parent (field 4); the fields are
-# counted after the last ')', as the name in field 2 may hold spaces and parentheses
-_STAT = ("stat_field() { sed 's/.*) //' /proc/$1/stat 2>/dev/null | awk -v n=$2 '{print $(n - 2)}'; }; "
-         "start_of() { stat_field $1 22; }; ")
+_STAT = STAT_FUNCTIONS  # start_of and stat_field (operations/util/session.py)
 # "1" when the lock's recorded process still runs: $o pid, $b boot id, $t start time (an older lock records no
 # boot id or start time: its pid alone decides); pid 0 or none is never alive
 _JUDGE = ('alive=0; case "$o" in ""|0|*[!0-9]*) ;; *) if [ -z "$b" ] || [ "$b" = "$(cat ' + BOOT_ID +
@@ -81,9 +79,7 @@ def _take_command(path: str) -> str:
     outermost ancestor of this shell below init (the daemon that took the connection: the lock then lasts until a
     reboot or that daemon's restart, or until this run releases it). Never pid 0. With it its start time and the
     boot id, so a pid reused after a reboot or by another process does not keep the lock."""
-    find_session = ('p=$$; top=$$; while [ "$p" -gt 1 ]; do case "$(cat /proc/$p/comm 2>/dev/null)" in '
-                    'sshd|sshd-session|dropbear) break;; esac; top=$p; p=$(stat_field $p 4); [ -n "$p" ] || p=1; '
-                    'done; [ "$p" -gt 1 ] || p=$top')
+    find_session = FIND_SESSION
     field = "sed -n 's/^{}=//p' " + sh(path)
     held = (f"if [ -f {sh(path)} ]; then r=$({field.format('run')}); o=$({field.format('pid')}); "
             f"b=$({field.format('boot')}); t=$({field.format('start')}); {_JUDGE}; "
