@@ -189,6 +189,11 @@ class Layout:
         written by image.engine_capabilities_checked, read by facts/docker.EngineCapabilities."""
         return f"{self.state_dir}/capabilities"
 
+    @property
+    def streams(self) -> str:
+        """The background streams' state, one folder each (operations/streams): the ssh user's, mode 0700."""
+        return f"{self.state_dir}/streams"
+
     def relative_to_cache(self, path: str) -> str:
         """`path` (inside hf_cache) as the container sees it under InContainer.HF."""
         return f"{InContainer.HF}/{posixpath.relpath(path, self.hf_cache)}"

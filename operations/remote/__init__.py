@@ -8,12 +8,14 @@ from pathlib import Path
 
 _HERE = Path(__file__).resolve().parent
 _PARTS = {"hf_plan": ["hf_cache", "hf_plan"], "hf_fetch": ["hf_cache", "hf_plan", "hf_fetch"],
-          "progress": ["progress"], "link_copy": ["link_copy"]}
+          "progress": ["progress"], "link_copy": ["link_copy"], "folder_marker": ["listing", "folder_marker"],
+          "stream_wait": ["progress", "stream_wait"]}
+_UTIL = ("hf_cache", "listing")  # operations/util modules sent in front of a script
 _DELIMITER = "SPARKFOLD_PY_EOF"
 
 
 def _source(module: str) -> str:
-    path = _HERE.parent / "util" / "hf_cache.py" if module == "hf_cache" else _HERE / f"{module}.py"
+    path = _HERE.parent / "util" / f"{module}.py" if module in _UTIL else _HERE / f"{module}.py"
     lines = path.read_text().splitlines()
     # one `from __future__` at the top of the bundle; a later one would be a SyntaxError
     return "\n".join(line for line in lines if line.strip() != "from __future__ import annotations")

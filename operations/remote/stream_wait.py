@@ -1,0 +1,195 @@
+"""Wait on a Spark for a run's background streams (operations/streams), relaying their lines, then a summary.
+
+    stream_wait.py ROOT RUN
+
+Each stream's own lines (its progress runner's: one plain line every 10 s, naming the work) are printed as they
+appear in its log, so every stream keeps its own line while they all run. When one fails, that is said at once and
+the others go on (what they make is kept); at the end one line per stream gives its time (and how long it waited
+for the streams it reads), then the critical path: the chain of streams, each waiting for the one before, whose
+times add up to the most, the least the work could take however much runs at once. Exit 1 when a stream failed or
+was stopped. Sent to the Spark after operations/remote/progress.py (its `clock`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the same module as below, named so mypy can follow it
+    from operations.remote.progress import clock
+if not globals().get("_BUNDLED"):  # run from a checkout
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from progress import clock  # type: ignore[no-redef]
+
+BOOT_ID = "/proc/sys/kernel/random/boot_id"
+FIELDS = ("run", "lane", "label", "after", "queued", "began", "ended", "rc", "pid", "boot", "pstart")
+
+
+def _read(folder: str, name: str) -> str | None:
+    try:
+        with open(os.path.join(folder, name), errors="replace") as f:
+            return f.read().strip()
+    except OSError:
+        return None
+
+
+def _number(text: str | None) -> float | None:
+    try:
+        return float(text) if text else None
+    except ValueError:
+        return None
+
+
+def start_time(pid: str) -> str | None:
+    """Field 22 of /proc/<pid>/stat (counted after the name, which may hold spaces), None when there is no such
+    process."""
+    try:
+        with open(f"/proc/{int(pid)}/stat") as f:
+            rest = f.read().rsplit(")", 1)[1].split()
+        return rest[19]
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def read_stream(folder: str) -> dict:
+    raw = {name: _read(folder, name) for name in FIELDS}
+    boot = _read("/", BOOT_ID.lstrip("/"))
+    alive = bool(raw["pid"] and raw["pstart"] and raw["boot"] == boot and start_time(raw["pid"]) == raw["pstart"])
+    rc = raw["rc"]
+    return {"run": raw["run"] or "", "lane": raw["lane"] or "", "label": raw["label"] or os.path.basename(folder),
+            "after": (raw["after"] or "").split(), "queued": _number(raw["queued"]), "began": _number(raw["began"]),
+            "ended": _number(raw["ended"]), "rc": int(rc) if rc and rc.lstrip("-").isdigit() else None,
+            "alive": alive}
+
+
+def streams_of_run(root: str, run: str) -> dict[str, dict]:
+    """{name: stream} of the streams under root that belong to `run`, in the order they were started."""
+    found = {}
+    for name in sorted(os.listdir(root)) if os.path.isdir(root) else []:
+        folder = os.path.join(root, name)
+        if os.path.isdir(folder) and _read(folder, "run") == run:
+            found[name] = read_stream(folder)
+    return dict(sorted(found.items(), key=lambda item: (item[1]["queued"] or 0, item[0])))
+
+
+def finished(stream: dict) -> bool:
+    return stream["rc"] is not None or not stream["alive"]
+
+
+def took(stream: dict) -> float | None:
+    if stream["began"] is None or stream["ended"] is None:
+        return None
+    return max(stream["ended"] - stream["began"], 0.0)
+
+
+def critical_path(streams: dict[str, dict]) -> tuple[float, list[str]]:
+    """(seconds, names): the chain through `after` whose streams' own times (waits left out) add up to the most."""
+    best: dict[str, tuple[float, list[str]]] = {}
+
+    def chain(name: str, seen: tuple[str, ...] = ()) -> tuple[float, list[str]]:
+        if name not in best:
+            stream = streams[name]
+            before = [chain(a, seen + (name,)) for a in stream["after"] if a in streams and a not in seen]
+            head = max(before, key=lambda c: c[0], default=(0.0, []))
+            best[name] = (head[0] + (took(stream) or 0.0), head[1] + [name])
+        return best[name]
+
+    ends = [chain(name) for name in streams]
+    return max(ends, key=lambda c: c[0], default=(0.0, []))
+
+
+def summary_lines(streams: dict[str, dict]) -> list[str]:
+    """One line per stream (its time, its wait, how it ended), then the wall time and the critical path."""
+    lines = []
+    for stream in streams.values():
+        own = took(stream)
+        text = f"{stream['label']}: " + (clock(own) if own is not None else "did not start")
+        if stream["began"] is not None and stream["queued"] is not None and stream["began"] - stream["queued"] >= 1:
+            text += f" (after waiting {clock(stream['began'] - stream['queued'])})"
+        if stream["rc"] not in (0, None):
+            text += f", failed (exit {stream['rc']})"
+        elif stream["rc"] is None:
+            text += ", stopped"
+        lines.append(f"background {stream['lane'] or 'work'}: {text}")
+    starts = [s["queued"] for s in streams.values() if s["queued"] is not None]
+    ends = [s["ended"] for s in streams.values() if s["ended"] is not None]
+    seconds, names = critical_path(streams)
+    if starts and ends and names:
+        path = " → ".join(f"{streams[n]['label']} ({clock(took(streams[n]) or 0)})" for n in names)
+        lines.append(f"background work: {len(streams)} streams in {clock(max(ends) - min(starts))}; "
+                     f"critical path {clock(seconds)}: {path}")
+    return lines
+
+
+class Relay:
+    """The new complete lines of each stream's log, carriage returns made newlines."""
+
+    def __init__(self) -> None:
+        self.offsets: dict[str, int] = {}
+        self.partial: dict[str, str] = {}
+
+    def new_lines(self, folder: str) -> list[str]:
+        path = os.path.join(folder, "log")
+        try:
+            with open(path, "rb") as f:
+                f.seek(self.offsets.get(folder, 0))
+                data = f.read()
+        except OSError:
+            return []
+        self.offsets[folder] = self.offsets.get(folder, 0) + len(data)
+        text = self.partial.get(folder, "") + data.decode("utf-8", "replace").replace("\r", "\n")
+        *lines, self.partial[folder] = text.split("\n")
+        return [line for line in lines if line.strip()]
+
+    def rest(self, folder: str) -> list[str]:
+        left = self.partial.pop(folder, "").strip()
+        return [left] if left else []
+
+
+def wait(root: str, run: str, poll: float = 0.5, out=None) -> int:
+    out = out or sys.stdout
+    relay, reported = Relay(), set()
+
+    def say(line: str) -> None:
+        print(line, file=out, flush=True)
+
+    while True:
+        streams = streams_of_run(root, run)
+        for name, stream in streams.items():
+            folder = os.path.join(root, name)
+            for line in relay.new_lines(folder) + (relay.rest(folder) if finished(stream) else []):
+                say(line)
+            if finished(stream) and stream["rc"] != 0 and name not in reported:
+                reported.add(name)
+                how = f"failed (exit {stream['rc']})" if stream["rc"] is not None else "stopped"
+                say(f"sparkfold: {stream['label']} {how}; the other background work goes on")
+        if all(finished(s) for s in streams.values()):
+            break
+        time.sleep(poll)
+    for line in summary_lines(streams):
+        say(line)
+    failed = [s["label"] for s in streams.values() if s["rc"] != 0]
+    if failed:
+        print(f"sparkfold: background work did not finish: {', '.join(failed)} (the lines above say why); what is "
+              "whole is kept, and the next run resumes the rest", file=sys.stderr, flush=True)
+        return 1
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="wait for a run's background streams, relaying their lines")
+    parser.add_argument("root")
+    parser.add_argument("run")
+    parser.add_argument("--poll", type=float, default=0.5)
+    args = parser.parse_args(argv)
+    try:
+        return wait(args.root, args.run, args.poll)
+    except BrokenPipeError:  # the run that waits is gone: its streams' watchdogs end them
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
