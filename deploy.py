@@ -9,16 +9,17 @@ from operations.api_key import api_key
 from operations.docker_runtime import docker_runtime
 from operations.folders import folders
 from operations.gpu_clock import gpu_clock
-from operations.image import engine_image
+from operations.image import engine_image, engine_image_checked
 from operations.link import link
 from operations.memguard import memguard
-from operations.model_data import model_data
+from operations.model_data import model_data, model_data_checked
 from operations.nfs import nfs
 from operations.preflight import preflight
 from operations.ranks import ranks_serving
 from operations.run_lock import locked, unlocked
 from operations.settings import passthrough_note
 from operations.settings.context import current_settings, refuse_part_of_pair
+from operations.streams import streams_finished
 from operations.supervise import supervision
 from operations.util.barrier import both_sparks_reached
 
@@ -42,9 +43,14 @@ link(s=s)
 nfs(s=s)
 both_sparks_reached(name="Host preparation done on both Sparks", step="host preparation")
 
-# 7-8. what the ranks load
+# 7-8. what the ranks load. The long work runs in the background on the Sparks (operations/streams), each piece as
+# soon as what it reads is whole: the image build and its ship, the downloads, the weight files, the copies to the
+# worker (verified there as they land). Awaited together, one progress line each; then the checks.
 engine_image(s=s)
 model_data(s=s)
+streams_finished(s=s)
+engine_image_checked(s=s)
+model_data_checked(s=s)
 both_sparks_reached(name="Data in place on both Sparks", step="the data")
 
 # 9. guards and keys (the supervisor comes last, once the pair serves)

@@ -20,7 +20,7 @@ from pyinfra.api import FileUploadCommand, deploy, operation
 from pyinfra.operations import docker
 
 from operations.build import image_hash as content
-from operations.build.image_hash import HASH_LABEL, computed_hash, image_ref
+from operations.build.image_hash import HASH_LABEL, IMAGE_STREAM, computed_hash, image_ref
 from operations.facts.docker import (
     CapabilitiesDict,
     DockerImageInfo,
@@ -30,6 +30,7 @@ from operations.facts.docker import (
 )
 from operations.remote.progress_command import progress_command
 from operations.settings import PREBUILT_REFERENCE, Settings
+from operations.streams import Stream, background
 from operations.util import check_failed, failing_shell, sh
 from operations.util.fact_reuse import fact_until_change
 from operations.util.peer_ssh import ssh_words
@@ -112,29 +113,63 @@ def _ssh(target: str, remote_command: str) -> str:
     return sh(*ssh_words(), target, remote_command)
 
 
-# --- operations ---
-
-
-@operation()
-def engine_image_built(image: str, image_hash: str, context_dir: str, files: list[str], build_args: dict,
-                       build_dir: str):
-    """Build `image` (tag = content hash) on this host from `files` of `context_dir`, uploaded to `build_dir`.
-    Skipped when the tag exists carrying the same hash label."""
-    have = fact_until_change(host, DockerImageInfo, image=image)
-    if have and have["labels"].get(HASH_LABEL) == image_hash:
-        host.noop(f"engine image {image} is already built")
-        return
-    # A fresh directory per hash: the context holds exactly the files hashed.
-    dirs = sorted({build_dir} | {posixpath.join(build_dir, posixpath.dirname(f)) for f in files if "/" in f})
-    yield f"rm -rf {sh(build_dir)} && mkdir -p {sh(*dirs)}"
-    for rel in files:
-        yield FileUploadCommand(str(Path(context_dir) / rel), posixpath.join(build_dir, rel))
+def build_command(image: str, image_hash: str, build_args: dict, build_dir: str) -> str:
+    """docker build of build_dir as `image`, labelled with its hash, with a progress line every few seconds (the
+    classic builder's "Step N/M", BuildKit's "#N [k/m]")."""
     words = ["docker", "build"]
     for name, value in sorted({**build_args, "IMAGE_HASH": image_hash}.items()):
         words += ["--build-arg", f"{name}={value}"]
     words += ["--label", f"{HASH_LABEL}={image_hash}", "-t", image, build_dir]
-    # the newest build step (the classic builder's "Step N/M", BuildKit's "#N [k/m]") every few seconds
-    yield progress_command(f"build {image}", sh(*words), latest=BUILD_STEP)
+    return progress_command(f"build {image}", sh(*words), latest=BUILD_STEP).get_raw_value()
+
+
+def ship_commands(image: str, worker_ssh: str, total: int = 0) -> list[str]:
+    """Stream `image` from this host (the head) to the worker (`total`: its size, when known), then check both hold
+    the same image; only the Spark can tell, after the transfer: the failure is a branch of the verifying script."""
+    img = sh(image)
+    # the bytes relayed from docker save to the worker's docker load, every few seconds
+    send = progress_command(f"ship {image} to the worker",
+                            relay=(f"docker save {img}", _ssh(worker_ssh, "docker load")), total=total)
+    fmt = sh(_IDENTITY_FORMAT)
+    remote = _ssh(worker_ssh, sh("docker", "image", "inspect", "-f", _IDENTITY_FORMAT, image))
+    mismatch = failing_shell("the image on the worker", f"after shipping, the worker's {image} still differs from "
+                             "the head's; check the worker's free space under Docker's root and rerun the deploy")
+    return [send.get_raw_value(), (
+        f"h=$(docker image inspect -f {fmt} {img} 2>/dev/null); w=$({remote} 2>/dev/null); "
+        f"if [ -n \"$w\" ] && {{ [ \"${{h%% *}}\" = \"${{w%% *}}\" ] || [ \"${{h#* }}\" = \"${{w#* }}\" ]; }}; "
+        f"then echo \"sparkfold: the worker has {image}\"; else {mismatch}; fi"
+    )]
+
+
+# --- operations ---
+
+
+def _built(image: str, image_hash: str) -> bool:
+    have = fact_until_change(host, DockerImageInfo, image=image)
+    return bool(have) and have["labels"].get(HASH_LABEL) == image_hash
+
+
+@operation()
+def engine_context_uploaded(image: str, image_hash: str, context_dir: str, files: list[str], build_dir: str):
+    """`files` of `context_dir` uploaded to `build_dir`, a fresh folder per hash holding exactly the files hashed,
+    unless `image` is built already (the tag exists carrying the same hash label)."""
+    if _built(image, image_hash):
+        host.noop(f"engine image {image} is already built: no build context needed")
+        return
+    dirs = sorted({build_dir} | {posixpath.join(build_dir, posixpath.dirname(f)) for f in files if "/" in f})
+    yield f"rm -rf {sh(build_dir)} && mkdir -p {sh(*dirs)}"
+    for rel in files:
+        yield FileUploadCommand(str(Path(context_dir) / rel), posixpath.join(build_dir, rel))
+
+
+@operation()
+def engine_image_built(image: str, image_hash: str, build_args: dict, build_dir: str):
+    """Build `image` (tag = content hash) on this host from the context in `build_dir` (engine_context_uploaded).
+    Skipped when the tag exists carrying the same hash label."""
+    if _built(image, image_hash):
+        host.noop(f"engine image {image} is already built")
+        return
+    yield build_command(image, image_hash, build_args, build_dir)
 
 
 @operation()
@@ -150,20 +185,7 @@ def engine_image_shipped(image: str, worker_ssh: str):
                                "have made it: rerun the deploy and read the build's output"]
     if (yield from check_failed("the image on the worker", missing, settled=False)):
         return
-    img = sh(image)
-    # the bytes relayed from docker save to the worker's docker load, every few seconds
-    yield progress_command(f"ship {image} to the worker", relay=(f"docker save {img}", _ssh(worker_ssh, "docker load")),
-                           total=here.get("size") or 0)
-    fmt = sh(_IDENTITY_FORMAT)
-    remote = _ssh(worker_ssh, sh("docker", "image", "inspect", "-f", _IDENTITY_FORMAT, image))
-    # only the Spark can tell, after the transfer: the failure is a branch of the verifying script
-    mismatch = failing_shell("the image on the worker", f"after shipping, the worker's {image} still differs from "
-                             "the head's; check the worker's free space under Docker's root and rerun the deploy")
-    yield (
-        f"h=$(docker image inspect -f {fmt} {img} 2>/dev/null); w=$({remote} 2>/dev/null); "
-        f"if [ -n \"$w\" ] && {{ [ \"${{h%% *}}\" = \"${{w%% *}}\" ] || [ \"${{h#* }}\" = \"${{w#* }}\" ]; }}; "
-        f"then echo \"sparkfold: the worker has {image}\"; else {mismatch}; fi"
-    )
+    yield from ship_commands(image, worker_ssh, here.get("size") or 0)
 
 
 @operation()
@@ -206,26 +228,32 @@ def engine_capabilities_checked(image: str, cache_dir: str):
 
 @deploy("The engine image")
 def engine_image(s: Settings) -> None:
-    """The engine image on this Spark (build + ship on the head, or pull the prebuilt one), then its
-    capabilities. Docker commands run as the ssh user (group docker): no sudo."""
-    ref = image_ref(s)
+    """The engine image made in the background (operations/streams): built on the head from its context and shipped
+    to the worker as soon as it is built, or the prebuilt one pulled on both; awaited with the data
+    (streams_finished), then checked (engine_image_checked). Docker commands run as the ssh user (group docker)."""
+    ref, root = image_ref(s), s.layout.streams
     if s.prebuilt_image:
-        prebuilt_image_pulled(name=f"pull {ref}", reference=s.prebuilt_image)
+        background(Stream(IMAGE_STREAM, "build", f"pull {ref}", root), name=f"pull {ref} (in the background)",
+                   work=[(prebuilt_image_pulled, {"reference": s.prebuilt_image})])
     elif s.is_head:
         digest = computed_hash(s)
-        engine_image_built(
-            name=f"build {ref} on the head",
-            image=ref,
-            image_hash=digest,
-            context_dir=str(s.engine_context_path),
-            files=content.context_files(s.engine_context_path),
-            build_args=content.build_args(s),
-            build_dir=s.layout.build_dir(digest),
-        )
-        engine_image_shipped(
-            name=f"ship {ref} to the worker ({s.worker_link_ssh})",
-            image=ref,
-            worker_ssh=s.worker_link_ssh,
-        )
+        build_dir = s.layout.build_dir(digest)
+        engine_context_uploaded(name=f"build context of {ref} on the head", image=ref, image_hash=digest,
+                                context_dir=str(s.engine_context_path),
+                                files=content.context_files(s.engine_context_path), build_dir=build_dir)
+        built = {"image": ref, "image_hash": digest, "build_args": content.build_args(s), "build_dir": build_dir}
+        build = background(Stream(IMAGE_STREAM, "build", f"build {ref}", root),
+                           name=f"build {ref} on the head (in the background)", work=[(engine_image_built, built)])
+        shipped = {"image": ref, "worker_ssh": s.worker_link_ssh}
+        background(Stream("image-to-worker", "to worker", f"ship {ref} to the worker", root, after=(IMAGE_STREAM,),
+                          commands=tuple(ship_commands(ref, s.worker_link_ssh))),
+                   name=f"ship {ref} to the worker ({s.worker_link_ssh}) (in the background)", upstream=[build],
+                   work=[(engine_image_shipped, shipped)])
+
+
+@deploy("The engine image, checked")
+def engine_image_checked(s: Settings) -> None:
+    """Once the background work is done: the engine's capabilities, read from the image and kept by its id."""
+    ref = image_ref(s)
     engine_capabilities_checked(name=f"read the capabilities of {ref}", image=ref,
                                 cache_dir=s.layout.capabilities_cache)

@@ -20,8 +20,8 @@ from pyinfra.facts.files import Sha256File
 
 from operations.build.image_hash import image_ref
 from operations.data import ablit, weights
+from operations.data import background as background_data
 from operations.data.copy import (
-    checksums_written,
     folder_placed,
     folder_to_peer,
     folder_verified,
@@ -35,6 +35,7 @@ from operations.facts.model import HfHubPython, HfPlanDict, hf_plan
 from operations.remote import heredoc_command
 from operations.remote.progress_command import TICK_S, progress_command
 from operations.settings import Settings
+from operations.streams import Stream, background
 from operations.util import check_failed
 from operations.util.barrier import both_sparks_reached
 from operations.util.hf_cache import repo_folder_name
@@ -148,9 +149,20 @@ def _plan(args: dict) -> HfPlanDict:
 
 @deploy("The model data")
 def model_data(s: Settings) -> None:
-    """Checkpoint, Engram, kit, token map and weight files: head part on the head, worker part on the worker."""
+    """The head's long work started in the background (operations/streams, operations/data/background.py), each
+    piece as soon as what it reads is whole; the small steps run here. streams_finished awaits it all, then
+    model_data_checked."""
     if s.is_head:
         _head(s, image_ref(s))
+
+
+@deploy("The model data, checked")
+def model_data_checked(s: Settings) -> None:
+    """Once the background work is done: what reads the whole checkpoint (the served snapshot, rank 0's weight
+    folder, the ABLIT path), then the worker's copies verified (the streams verify them as they land: these find
+    them verified, or verify what a resumed run left)."""
+    if s.is_head:
+        _head_checked(s, image_ref(s))
     both_sparks_reached(name="Model data: the head's downloads and copies are done", step="the head's part")
     if not s.is_head:
         _worker(s)
@@ -166,45 +178,70 @@ def _fetch(s, label, repo, revision, **where):
 
 
 def _head(s, image_ref: str) -> None:
-    layout = s.layout
+    layout, root = s.layout, s.layout.streams
     hf_python_ready(name="huggingface_hub on the head", python=hub_python(s), venv="" if s.hf_python else layout.venv)
     hf_token_file(name="Hugging Face token file (0600)", path=layout.hf_token, token=s.hf_token)
 
-    name, args = _fetch(s, "Checkpoint", s.active_model_repo, s.active_model_revision, cache_dir=layout.hub)
-    hf_snapshot(name=name, expect_model_type=MODEL_TYPE, **args)
-    weights.served_symlink(s)
-
+    # the downloads one after the other, each with the whole of the link to the Hub: the Engram tables first, so
+    # their copy to the worker runs while the checkpoint downloads
     name, args = _fetch(s, "Engram tables", s.engram_repo, s.engram_revision, local_dir=layout.engram,
                         include=s.engram_files)
-    hf_snapshot(name=name, **args)
-    checksums_written(name="Engram SHA256SUMS (once)", folder=layout.engram, files=list(s.engram_files),
-                      what="the Engram tables")
+    engram = background(Stream("engram", "download", "the Engram tables download", root), name=name,
+                        work=[(hf_snapshot, args)])
+    background_data.engram_streams(s, engram, _plan(_plan_args(args)).get("total_bytes") or 0)
+    name, args = _fetch(s, "Checkpoint", s.active_model_repo, s.active_model_revision, cache_dir=layout.hub)
+    checkpoint = background(Stream("checkpoint", "download", "the checkpoint download", root, after=("engram",)),
+                            name=name, work=[(hf_snapshot, dict(args, expect_model_type=MODEL_TYPE))])
+    plan = _plan(_plan_args(args))
 
+    # the kit is small: here, placed and checked before it is copied
     name, args = _fetch(s, "Kernel kit", s.kit_repo, s.kit_revision, local_dir=layout.kit_src, include=["kit/*"])
     hf_snapshot(name=name, **args)
     folder_placed(name="Kit at data_dir/kit", src=f"{layout.kit_src}/kit", dest=layout.kit, what="the kit")
     folder_verified(name="Kit matches its MANIFEST (head)", folder=layout.kit, sums="MANIFEST", what="the kit",
                     generated_fix=KIT_GENERATED_FIX)
+    background_data.kit_streams(s, _plan(_plan_args(args)).get("total_bytes") or 0)
 
+    if not s.ablit:  # with ABLIT the weight files are made from the overlay, after the checkpoint (_head_checked)
+        background_data.weight_streams(s, checkpoint, plan, image_ref)
+    if s.worker_weights == "copy":
+        repo_dir, dest = layout.model_folder, s.worker.layout.model_folder
+        blobs = background(
+            Stream("blob-list", "hash", "the checkpoint's blob list", root, after=("checkpoint",),
+                   commands=(blob_sums_command(repo_dir),)),
+            name="Checkpoint blob list (for the worker copy, in the background)", upstream=[checkpoint],
+            work=[(blob_sums_written, {"repo_dir": repo_dir})])
+        total = plan.get("total_bytes") or 0
+        copied = background(
+            Stream("checkpoint-to-worker", "to worker", "the checkpoint to the worker", root, after=("blob-list",),
+                   commands=tuple(background_data.copy_commands(repo_dir, s.worker_link_ssh, dest, "the checkpoint",
+                                                                total, ("--copy-unsafe-links",)))),
+            name="Checkpoint to the worker (copy, in the background)", upstream=[checkpoint, blobs],
+            work=[(folder_to_peer, {"src": repo_dir, "target": s.worker_link_ssh, "dest": dest,
+                                    "what": "the checkpoint", "extra_rsync": ("--copy-unsafe-links",)})])
+        background_data.checked_stream(s, "checkpoint", "the checkpoint", repo_dir, dest, BLOB_SUMS, total,
+                                       ("checkpoint-to-worker",), [copied], ("--copy-unsafe-links",))
+
+
+def _plan_args(args: dict) -> dict:
+    """The HfPlan arguments within hf_snapshot's."""
+    return {k: args[k] for k in ("python", "repo", "revision", "cache_dir", "local_dir", "include", "token_path",
+                                 "endpoint")}
+
+
+def _head_checked(s, image_ref: str) -> None:
+    weights.served_symlink(s)
     if s.ablit:
-        name, args = _fetch(s, "ABLIT overlay", s.ablit_repo, s.ablit_revision, local_dir=layout.overlay,
+        name, args = _fetch(s, "ABLIT overlay", s.ablit_repo, s.ablit_revision, local_dir=s.layout.overlay,
                             include=[s.ablit_file, ablit.APPLY_SCRIPT])
         hf_snapshot(name=name, require_token=True, **args)
         ablit.deploy_ablit(s, image_ref)
-
-    weights.deploy_weights(s, image_ref)
-
-    target, worker_layout = s.worker_link_ssh, s.worker.layout
-    folder_to_peer(name="Engram tables to the worker", src=layout.engram, target=target, dest=worker_layout.engram,
-                   what="the Engram tables")
-    folder_to_peer(name="Kit to the worker", src=layout.kit, target=target, dest=worker_layout.kit, what="the kit")
-    folder_to_peer(name="Token map to the worker", src=layout.token_map_dir, target=target,
-                   dest=worker_layout.token_map_dir, what="the token map")
-    weights.rank1_to_worker(s)
-    if s.worker_weights == "copy":
-        blob_sums_written(name="Checkpoint blob list (for the worker copy)", repo_dir=layout.model_folder)
-        folder_to_peer(name="Checkpoint to the worker (copy)", src=layout.model_folder, target=target,
-                       dest=worker_layout.model_folder, what="the checkpoint", extra_rsync=("--copy-unsafe-links",))
+        weights.deploy_weights(s, image_ref)
+        folder_to_peer(name="Token map to the worker", src=s.layout.token_map_dir, target=s.worker_link_ssh,
+                       dest=s.worker.layout.token_map_dir, what="the token map")
+        weights.rank1_to_worker(s)
+    else:
+        weights.rank0_symlink(s)
 
 
 def _worker(s) -> None:
@@ -220,6 +257,11 @@ def _worker(s) -> None:
                         what="the checkpoint copy")
 
 
+def blob_sums_command(repo_dir: str) -> str:
+    """<repo>/.sparkfold-SHA256SUMS: one line per LFS blob, whose name is its sha256."""
+    return (f"cd {quote(repo_dir)} && ls blobs | grep -E '^[0-9a-f]{{64}}$' | sed 's|.*|&  blobs/&|' > {BLOB_SUMS}.tmp "
+            f"&& mv {BLOB_SUMS}.tmp {BLOB_SUMS}")
+
 
 @operation()
 def blob_sums_written(repo_dir: str):
@@ -234,5 +276,4 @@ def blob_sums_written(repo_dir: str):
     if (yield from check_failed("the checkpoint's blob list", [] if blobs else
                                 [f"no blobs in {repo_dir}: the checkpoint download must come first"], settled=False)):
         return
-    yield (f"cd {quote(repo_dir)} && ls blobs | grep -E '^[0-9a-f]{{64}}$' | sed 's|.*|&  blobs/&|' > {BLOB_SUMS}.tmp "
-           f"&& mv {BLOB_SUMS}.tmp {BLOB_SUMS}")
+    yield blob_sums_command(repo_dir)

@@ -126,3 +126,8 @@ def image_ref(s) -> str:
     if s.prebuilt_image:
         return s.prebuilt_image
     return f"{s.engine_image}:{computed_hash(s)}"
+
+
+# The background stream that makes image_ref on a Spark (the build on the head, or the prebuilt pull): what the
+# weight files, made with the image's tools, wait for (operations/streams).
+IMAGE_STREAM = "image"

@@ -88,11 +88,17 @@ def token_map_written(image_ref: str, plan_args: dict, hf_cache: str, out_dir: s
     if built_from == commit and TOKEN_MAP in host.get_fact(DirFiles, path=out_dir):
         host.noop(f"token map is current for {commit[:12]}")
         return
-    mount, model = model_source(hf_cache, plan_args["repo"], commit)
-    yield (f"mkdir -p {quote(out_dir)} && rm -f {quote(sidecar)} && "
-           + tool_run(image_ref, [mount, (out_dir, "/out", False)], "python3", TOKEN_MAP_TOOL, model,
-                      f"/out/{TOKEN_MAP}")
-           + f" && printf '%s\\n' {quote(commit)} > {quote(sidecar)}")
+    yield token_map_command(image_ref, hf_cache, plan_args["repo"], commit, out_dir)
+
+
+def token_map_command(image_ref: str, hf_cache: str, repo: str, commit: str, out_dir: str) -> str:
+    """Write the token map of `commit`'s tokenizer into out_dir, its sidecar naming the commit last."""
+    sidecar = f"{out_dir}/{TOKEN_MAP}.commit"
+    mount, model = model_source(hf_cache, repo, commit)
+    return (f"mkdir -p {quote(out_dir)} && rm -f {quote(sidecar)} && "
+            + tool_run(image_ref, [mount, (out_dir, "/out", False)], "python3", TOKEN_MAP_TOOL, model,
+                       f"/out/{TOKEN_MAP}")
+            + f" && printf '%s\\n' {quote(commit)} > {quote(sidecar)}")
 
 
 def rank_folder(rank_cache: str, commit: str, rank: int, ablit_tag: str) -> str:
@@ -125,13 +131,19 @@ def rank_file_written(image_ref: str, rank: int, plan_args: dict, hf_cache: str,
     if (yield from check_failed("free disk", [space])):
         return
     mount, model = model_source(hf_cache, plan_args["repo"], commit, ablit_dir, tag)
+    yield from rank_file_commands(image_ref, rank, folder, mount, model, int(total / 2), want)
+
+
+def rank_file_commands(image_ref: str, rank: int, folder: str, mount: tuple, model: str, size: int,
+                       source: str) -> list[str]:
+    """Write rank<R>of2-*.bin (about `size` bytes) into `folder` from `model`, then its sidecar naming `source`."""
     # a partial or stray file from an interrupted run: clear the folder of this rank's files, then write again
-    yield (f"mkdir -p {quote(folder)} && rm -f {quote(folder)}/rank{rank}of2-*.bin "
-           f"{quote(folder)}/.rank{rank}of2.partial "
-           f"{quote(folder)}/{SOURCE} {quote(folder)}/SHA256SUMS {quote(folder)}/.sparkfold-sums.state")
+    clear = (f"mkdir -p {quote(folder)} && rm -f {quote(folder)}/rank{rank}of2-*.bin "
+             f"{quote(folder)}/.rank{rank}of2.partial "
+             f"{quote(folder)}/{SOURCE} {quote(folder)}/SHA256SUMS {quote(folder)}/.sparkfold-sums.state")
     write = tool_run(image_ref, [mount, (folder, "/out", False)], RANK_TOOL, model, "/out", str(rank), "2")
-    yield progress_command(f"rank {rank}'s weight file", write, size_of=folder, total=int(total / 2))
-    yield f"printf '%s\\n' {quote(want)} > {quote(folder)}/{SOURCE}"
+    return [clear, progress_command(f"rank {rank}'s weight file", write, size_of=folder, total=size).get_raw_value(),
+            f"printf '%s\\n' {quote(source)} > {quote(folder)}/{SOURCE}"]
 
 
 @operation()
@@ -191,10 +203,15 @@ def deploy_weights(s, image_ref: str) -> None:
                       hf_cache=s.hf_cache, rank_cache=layout.rank_cache, ablit_dir=ablit_dir, ablit_tag=tag)
     rank_file_written(name="Rank 1's weight file", image_ref=image_ref, rank=1, plan_args=plan_args,
                       hf_cache=s.hf_cache, rank_cache=layout.rank_cache, ablit_dir=ablit_dir, ablit_tag=tag)
-    commit_symlink(name="Rank 0's active weight folder", symlink=layout.active_rank_link(0), plan_args=plan_args,
-                   template=source_key("{commit}", tag) + "/rank0")
+    rank0_symlink(s)
     rank_sums_written(name="Rank 1's SHA256SUMS (once)", plan_args=plan_args, rank_cache=layout.rank_cache, rank=1,
                       ablit_tag=tag)
+
+
+def rank0_symlink(s) -> None:
+    """<data_dir>/rank-cache/active-rank0 -> rank 0's weight folder of the served checkpoint (and overlay)."""
+    commit_symlink(name="Rank 0's active weight folder", symlink=s.layout.active_rank_link(0),
+                   plan_args=checkpoint_plan_args(s), template=source_key("{commit}", ablit_tag(s)) + "/rank0")
 
 
 def served_symlink(s) -> None:

@@ -171,42 +171,51 @@ def test_image_ref(tmp_path):
     assert image.image_ref(settings(tmp_path, prebuilt_image=PREBUILT)) == PREBUILT
 
 
-# --- engine_image_built ---
+# --- engine_context_uploaded, engine_image_built ---
+
+BUILD_DIR = "/home/nvidia/.cache/sparkfold/build/0123456789ab"
+BUILD_ARGS = {"TF_REF": "fbbc971", "BASE_IMAGE": "nvcr.io/nvidia/pytorch:26.07-py3"}
 
 
 def build(facts, **over):
-    kwargs = dict(image=TAG, image_hash="0123456789ab", context_dir="/ctl/zig",
-                  files=["Dockerfile", "apply-patches.sh", "patches/0001-a.patch"],
-                  build_args={"TF_REF": "fbbc971", "BASE_IMAGE": "nvcr.io/nvidia/pytorch:26.07-py3"},
-                  build_dir="/home/nvidia/.cache/sparkfold/build/0123456789ab")
+    kwargs = dict(image=TAG, image_hash="0123456789ab", build_args=BUILD_ARGS, build_dir=BUILD_DIR)
     kwargs.update(over)
     return run_op(image.engine_image_built, {DockerImageInfo: facts}, **kwargs)
+
+
+def context(facts):
+    return run_op(image.engine_context_uploaded, {DockerImageInfo: facts}, image=TAG, image_hash="0123456789ab",
+                  context_dir="/ctl/zig", files=["Dockerfile", "apply-patches.sh", "patches/0001-a.patch"],
+                  build_dir=BUILD_DIR)
 
 
 def test_build_skipped_when_the_tag_exists():
     commands, host = build(images(**{TAG: BUILT}))
     assert commands == []
     assert host.noops == [f"engine image {TAG} is already built"]
+    commands, host = context(images(**{TAG: BUILT}))
+    assert commands == [] and host.noops == [f"engine image {TAG} is already built: no build context needed"]
 
 
 @pytest.mark.parametrize("have", [{}, dict(BUILT, labels={"sparkfold.image-hash": "ffffffffffff"})],
                          ids=["missing", "other-hash-label"])
 def test_build_uploads_the_context_and_builds(have):
-    commands, _ = build(images(**{TAG: have}))
-    d = "/home/nvidia/.cache/sparkfold/build/0123456789ab"
-    assert commands[0] == f"rm -rf {d} && mkdir -p {d} {d}/patches"
-    assert commands[1:4] == [
+    uploads, _ = context(images(**{TAG: have}))
+    d = BUILD_DIR
+    assert uploads == [
+        f"rm -rf {d} && mkdir -p {d} {d}/patches",
         f"FileUploadCommand(/ctl/zig/Dockerfile, {d}/Dockerfile)",
         f"FileUploadCommand(/ctl/zig/apply-patches.sh, {d}/apply-patches.sh)",
         f"FileUploadCommand(/ctl/zig/patches/0001-a.patch, {d}/patches/0001-a.patch)",
     ]
-    label, docker_build, options = unwrap_progress(commands[4])  # the build shows its newest step while it runs
+    commands, _ = build(images(**{TAG: have}))
+    assert len(commands) == 1  # the build alone: it runs in the background, the uploads before it
+    label, docker_build, options = unwrap_progress(commands[0])  # the build shows its newest step while it runs
     assert docker_build == (
         "docker build --build-arg BASE_IMAGE=nvcr.io/nvidia/pytorch:26.07-py3 --build-arg IMAGE_HASH=0123456789ab"
         f" --build-arg TF_REF=fbbc971 --label sparkfold.image-hash=0123456789ab -t {TAG} {d}"
     )
     assert label == f"build {TAG}" and "--latest" in options
-    assert len(commands) == 5
 
 
 # --- engine_image_shipped ---
@@ -404,44 +413,62 @@ def test_a_capabilities_read_that_fails_is_not_kept(tmp_path, monkeypatch):
     assert runs() == 2 and not cache.exists()
 
 
-# --- deploy_image ---
+# --- the step: background streams, then the check ---
 
 
 @pytest.fixture
 def calls(monkeypatch):
     seen = []
-    for op in ("engine_image_built", "engine_image_shipped", "prebuilt_image_pulled", "engine_capabilities_checked"):
+    for op in ("engine_context_uploaded", "engine_capabilities_checked"):
         monkeypatch.setattr(image, op, lambda _op=op, **kw: seen.append((_op, kw)))
+
+    def background(stream, name, upstream=(), work=()):
+        seen.append(("background", {"stream": stream, "name": name, "upstream": list(upstream), "work": list(work)}))
+        return stream.name  # stands in for the operation's meta: what the streams that read it name
+
+    monkeypatch.setattr(image, "background", background)
     return seen
 
 
-def test_deploy_head_builds_ships_and_checks(tmp_path, calls):
+def test_deploy_head_uploads_then_builds_and_ships_in_the_background(tmp_path, calls):
     s = settings(tmp_path)
     image.engine_image._inner(s)
     ref = image.image_ref(s)
     digest = ref.rpartition(":")[2]
-    assert [c[0] for c in calls] == ["engine_image_built", "engine_image_shipped", "engine_capabilities_checked"]
-    built = calls[0][1]
-    assert built["image"] == ref and built["image_hash"] == digest
-    assert built["build_dir"] == f"/home/nvidia/.cache/sparkfold/build/{digest}"
-    assert built["files"] == context_files(s.engine_context_path) == ["Dockerfile", "patches/0001-a.patch"]
-    assert built["build_args"]["TF_REF"] == "fbbc971" and "IMAGE_HASH" not in built["build_args"]
-    assert image_hash(s.engine_context_path, built["build_args"]) == digest
-    assert calls[1][1] == {"name": f"ship {ref} to the worker ({WORKER})", "image": ref,
-                           "worker_ssh": WORKER}
-    assert calls[2][1]["image"] == ref
+    assert [c[0] for c in calls] == ["engine_context_uploaded", "background", "background"]
+    uploaded = calls[0][1]
+    assert uploaded["image"] == ref and uploaded["image_hash"] == digest
+    assert uploaded["build_dir"] == f"/home/nvidia/.cache/sparkfold/build/{digest}"
+    assert uploaded["files"] == context_files(s.engine_context_path) == ["Dockerfile", "patches/0001-a.patch"]
+    build, ship = calls[1][1], calls[2][1]
+    assert build["stream"].name == "image" and build["stream"].lane == "build" and build["upstream"] == []
+    op, built = build["work"][0]
+    assert op is image.engine_image_built and built["build_args"]["TF_REF"] == "fbbc971"
+    assert "IMAGE_HASH" not in built["build_args"] and image_hash(s.engine_context_path, built["build_args"]) == digest
+    assert build["name"] == f"build {ref} on the head (in the background)"
+    # the ship waits for the build, starts with it, and is the ship operation's work otherwise
+    assert ship["stream"].after == ("image",) and ship["upstream"] == ["image"]
+    assert ship["work"] == [(image.engine_image_shipped, {"image": ref, "worker_ssh": WORKER})]
+    assert ship["stream"].commands == tuple(image.ship_commands(ref, WORKER))
+    assert ship["name"] == f"ship {ref} to the worker ({WORKER}) (in the background)"
 
 
-def test_deploy_worker_only_checks(tmp_path, calls):
+def test_deploy_worker_builds_nothing(tmp_path, calls):
     image.engine_image._inner(settings(tmp_path, is_head=False))
+    assert calls == []
+    image.engine_image_checked._inner(settings(tmp_path, is_head=False))
     assert [c[0] for c in calls] == ["engine_capabilities_checked"]
 
 
 @pytest.mark.parametrize("is_head", [True, False])
-def test_deploy_prebuilt_pulls_on_both(tmp_path, calls, is_head):
-    image.engine_image._inner(settings(tmp_path, is_head=is_head, prebuilt_image=PREBUILT))
-    assert [(c[0], c[1].get("reference", c[1].get("image"))) for c in calls] == [
-        ("prebuilt_image_pulled", PREBUILT), ("engine_capabilities_checked", PREBUILT)]
+def test_deploy_prebuilt_pulls_on_both_in_the_background(tmp_path, calls, is_head):
+    s = settings(tmp_path, is_head=is_head, prebuilt_image=PREBUILT)
+    image.engine_image._inner(s)
+    image.engine_image_checked._inner(s)
+    assert [c[0] for c in calls] == ["background", "engine_capabilities_checked"]
+    assert calls[0][1]["stream"].name == "image"
+    assert calls[0][1]["work"] == [(image.prebuilt_image_pulled, {"reference": PREBUILT})]
+    assert calls[1][1]["image"] == PREBUILT
 
 
 # --- the generated shell, against stub docker and ssh ---

@@ -439,6 +439,7 @@ def settings(is_head=True, hf_token="", **over):
 
 
 DEPLOY = model_data.model_data._inner  # the step itself, before `recorded` swaps the operations for recorders
+CHECKED = model_data.model_data_checked._inner
 
 
 def test_served_model_path_stock_ablit_and_worker():
@@ -454,47 +455,104 @@ def test_served_model_path_stock_ablit_and_worker():
 
 @pytest.fixture
 def recorded(monkeypatch):
-    """Every op the deploy function calls, with its name and arguments (no pyinfra state needed)."""
+    """Every op the deploy function calls, with its name and arguments (no pyinfra state needed); a stream started
+    in the background is recorded as ("background", stream name) with its stream, upstream and work."""
     calls = []
     from operations.data import ablit, weights
+    from operations.data import background as background_data
 
     def recorder(label):
         return lambda **kw: calls.append((label, kw))
 
-    for module in (model_data, weights, ablit):
+    def background(stream, name, upstream=(), work=()):
+        calls.append((("background", stream.name), {"stream": stream, "name": name, "upstream": list(upstream),
+                                                    "work": list(work)}))
+        return stream.name  # stands in for the operation's meta: what the streams that read it name
+
+    for module in (model_data, weights, ablit, background_data):
         for attr in dir(module):
             obj = getattr(module, attr)
             if hasattr(obj, "_inner"):
                 monkeypatch.setattr(module, attr, recorder(attr))
+    monkeypatch.setattr(model_data, "background", background)
+    monkeypatch.setattr(background_data, "background", background)
     monkeypatch.setattr(model_data, "_plan", lambda args: {"complete": False, "missing": [["f", 2**30]],
-                                                           "missing_bytes": 2**30, "commit": COMMIT})
+                                                           "missing_bytes": 2**30, "commit": COMMIT,
+                                                           "total_bytes": 2**31})
     return calls
 
 
-def test_deploy_head_order_and_names(recorded):
+def streams_of(recorded) -> dict:
+    return {c[0][1]: c[1] for c in recorded if isinstance(c[0], tuple)}
+
+
+def test_deploy_head_starts_the_long_work_in_the_background(recorded):
     DEPLOY(settings())
     ops = [c[0] for c in recorded]
-    assert ops[:3] == ["hf_python_ready", "hf_token_file", "hf_snapshot"]
-    assert ops.index("token_map_written") < ops.index("rank_file_written") < ops.index("folder_to_peer")
-    assert ops.count("rank_file_written") == 2 and "ablit_applied" not in ops
-    names = [c[1]["name"] for c in recorded if c[0] == "hf_snapshot"]
-    assert names[0] == f"Checkpoint: fetch 1 files, 1.0 GiB of Org/M@{COMMIT[:12]} into /home/n/.cache/huggingface/hub"
+    assert ops[:3] == ["hf_python_ready", "hf_token_file", ("background", "engram")]
+    streams = streams_of(recorded)
+    assert list(streams) == ["engram", "engram-sums", "engram-to-worker", "engram-checked", "checkpoint",
+                             "kit-to-worker", "kit-checked", "token-map", "rank1", "rank1-sums", "rank0",
+                             "rank1-to-worker", "rank1-checked", "token-map-to-worker"]
+    assert streams["checkpoint"]["name"] == (f"Checkpoint: fetch 1 files, 1.0 GiB of Org/M@{COMMIT[:12]} into "
+                                             "/home/n/.cache/huggingface/hub")
+    # the downloads one after the other, each the hub operation's own work
+    assert streams["checkpoint"]["stream"].after == ("engram",)
+    assert streams["checkpoint"]["work"][0][1]["expect_model_type"] == "deepseek_v41"
+    # the kit is small: placed and checked here, between the downloads' start and its copy
+    kit = [op for op in ops if op in ("hf_snapshot", "folder_placed", "folder_verified")]
+    assert kit == ["hf_snapshot", "folder_placed", "folder_verified"]
+    assert ops.index("folder_verified") < ops.index(("background", "kit-to-worker"))
+    # each stream waits for what it reads, and starts with it
+    graph = {name: (c["stream"].after, c["upstream"]) for name, c in streams.items()}
+    assert graph["engram-to-worker"] == (("engram",), ["engram"])  # copied while it is hashed
+    assert graph["engram-checked"] == (("engram-sums", "engram-to-worker"), ["engram-sums", "engram-to-worker"])
+    assert graph["token-map"] == (("image", "checkpoint"), ["checkpoint"])  # the image is waited for, not a reason
+    assert graph["rank1"] == (("image", "checkpoint", "token-map"), ["checkpoint"])
+    assert graph["rank0"] == (("image", "checkpoint", "rank1"), ["checkpoint"])  # rank 1's first: its copy waits
+    assert graph["rank1-to-worker"] == (("rank1",), ["rank1"])
+    assert graph["rank1-checked"] == (("rank1-sums", "rank1-to-worker"), ["rank1-sums", "rank1-to-worker"])
     assert all("_sudo" not in c[1] for c in recorded)  # everything lives in the ssh user's folders
 
 
-def test_deploy_head_ablit_and_copy_mode(recorded):
-    DEPLOY(settings(ablit=True, hf_token="t", worker_weights="copy"))
+def test_deploy_head_copy_mode_copies_the_checkpoint_once_listed(recorded):
+    DEPLOY(settings(worker_weights="copy"))
+    streams = streams_of(recorded)
+    assert streams["blob-list"]["stream"].after == ("checkpoint",)
+    assert streams["blob-list"]["work"] == [(model_data.blob_sums_written, {"repo_dir": "/home/n/.cache/huggingface/"
+                                                                             "hub/models--Org--M"})]
+    assert streams["checkpoint-to-worker"]["upstream"] == ["checkpoint", "blob-list"]
+    assert "--copy-unsafe-links" in " ".join(streams["checkpoint-to-worker"]["stream"].commands)
+    assert streams["checkpoint-checked"]["upstream"] == ["checkpoint-to-worker"]
+
+
+def test_deploy_head_ablit_writes_the_weight_files_after_the_background_work(recorded):
+    s = settings(ablit=True, hf_token="t")
+    DEPLOY(s)
+    assert not {"token-map", "rank1", "rank0"} & set(streams_of(recorded))
+    recorded.clear()
+    CHECKED(s)
     ops = [c[0] for c in recorded]
     overlay = [c[1] for c in recorded if c[0] == "hf_snapshot"][-1]
     assert overlay["require_token"] and overlay["include"] == ("w.safetensors", "apply_mia_exl3_wob.py")
     assert ops.index("ablit_applied") < ops.index("rank_file_written")
     ranks = [c[1] for c in recorded if c[0] == "rank_file_written"]
     assert all(r["ablit_dir"] == "/home/n/.cache/sparkfold/ablit" for r in ranks)
-    assert "blob_sums_written" in ops
+    assert ops.index("rank_file_to_peer") < ops.index("both_sparks_reached")
+
+
+def test_deploy_head_checked_links_the_served_snapshot_and_rank_0(recorded):
+    CHECKED(settings())
+    symlinks = [c[1]["symlink"] for c in recorded if c[0] == "commit_symlink"]
+    assert symlinks == ["/home/n/.cache/huggingface/hub/models--Org--M/sparkfold-current",
+                        "/home/n/.cache/sparkfold/rank-cache/active-rank0"]
+    assert [c[0] for c in recorded][-1] == "both_sparks_reached"
 
 
 def test_deploy_worker_only_verifies(recorded):
     DEPLOY(settings(is_head=False))
+    assert recorded == []
+    CHECKED(settings(is_head=False))
     assert [c[0] for c in recorded] == ["both_sparks_reached"] + ["folder_verified"] * 3
     assert recorded[3][1]["folder"] == "/home/n/.cache/sparkfold/rank-cache/active-rank1"
 

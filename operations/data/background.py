@@ -1,0 +1,194 @@
+"""The head's data work as background streams (operations/streams), each started as soon as what it reads is whole:
+the Engram tables hashed and copied to the worker while the checkpoint downloads, the kit copied once it is checked,
+the token map and the weight files written once the checkpoint and the image are there, rank 1's weight file copied
+as soon as it is written, and every copy verified on the worker as it lands.
+
+Each stream is started with the operation that converges the same work here (checksums_written, folder_to_peer, the
+weights' operations): their facts decide whether there is work, and the stream runs what they yield. When a stream
+it reads starts in the same run, nothing can be read yet and the commands built here run instead: the same work as a
+fresh start does it, from the same pieces (hashing_command, peer_copy_commands, the weights' commands), with the
+markers written on the Spark once the work is done (operations/remote/folder_marker.py), so the next run's facts find
+them current.
+
+A copy runs while the head still hashes the folder, so its list (SHA256SUMS) reaches the worker with the check that
+follows both: the "checked" stream copies again (only what changed: the list) and verifies on the worker.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from shlex import quote
+
+from pyinfra.api.operation import OperationMeta
+
+from operations.build.image_hash import IMAGE_STREAM
+from operations.data.copy import (
+    MARKER,
+    SUMS_STATE,
+    checksums_written,
+    folder_to_peer,
+    hashing_command,
+    peer_copy_commands,
+)
+from operations.data.hub import checkpoint_plan_args
+from operations.data.weights import (
+    model_source,
+    rank_file_commands,
+    rank_file_to_peer,
+    rank_file_written,
+    rank_folder,
+    rank_sums_written,
+    source_key,
+    token_map_command,
+    token_map_written,
+)
+from operations.remote import heredoc_command
+from operations.streams import Stream, background
+from operations.util.checks import failing_shell
+from operations.util.peer_ssh import ssh_prefix
+
+SUMS = "SHA256SUMS"
+# written while a copy may run: never sent (the "checked" stream sends the finished list)
+IN_PROGRESS = (f"--exclude={SUMS}.tmp", f"--exclude={SUMS_STATE}.tmp")
+
+
+def _text(command) -> str:
+    return command if isinstance(command, str) else command.get_raw_value()
+
+
+def on_worker(target: str, command: str) -> str:
+    """`command` run on the worker over the head's ssh (its output comes back into the stream's log)."""
+    return f"{ssh_prefix()} {quote(target)} {quote(command)}"
+
+
+def marker_command(folder: str, marker: str, names: Iterable[str] = (), sums: str = "", glob: str = "") -> str:
+    """Write `marker` in `folder` as the facts expect it (operations/remote/folder_marker.py): over `names` (or the
+    files the shell `glob` names in the folder) for a checksum list's state, over `sums`' entries for a check."""
+    which = ["--sums", quote(sums)] if sums else ["--names", *(quote(n) for n in names), *([glob] if glob else [])]
+    return heredoc_command(f"cd {quote(folder)} && python3 - {quote(folder)} {quote(marker)} {' '.join(which)}",
+                           "folder_marker")
+
+
+def sums_commands(folder: str, what: str, total: int, names: Iterable[str] = (), glob: str = "") -> list[str]:
+    """SHA256SUMS of `names` (or of the files `glob` names) in `folder`, hashed with progress lines, then its state
+    (what data/copy.checksums_written writes)."""
+    names = sorted(names)
+    files = " ".join([*(quote(n) for n in names), *([glob] if glob else [])])
+    hashing = hashing_command(f"{what}: hashing for {SUMS}", folder, f"sha256sum -- {files} > {SUMS}.tmp", total)
+    return [_text(hashing), f"cd {quote(folder)} && mv {SUMS}.tmp {SUMS}",
+            marker_command(folder, SUMS_STATE, names, glob=glob)]
+
+
+def copy_commands(src: str, target: str, dest: str, what: str, total: int, extra_rsync: tuple = ()) -> list[str]:
+    """The folder src copied into dest on the worker, resumably, with progress lines (data/copy.peer_copy_commands),
+    leaving out the files a hashing writes meanwhile."""
+    return [_text(c) for c in peer_copy_commands(src, target, dest, what, total, (*extra_rsync, *IN_PROGRESS))]
+
+
+def verified_on_worker(target: str, folder: str, sums: str, what: str, total: int) -> list[str]:
+    """`sha256sum -c` of the worker's folder against `sums`, with progress lines (as data/copy.folder_verified runs
+    it there), then its marker."""
+    complaint = (f"sparkfold: {what} in {folder} does not match {sums} (the lines above name the files): "
+                 "re-run the deploy to copy or download them again")
+    check = hashing_command(f"{what}: checking {sums}", folder, f"sha256sum -c --quiet {quote(sums)}", total,
+                            complaint)
+    return [on_worker(target, f"rm -f {quote(folder)}/{SUMS}.tmp"), on_worker(target, _text(check)),
+            on_worker(target, marker_command(folder, MARKER, sums=sums))]
+
+
+def checked_stream(s, name: str, what: str, src: str, dest: str, sums: str, total: int, after: tuple[str, ...],
+                   upstream: Iterable[OperationMeta], extra_rsync: tuple = ()) -> OperationMeta:
+    """The stream that brings the worker's copy of `src` level with the head's (its list included) and verifies it
+    there, once the copy and the list are done; started when either starts in this run."""
+    target = s.worker_link_ssh
+    commands = copy_commands(src, target, dest, what, total, extra_rsync)
+    commands += verified_on_worker(target, dest, sums, what, total)
+    return background(Stream(f"{name}-checked", "to worker", f"{what} checked on the worker", s.layout.streams,
+                             after=after, commands=tuple(commands)),
+                      name=f"{what[0].upper()}{what[1:]} verified on the worker (in the background)",
+                      upstream=upstream)
+
+
+def engram_streams(s, download: OperationMeta, total: int) -> None:
+    """The Engram tables, once downloaded: hashed on the head and copied to the worker at the same time, then
+    checked there."""
+    layout, target, root, what = s.layout, s.worker_link_ssh, s.layout.streams, "the Engram tables"
+    files, dest = list(s.engram_files), s.worker.layout.engram
+    hashed = background(
+        Stream("engram-sums", "hash", f"{what}: hashing", root, after=("engram",),
+               commands=tuple(sums_commands(layout.engram, what, total, names=files))),
+        name="Engram SHA256SUMS (once, in the background)", upstream=[download],
+        work=[(checksums_written, {"folder": layout.engram, "files": files, "what": what})])
+    copied = background(
+        Stream("engram-to-worker", "to worker", f"{what} to the worker", root, after=("engram",),
+               commands=tuple(copy_commands(layout.engram, target, dest, what, total))),
+        name="Engram tables to the worker (in the background)", upstream=[download],
+        work=[(folder_to_peer, {"src": layout.engram, "target": target, "dest": dest, "what": what})])
+    checked_stream(s, "engram", what, layout.engram, dest, SUMS, total, ("engram-sums", "engram-to-worker"),
+                   [hashed, copied])
+
+
+def kit_streams(s, total: int) -> None:
+    """The kit, placed and checked on the head before this: copied to the worker, then checked there."""
+    layout, target, what = s.layout, s.worker_link_ssh, "the kit"
+    copied = background(
+        Stream("kit-to-worker", "to worker", f"{what} to the worker", layout.streams),
+        name="Kit to the worker (in the background)",
+        work=[(folder_to_peer, {"src": layout.kit, "target": target, "dest": s.worker.layout.kit, "what": what})])
+    checked_stream(s, "kit", what, layout.kit, s.worker.layout.kit, "MANIFEST", total, ("kit-to-worker",), [copied])
+
+
+def weight_streams(s, checkpoint: OperationMeta, plan: Mapping, image_ref: str) -> None:
+    """The token map and both weight files, written once the checkpoint and the image are there (rank 1's first, so
+    its copy starts sooner); rank 1's hashed and copied to the worker at the same time, then checked there; the
+    token map copied. The stock pack only: with ABLIT the weight files follow the overlay in the foreground."""
+    layout, root, target, worker = s.layout, s.layout.streams, s.worker_link_ssh, s.worker.layout
+    plan_args, commit, total = checkpoint_plan_args(s), plan.get("commit") or "", plan.get("total_bytes") or 0
+    unknown = [failing_shell("the weight files", f"the checkpoint {plan_args['repo']}@{plan_args['revision']} named "
+                             "no commit when the run began (the Hub did not answer?): rerun the deploy")]
+    mount, model = model_source(s.hf_cache, plan_args["repo"], commit)
+    waits = (IMAGE_STREAM, "checkpoint")
+
+    def weights(rank: int) -> tuple[str, ...]:
+        return tuple(rank_file_commands(image_ref, rank, rank_folder(layout.rank_cache, commit, rank, ""), mount,
+                                        model, int(total / 2), source_key(commit, ""))) if commit else tuple(unknown)
+
+    written = {"image_ref": image_ref, "plan_args": plan_args, "hf_cache": s.hf_cache, "rank_cache": layout.rank_cache}
+    token_map = background(
+        Stream("token-map", "weights", "the token map", root, after=waits,
+               commands=(token_map_command(image_ref, s.hf_cache, plan_args["repo"], commit, layout.token_map_dir),)
+               if commit else tuple(unknown)),
+        name="Token map (image's make_token_map.py, in the background)", upstream=[checkpoint],
+        work=[(token_map_written, {"image_ref": image_ref, "plan_args": plan_args, "hf_cache": s.hf_cache,
+                                   "out_dir": layout.token_map_dir})])
+    rank1 = background(Stream("rank1", "weights", "rank 1's weight file", root, after=(*waits, "token-map"),
+                              commands=weights(1)),
+                       name="Rank 1's weight file (in the background)", upstream=[checkpoint],
+                       work=[(rank_file_written, dict(written, rank=1))])
+    folder, peer_folder = (rank_folder(layout.rank_cache, commit, 1, ""), rank_folder(worker.rank_cache, commit, 1, ""))
+    hashed = background(
+        Stream("rank1-sums", "hash", "rank 1's weight file: hashing", root, after=("rank1",),
+               commands=tuple(sums_commands(folder, "rank 1's weight file", int(total / 2), glob="rank1of2-*.bin"))),
+        name="Rank 1's SHA256SUMS (once, in the background)", upstream=[rank1],
+        work=[(rank_sums_written, {"plan_args": plan_args, "rank_cache": layout.rank_cache, "rank": 1,
+                                   "ablit_tag": ""})])
+    background(Stream("rank0", "weights", "rank 0's weight file", root, after=(*waits, "rank1"), commands=weights(0)),
+               name="Rank 0's weight file (in the background)", upstream=[checkpoint],
+               work=[(rank_file_written, dict(written, rank=0))])
+    symlink = (f"{ssh_prefix()} {quote(target)} "
+               + quote(f"ln -sfn {quote(source_key(commit, '') + '/rank1')} {quote(worker.active_rank_link(1))}"))
+    copied = background(
+        Stream("rank1-to-worker", "to worker", "rank 1's weight file to the worker", root, after=("rank1",),
+               commands=tuple(copy_commands(folder, target, peer_folder, "rank 1's weight file", int(total / 2))
+                              + [symlink])),
+        name="Rank 1's weight file to the worker (in the background)", upstream=[rank1],
+        work=[(rank_file_to_peer, {"plan_args": plan_args, "rank_cache": layout.rank_cache, "rank": 1,
+                                   "ablit_tag": "", "target": target, "peer_rank_cache": worker.rank_cache})])
+    checked_stream(s, "rank1", "rank 1's weight file", folder, peer_folder, SUMS, int(total / 2),
+                   ("rank1-sums", "rank1-to-worker"), [hashed, copied])
+    background(Stream("token-map-to-worker", "to worker", "the token map to the worker", root, after=("token-map",),
+                      commands=tuple(copy_commands(layout.token_map_dir, target, worker.token_map_dir,
+                                                   "the token map", 0))),
+               name="Token map to the worker (in the background)", upstream=[token_map],
+               work=[(folder_to_peer, {"src": layout.token_map_dir, "target": target, "dest": worker.token_map_dir,
+                                       "what": "the token map"})])
