@@ -1,0 +1,153 @@
+"""The head's data streams (operations/data/background.py): what a fresh start runs, run for real in a local shell
+(the worker's side through a stand-in ssh that runs it here), leaves the folders exactly as the converging operations
+want them, so the next run's facts find nothing to do; and the markers written on the Spark are the facts' own."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import stat
+import subprocess
+from pathlib import Path
+
+import pytest
+from harness import run_fact, run_op, with_args
+from settings_factory import make_settings
+
+from operations.data import background as bg
+from operations.data import copy as data_copy
+from operations.facts.files import FolderCheck
+from operations.remote.folder_marker import marker_digest
+from operations.util.listing import listing_digest
+
+STUB_SSH = """#!/bin/sh
+# The head's ssh to the worker, standing in: drops the options and the target, runs the command here.
+while [ "$1" = "-o" ]; do shift 2; done
+shift
+exec sh -c "$*"
+"""
+
+
+def run(commands: list[str], tmp_path: Path) -> subprocess.CompletedProcess:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    (bin_dir / "ssh").write_text(STUB_SSH)
+    (bin_dir / "ssh").chmod(stat.S_IRWXU)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    done = subprocess.run(["sh", "-ec", "\n".join(commands)], capture_output=True, text=True, env=env, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done
+
+
+def tables(folder: Path) -> list[str]:
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, size in (("m-47.safetensors", 3000), ("m-48.safetensors", 5000)):
+        (folder / name).write_bytes(os.urandom(size))
+    return ["m-47.safetensors", "m-48.safetensors"]
+
+
+def folder_check(folder: Path, sums: str, marker: str) -> dict:
+    """The FolderCheck fact, read for real from the folder, as an operation under test asks for it."""
+    read = run_fact(FolderCheck, path=str(folder), sums=sums, marker=marker)
+    return {FolderCheck: with_args({f"marker={marker}, path={folder}, sums={sums}": read})}
+
+
+def test_the_marker_is_the_digest_the_facts_compare(tmp_path):
+    names = tables(tmp_path / "t")
+    subprocess.run("sha256sum -- m-47.safetensors ./m-48.safetensors > SHA256SUMS", shell=True, cwd=tmp_path / "t",
+                   check=True)
+    check = run_fact(FolderCheck, path=str(tmp_path / "t"), sums="SHA256SUMS", marker="m")
+    assert marker_digest(str(tmp_path / "t"), sums="SHA256SUMS") == \
+        listing_digest(check["files"], check["names"], check["sums_sha"])
+    assert marker_digest(str(tmp_path / "t"), names=names) == listing_digest(check["files"], names)
+
+
+def test_a_fresh_hashing_leaves_the_list_current(tmp_path):
+    folder = tmp_path / "engram"
+    names = tables(folder)
+    run(bg.sums_commands(str(folder), "the Engram tables", 8000, names=names), tmp_path)
+    assert run_op(data_copy.checksums_written, folder_check(folder, "SHA256SUMS", data_copy.SUMS_STATE),
+                  folder=str(folder), files=names)[0] == []
+    listed = (folder / "SHA256SUMS").read_text().split()
+    assert listed[1::2] == names and listed[0] == hashlib.sha256((folder / names[0]).read_bytes()).hexdigest()
+
+
+def test_a_fresh_hashing_of_a_weight_file_names_it_by_its_glob(tmp_path):
+    folder = tmp_path / "rank1"
+    folder.mkdir()
+    (folder / "rank1of2-0123abcd.bin").write_bytes(os.urandom(4096))
+    run(bg.sums_commands(str(folder), "rank 1's weight file", 4096, glob="rank1of2-*.bin"), tmp_path)
+    assert run_op(data_copy.checksums_written, folder_check(folder, "SHA256SUMS", data_copy.SUMS_STATE),
+                  folder=str(folder), files=["rank1of2-0123abcd.bin"])[0] == []
+
+
+def test_the_check_on_the_worker_leaves_it_verified_and_a_bad_copy_fails(tmp_path):
+    folder = tmp_path / "worker" / "engram"
+    names = tables(folder)
+    subprocess.run(["sh", "-c", f"sha256sum -- {' '.join(names)} > SHA256SUMS.tmp && mv SHA256SUMS.tmp SHA256SUMS"
+                    " && touch SHA256SUMS.tmp"], cwd=folder, check=True)  # a half-sent list from the copy
+    done = run(bg.verified_on_worker("nvidia@w", str(folder), "SHA256SUMS", "the Engram tables", 8000), tmp_path)
+    assert "the Engram tables: checking SHA256SUMS: done in" in done.stdout
+    assert not (folder / "SHA256SUMS.tmp").exists()
+    assert run_op(data_copy.folder_verified, folder_check(folder, "SHA256SUMS", data_copy.MARKER),
+                  folder=str(folder), sums="SHA256SUMS", what="the Engram tables")[0] == []
+    marker = (folder / data_copy.MARKER).read_text()
+    (folder / names[0]).write_bytes(os.urandom(3000))
+    bad = subprocess.run(["sh", "-ec", "\n".join(bg.verified_on_worker("nvidia@w", str(folder), "SHA256SUMS",
+                                                                       "the Engram tables", 8000))],
+                         capture_output=True, text=True, env={**os.environ, "PATH": f"{tmp_path / 'bin'}:"
+                                                              f"{os.environ['PATH']}"})
+    assert bad.returncode != 0 and "does not match SHA256SUMS" in bad.stderr  # the stream runs with sh -e
+    assert (folder / data_copy.MARKER).read_text() == marker  # no marker for a copy that failed its check
+
+
+def test_a_copy_never_sends_a_list_being_written():
+    commands = bg.copy_commands("/d/engram", "nvidia@w", "/w/engram", "the Engram tables", 10)
+    assert len(commands) == 1
+    assert "--rsync-option=--exclude=SHA256SUMS.tmp" in commands[0]
+    assert "--rsync-option=--exclude=.sparkfold-sums.state.tmp" in commands[0]
+
+
+def test_on_worker_quotes_the_whole_command():
+    assert bg.on_worker("nvidia@w", "cd '/a b' && ls").endswith(" nvidia@w 'cd '\"'\"'/a b'\"'\"' && ls'")
+
+
+# --- the streams declared ---
+
+
+@pytest.fixture
+def declared(monkeypatch):
+    seen = {}
+
+    def background(stream, name, upstream=(), work=()):
+        seen[stream.name] = {"stream": stream, "name": name, "upstream": list(upstream), "work": list(work)}
+        return stream.name
+
+    monkeypatch.setattr(bg, "background", background)
+    return seen
+
+
+def settings(**over):
+    return make_settings("head", home="/home/n", **{"model_repo": "Org/M", **over})
+
+
+def test_the_weight_files_fail_plainly_without_a_commit(declared):
+    bg.weight_streams(settings(), "checkpoint", {"commit": None, "total_bytes": None}, "img:1")
+    for name in ("token-map", "rank1", "rank0"):
+        (command,) = declared[name]["stream"].commands
+        assert "named no commit when the run began" in command and command.endswith("exit 1")
+
+
+def test_the_weight_files_of_a_commit(declared):
+    commit = "c" * 40
+    bg.weight_streams(settings(), "checkpoint", {"commit": commit, "total_bytes": 2 * 10**9}, "img:1")
+    rank1 = declared["rank1"]["stream"].commands
+    assert f"/home/n/.cache/sparkfold/rank-cache/{commit}/rank1" in rank1[0]
+    folder = f"/home/n/.cache/sparkfold/rank-cache/{commit}/rank1"
+    assert rank1[-1] == f"printf '%s\\n' {commit} > {folder}/.sparkfold-source"
+    copy = declared["rank1-to-worker"]["stream"].commands
+    assert copy[-1].endswith(f"'ln -sfn {commit}/rank1 /home/n/.cache/sparkfold/rank-cache/active-rank1'")
+    checked = declared["rank1-checked"]["stream"].commands
+    assert any("checking SHA256SUMS" in c and f"rank-cache/{commit}/rank1" in c for c in checked)
+    op, arguments = declared["rank1-sums"]["work"][0]
+    assert op is bg.rank_sums_written and (arguments["rank"], arguments["ablit_tag"]) == (1, "")
