@@ -29,7 +29,7 @@ from operations.data.copy import (
     gib,
     space_problem,
 )
-from operations.data.hub import hub_python
+from operations.data.hub import checkpoint_plan_args, hub_python
 from operations.facts.files import FolderCheck
 from operations.facts.model import HfHubPython, HfPlanDict, hf_plan
 from operations.remote import heredoc_command
@@ -205,12 +205,17 @@ def _head(s, image_ref: str) -> None:
     if not s.ablit:  # with ABLIT the weight files are made from the overlay, after the checkpoint (_head_checked)
         background_data.weight_streams(s, checkpoint, plan, image_ref)
     if s.worker_weights == "copy":
-        repo_dir, dest = layout.model_folder, s.worker.layout.model_folder
+        # the copy carries the served snapshot's symlink: made here, before it, with the blob list
+        repo_dir, dest, served = layout.model_folder, s.worker.layout.model_folder, layout.served_link
+        listed = (blob_sums_command(repo_dir),
+                  weights.symlink_command(served, weights.SERVED_TEMPLATE.format(commit=plan.get("commit"))))
         blobs = background(
-            Stream("blob-list", "hash", "the checkpoint's blob list", root, after=("checkpoint",),
-                   commands=(blob_sums_command(repo_dir),)),
-            name="Checkpoint blob list (for the worker copy, in the background)", upstream=[checkpoint],
-            work=[(blob_sums_written, {"repo_dir": repo_dir})])
+            Stream("blob-list", "hash", "the checkpoint's blob list", root, after=("checkpoint",), commands=listed),
+            name="Checkpoint blob list and served snapshot (for the worker copy, in the background)",
+            upstream=[checkpoint],
+            work=[(blob_sums_written, {"repo_dir": repo_dir}),
+                  (weights.commit_symlink, {"symlink": served, "plan_args": checkpoint_plan_args(s),
+                                            "template": weights.SERVED_TEMPLATE})])
         total = plan.get("total_bytes") or 0
         copied = background(
             Stream("checkpoint-to-worker", "to worker", "the checkpoint to the worker", root, after=("blob-list",),

@@ -156,9 +156,14 @@ def commit_symlink(symlink: str, plan_args: dict, template: str):
     if host.get_fact(LinkTarget, path=symlink) == target:
         host.noop(f"{symlink} -> {target}")
         return
-    # a new symlink renamed over the old one: a reader (a rank starting) never finds none
-    yield (f"mkdir -p {quote(symlink.rsplit('/', 1)[0])} && ln -sfn {quote(target)} {quote(symlink + '.new-link')} "
-           f"&& mv -T {quote(symlink + '.new-link')} {quote(symlink)}")
+    yield symlink_command(symlink, target)
+
+
+def symlink_command(symlink: str, target: str) -> str:
+    """`symlink` -> `target`: a new symlink renamed over the old one, so a reader (a rank starting) never finds
+    none."""
+    return (f"mkdir -p {quote(symlink.rsplit('/', 1)[0])} && ln -sfn {quote(target)} {quote(symlink + '.new-link')} "
+            f"&& mv -T {quote(symlink + '.new-link')} {quote(symlink)}")
 
 
 @operation()
@@ -214,9 +219,12 @@ def rank0_symlink(s) -> None:
                    plan_args=checkpoint_plan_args(s), template=source_key("{commit}", ablit_tag(s)) + "/rank0")
 
 
+SERVED_TEMPLATE = "snapshots/{commit}"  # where the served snapshot's symlink leads, relative to it
+
+
 def served_symlink(s) -> None:
     commit_symlink(name="Served snapshot symlink", symlink=s.layout.served_link,
-                   plan_args=checkpoint_plan_args(s), template="snapshots/{commit}")
+                   plan_args=checkpoint_plan_args(s), template=SERVED_TEMPLATE)
 
 
 def rank1_to_worker(s) -> None:

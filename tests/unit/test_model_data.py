@@ -519,8 +519,13 @@ def test_deploy_head_copy_mode_copies_the_checkpoint_once_listed(recorded):
     DEPLOY(settings(worker_weights="copy"))
     streams = streams_of(recorded)
     assert streams["blob-list"]["stream"].after == ("checkpoint",)
-    assert streams["blob-list"]["work"] == [(model_data.blob_sums_written, {"repo_dir": "/home/n/.cache/huggingface/"
-                                                                             "hub/models--Org--M"})]
+    repo_dir = "/home/n/.cache/huggingface/hub/models--Org--M"
+    assert streams["blob-list"]["work"][0] == (model_data.blob_sums_written, {"repo_dir": repo_dir})
+    # the copy carries the served snapshot's symlink: it is made before the copy, not after the background work
+    served = streams["blob-list"]["work"][1][1]
+    assert served["symlink"] == f"{repo_dir}/sparkfold-current" and served["template"] == "snapshots/{commit}"
+    assert f"ln -sfn snapshots/{COMMIT} {repo_dir}/sparkfold-current.new-link" in \
+        streams["blob-list"]["stream"].commands[1]
     assert streams["checkpoint-to-worker"]["upstream"] == ["checkpoint", "blob-list"]
     assert "--copy-unsafe-links" in " ".join(streams["checkpoint-to-worker"]["stream"].commands)
     assert streams["checkpoint-checked"]["upstream"] == ["checkpoint-to-worker"]
