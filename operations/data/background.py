@@ -32,6 +32,8 @@ from operations.data.copy import (
 )
 from operations.data.hub import checkpoint_plan_args
 from operations.data.weights import (
+    SOURCE,
+    TOKEN_MAP,
     model_source,
     rank_file_commands,
     rank_file_to_peer,
@@ -61,22 +63,37 @@ def on_worker(target: str, command: str) -> str:
     return f"{ssh_prefix()} {quote(target)} {quote(command)}"
 
 
-def marker_command(folder: str, marker: str, names: Iterable[str] = (), sums: str = "", glob: str = "") -> str:
+def marker_command(folder: str, marker: str, names: Iterable[str] = (), sums: str = "", glob: str = "",
+                   check: bool = False, tail: str = "") -> str:
     """Write `marker` in `folder` as the facts expect it (operations/remote/folder_marker.py): over `names` (or the
-    files the shell `glob` names in the folder) for a checksum list's state, over `sums`' entries for a check."""
+    files the shell `glob` names in the folder) for a checksum list's state, over `sums`' entries for a check.
+    check: only test whether it is current (exit status). tail: shell after the command, on its line."""
     which = ["--sums", quote(sums)] if sums else ["--names", *(quote(n) for n in names), *([glob] if glob else [])]
-    return heredoc_command(f"cd {quote(folder)} && python3 - {quote(folder)} {quote(marker)} {' '.join(which)}",
-                           "folder_marker")
+    which += ["--check"] if check else []
+    return heredoc_command(f"( cd {quote(folder)} && python3 - {quote(folder)} {quote(marker)} {' '.join(which)} )",
+                           "folder_marker", tail)
+
+
+def unless(test: str, note: str, commands: list[str]) -> list[str]:
+    """`commands`, skipped with `note` when the shell `test` (its last line may open a heredoc) finds the work done
+    where it runs: a stream started again after its run was interrupted redoes only what is not whole."""
+    return [f"if {test}; then echo {quote(note)}; else", *commands, "fi"]
+
+
+def _current_marker(folder: str, marker: str, note: str, **which) -> str:
+    """The opening line of `unless` for a marker: `if <marker check> <<EOF; then echo note; else`, its script after."""
+    return "if " + marker_command(folder, marker, check=True, tail=f"; then echo {quote(note)}; else", **which)
 
 
 def sums_commands(folder: str, what: str, total: int, names: Iterable[str] = (), glob: str = "") -> list[str]:
     """SHA256SUMS of `names` (or of the files `glob` names) in `folder`, hashed with progress lines, then its state
-    (what data/copy.checksums_written writes)."""
+    (what data/copy.checksums_written writes); nothing when its state is current already."""
     names = sorted(names)
     files = " ".join([*(quote(n) for n in names), *([glob] if glob else [])])
     hashing = hashing_command(f"{what}: hashing for {SUMS}", folder, f"sha256sum -- {files} > {SUMS}.tmp", total)
-    return [_text(hashing), f"cd {quote(folder)} && mv {SUMS}.tmp {SUMS}",
-            marker_command(folder, SUMS_STATE, names, glob=glob)]
+    return [_current_marker(folder, SUMS_STATE, f"{what}: {SUMS} is current", names=names, glob=glob),
+            _text(hashing), f"( cd {quote(folder)} && mv {SUMS}.tmp {SUMS} )",
+            marker_command(folder, SUMS_STATE, names, glob=glob), "fi"]
 
 
 def copy_commands(src: str, target: str, dest: str, what: str, total: int, extra_rsync: tuple = ()) -> list[str]:
@@ -87,13 +104,31 @@ def copy_commands(src: str, target: str, dest: str, what: str, total: int, extra
 
 def verified_on_worker(target: str, folder: str, sums: str, what: str, total: int) -> list[str]:
     """`sha256sum -c` of the worker's folder against `sums`, with progress lines (as data/copy.folder_verified runs
-    it there), then its marker."""
+    it there), then its marker; nothing when the marker is current already."""
     complaint = (f"sparkfold: {what} in {folder} does not match {sums} (the lines above name the files): "
                  "re-run the deploy to copy or download them again")
     check = hashing_command(f"{what}: checking {sums}", folder, f"sha256sum -c --quiet {quote(sums)}", total,
                             complaint)
-    return [on_worker(target, f"rm -f {quote(folder)}/{SUMS}.tmp"), on_worker(target, _text(check)),
-            on_worker(target, marker_command(folder, MARKER, sums=sums))]
+    return unless(on_worker(target, marker_command(folder, MARKER, sums=sums, check=True)),
+                  f"{what} on the worker: verified already",
+                  [on_worker(target, f"rm -f {quote(folder)}/{SUMS}.tmp"), on_worker(target, _text(check)),
+                   on_worker(target, marker_command(folder, MARKER, sums=sums))])
+
+
+def rank_file_current(folder: str, rank: int, source: str) -> str:
+    """A shell test: the folder holds one whole weight file of `rank`, made from `source` (what the RankFolder fact
+    tells data/weights.rank_file_written)."""
+    f = quote(folder)
+    return (f"[ \"$(cat {f}/{SOURCE} 2>/dev/null)\" = {quote(source)} ] && "
+            f"[ \"$(ls {f} 2>/dev/null | grep -c -E '^rank{rank}of2-[0-9a-f]+[.]bin$')\" = 1 ] && "
+            f"[ ! -e {f}/.rank{rank}of2.partial ]")
+
+
+def token_map_current(out_dir: str, commit: str) -> str:
+    """A shell test: the token map is there and its sidecar names `commit` (what data/weights.token_map_written
+    reads)."""
+    return (f"[ \"$(head -n 1 {quote(out_dir)}/{TOKEN_MAP}.commit 2>/dev/null)\" = {quote(commit)} ] && "
+            f"[ -f {quote(out_dir)}/{TOKEN_MAP} ]")
 
 
 def checked_stream(s, name: str, what: str, src: str, dest: str, sums: str, total: int, after: tuple[str, ...],
@@ -150,14 +185,18 @@ def weight_streams(s, checkpoint: OperationMeta, plan: Mapping, image_ref: str) 
     waits = (IMAGE_STREAM, "checkpoint")
 
     def weights(rank: int) -> tuple[str, ...]:
-        return tuple(rank_file_commands(image_ref, rank, rank_folder(layout.rank_cache, commit, rank, ""), mount,
-                                        model, int(total / 2), source_key(commit, ""))) if commit else tuple(unknown)
+        if not commit:
+            return tuple(unknown)
+        folder, source = rank_folder(layout.rank_cache, commit, rank, ""), source_key(commit, "")
+        return tuple(unless(rank_file_current(folder, rank, source), f"rank {rank}'s weight file is current",
+                            rank_file_commands(image_ref, rank, folder, mount, model, int(total / 2), source)))
 
     written = {"image_ref": image_ref, "plan_args": plan_args, "hf_cache": s.hf_cache, "rank_cache": layout.rank_cache}
     token_map = background(
         Stream("token-map", "weights", "the token map", root, after=waits,
-               commands=(token_map_command(image_ref, s.hf_cache, plan_args["repo"], commit, layout.token_map_dir),)
-               if commit else tuple(unknown)),
+               commands=tuple(unless(token_map_current(layout.token_map_dir, commit), "the token map is current",
+                                     [token_map_command(image_ref, s.hf_cache, plan_args["repo"], commit,
+                                                        layout.token_map_dir)])) if commit else tuple(unknown)),
         name="Token map (image's make_token_map.py, in the background)", upstream=[checkpoint],
         work=[(token_map_written, {"image_ref": image_ref, "plan_args": plan_args, "hf_cache": s.hf_cache,
                                    "out_dir": layout.token_map_dir})])

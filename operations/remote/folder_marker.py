@@ -2,6 +2,7 @@
 
     folder_marker.py FOLDER MARKER --names NAME...     a checksum list's state (data/copy.checksums_written)
     folder_marker.py FOLDER MARKER --sums SUMS         a verification (data/copy.folder_verified)
+    ... --check                                         exit 0 when the marker is current, 1 when not (no write)
 
 A background stream (operations/streams) hashes or verifies hundreds of GB after the files it reads have landed,
 so the marker cannot be computed from a fact read when the stream started: this script reads the folder's listing
@@ -59,6 +60,17 @@ def marker_digest(folder: str, names: list[str] | None = None, sums: str = "") -
     return listing_digest(files, names or [])
 
 
+def current(path: str, digest: str, folder: str, names: list[str] | None) -> bool:
+    """The marker at `path` records `digest` (and, for a checksum list's state, SHA256SUMS lists `names`)."""
+    try:
+        with open(path) as f:
+            if f.read(200).strip() != digest:
+                return False
+        return not names or sorted(sums_names(os.path.join(folder, "SHA256SUMS"))[0]) == sorted(names)
+    except OSError:
+        return False
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="write a folder's marker (the digest of its listing)")
     parser.add_argument("folder")
@@ -66,13 +78,19 @@ def main(argv: list[str] | None = None) -> int:
     which = parser.add_mutually_exclusive_group(required=True)
     which.add_argument("--names", nargs="+", help="the files a checksum list was written for")
     which.add_argument("--sums", help="the checksum list a verification checked")
+    parser.add_argument("--check", action="store_true",
+                        help="only say whether the marker is current (with --names: and SHA256SUMS lists them)")
     args = parser.parse_args(argv)
+    path = os.path.join(args.folder, args.marker)
     try:
         digest = marker_digest(args.folder, args.names, args.sums or "")
     except (OSError, subprocess.CalledProcessError) as error:
+        if args.check:
+            return 1
         print(f"sparkfold: cannot write {args.marker} in {args.folder}: {error}", file=sys.stderr)
         return 1
-    path = os.path.join(args.folder, args.marker)
+    if args.check:
+        return 0 if current(path, digest, args.folder, args.names) else 1
     with open(path + ".tmp", "w") as f:
         f.write(digest + "\n")
     os.replace(path + ".tmp", path)

@@ -17,6 +17,7 @@ from settings_factory import make_settings
 from operations.data import background as bg
 from operations.data import copy as data_copy
 from operations.facts.files import FolderCheck
+from operations.facts.model import RankFolder
 from operations.remote.folder_marker import marker_digest
 from operations.util.listing import listing_digest
 
@@ -68,6 +69,8 @@ def test_a_fresh_hashing_leaves_the_list_current(tmp_path):
     run(bg.sums_commands(str(folder), "the Engram tables", 8000, names=names), tmp_path)
     assert run_op(data_copy.checksums_written, folder_check(folder, "SHA256SUMS", data_copy.SUMS_STATE),
                   folder=str(folder), files=names)[0] == []
+    again = run(bg.sums_commands(str(folder), "the Engram tables", 8000, names=names), tmp_path)
+    assert again.stdout.strip() == "the Engram tables: SHA256SUMS is current"  # a resumed stream hashes nothing
     listed = (folder / "SHA256SUMS").read_text().split()
     assert listed[1::2] == names and listed[0] == hashlib.sha256((folder / names[0]).read_bytes()).hexdigest()
 
@@ -91,8 +94,11 @@ def test_the_check_on_the_worker_leaves_it_verified_and_a_bad_copy_fails(tmp_pat
     assert not (folder / "SHA256SUMS.tmp").exists()
     assert run_op(data_copy.folder_verified, folder_check(folder, "SHA256SUMS", data_copy.MARKER),
                   folder=str(folder), sums="SHA256SUMS", what="the Engram tables")[0] == []
+    again = run(bg.verified_on_worker("nvidia@w", str(folder), "SHA256SUMS", "the Engram tables", 8000), tmp_path)
+    assert again.stdout.strip() == "the Engram tables on the worker: verified already"  # a resumed stream
     marker = (folder / data_copy.MARKER).read_text()
-    (folder / names[0]).write_bytes(os.urandom(3000))
+    (folder / names[0]).write_bytes(os.urandom(3000))  # a copy gone wrong: other bytes, another mtime
+    os.utime(folder / names[0], (1700000000, 1700000000))
     bad = subprocess.run(["sh", "-ec", "\n".join(bg.verified_on_worker("nvidia@w", str(folder), "SHA256SUMS",
                                                                        "the Engram tables", 8000))],
                          capture_output=True, text=True, env={**os.environ, "PATH": f"{tmp_path / 'bin'}:"
@@ -142,12 +148,39 @@ def test_the_weight_files_of_a_commit(declared):
     commit = "c" * 40
     bg.weight_streams(settings(), "checkpoint", {"commit": commit, "total_bytes": 2 * 10**9}, "img:1")
     rank1 = declared["rank1"]["stream"].commands
-    assert f"/home/n/.cache/sparkfold/rank-cache/{commit}/rank1" in rank1[0]
     folder = f"/home/n/.cache/sparkfold/rank-cache/{commit}/rank1"
-    assert rank1[-1] == f"printf '%s\\n' {commit} > {folder}/.sparkfold-source"
+    assert rank1[0].startswith("if ") and rank1[0].endswith("then echo 'rank 1'\"'\"'s weight file is current'; else")
+    assert rank1[1].startswith(f"mkdir -p {folder} && rm -f {folder}/rank1of2-*.bin")
+    assert rank1[-2:] == (f"printf '%s\\n' {commit} > {folder}/.sparkfold-source", "fi")
     copy = declared["rank1-to-worker"]["stream"].commands
     assert copy[-1].endswith(f"'ln -sfn {commit}/rank1 /home/n/.cache/sparkfold/rank-cache/active-rank1'")
     checked = declared["rank1-checked"]["stream"].commands
     assert any("checking SHA256SUMS" in c and f"rank-cache/{commit}/rank1" in c for c in checked)
     op, arguments = declared["rank1-sums"]["work"][0]
     assert op is bg.rank_sums_written and (arguments["rank"], arguments["ablit_tag"]) == (1, "")
+
+
+@pytest.mark.parametrize("files, current", [
+    ({"rank1of2-0123abcd.bin": b"w", ".sparkfold-source": b"c1\n"}, True),
+    ({"rank1of2-0123abcd.bin": b"w", ".sparkfold-source": b"c0\n"}, False),  # made from another checkpoint
+    ({"rank1of2-0123abcd.bin": b"w", ".rank1of2.partial": b"p", ".sparkfold-source": b"c1\n"}, False),
+    ({"rank1of2-0123abcd.bin": b"w", "rank1of2-4567abcd.bin": b"w", ".sparkfold-source": b"c1\n"}, False),
+    ({".sparkfold-source": b"c1\n"}, False),
+])
+def test_a_weight_file_found_whole_is_not_written_again(tmp_path, files, current):
+    folder = tmp_path / "rank1"
+    folder.mkdir()
+    for name, data in files.items():
+        (folder / name).write_bytes(data)
+    assert (subprocess.run(["sh", "-c", bg.rank_file_current(str(folder), 1, "c1")]).returncode == 0) == current
+    fact = run_fact(RankFolder, path=str(folder))  # what rank_file_written decides from
+    assert (len(fact["bins"].get(1, [])) == 1 and 1 not in fact["partial"] and fact["source"] == "c1") == current
+
+
+def test_a_token_map_found_current_is_not_written_again(tmp_path):
+    test = bg.token_map_current(str(tmp_path), "c1")
+    assert subprocess.run(["sh", "-c", test]).returncode != 0
+    (tmp_path / "dsv41_token_map.json").write_text("{}")
+    (tmp_path / "dsv41_token_map.json.commit").write_text("c1\n")
+    assert subprocess.run(["sh", "-c", test]).returncode == 0
+    assert subprocess.run(["sh", "-c", bg.token_map_current(str(tmp_path), "c2")]).returncode != 0
