@@ -431,3 +431,68 @@ def test_start_script_backgrounds_the_server_once(tmp_path):
         assert "GET /healthz 200" in (tmp_path / "fakehub.log").read_text()
     finally:
         os.kill(pid, signal.SIGTERM)
+
+
+# ---------------------------------------------------------------- scaled up and slowed down (tests/bench/first_run.py)
+
+PAD = 3 * 2**20  # each checkpoint shard grows by 3 MiB
+RATE = 8 * 2**20  # bytes/s, all connections together
+
+
+@pytest.fixture(scope="module")
+def slow_hub(tmp_path_factory):
+    log = tmp_path_factory.mktemp("slowhub") / "fakehub.log"
+    env = dict(os.environ, FAKEHUB_PAD=f"{repos.EAQ_V1}/model-*.safetensors={PAD}", FAKEHUB_RATE=str(RATE))
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([sys.executable, "-I", "-S", str(FAKEHUB / "server.py"), "--host", "127.0.0.1",
+                                 "--port", "0"], stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                env=env)
+    try:
+        deadline, url = time.monotonic() + 20, None
+        while url is None and time.monotonic() < deadline:
+            assert proc.poll() is None, log.read_text()
+            url = next((line.split("listening on ")[1].split()[0] for line in log.read_text().splitlines()
+                        if "listening on " in line), None)
+            time.sleep(0.05)
+        assert url, log.read_text()
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=5)
+
+
+def test_a_padded_pack_keeps_its_commit_and_stays_valid_safetensors():
+    plain = repos.build_repos()
+    big = repos.padded(plain, {f"{repos.EAQ_V1}/model-*.safetensors": PAD})[repos.EAQ_V1]
+    assert big.commit == plain[repos.EAQ_V1].commit
+    for path, f in big.files.items():
+        small = plain[repos.EAQ_V1].files[path]
+        if not path.endswith(".safetensors"):
+            assert f is small
+            continue
+        data = b"".join(f.read())
+        assert len(data) == f.size == len(f.body) + PAD and hashlib.sha256(data).hexdigest() == f.sha256
+        (n,) = struct.unpack("<Q", data[:8])
+        header = json.loads(data[8:8 + n])
+        pad = header.pop(repos.PAD_TENSOR)
+        assert pad["dtype"] == "U8" and pad["shape"] == [PAD] and 8 + n + pad["data_offsets"][1] == len(data)
+        (m,) = struct.unpack("<Q", small.data[:8])
+        assert header == json.loads(small.data[8:8 + m])  # the real tensors, where they were
+        assert b"".join(f.read(10, 20)) == data[10:20] and b"".join(f.read(f.size - 5)) == data[-5:]
+
+
+def test_the_hub_client_fetches_a_padded_pack_at_the_server_rate(slow_hub, tmp_path, monkeypatch):
+    monkeypatch.setattr(constants, "ENDPOINT", slow_hub)
+    monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE", slow_hub + "/{repo_id}/resolve/{revision}/{filename}")
+    big = repos.padded(repos.build_repos(), {f"{repos.EAQ_V1}/model-*.safetensors": PAD})[repos.EAQ_V1]
+    t0 = time.monotonic()
+    path = snapshot_download(repos.EAQ_V1, revision="main", cache_dir=tmp_path, endpoint=slow_hub, token=False)
+    elapsed = time.monotonic() - t0
+    total = sum(f.size for f in big.files.values())
+    assert elapsed >= 0.8 * total / RATE, elapsed  # 8 parallel files share the one rate
+    for rel, f in big.files.items():
+        data = (Path(path) / rel).read_bytes()
+        assert len(data) == f.size and hashlib.sha256(data).hexdigest() == f.sha256, rel
+    status, headers, body = get(f"{slow_hub}/{repos.EAQ_V1}/resolve/main/model-00002-of-00003.safetensors",
+                                {"Range": f"bytes={big.files['model-00002-of-00003.safetensors'].size - 4}-"})
+    assert status == 206 and body == b"".join(big.files["model-00002-of-00003.safetensors"].read())[-4:]

@@ -8,12 +8,14 @@ its apply script. Standard library only (it runs inside the simulated Sparks).
 
 from __future__ import annotations
 
+import fnmatch
 import hashlib
 import json
 import re
 import struct
 import unicodedata
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from functools import cached_property
 
 EAQ_V1 = "Mia-AiLab/DeepSeek-V4.1-Flash-1017-EXL3-EAQ-v1-2.9-bpw"
 EAQ_V1_1 = "Mia-AiLab/DeepSeek-V4.1-Flash-1017-EXL3-EAQ-v1.1-2.9-bpw"
@@ -50,14 +52,35 @@ DTYPE_SIZE = {"BF16": 2, "F16": 2, "F32": 4, "I16": 2, "I32": 4, "U8": 1, "F8_E4
 class RepoFile:
     path: str
     data: bytes = field(repr=False)
+    pad: int = 0  # a padding tensor of this many bytes after the data (a pack scaled up: padded())
+
+    @cached_property
+    def body(self) -> bytes:
+        """The bytes before the padding: the data, its safetensors header naming the padding tensor when padded."""
+        return padded_header(self.data, self.pad) if self.pad else self.data
 
     @property
     def size(self) -> int:
-        return len(self.data)
+        return len(self.body) + self.pad
 
-    @property
+    def read(self, start: int = 0, end: int | None = None, chunk: int = 1 << 16):
+        """The file's bytes from start to end (exclusive), in chunks: a padded file is never held whole."""
+        end = self.size if end is None else end
+        while start < end:
+            if start < len(self.body):
+                piece = self.body[start:min(end, len(self.body), start + chunk)]
+            else:
+                offset = (start - len(self.body)) % len(PAD_BLOCK)
+                piece = PAD_BLOCK[offset:offset + min(chunk, end - start)]
+            yield piece
+            start += len(piece)
+
+    @cached_property
     def sha256(self) -> str:
-        return hashlib.sha256(self.data).hexdigest()
+        digest = hashlib.sha256()
+        for piece in self.read(chunk=1 << 20):
+            digest.update(piece)
+        return digest.hexdigest()
 
     @property
     def is_lfs(self) -> bool:
@@ -103,6 +126,9 @@ def det_bytes(seed: str, n: int) -> bytes:
     return bytes(out[:n])
 
 
+PAD_BLOCK = det_bytes("sparkfold-sim padding", 1 << 20)  # a padded file's padding: this MiB repeated
+
+
 def det_ints(seed: str, count: int, modulo: int) -> list[int]:
     raw = det_bytes(seed, 8 * count)
     return [int.from_bytes(raw[i * 8 : i * 8 + 8], "little") % modulo for i in range(count)]
@@ -123,6 +149,34 @@ def safetensors(tensors: list[tuple[str, str, list[int], bytes]], metadata: dict
     raw = json.dumps(header, separators=(",", ":")).encode()
     raw += b" " * (-len(raw) % 8)
     return struct.pack("<Q", len(raw)) + raw + b"".join(t[3] for t in tensors)
+
+
+PAD_TENSOR = "sparkfold_sim.pad"  # what a padded shard's header calls its padding (nothing reads it)
+
+
+def padded_header(data: bytes, pad: int) -> bytes:
+    """A safetensors file's bytes with a U8 tensor of `pad` bytes declared after its data (the bytes themselves are
+    PAD_BLOCK repeated, served after these): the file stays valid safetensors."""
+    (n,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8:8 + n])
+    end = max((e["data_offsets"][1] for k, e in header.items() if k != "__metadata__"), default=0)
+    header[PAD_TENSOR] = {"dtype": "U8", "shape": [pad], "data_offsets": [end, end + pad]}
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)
+    return struct.pack("<Q", len(raw)) + raw + data[8 + n:]
+
+
+def padded(repos: dict, pads: dict[str, int]) -> dict:
+    """The repos with each LFS safetensors file whose "<repo>/<path>" matches a pattern of `pads` padded by its
+    bytes: a pack with the real one's proportions, for a benchmark (tests/bench/first_run.py). Its commit stays."""
+    out = {}
+    for repo_id, repo in repos.items():
+        files = {}
+        for path, f in repo.files.items():
+            extra = next((n for pattern, n in pads.items() if fnmatch.fnmatchcase(f"{repo_id}/{path}", pattern)), 0)
+            files[path] = replace(f, pad=extra) if extra and path.endswith(".safetensors") else f
+        out[repo_id] = replace(repo, files=files)
+    return out
 
 
 def tensor(name: str, dtype: str, shape: list[int], seed: str) -> tuple[str, str, list[int], bytes]:

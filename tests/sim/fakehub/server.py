@@ -12,8 +12,11 @@ Serves the repositories built by repos.py with the routes and headers huggingfac
   HEAD|GET /<repo>/resolve/<rev>/<path>                   hf_hub_download (ETag, X-Repo-Commit, Range)
 
 Files are served directly (200/206, no CDN redirect) and no Xet headers are ever sent, so the client always
-takes its plain HTTP path. Gated repos answer their files and auth-check with 401 (no token), 403 (a token
-without access) or the content (an accepted token); their metadata stays public, as on the Hub.
+takes its plain HTTP path. For a benchmark (tests/bench/first_run.py) the packs can be scaled up (--pad,
+$FAKEHUB_PAD: a padding tensor in matching shards, served without being held whole) and the server slowed down
+like a slow link to the Hub (--rate, $FAKEHUB_RATE: bytes/s for all connections together). Gated repos answer
+their files and auth-check with 401 (no token), 403 (a token without access) or the content (an accepted token);
+their metadata stays public, as on the Hub.
 Standard library only.
 """
 
@@ -44,9 +47,29 @@ class HubError(Exception):
         self.status, self.message, self.code, self.commit = status, message, code, commit
 
 
+class Throttle:
+    """One rate for every file byte the server sends, on all connections together: a slow link to the Hub (what
+    parallel downloads share). Each chunk takes the next slot of the link and goes once its slot has passed."""
+
+    def __init__(self, rate: float = 0):
+        self.rate = rate
+        self.lock = threading.Lock()
+        self.free_at = 0.0
+
+    def take(self, n: int) -> None:
+        if self.rate <= 0:
+            return
+        with self.lock:
+            self.free_at = max(time.monotonic(), self.free_at) + n / self.rate
+            until = self.free_at
+        time.sleep(max(until - time.monotonic(), 0))
+
+
 class Hub:
-    def __init__(self, tokens: set[str], cut_once: list[str] | None = None):
-        self.repos = repo_data.build_repos()
+    def __init__(self, tokens: set[str], cut_once: list[str] | None = None, pads: dict[str, int] | None = None,
+                 rate: float = 0):
+        self.repos = repo_data.padded(repo_data.build_repos(), pads) if pads else repo_data.build_repos()
+        self.throttle = Throttle(rate)
         self.tokens = tokens
         # fault injection: the first full GET of a matching "<repo>/<path>" stops half-way (tests resume)
         self.cut_once = cut_once or []
@@ -305,19 +328,35 @@ class Handler(BaseHTTPRequestHandler):
             headers["X-Linked-Size"] = str(f.size)
         ext = os.path.splitext(path)[1]
         ctype = TEXT_TYPES.get(ext, "application/octet-stream") if not f.is_lfs else "application/octet-stream"
-        status, body = 200, f.data
+        status, start, end = 200, 0, f.size
         rng = _parse_range(self.headers.get("Range"), f.size)
         if rng == "unsatisfiable":
             headers["Content-Range"] = f"bytes */{f.size}"
             self._send(416, b"", headers, ctype)
             return
         if rng is not None:
-            start, end = rng
-            status, body = 206, f.data[start:end + 1]
-            headers["Content-Range"] = f"bytes {start}-{end}/{f.size}"
+            status, (start, end) = 206, (rng[0], rng[1] + 1)
+            headers["Content-Range"] = f"bytes {start}-{end - 1}/{f.size}"
         elif self.command == "GET" and f.size > 1 and hub.should_cut(f"{repo_id}/{path}"):
-            return self._send_cut(body, headers, ctype)
-        self._send(status, body, headers, ctype)
+            return self._send_cut(b"".join(f.read()), headers, ctype)
+        self._send_file(status, f, start, end, headers, ctype)
+
+    def _send_file(self, status: int, f: repo_data.RepoFile, start: int, end: int, headers: dict[str, str],
+                   ctype: str) -> None:
+        """Bytes start..end of `f`, in chunks, each at the server's rate (--rate)."""
+        self.send_response(status)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(end - start))
+        for k, v in headers.items():
+            self.send_header(k, v)
+        self.end_headers()
+        sent = 0
+        if self.command != "HEAD":
+            for piece in f.read(start, end):
+                self.hub.throttle.take(len(piece))
+                self.wfile.write(piece)
+                sent += len(piece)
+        self._log(status, sent)
 
     def _send_cut(self, body: bytes, headers: dict[str, str], ctype: str) -> None:
         """Announce the whole file, send half of it, drop the connection (a network cut mid-download)."""
@@ -331,6 +370,17 @@ class Handler(BaseHTTPRequestHandler):
         self.wfile.flush()
         self.close_connection = True
         self._log(200, len(body) // 2, " cut")
+
+
+def parse_pads(specs: list[str]) -> dict[str, int]:
+    """["GLOB=BYTES", ...] -> {GLOB: BYTES}."""
+    pads = {}
+    for spec in specs:
+        pattern, _, size = spec.rpartition("=")
+        if not pattern or not size.isdigit():
+            raise SystemExit(f"fakehub: --pad {spec!r} is not GLOB=BYTES")
+        pads[pattern] = int(size)
+    return pads
 
 
 def _flag(query: dict, name: str) -> bool:
@@ -358,8 +408,9 @@ def _parse_range(value: str | None, size: int):
     return start, min(end, size - 1)
 
 
-def make_server(host: str, port: int, tokens: set[str], cut_once: list[str] | None = None) -> ThreadingHTTPServer:
-    handler = type("FakeHubHandler", (Handler,), {"hub": Hub(tokens, cut_once)})
+def make_server(host: str, port: int, tokens: set[str], cut_once: list[str] | None = None,
+                pads: dict[str, int] | None = None, rate: float = 0) -> ThreadingHTTPServer:
+    handler = type("FakeHubHandler", (Handler,), {"hub": Hub(tokens, cut_once, pads, rate)})
     server = ThreadingHTTPServer((host, port), handler)
     server.daemon_threads = True
     return server
@@ -373,10 +424,16 @@ def main(argv: list[str] | None = None) -> None:
                     help="token with access to gated repos (repeatable; default $FAKEHUB_TOKENS or hf_simtoken)")
     ap.add_argument("--cut-once", action="append", default=[], metavar="GLOB",
                     help="the first full GET of a matching <repo>/<path> stops half-way, once (resume tests)")
+    ap.add_argument("--pad", action="append", default=[], metavar="GLOB=BYTES",
+                    help="each safetensors file whose <repo>/<path> matches GLOB gets a padding tensor of BYTES (a "
+                         "pack scaled up for a benchmark; default $FAKEHUB_PAD, comma-separated)")
+    ap.add_argument("--rate", default=os.environ.get("FAKEHUB_RATE", "0"), metavar="BYTES_PER_S",
+                    help="send file bytes at most this fast, all connections together (0: unlimited)")
     args = ap.parse_args(argv)
     tokens = set(args.token or os.environ.get("FAKEHUB_TOKENS", "hf_simtoken").split(","))
     cut_once = args.cut_once or [p for p in os.environ.get("FAKEHUB_CUT_ONCE", "").split(",") if p]
-    server = make_server(args.host, args.port, {t for t in tokens if t}, cut_once)
+    pads = parse_pads(args.pad or [p for p in os.environ.get("FAKEHUB_PAD", "").split(",") if p])
+    server = make_server(args.host, args.port, {t for t in tokens if t}, cut_once, pads, float(args.rate))
     host, port = server.server_address[:2]
     summary = ", ".join(f"{rid}@{r.commit[:8]}" for rid, r in server.RequestHandlerClass.hub.repos.items())
     print(f"fakehub listening on http://{host}:{port} serving {summary}", file=sys.stderr, flush=True)

@@ -1,7 +1,8 @@
 #!/bin/sh
 # Starts the fake Hugging Face endpoint in the background (run on the simulated head at its start).
 # Env: FAKEHUB_HOST (127.0.0.1), FAKEHUB_PORT (5555), FAKEHUB_LOG (/var/log/fakehub.log),
-# FAKEHUB_PIDFILE (/run/fakehub.pid), FAKEHUB_TOKENS (hf_simtoken), FAKEHUB_CUT_ONCE (none).
+# FAKEHUB_PIDFILE (/run/fakehub.pid), FAKEHUB_TOKENS (hf_simtoken), FAKEHUB_CUT_ONCE (none), FAKEHUB_PAD (none),
+# FAKEHUB_RATE (0: unlimited): read by server.py.
 set -eu
 here=$(cd "$(dirname "$0")" && pwd)
 host=${FAKEHUB_HOST:-127.0.0.1}
