@@ -8,6 +8,7 @@ import os
 import shutil
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import time
@@ -486,3 +487,25 @@ def test_replies_differ_fault(pair, engine_copy, tmp_path, capsys):
     assert fault_line in faulty.rank0.stdout.read().splitlines()
     assert "sim fault" not in clean.rank0.stdout.read()
     capsys.readouterr()  # exact.record's progress lines
+
+
+def test_the_bench_knob_makes_a_weight_file_of_half_the_pack_at_its_rate(model, engine_copy, tmp_path):
+    """tests/bench/first_run.py's weight files: a rank's share of a scaled-up pack, written at the real tool's
+    pace; the engine still reads its index from the end."""
+    (model / "model-00001-of-00001.safetensors").write_bytes(b"\0" * 4 * 2**20)  # a 4 MiB pack
+    plain = tmp_path / "plain"
+    assert tool("tf-dsv41-rank-cache", model, plain, 1, 2, bin_dir=engine_copy / "bin").returncode == 0
+    (engine_copy / "faults" / "bench-rank-write").write_text(json.dumps({"fraction": 0.5, "rate": 8 * 2**20}))
+    out = tmp_path / "rc"
+    t0 = time.monotonic()
+    done = tool("tf-dsv41-rank-cache", model, out, 1, 2, bin_dir=engine_copy / "bin")
+    assert done.returncode == 0, done.stderr
+    assert time.monotonic() - t0 >= 0.2  # 2 MiB at 8 MiB/s
+    (big,), (small,) = out.iterdir(), plain.iterdir()
+    assert big.name == small.name and big.stat().st_size == small.stat().st_size + 2 * 2**20
+    data = big.read_bytes()
+    assert data[-8:] == b"TFDSRK01"
+    index_at = struct.unpack("<Q", data[-16:-8])[0]
+    assert json.loads(data[index_at:-16]) == json.loads(small.read_bytes()[index_at - 2 * 2**20:-16])
+    (engine_copy / "faults" / "bench-build-s").write_text("1")
+    assert 'sleep "$(cat /opt/tensorfold/faults/bench-build-s)"' in (engine_copy / "Dockerfile").read_text()
