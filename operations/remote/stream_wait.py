@@ -5,9 +5,10 @@
 Each stream's own lines (its progress runner's: one plain line every 10 s, naming the work) are printed as they
 appear in its log, so every stream keeps its own line while they all run. When one fails, that is said at once and
 the others go on (what they make is kept); at the end one line per stream gives its time (and how long it waited
-for the streams it reads), then the critical path: the chain of streams, each waiting for the one before, whose
-times add up to the most, the least the work could take however much runs at once. Exit 1 when a stream failed or
-was stopped. Sent to the Spark after operations/remote/progress.py (its `clock`).
+for the streams it reads), then each lane's busy time (a lane's streams share one thing: the link to the Hub, the
+cable to the worker) and the critical path: the chain of streams, each waiting for the one before, whose times add
+up to the most. Neither the busiest lane nor the critical path can be beaten by any schedule. Exit 1 when a stream
+failed or was stopped. Sent to the Spark after operations/remote/progress.py (its `clock`).
 """
 
 from __future__ import annotations
@@ -101,6 +102,25 @@ def critical_path(streams: dict[str, dict]) -> tuple[float, list[str]]:
     return max(ends, key=lambda c: c[0], default=(0.0, []))
 
 
+def lane_busy(streams: dict[str, dict]) -> dict[str, float]:
+    """{lane: seconds at least one of its streams ran} (the union of their own times), busiest first: a lane's
+    streams share what it stands for (the link to the Hub, the cable to the worker), so no schedule is shorter."""
+    spans: dict[str, list[tuple[float, float]]] = {}
+    for stream in streams.values():
+        if took(stream) is not None:
+            spans.setdefault(stream["lane"] or "work", []).append((stream["began"], stream["ended"]))
+    busy = {}
+    for lane, pieces in spans.items():
+        total, reach = 0.0, None
+        for start, end in sorted(pieces):
+            if reach is None or start > reach:
+                total, reach = total + end - start, end
+            elif end > reach:
+                total, reach = total + end - reach, end
+        busy[lane] = total
+    return dict(sorted(busy.items(), key=lambda item: -item[1]))
+
+
 def summary_lines(streams: dict[str, dict]) -> list[str]:
     """One line per stream (its time, its wait, how it ended), then the wall time and the critical path."""
     lines = []
@@ -118,6 +138,8 @@ def summary_lines(streams: dict[str, dict]) -> list[str]:
     ends = [s["ended"] for s in streams.values() if s["ended"] is not None]
     seconds, names = critical_path(streams)
     if starts and ends and names:
+        lanes = ", ".join(f"{lane} {clock(busy)}" for lane, busy in lane_busy(streams).items())
+        lines.append(f"background lanes, busy: {lanes}")
         path = " → ".join(f"{streams[n]['label']} ({clock(took(streams[n]) or 0)})" for n in names)
         lines.append(f"background work: {len(streams)} streams in {clock(max(ends) - min(starts))}; "
                      f"critical path {clock(seconds)}: {path}")

@@ -203,6 +203,7 @@ def test_the_waiter_relays_each_streams_lines_and_ends_with_the_critical_path(tm
     assert lines[-1] == ("background work: 4 streams in 8 min 35 s; critical path 8 min 35 s: the Engram tables "
                          "download (3 min 20 s) → the checkpoint download (3 min 30 s) → rank 1's weight file "
                          "(1 min 45 s)")
+    assert lines[-2] == "background lanes, busy: download 6 min 50 s, build 6 min 00 s, weights 1 min 45 s"
     assert not any("\r" in line for line in lines)
 
 
@@ -224,6 +225,13 @@ def test_the_waiter_follows_streams_that_run(tmp_path):
     assert stream_wait.wait(str(root), RUN, poll=0.05, out=out) == 0
     assert out.getvalue().splitlines()[:2] == ["one", "two"]
     assert "background test: the slow work: 1 s" in out.getvalue()
+
+
+def test_a_lane_is_busy_while_any_of_its_streams_runs():
+    streams = {"a": {"lane": "to worker", "began": 0, "ended": 10}, "b": {"lane": "to worker", "began": 5, "ended": 12},
+               "c": {"lane": "to worker", "began": 20, "ended": 25}, "d": {"lane": "hash", "began": 0, "ended": 3},
+               "e": {"lane": "hash", "began": None, "ended": None}}
+    assert stream_wait.lane_busy(streams) == {"to worker": 17.0, "hash": 3.0}
 
 
 def test_the_critical_path_follows_the_waits_not_the_clock():
