@@ -251,7 +251,7 @@ def engine_image(s: Settings) -> None:
                    work=[(engine_image_shipped, shipped)])
 
 
-@deploy("The engine image, checked")
+@deploy("The engine image")
 def engine_image_checked(s: Settings) -> None:
     """Once the background work is done: the engine's capabilities, read from the image and kept by its id."""
     ref = image_ref(s)

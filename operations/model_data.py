@@ -156,7 +156,7 @@ def model_data(s: Settings) -> None:
         _head(s, image_ref(s))
 
 
-@deploy("The model data, checked")
+@deploy("The model data")
 def model_data_checked(s: Settings) -> None:
     """Once the background work is done: what reads the whole checkpoint (the served snapshot, rank 0's weight
     folder, the ABLIT path), then the worker's copies verified (the streams verify them as they land: these find

@@ -1,0 +1,136 @@
+"""The first run overlapped (issue 21): a deploy killed while several background streams run at once (the image
+build, the checkpoint download, the Engram tables' copy and check) leaves what is whole, its streams end with it,
+and the next run resumes every stream, goes LIVE and the one after changes nothing.
+
+The overlap is made from a converged pair: the Engram tables (both Sparks) and the checkpoint (head) removed, the
+fake hub slowed on the head's loopback (as test_resume.py does) and a new image whose build takes a minute (the
+stand-in's bench-build-s knob, tests/sim/engine/faults/README.md). Deploys the pair itself when it is not serving;
+leaves it converged and serving on the fault-free engine.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import threading
+import time
+from pathlib import Path
+
+from test_deploy import NAME, changed_ops, chat, deploy, start_deploy
+
+from operations.facts.streams import StreamStates, stream_status
+from operations.remote.stream_runner import STOPPED_RC
+
+ROOT = Path(__file__).resolve().parents[2]
+REPO = "Mia-AiLab/DeepSeek-V4.1-Flash-1017-EXL3-EAQ-v1-2.9-bpw"
+CHECKPOINT = "/home/nvidia/.cache/huggingface/hub/models--" + REPO.replace("/", "--")
+ENGRAM = "/home/nvidia/.cache/sparkfold/engram"
+STREAMS = "/home/nvidia/.local/state/sparkfold/streams"
+HUB_LOG = "/var/log/fakehub.log"
+ENGRAM_SHARD = re.compile(r" GET /deepseek-ai/DeepSeek-V4\.1-Flash-1017/resolve/\w+/(model-0004[78]-of-00048\S*) 200")
+CHECKPOINT_LINE = re.compile(r"Checkpoint download: .* of ")  # a progress line: the checkpoint is downloading
+
+
+def running(sim_exec, role: str) -> bool:
+    out = sim_exec(role, ["docker", "inspect", "-f", "{{.State.Running}}", NAME])
+    return out.returncode == 0 and out.stdout.strip() == "true"
+
+
+def streams(sim_exec) -> dict:
+    return StreamStates().process(sim_exec("head", StreamStates().command(root=STREAMS), user="nvidia")
+                                  .stdout.splitlines())
+
+
+def slow_hub(sim_exec, on: bool) -> None:
+    # 1 KiB/s on the head's loopback, where the fake hub answers: the Engram tables take ~20 s, the checkpoint ~1 min
+    if on:
+        assert sim_exec("head", "ip link set lo mtu 1500 && tc qdisc add dev lo root tbf rate 8kbit burst 1600 "
+                                "latency 120s").returncode == 0
+    else:
+        sim_exec("head", "tc qdisc del dev lo root; ip link set lo mtu 65536")
+
+
+def slow_build(tmp_path: Path) -> dict[str, str]:
+    """A new engine image (its context differs) whose build takes a minute, in the background from the data step."""
+    context = tmp_path / "engine-slow-build"
+    shutil.copytree(ROOT / "tests/sim/engine", context)
+    (context / "faults" / "bench-build-s").write_text("60\n")
+    return {"SPARKFOLD_ENGINE_CONTEXT": str(context)}
+
+
+def engram_fetches(sim_exec, since: int) -> list[str]:
+    return ENGRAM_SHARD.findall(sim_exec("head", f"tail -n +{since + 1} {HUB_LOG}").stdout)
+
+
+def test_a_run_killed_during_the_overlap_is_resumed_by_the_next(site_file, run_pyinfra, sim_exec, tmp_path):
+    if not (running(sim_exec, "head") and running(sim_exec, "worker")):
+        deploy(run_pyinfra)
+    env = slow_build(tmp_path)
+    for role in ("head", "worker"):
+        assert sim_exec(role, f"rm -rf {ENGRAM}").returncode == 0
+    assert sim_exec("head", f"rm -rf {CHECKPOINT}").returncode == 0
+    before = dict(os.environ)
+    os.environ.update(env)  # start_deploy passes the environment on
+    slow_hub(sim_exec, True)
+    try:
+        # 1. a run killed once the checkpoint downloads while the image still builds (the Engram tables, fetched
+        # first, are whole by then and on their way to the worker)
+        run = start_deploy(site_file)
+        seen: list[str] = []
+        assert run.stderr is not None
+        stuck = threading.Timer(420, os.killpg, (run.pid, signal.SIGKILL))  # never hold the shared pair forever
+        stuck.start()
+        for line in run.stderr:
+            seen.append(line.rstrip("\n"))
+            if CHECKPOINT_LINE.search(line):
+                break
+        stuck.cancel()
+        os.killpg(run.pid, signal.SIGKILL)
+        run.wait()
+        assert any(CHECKPOINT_LINE.search(text) for text in seen), "\n".join(seen[-60:])
+        assert not any(re.search(r"build \S+: done in", text) for text in seen), "the build ended before the kill"
+        # every stream of the killed run ends with it (its watchdog), the ones that ran at the kill as stopped
+        deadline = time.monotonic() + 30
+        while any(stream_status(s) == "running" for s in streams(sim_exec).values()):
+            assert time.monotonic() < deadline, streams(sim_exec)
+            time.sleep(1)
+        killed = streams(sim_exec)
+        stopped = {name for name, s in killed.items() if s["rc"] == STOPPED_RC}
+        assert {"image", "checkpoint"} <= stopped, killed  # two streams ran at once when the run was killed
+        assert sim_exec("head", f"pgrep -f -- '--repo {REPO}'").returncode != 0  # the download ended with it
+        assert sim_exec("head", "pgrep -f 'docker build'").returncode != 0
+        assert sim_exec("head", f"grep -q 'the run that started it is gone' {STREAMS}/image/log").returncode == 0
+        # what was whole stays: the Engram tables, downloaded before the kill
+        assert killed["engram"]["rc"] == 0
+        whole = sim_exec("head", f"ls {ENGRAM}/model-00047-of-00048.safetensors "
+                                 f"{ENGRAM}/model-00048-of-00048.safetensors")
+        assert whole.returncode == 0, whole.stderr
+    finally:
+        slow_hub(sim_exec, False)
+
+    try:
+        # 2. the next run resumes every stream and goes LIVE, without fetching the Engram tables again
+        mark = int(sim_exec("head", f"wc -l < {HUB_LOG}").stdout)
+        run = deploy(run_pyinfra, env=env)
+        assert "is now LIVE! on port 8888" in run.stderr, run.stderr[-4000:]
+        assert engram_fetches(sim_exec, mark) == []
+        assert re.search(r"background work: \d+ streams in .*; critical path ", run.stderr), run.stderr[-4000:]
+        resumed = streams(sim_exec)
+        assert {"image", "checkpoint", "engram-to-worker", "engram-checked"} <= set(resumed), resumed
+        assert len({s["run"] for s in resumed.values() if s["run"]}) >= 1
+        newest = max(resumed.values(), key=lambda s: s["queued"] or 0)["run"]
+        assert all(s["rc"] == 0 for s in resumed.values() if s["run"] == newest), resumed
+        assert resumed["image"]["run"] == newest and resumed["checkpoint"]["run"] == newest
+        assert chat()["choices"][0]["message"]["content"]
+        # 3. the run after changes nothing: no stream starts, the facts find everything in place
+        again = deploy(run_pyinfra, env=env)
+        assert changed_ops(again) == {}, changed_ops(again)
+        assert "background work:" not in again.stderr
+    finally:
+        os.environ.clear()
+        os.environ.update(before)
+    # back to the fault-free engine (its image is a kept generation): converged again
+    deploy(run_pyinfra)
+    assert changed_ops(deploy(run_pyinfra)) == {}
