@@ -141,7 +141,8 @@ def summary_lines(streams: dict[str, dict]) -> list[str]:
         lanes = ", ".join(f"{lane} {clock(busy)}" for lane, busy in lane_busy(streams).items())
         lines.append(f"background lanes, busy: {lanes}")
         path = " → ".join(f"{streams[n]['label']} ({clock(took(streams[n]) or 0)})" for n in names)
-        lines.append(f"background work: {len(streams)} streams in {clock(max(ends) - min(starts))}; "
+        count = f"{len(streams)} stream{'s' if len(streams) != 1 else ''}"
+        lines.append(f"background work: {count} in {clock(max(ends) - min(starts))}; "
                      f"critical path {clock(seconds)}: {path}")
     return lines
 
