@@ -186,12 +186,13 @@ def _head(s, image_ref: str) -> None:
     # their copy to the worker runs while the checkpoint downloads
     name, args = _fetch(s, "Engram tables", s.engram_repo, s.engram_revision, local_dir=layout.engram,
                         include=s.engram_files)
-    engram = background(Stream("engram", "download", "the Engram tables download", root), name=name,
-                        work=[(hf_snapshot, args)])
+    engram = background(Stream("engram", "download", "the Engram tables download", root),
+                        name=f"{name} (in the background)", work=[(hf_snapshot, args)])
     background_data.engram_streams(s, engram, _plan(_plan_args(args)).get("total_bytes") or 0)
     name, args = _fetch(s, "Checkpoint", s.active_model_repo, s.active_model_revision, cache_dir=layout.hub)
     checkpoint = background(Stream("checkpoint", "download", "the checkpoint download", root, after=("engram",)),
-                            name=name, work=[(hf_snapshot, dict(args, expect_model_type=MODEL_TYPE))])
+                            name=f"{name} (in the background)",
+                            work=[(hf_snapshot, dict(args, expect_model_type=MODEL_TYPE))])
     plan = _plan(_plan_args(args))
 
     # the kit is small: here, placed and checked before it is copied

@@ -495,7 +495,7 @@ def test_deploy_head_starts_the_long_work_in_the_background(recorded):
                              "kit-to-worker", "kit-checked", "token-map", "rank1", "rank1-sums", "rank0",
                              "rank1-to-worker", "rank1-checked", "token-map-to-worker"]
     assert streams["checkpoint"]["name"] == (f"Checkpoint: fetch 1 files, 1.0 GiB of Org/M@{COMMIT[:12]} into "
-                                             "/home/n/.cache/huggingface/hub")
+                                             "/home/n/.cache/huggingface/hub (in the background)")
     # the downloads one after the other, each the hub operation's own work
     assert streams["checkpoint"]["stream"].after == ("engram",)
     assert streams["checkpoint"]["work"][0][1]["expect_model_type"] == "deepseek_v41"
