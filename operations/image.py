@@ -2,8 +2,10 @@
 
 Built on the head from the build context (zig/ by default), tagged `<engine_image>:<content hash>`, then streamed to
 the worker (`docker save | ssh | docker load`) when the worker's copy differs. With `prebuilt_image` set, both Sparks
-pull that `name@sha256:<digest>` instead. Last, `tensorfold-native capabilities --json` is read from the image and
-kept by image id (`engine_capabilities_checked`): the launch step checks rank 0's flags against that document
+pull that `name@sha256:<digest>` instead. The build and the ship (or the pull) run in the background
+(operations/streams) from the start of the data step: `engine_image` uploads the context and starts them, and once
+every stream has finished `engine_image_checked` reads `tensorfold-native capabilities --json` from the image and
+keeps it by image id (`engine_capabilities_checked`): the launch step checks rank 0's flags against that document
 (`read_capabilities`).
 """
 
