@@ -22,13 +22,12 @@ import uuid
 from pyinfra import host, state
 from pyinfra.api import FactBase, QuoteString, StringCommand, deploy, operation
 
-from operations.layout import RUN_LOCK
+from operations.layout import BOOT_ID, RUN_LOCK
 from operations.settings import Settings
 from operations.util import check_failed, sh, warned
 
 RUN_ID = uuid.uuid4().hex[:12]  # one per controller process: both Sparks see the same run
 HOLDER = f"{getpass.getuser()}@{socket.gethostname()} (pid {os.getpid()})"
-BOOT_ID = "/proc/sys/kernel/random/boot_id"
 # sh functions: a process's start time (field 22 of /proc/<pid>/stat) and its parent (field 4); the fields are
 # counted after the last ')', as the name in field 2 may hold spaces and parentheses
 _STAT = ("stat_field() { sed 's/.*) //' /proc/$1/stat 2>/dev/null | awk -v n=$2 '{print $(n - 2)}'; }; "

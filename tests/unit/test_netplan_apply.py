@@ -1,104 +1,312 @@
-"""The guarded netplan apply (operations/network/netplan_apply.py): its shell pieces run for real in a temp folder
-with a recording `netplan` and `ip` first on PATH, and the confirmation's connection logic with a scripted connector."""
+"""The guarded netplan apply (operations/network/netplan_apply.py): its shell pieces run for real in a temp tree (etc/
+and run/netplan, an apply folder) with a recording `netplan` and `ip` first on PATH, a reboot played by emptying the
+stage folder and changing the boot the apply ran in, and the confirmation's connection logic with a scripted
+connector."""
 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import types
+from pathlib import Path
 
 import pytest
+from pyinfra.api import FileUploadCommand, FunctionCommand
 from settings_factory import make_settings
 
+from operations.facts.network import NetplanState
 from operations.network import netplan_apply as rb
 from operations.settings import validate
 from operations.settings.shapes import CONFIRM_WAIT_APPLY_S, MIN_ROLLBACK_S
 
+USER = "network:\n  version: 2\n  ethernets:\n    enP7s7: {dhcp4: true}\n    enP2p1s0f0np0: {dhcp4: true}\n"
+USER_CUT = "# sparkfold moved enP2p1s0f0np0\nnetwork:\n  version: 2\n  ethernets:\n    enP7s7: {dhcp4: true}\n"
+CX7 = "network:\n  version: 2\n  ethernets:\n    enp1s0f0np0: {dhcp4: true}\n"
+OURS = "# Managed by sparkfold\nnetwork:\n  version: 2\n  ethernets:\n    enp1s0f0np0: {mtu: 9000}\n"
+
 
 @pytest.fixture
 def spark(tmp_path):
-    """A temp netplan folder (one file of the user's, ours absent), an apply folder and fake netplan/ip tools."""
-    netplan_dir, bin_dir = tmp_path / "netplan", tmp_path / "bin"
-    netplan_dir.mkdir()
-    bin_dir.mkdir()
-    (netplan_dir / "50-user.yaml").write_text("network: {version: 2}\n")
+    """etc/netplan with a file of the user's (mode 640) whose stanza moves out, a file of only our netdev that moves
+    aside, ours absent; run/netplan empty; fake netplan/ip tools. changes: what one apply does to them."""
+    etc, run, bin_dir = tmp_path / "etc" / "netplan", tmp_path / "run" / "netplan", tmp_path / "bin"
+    for folder in (etc, run, bin_dir):
+        folder.mkdir(parents=True)
+    (etc / "50-user.yaml").write_text(USER)
+    (etc / "50-user.yaml").chmod(0o640)
+    (etc / "40-cx7.yaml").write_text(CX7)
     log = tmp_path / "netplan.log"
     (bin_dir / "netplan").write_text(f"#!/bin/sh\necho \"$@\" >> {log}\nexit ${{FAKE_NETPLAN_RC:-0}}\n")
     (bin_dir / "ip").write_text("#!/bin/sh\necho \"2: mgmt0    inet ${FAKE_MGMT_IP:-10.0.0.5}/24 brd x\"\n")
     for tool in bin_dir.iterdir():
         tool.chmod(0o755)
     env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}")
-    return types.SimpleNamespace(dir=netplan_dir, apply=str(tmp_path / "applies" / "20261203-1"), log=log, env=env,
-                                 user=str(netplan_dir / "50-user.yaml"), own=str(netplan_dir / "60-own.yaml"))
+    user, cx7, own = str(etc / "50-user.yaml"), str(etc / "40-cx7.yaml"), str(etc / "60-own.yaml")
+    changes = [{"path": user, "text": USER_CUT, "mode": "640", "backup": True},
+               {"path": cx7, "text": None, "mode": "644", "backup": True},
+               {"path": own, "text": OURS, "mode": "600", "backup": False}]
+    return types.SimpleNamespace(etc=etc, run=run, stage=str(run), applies=tmp_path / "applies", log=log, env=env,
+                                 apply=str(tmp_path / "applies" / "20261203-101010-abc123"), user=user, cx7=cx7,
+                                 own=own, changes=changes)
 
 
 def sh(spark, command, **env):
-    return subprocess.run(["sh", "-c", command], capture_output=True, text=True, env=dict(spark.env, **env),
+    return subprocess.run(["sh", "-c", str(command)], capture_output=True, text=True, env=dict(spark.env, **env),
                           timeout=30)
 
 
-def snapshot_and_change(spark):
-    before = {spark.user: True, spark.own: False}
-    assert sh(spark, str(rb.snapshot_command(spark.apply, before, 60))).returncode == 0
-    with open(spark.user, "w") as f:
-        f.write("network: {version: 2, ethernets: {}}\n")  # a migration rewrote it
-    with open(spark.own, "w") as f:
-        f.write("ours\n")
+def run_commands(spark, commands, **env):
+    """Commands as pyinfra runs them on the Spark: shell text through sh, an upload written to its path."""
+    for command in commands:
+        if isinstance(command, FileUploadCommand):
+            with open(command.dest, "w") as f:
+                f.write(command.src.getvalue())
+            continue
+        done = sh(spark, command, **env)
+        assert done.returncode == 0, (str(command), done.stderr)
 
 
-def test_revert_puts_the_files_back_and_applies_once(spark):
-    snapshot_and_change(spark)
-    assert sh(spark, f"sh {spark.apply}/revert.sh").returncode == 0
-    assert open(spark.user).read() == "network: {version: 2}\n"
-    assert not os.path.exists(spark.own)
-    assert spark.log.read_text().split("\n")[:2] == ["generate", "apply"]
-    assert os.path.exists(f"{spark.apply}/reverted")
-    # the timer firing after a revert already ran (or a confirmation) does nothing
-    with open(spark.own, "w") as f:
-        f.write("ours again\n")
-    assert sh(spark, f"sh {spark.apply}/revert.sh").returncode == 0
-    assert os.path.exists(spark.own)
+def staged_and_applied(spark, **env):
+    """Prepare, stage and apply, as guarded_apply orders them (the revert armed by systemd-run on a Spark is run by
+    hand here, the confirmation by confirm())."""
+    commands = rb.guarded_apply(spark.apply, spark.changes, 60, "mgmt0", "10.0.0.5", stage_dir=spark.stage)
+    shown = [str(c) for c in commands]
+    arm, apply = str(rb.arm_command(spark.apply, 60)), str(rb.apply_command(spark.apply))
+    assert shown.index(arm) < shown.index(apply) == len(shown) - 2 and isinstance(commands[-1], FunctionCommand)
+    staging = [c for c in shown if c.startswith(f"mkdir -p {spark.stage}")]
+    assert staging == ([shown[shown.index(arm) + 1]] if spark.changes else [])  # armed before anything is staged
+    run_commands(spark, commands[:shown.index(arm)] + commands[shown.index(arm) + 1:-2])
+    assert sh(spark, apply, **env).returncode == 0
+    wait = sh(spark, f"i=0; while [ ! -e {spark.apply}/applied ] && [ $i -lt 100 ]; do i=$((i+1)); sleep 0.1; done")
+    assert wait.returncode == 0
 
 
-def test_snapshot_folder_is_root_only(spark):
-    snapshot_and_change(spark)
-    assert os.path.exists(f"{spark.apply}/before/0")  # the user's file (ours did not exist: nothing to copy)
-    assert not os.path.exists(f"{spark.apply}/before/1")
-    assert os.stat(spark.apply).st_mode & 0o077 == 0  # netplan files can hold Wi-Fi keys: the copies stay root's
-
-
-def apply_and_confirm(spark, mgmt=("mgmt0", "10.0.0.5"), **env):
-    snapshot_and_change(spark)
-    assert sh(spark, str(rb.apply_command(spark.apply)), **env).returncode == 0
+def confirm(spark, mgmt=("mgmt0", "10.0.0.5"), **env):
     return sh(spark, rb.confirm_script(spark.apply, *mgmt), **env)
 
 
-def test_confirmation_keeps_the_new_files_and_disarms_the_revert(spark):
-    done = apply_and_confirm(spark)
+def reboot(spark):
+    """What a power cycle does to an apply: the tmpfs stage folder is empty and the boot id is another one."""
+    shutil.rmtree(spark.run)
+    spark.run.mkdir()
+    with open(f"{spark.apply}/boot", "w") as f:
+        f.write("an-earlier-boot\n")
+
+
+def text(path):
+    return open(path).read() if os.path.exists(path) else None
+
+
+def etc_as_before(spark):
+    return text(spark.user) == USER and text(spark.cx7) == CX7 and text(spark.own) is None and \
+        sorted(os.listdir(spark.etc)) == ["40-cx7.yaml", "50-user.yaml"]
+
+
+# --- until it is confirmed, an apply lives under /run/netplan only ----------------------------------------------
+
+def test_an_unconfirmed_apply_is_staged_and_leaves_etc_netplan_as_it_was(spark):
+    staged_and_applied(spark)
+    assert etc_as_before(spark)  # a power cycle now boots these
+    assert {name: text(spark.run / name) for name in os.listdir(spark.run)} == {
+        "50-user.yaml": USER_CUT, "60-own.yaml": OURS, "40-cx7.yaml": rb.shadow_text(spark.changes[1])}
+    assert all(os.stat(spark.run / name).st_mode & 0o777 == 0o600 for name in os.listdir(spark.run))
+    assert spark.log.read_text().split("\n")[:2] == ["generate", "apply"]
+    assert os.stat(spark.apply).st_mode & 0o077 == 0  # the staged texts can hold Wi-Fi keys: the folder stays root's
+
+
+def test_a_power_cycle_in_the_window_boots_the_old_files_and_the_next_run_records_the_revert(spark):
+    staged_and_applied(spark)
+    reboot(spark)
+    assert etc_as_before(spark) and os.listdir(spark.run) == []  # what netplan reads at boot: the old config
+    fact = NetplanState()
+    listing = subprocess.run(["sh", "-c", fact.command(str(spark.etc), spark.stage, str(spark.applies))
+                              .get_raw_value()], capture_output=True, text=True, check=True).stdout.splitlines()
+    assert fact.process(listing)["undecided"] == {spark.apply: "pending"}  # the next run sees it ...
+    spark.log.write_text("")
+    assert sh(spark, rb.settle_command(spark.apply, "pending")).returncode == 0  # ... and settles it
+    assert spark.log.read_text() == ""  # the network already runs the old files: no apply
+    assert os.path.exists(f"{spark.apply}/reverted") and etc_as_before(spark)
+    assert "did not run in this boot" in text(f"{spark.apply}/revert.log")
+    listing = subprocess.run(["sh", "-c", fact.command(str(spark.etc), spark.stage, str(spark.applies))
+                              .get_raw_value()], capture_output=True, text=True, check=True).stdout.splitlines()
+    assert fact.process(listing)["undecided"] == {}
+    assert confirm(spark).stderr.strip().endswith(f"{rb.MARK}5")  # a late confirmation keeps nothing
+
+
+def test_revert_drops_the_staged_files_and_applies_the_old_ones_once(spark):
+    staged_and_applied(spark)
+    spark.log.write_text("")
+    assert sh(spark, f"sh {spark.apply}/revert.sh").returncode == 0
+    assert etc_as_before(spark) and os.listdir(spark.run) == []
+    assert spark.log.read_text().split("\n")[:2] == ["generate", "apply"]
+    log = text(f"{spark.apply}/revert.log")
+    assert "reverting at" in log and "exit 0" in log
+    # the timer firing after a revert already ran (or a confirmation) does nothing
+    spark.log.write_text("")
+    assert sh(spark, f"sh {spark.apply}/revert.sh").returncode == 0 and spark.log.read_text() == ""
+
+
+def test_a_revert_cut_short_is_finished_by_the_next_one(spark):
+    staged_and_applied(spark)
+    os.symlink("revert", f"{spark.apply}/decided")  # claimed, then killed before it removed anything
+    assert sh(spark, rb.settle_command(spark.apply, "revert")).returncode == 0
+    assert os.listdir(spark.run) == [] and os.path.exists(f"{spark.apply}/reverted")
+
+
+def test_an_apply_that_never_ran_is_undone_without_an_apply(spark):
+    commands = rb.guarded_apply(spark.apply, spark.changes, 60, None, None, stage_dir=spark.stage)
+    run_commands(spark, [c for c in commands[:-2] if not str(c).startswith("systemd-run ")])  # killed before apply
+    spark.log.write_text("")
+    assert sh(spark, f"sh {spark.apply}/revert.sh").returncode == 0
+    assert os.listdir(spark.run) == [] and spark.log.read_text() == "" and etc_as_before(spark)
+
+
+# --- the confirmation writes /etc/netplan --------------------------------------------------------------------
+
+def promoted(spark):
+    backup = rb.backup_path(spark.user, spark.apply)
+    assert backup.endswith("50-user.yaml.sparkfold-backup-20261203-101010")
+    assert text(spark.user) == USER_CUT and os.stat(spark.user).st_mode & 0o777 == 0o640  # its mode kept
+    assert text(backup) == USER and os.stat(backup).st_mode & 0o777 == 0o640
+    assert text(spark.cx7) is None and text(rb.backup_path(spark.cx7, spark.apply)) == CX7  # moved aside whole
+    assert text(spark.own) == OURS and os.stat(spark.own).st_mode & 0o777 == 0o600
+    assert sorted(os.listdir(spark.etc)) == sorted(["50-user.yaml", "60-own.yaml", os.path.basename(backup),
+                                                    "40-cx7.yaml.sparkfold-backup-20261203-101010"])
+    assert os.listdir(spark.run) == []
+    return True
+
+
+def test_confirmation_writes_the_files_to_etc_netplan_and_disarms_the_revert(spark):
+    staged_and_applied(spark)
+    done = confirm(spark)
     assert done.returncode == 0, done.stderr
-    assert os.path.exists(f"{spark.apply}/confirmed")
+    assert promoted(spark) and os.path.exists(f"{spark.apply}/confirmed")
+    assert os.readlink(f"{spark.apply}/decided") == "confirm"
     sh(spark, f"sh {spark.apply}/revert.sh")  # the timer fires later: it must not undo a confirmed apply
-    assert open(spark.own).read() == "ours\n" and not os.path.exists(f"{spark.apply}/reverted")
+    assert promoted(spark) and not os.path.exists(f"{spark.apply}/reverted")
+    reboot(spark)
+    assert promoted(spark)  # and a reboot keeps it
+
+
+def test_a_confirmation_run_again_keeps_the_apply_with_one_backup(spark):
+    staged_and_applied(spark)
+    assert confirm(spark).returncode == 0 and promoted(spark)
+    again = confirm(spark)
+    assert again.returncode == 0, again.stderr
+    assert promoted(spark) and not os.path.exists(f"{spark.apply}/reverted")
+
+
+@pytest.mark.parametrize("cut", range(1, 7))
+def test_a_promotion_cut_short_is_finished_by_the_next_run_with_one_backup(spark, cut):
+    staged_and_applied(spark)
+    os.symlink("confirm", f"{spark.apply}/decided")
+    lines = text(f"{spark.apply}/promote.sh").splitlines()
+    body = [n for n, line in enumerate(lines) if line.startswith(("[ ! -e", "install", "mv"))]
+    assert len(body) == 6  # a backup, a text written (install, mv), a file moved aside, our file written
+    partial = "\n".join(lines[:body[0]] + lines[body[0]:body[cut - 1] + 1]) + "\n"  # killed after `cut` steps
+    assert sh(spark, partial).returncode == 0
+    assert sh(spark, rb.settle_command(spark.apply, "confirm")).returncode == 0
+    assert promoted(spark) and os.path.exists(f"{spark.apply}/confirmed")
+    assert sh(spark, rb.settle_command(spark.apply, "confirm")).returncode == 0 and promoted(spark)  # no-op now
+
+
+def test_promotion_refuses_an_apply_that_was_not_confirmed(spark):
+    staged_and_applied(spark)
+    done = sh(spark, f"sh {spark.apply}/promote.sh")
+    assert done.returncode == 1 and "is not confirmed" in done.stderr and etc_as_before(spark)
+
+
+def test_a_confirmation_that_cannot_write_etc_netplan_says_so(spark):
+    staged_and_applied(spark)
+    os.unlink(f"{spark.apply}/new/2")  # our file's text is gone: install fails
+    done = confirm(spark)
+    assert done.returncode == 1 and done.stderr.strip().endswith(f"{rb.MARK}6")
+    assert os.readlink(f"{spark.apply}/decided") == "confirm" and not os.path.exists(f"{spark.apply}/confirmed")
 
 
 def test_failed_apply_reverts_at_once(spark):
-    done = apply_and_confirm(spark, FAKE_NETPLAN_RC="1")
+    staged_and_applied(spark, FAKE_NETPLAN_RC="1")
+    done = confirm(spark, FAKE_NETPLAN_RC="1")
     assert done.returncode == 1 and done.stderr.strip().endswith(f"{rb.MARK}2")
-    assert not os.path.exists(spark.own) and os.path.exists(f"{spark.apply}/reverted")
+    assert etc_as_before(spark) and os.listdir(spark.run) == [] and os.path.exists(f"{spark.apply}/reverted")
 
 
 def test_lost_management_address_reverts_at_once(spark):
-    done = apply_and_confirm(spark, FAKE_MGMT_IP="10.9.9.9")
+    staged_and_applied(spark)
+    done = confirm(spark, FAKE_MGMT_IP="10.9.9.9")
     assert done.stderr.strip().endswith(f"{rb.MARK}3")
-    assert open(spark.user).read() == "network: {version: 2}\n" and not os.path.exists(spark.own)
+    assert etc_as_before(spark) and os.listdir(spark.run) == []
 
 
 def test_confirmation_after_the_revert_says_so(spark):
-    snapshot_and_change(spark)
-    sh(spark, str(rb.apply_command(spark.apply)))
+    staged_and_applied(spark)
     sh(spark, f"sh {spark.apply}/revert.sh")  # the timer won the race
-    done = sh(spark, rb.confirm_script(spark.apply, "mgmt0", "10.0.0.5"))
-    assert done.returncode == 1 and done.stderr.strip().endswith(f"{rb.MARK}5")
+    done = confirm(spark)
+    assert done.returncode == 1 and done.stderr.strip().endswith(f"{rb.MARK}5") and etc_as_before(spark)
+
+
+def test_a_drift_apply_changes_no_file_and_its_revert_applies_again(spark):
+    spark.changes = []  # the files are right, an address was removed by hand
+    staged_and_applied(spark)
+    assert etc_as_before(spark) and os.listdir(spark.run) == []
+    assert confirm(spark).returncode == 0 and os.path.exists(f"{spark.apply}/confirmed") and etc_as_before(spark)
+
+
+# --- what netplan reads: the real tool when installed, and the simulated Sparks' stand-in ------------------------
+
+REAL_NETPLAN = shutil.which("netplan")
+STANDIN = Path(__file__).resolve().parents[1] / "sim" / "standins" / "netplan"
+
+
+def networkd_of_real_netplan(root: Path) -> str:
+    """The networkd files Debian's `netplan generate --root-dir` writes for root/{lib,etc,run}/netplan, joined."""
+    shutil.rmtree(root / "run" / "systemd", ignore_errors=True)
+    done = subprocess.run([str(REAL_NETPLAN), "generate", "--root-dir", str(root)], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stderr
+    folder = root / "run" / "systemd" / "network"
+    return "".join(p.read_text() for p in sorted(folder.glob("*.network"))) if folder.exists() else ""
+
+
+@pytest.mark.skipif(REAL_NETPLAN is None, reason="needs netplan (Debian's netplan.io)")
+def test_real_netplan_reads_the_staged_files_over_etc_netplan_and_etc_alone_after_a_reboot(spark, tmp_path):
+    before = networkd_of_real_netplan(tmp_path)
+    assert "Name=enP2p1s0f0np0" in before and "Name=enp1s0f0np0" in before and "DHCP=ipv4" in before
+    staged_and_applied(spark)
+    during = networkd_of_real_netplan(tmp_path)
+    assert "Name=enP7s7" in during and "Name=enP2p1s0f0np0" not in during  # the cut file shadows the user's
+    netdev = during[during.index("Name=enp1s0f0np0"):]
+    assert "DHCP" not in netdev.split("[Match]")[0]  # the file moved aside is hidden by its empty shadow
+    reboot(spark)
+    assert networkd_of_real_netplan(tmp_path) == before
+
+
+def standin(root: Path):
+    import importlib.machinery
+    import importlib.util
+
+    loader = importlib.machinery.SourceFileLoader("sim_netplan", str(STANDIN))
+    module = importlib.util.module_from_spec(importlib.util.spec_from_loader("sim_netplan", loader))
+    loader.exec_module(module)
+    module.ROOT = str(root)
+    return module
+
+
+def test_the_simulated_netplan_reads_run_over_etc_over_lib_like_netplan(spark, tmp_path):
+    sim = standin(tmp_path)
+    (tmp_path / "lib" / "netplan").mkdir(parents=True)
+    (tmp_path / "lib" / "netplan" / "10-lib.yaml").write_text("network:\n  ethernets:\n    eth9: {mtu: 1500}\n")
+    (tmp_path / "lib" / "netplan" / "50-user.yaml").write_text("network:\n  ethernets:\n    eth8: {mtu: 1500}\n")
+    before = sim.load_ethernets()
+    assert before == {"eth9": {"mtu": 1500}, "enp1s0f0np0": {"dhcp4": True}, "enP7s7": {"dhcp4": True},
+                      "enP2p1s0f0np0": {"dhcp4": True}}  # /etc's 50-user.yaml shadows /lib's
+    staged_and_applied(spark)
+    assert [os.path.relpath(p, tmp_path) for p in sim.config_files()] == [
+        "lib/netplan/10-lib.yaml", "run/netplan/40-cx7.yaml", "run/netplan/50-user.yaml", "run/netplan/60-own.yaml"]
+    assert sim.load_ethernets() == {"eth9": {"mtu": 1500}, "enP7s7": {"dhcp4": True}, "enp1s0f0np0": {"mtu": 9000}}
+    reboot(spark)
+    assert sim.load_ethernets() == before
 
 
 def test_arm_runs_the_revert_after_the_window():
@@ -111,8 +319,6 @@ def test_new_apply_dirs_are_unique_and_unit_safe():
     names = {rb.new_apply_dir() for _ in range(20)}
     assert len(names) == 20
     assert all(n.rsplit("/", 1)[1].replace("-", "").isalnum() for n in names)
-
-
 # --- the confirmation over a new connection (on this machine) ------------------------------------------------
 
 class Output:
@@ -144,7 +350,7 @@ def test_confirm_uses_a_new_connection_and_retries(monkeypatch):
     host, attempts = fake_host(connects_after=2)
     rb.confirm_over_new_connection(None, host, "/x/1", "eth0", "10.0.0.5", 60)
     assert attempts[:2] == [1, 1] and attempts[3][0] == "run" and attempts[3][1] is True
-    assert "mkdir /x/1/decided" in attempts[3][2]
+    assert "ln -s confirm /x/1/decided" in attempts[3][2] and "sh /x/1/promote.sh" in attempts[3][2]
 
 
 def test_confirm_passes_the_runs_sudo_password_on(monkeypatch):
@@ -156,8 +362,8 @@ def test_confirm_passes_the_runs_sudo_password_on(monkeypatch):
     rb.confirm_over_new_connection(None, host, "/x/1", None, None, 60, sudo=rb.sudo_arguments(planned))
     assert seen == {"_sudo": True, "_sudo_password": "pw"}
     # pyinfra prints a callback's arguments: the password must not be among them
-    _, tail = rb.guarded_apply("/x/1", {}, 60, None, None, rb.sudo_arguments(planned))
-    assert "pw" not in repr(tail[-1]) and "_sudo_password" in repr(tail[-1])
+    commands = rb.guarded_apply("/x/1", [], 60, None, None, rb.sudo_arguments(planned))
+    assert "pw" not in repr(commands[-1]) and "_sudo_password" in repr(commands[-1])
 
 
 def test_confirm_gives_up_before_the_revert_fires(monkeypatch):
@@ -174,7 +380,7 @@ def test_confirm_gives_up_before_the_revert_fires(monkeypatch):
 
 
 @pytest.mark.parametrize("code, says", [("2", "netplan apply failed"), ("3", "lost 10.0.0.5"),
-                                        ("5", "automatic revert ran")])
+                                        ("5", "automatic revert ran"), ("6", "could not all be written")])
 def test_confirm_failure_names_what_happened(monkeypatch, code, says):
     host, _ = fake_host(connects_after=0, ok=False, stderr=["something", f"{rb.MARK}{code}"])
     with pytest.raises(rb.NetplanNotConfirmed) as err:

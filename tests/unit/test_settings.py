@@ -317,7 +317,8 @@ def test_link_prefix_min_widens_the_range_and_the_link_step_warns(caplog):
 
     from operations import link
     calls = []
-    ops = ("rails_safe", "netplan_link", "link_addresses", "link_ping", "roce_gids", "link_recorded")
+    ops = ("rails_safe", "netplan_applies_settled", "netplan_link", "link_addresses", "link_ping", "roce_gids",
+           "link_recorded")
     with pytest.MonkeyPatch.context() as mp, ctx_host.use(FakeHost({}, name="spark-a")), \
             caplog.at_level("WARNING", logger="pyinfra"):
         for op in ops:
