@@ -377,3 +377,23 @@ class FolderStates(FactBase[dict[str, FolderStateDict]]):
                 kind = {"#FOLDER": "folder", "#OTHER": "other"}.get(words[0], "missing")
                 found[words[3]] = {"kind": kind, "user": words[1], "mode": words[2]}
         return found
+
+
+class ResolvedPaths(FactBase[dict[str, str]]):
+    """{path: where it leads} for each of `paths`, every symlink followed (`realpath -m`: a part that does not exist
+    yet is taken as it is written, so a folder not made yet resolves through its parents). Read as the ssh user; a
+    path that cannot be resolved is left out. Paths hold no tab or newline (the settings refuse them)."""
+
+    default = dict
+
+    def command(self, paths: tuple[str, ...] = ()) -> str:
+        each = "for p in \"$@\"; do r=$(realpath -m -- \"$p\" 2>/dev/null) && printf '%s\\t%s\\n' \"$p\" \"$r\"; done"
+        return f"sh -c {shlex.quote(each)} sh {' '.join(shlex.quote(p) for p in paths)}"
+
+    def process(self, output: list[str]) -> dict[str, str]:
+        found = {}
+        for line in output:
+            path, tab, real = line.partition("\t")
+            if tab and real.startswith("/"):
+                found[path] = real
+        return found

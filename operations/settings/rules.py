@@ -9,6 +9,7 @@ from __future__ import annotations
 import ipaddress
 import posixpath
 import re
+from collections.abc import Mapping
 from dataclasses import fields
 
 from operations.settings.model import PASSTHROUGH_PREFIXES, Settings
@@ -57,6 +58,9 @@ OWN_SERVE_FLAGS = {
 }
 
 UPGRADE_GATES = ("smoke", "exact")
+# The folders sparkfold writes below, and the files it owns in a folder a system tool reads (that folder, the suffix).
+ROOT_FOLDERS = ("hf_cache", "data_dir", "state_dir")
+OWNED_FILES = {"link_netplan_file": ("/etc/netplan", ".yaml"), "nfs_exports_file": ("/etc/exports.d", ".exports")}
 
 
 def _check_range(problems, s, name, low, high, fix=""):
@@ -119,8 +123,7 @@ def validate(s: Settings) -> list[str]:
             problems.append(f"{name} = {shown(value)} must be {lengths[0]}-{lengths[1]} lower-case hex characters")
     problems.extend(shape_problems({f.name: getattr(s, f.name) for f in fields(s)}))
     # files sparkfold owns live directly in the folder their tool reads, never elsewhere on the Spark
-    for name, folder, suffix in (("link_netplan_file", "/etc/netplan", ".yaml"),
-                                 ("nfs_exports_file", "/etc/exports.d", ".exports")):
+    for name, (folder, suffix) in OWNED_FILES.items():
         path = getattr(s, name)
         if posixpath.dirname(path) != folder or not path.endswith(suffix) or path == folder + "/" + suffix:
             problems.append(f"{name} = {path!r} must be a {suffix} file in {folder}/ (directly, e.g. "
@@ -194,10 +197,62 @@ def _inside(path: str, folder: str) -> bool:
 
 def _outside_hub(s: Settings) -> list[str]:
     """The head exports hf_cache/hub to the worker over NFS: the hf token and the API key must stay out of it."""
-    hub = _normal(s.layout.hub)
-    return [f"{name} = {shown(getattr(s, name))} is inside hf_cache's hub folder ({hub}), which the head exports over "
-            f"NFS (its hf token and API key folder would be exported): move {name} outside {hub}, or hf_cache "
-            "elsewhere" for name in ("state_dir", "data_dir") if _inside(getattr(s, name), hub)]
+    paths = placed_paths(s)
+    return _hub_problems(paths, paths, resolved=False)
+
+
+def placed_paths(s: Settings) -> dict[str, str]:
+    """name -> path of what the placement rules judge, as the settings spell it: the root folders, `hub` (hf_cache's
+    hub folder, which the head exports), each owned file and `<name> folder`, the folder it sits in. The preflight
+    asks each Spark where they lead (resolved_path_problems)."""
+    paths = {name: getattr(s, name) for name in ROOT_FOLDERS}
+    paths["hub"] = s.layout.hub
+    for name in OWNED_FILES:
+        paths[name] = getattr(s, name)
+        paths[f"{name} folder"] = posixpath.dirname(getattr(s, name))
+    return paths
+
+
+def _hub_problems(given: Mapping[str, str], real: Mapping[str, str], resolved: bool = True) -> list[str]:
+    """state_dir and data_dir outside the exported hub. given: the paths as the settings spell them (placed_paths);
+    real: where they lead on a Spark (resolved), or given itself for the check of the text."""
+    hub = _normal(real.get("hub") or given["hub"])
+    problems = []
+    for name in ("state_dir", "data_dir"):
+        if not real.get(name) or not _inside(real[name], hub):
+            continue
+        if not resolved:
+            problems.append(f"{name} = {shown(given[name])} is inside hf_cache's hub folder ({hub}), which the head "
+                            f"exports over NFS (its hf token and API key folder would be exported): move {name} "
+                            f"outside {hub}, or hf_cache elsewhere")
+        else:
+            problems.append(f"{name} = {shown(given[name])} resolves to {_normal(real[name])} on this Spark (symlinks "
+                            f"followed), inside hf_cache's hub folder {hub}, which the head exports over NFS (its hf "
+                            f"token and API key folder would be exported): point {name} at a folder outside {hub}, or "
+                            f"hf_cache elsewhere (`realpath -m {given[name]} {given['hub']}` on the Spark shows where "
+                            "each leads)")
+    return problems
+
+
+def resolved_path_problems(given: Mapping[str, str], real: Mapping[str, str]) -> list[str]:
+    """The placement rules on the paths as a Spark resolves them (`realpath -m`, a fact of the preflight): a symlink
+    can lead a folder where the check of the text (validate) cannot see. given: placed_paths; real: the same names ->
+    where each leads (a name missing when it could not be resolved: not judged)."""
+    problems = _hub_problems(given, real)
+    for name in ROOT_FOLDERS:
+        if real.get(name) and _normal(real[name]) == "/":
+            problems.append(f"{name} = {shown(given[name])} resolves to / on this Spark (symlinks followed): sparkfold "
+                            f"writes below {name}, so it must be a folder of its own; point {name} at one "
+                            f"(`realpath -m {given[name]}` on the Spark shows where it leads)")
+    for name, (folder, _suffix) in OWNED_FILES.items():
+        file, its_folder = real.get(name), real.get(f"{name} folder")
+        if not (file and its_folder):
+            continue
+        if _normal(file) != posixpath.join(_normal(its_folder), posixpath.basename(given[name])):
+            problems.append(f"{name} = {shown(given[name])} leads to {_normal(file)} on this Spark (a symlink): "
+                            f"sparkfold owns that file and writes it in {folder}/ itself, never through a symlink "
+                            f"to elsewhere; remove the symlink, or set {name} to a free name in {folder}/")
+    return problems
 
 
 def _host_problems(s: Settings) -> list[str]:
