@@ -11,6 +11,7 @@ import io
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 import time
@@ -306,6 +307,52 @@ def test_hand_edited_netplan_file_shows_its_diff_and_nothing_else(run_pyinfra, s
     changed = changed_ops(deploy(run_pyinfra))
     assert changed and all(hosts == ["sim-worker"] for hosts in changed.values()), changed
     assert sim_exec("worker", ["cat", path]).stdout == before and pair_ids(sim_exec) == ids
+
+
+DAEMON_JSON = "/etc/docker/daemon.json"
+DOCKER_STEP = "Docker with the NVIDIA runtime | docker uses the nvidia runtime by default"
+STALE_STOP = "The pair of ranks | Stop the stale pair (logs saved first)"
+# default-runtime dropped by hand, and a key of the user's added (the merge keeps it)
+DAEMON_DRIFT = ("import json, sys; p = sys.argv[1]; c = json.load(open(p)); c.pop('default-runtime'); "
+                "c['max-concurrent-downloads'] = 3; open(p, 'w').write(json.dumps(c, indent=2) + '\\n')")
+
+
+def test_daemon_json_drift_on_the_worker_shows_its_diff_and_the_pairs_restart(run_pyinfra, sim_exec):
+    """Issue 19: a repair that restarts Docker on the worker stops rank 1. --dry --diff shows daemon.json's diff and
+    the pair's restart that follows it; the run restarts Docker, then the pair, and the API is live again."""
+    before, ids = sim_exec("worker", ["cat", DAEMON_JSON]).stdout, pair_ids(sim_exec)
+    assert sim_exec("worker", ["python3", "-c", DAEMON_DRIFT, DAEMON_JSON]).returncode == 0
+    drifted = sim_exec("worker", ["cat", DAEMON_JSON]).stdout
+    run = run_pyinfra(*DEPLOY, "--dry", "--diff")
+    assert run.returncode == 0, run.stderr[-4000:]
+    planned = {op["name"]: sorted(op["hosts_with_change"]) for op in run.data["plan"] if op["hosts_with_change"]}
+    assert planned.get(DOCKER_STEP) == ["sim-worker"], planned
+    # not shown as unchanged: both ranks are removed and started again
+    assert planned.get(STALE_STOP) == ["sim-head", "sim-worker"], planned
+    assert planned.get(START1) == ["sim-worker"] and planned.get(START0) == ["sim-head"], planned
+    err = ANSI.sub("", run.stderr)
+    assert f"Will modify {DAEMON_JSON}" in err, err[-3000:]
+    assert any(line.strip() == '+   "default-runtime": "nvidia"' for line in err.splitlines()), err[-3000:]
+    assert "rank 1 restarts: Docker restarts on the worker (daemon.json changes)" in err, err[-3000:]
+    assert sim_exec("worker", ["cat", DAEMON_JSON]).stdout == drifted and pair_ids(sim_exec) == ids  # --dry: nothing
+
+    run = deploy(run_pyinfra)
+    changed = changed_ops(run)
+    assert changed.get(DOCKER_STEP) == ["sim-worker"] and START1 in changed and START0 in changed, changed
+    repaired = json.loads(sim_exec("worker", ["cat", DAEMON_JSON]).stdout)
+    assert repaired["default-runtime"] == "nvidia" and repaired["max-concurrent-downloads"] == 3  # the user's key kept
+    info = sim_exec("worker", ["docker", "info", "--format", "{{.DefaultRuntime}}"]).stdout.strip()
+    assert info == "nvidia"
+    head_after, worker_after = pair_ids(sim_exec)
+    assert head_after != ids[0] and worker_after != ids[1], (ids, head_after, worker_after)
+    assert head_after.endswith("true") and worker_after.endswith("true")
+    assert started_at(sim_exec, "worker") < started_at(sim_exec, "head")
+    assert chat()["choices"][0]["message"]["content"]
+    assert changed_ops(deploy(run_pyinfra)) == {}  # converged again
+    # the file as it was (the same settings once parsed: nothing to restart), the backup gone
+    restore = sim_exec("worker", f"printf '%s' {shlex.quote(before)} > {DAEMON_JSON} && "
+                                 f"rm -f {DAEMON_JSON}.sparkfold-backup")
+    assert restore.returncode == 0
 
 
 def group_data_dir(tmp_path, role: str, text: str):
