@@ -97,7 +97,8 @@ log_keep = 10  # saved rank logs kept per Spark
 keep_generations = 2  # served pairs (images, weight folders, kit versions) kept on each Spark for a rollback
 upgrade_gate = "smoke"  # what a new pair must pass before the old one is let go: "smoke", or "exact" (same replies)
 log_lines = 100  # lines of each rank's log logs.py prints (live, or the newest saved log)
-status_plan = True  # status.py also counts the operations a deploy would change (runs deploy.py --dry; slower)
+status_plan = False  # status.py also counts the operations a deploy would change (runs deploy.py --dry: seconds more)
+status_watch = 0  # status.py redraws its table every this many seconds until Ctrl-C (0: prints it once)
 api_url = ""  # base URL this machine uses to reach rank 0 ("" = http://<head ssh host>:<port>)
 memguard = True  # run the memory watchdog on both Sparks
 supervise = False  # install the systemd unit that supervises the pair (backoff, then gives up)

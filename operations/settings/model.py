@@ -111,6 +111,7 @@ class Settings:
     upgrade_gate: str
     log_lines: int
     status_plan: bool
+    status_watch: int
     api_url: str
     memguard: bool
     supervise: bool

@@ -158,6 +158,7 @@ def validate(s: Settings) -> list[str]:
                         "(the smoke test through both ranks) or \"exact\" (also the same replies as the old pair at "
                         "temperature 0)")
     _check_range(problems, s, "log_lines", 1, 100000)
+    _check_range(problems, s, "status_watch", 0, 3600, "0 prints the table once")
     _check_range(problems, s, "supervise_retries", 1, 100)
     _check_range(problems, s, "supervise_backoff_s", 1, 3600)
     if not fits(_API_URL, s.api_base_url):
