@@ -3,7 +3,7 @@ the next run converges (issue 9). A power cycle in the window, before anything d
 were before the apply, and the next run settles the apply it left (issue 19). The cut comes from the stand-in
 netplan's test-only fault hook (tests/sim/standins/netplan): operations/ knows nothing of it.
 
-Runs after test_deploy.py and test_guards.py (file order); on its own it deploys the pair first.
+Starts from a converged pair (converged_pair) and leaves one.
 """
 
 from __future__ import annotations
@@ -14,12 +14,15 @@ import subprocess
 import threading
 import time
 
+import pytest
 from test_deploy import DEPLOY, addresses, changed_ops, chat, deploy, start_deploy, wait_until
 
 ROLLBACK_S = 90  # the shortest window the settings take (longer than the confirmation's wait for the apply)
 ROLLBACK = {"SPARKFOLD_LINK_ROLLBACK_S": str(ROLLBACK_S)}
 RAIL, ADDRESS = "enP2p1s0f0np0", "192.168.101.2/24"
 NETPLAN = "/etc/netplan/60-sparkfold-cx7.yaml"
+
+pytestmark = pytest.mark.usefixtures("converged_pair")
 
 
 def ssh_answers(sim, role: str) -> bool:
@@ -46,7 +49,6 @@ def power_cycle(sim_exec, role: str) -> None:
 
 
 def test_an_apply_that_cuts_ssh_is_reverted_by_the_spark_and_the_next_run_converges(run_pyinfra, sim_exec, sim):
-    deploy(run_pyinfra)  # converged and serving (a no-op after the files before this one)
     # drift that needs an apply on the worker (a hand-edited file and a lost address), and an apply that will cut
     # the controller's ssh to it
     assert sim_exec("worker", f"echo '# edited by hand' >> {NETPLAN}").returncode == 0
@@ -90,7 +92,6 @@ def test_an_apply_that_cuts_ssh_is_reverted_by_the_spark_and_the_next_run_conver
 
 def test_a_power_cycle_in_the_window_boots_the_files_from_before_and_the_next_run_settles_it(
         run_pyinfra, sim_exec, sim, site_file, monkeypatch):
-    deploy(run_pyinfra)  # converged and serving
     before = newest_apply(sim_exec)
     assert sim_exec("worker", f"echo '# edited by hand' >> {NETPLAN}").returncode == 0
     assert sim_exec("worker", f"ip addr del {ADDRESS} dev {RAIL}").returncode == 0

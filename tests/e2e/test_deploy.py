@@ -1,8 +1,10 @@
 """The real pyinfra CLI against the simulated pair: a fresh --dry, the first run, a converged re-run, drift repaired
 one drift at a time, bad input refused before anything changes, stop/start and restart.
 
-The tests run in file order and share the pair's state (each leaves the pair converged). Every test reads state
-back from the Sparks, not only pyinfra's report.
+The first two tests start from fresh Sparks (marked fresh_pair: the pair a session brings up, so not with
+SPARKSIM_REUSE=1 on a deployed pair); conftest.py runs this file before the others. Every other test starts from a
+converged pair (converged_pair) and leaves one. Every test reads state back from the Sparks, not only pyinfra's
+report.
 """
 
 from __future__ import annotations
@@ -33,6 +35,8 @@ ROOT = Path(__file__).resolve().parents[2]
 GPU_LOCK = "GPU clock ceiling | locked at 2200 MHz"
 GPU_TIMER = f"GPU clock ceiling | {GPU_CLOCK_TIMER} enabled and running"
 SMI_STATE = "/var/lib/sim-nvidia/state.json"  # the stand-in GPU's state (tests/sim/standins/nvidia-smi)
+
+pytestmark = pytest.mark.usefixtures("converged_pair")
 
 
 # --- helpers ------------------------------------------------------------------------------------------------------
@@ -148,6 +152,7 @@ def addresses(sim_exec, role: str, netdev: str) -> list[str]:
 
 # --- 1. fresh pair ------------------------------------------------------------------------------------------------
 
+@pytest.mark.fresh_pair
 def test_dry_run_on_a_fresh_pair_plans_every_step_and_changes_nothing(run_pyinfra, sim_exec):
     run = run_pyinfra(*DEPLOY, "--dry")
     assert run.returncode == 0, run.stderr[-4000:]
@@ -173,6 +178,7 @@ LONG_STEPS = [r"Checkpoint download", r"Engram tables download", r"Kernel kit do
               r"the Engram tables: checking SHA256SUMS", r"rank 1's weight file: checking SHA256SUMS"]
 
 
+@pytest.mark.fresh_pair
 def test_first_run_converges_and_serves_through_both_ranks(run_pyinfra, sim_exec):
     run = deploy(run_pyinfra)
     assert "is now LIVE! on port 8888" in run.stderr

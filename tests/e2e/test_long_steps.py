@@ -1,7 +1,7 @@
 """Progress on the simulated pair: a copy to the worker slowed down on the link reports while it runs, at pyinfra's
 default verbosity, in plain lines; a copy interrupted half-way resumes and says how much was already there.
 
-Runs after test_deploy.py and test_guards.py (file order) and leaves a converged, serving pair.
+Starts from a converged pair (converged_pair) and leaves one.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import re
 import signal
 import time
 
+import pytest
 from test_deploy import changed_ops, deploy, start_deploy
 
 ENGRAM = "/home/nvidia/.cache/sparkfold/engram"
@@ -19,6 +20,8 @@ RAIL0 = "enp1s0f0np0"  # the head's side of rail 0, which the copies to the work
 STEP = "Engram tables to the worker:"
 AMOUNT = re.compile(r"(\d+(?:\.\d+)?) (KiB|MiB|GiB)")  # the runner's units (operations/remote/progress.size)
 UNIT_MIB = {"KiB": 1 / 1024, "MiB": 1, "GiB": 1024}
+
+pytestmark = pytest.mark.usefixtures("converged_pair")
 
 
 def mib(line: str) -> float:

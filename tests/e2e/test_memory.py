@@ -4,7 +4,7 @@ MemAvailable, built up over its load and given back after it stops (tests/sim/bi
 A converged re-run while both ranks hold their memory changes nothing; restart.py starts the ranks again only once
 their memory is back; memguard leaves a rank at its normal footprint alone and kills it below the floor, through the
 rank's cgroup.kill (through docker, and the test skipped, only where the kernel has no cgroup.kill).
-Deploys the pair itself when it is not serving; leaves a converged, serving pair.
+Starts from a converged pair (converged_pair) and leaves one.
 """
 
 from __future__ import annotations
@@ -35,11 +35,9 @@ def memavail_gib(sim_exec, role: str) -> float:
     return int(out) / 1024 / 1024
 
 
-@pytest.fixture(scope="module")
-def serving_pair(run_pyinfra, sim_exec, sim):
-    if not (running(sim_exec, "head") and running(sim_exec, "worker")):
-        deploy(run_pyinfra)
-    for role in ("head", "worker"):
+@pytest.fixture
+def serving_pair(converged_pair, sim):
+    for role in ("head", "worker"):  # a rank that has just started still builds its footprint up
         wait_until(lambda r=role: loaded(sim, r), 60, f"the {role}'s rank to hold its memory")
 
 

@@ -1,6 +1,6 @@
 """The serving switches on the simulated pair: SPARKFOLD_API_KEY, ABLIT and EAQ_V1_1, each on and back off.
 
-Runs after test_deploy.py (it starts from a converged, serving pair and leaves one).
+Each test starts from a converged pair (converged_pair) and leaves one.
 """
 
 from __future__ import annotations
@@ -8,10 +8,13 @@ from __future__ import annotations
 import json
 import time
 
+import pytest
 import requests
 from test_deploy import API, NAME, changed_ops, chat, deploy, failing_deploy, pair_ids
 
 KEY_FILE = "/home/nvidia/.local/state/sparkfold/api-key.d/key"
+
+pytestmark = pytest.mark.usefixtures("converged_pair")
 
 
 def rank0_args(sim_exec) -> str:
