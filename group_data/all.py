@@ -42,6 +42,8 @@ image_free_gb = 35  # free space the image needs under Docker's root (GB)
 # --- checkpoint and data ---
 hf_endpoint = ""  # Hugging Face endpoint ("" = the public Hub; a mirror URL otherwise)
 hf_python = ""  # python3 on the head that has huggingface_hub ("" = a venv the deploy makes)
+hf_hub_version = "2.4.0"  # exact huggingface_hub version the head downloads with (the tests use it)
+hf_max_workers = 8  # files the head downloads at once (huggingface_hub's max_workers, 1-64)
 model_repo = "Mia-AiLab/DeepSeek-V4.1-Flash-1017-EXL3-EAQ-v1-2.9-bpw"  # default pack
 model_revision = "main"  # pinned revision of model_repo (a 40-hex commit pins it)
 model_repo_v1_1 = "Mia-AiLab/DeepSeek-V4.1-Flash-1017-EXL3-EAQ-v1.1-2.9-bpw"  # pack used with eaq_v1_1

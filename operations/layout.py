@@ -162,6 +162,12 @@ class Layout:
         return f"{self.state_dir}/hf-token"
 
     @property
+    def hf_env(self) -> str:
+        """huggingface_hub's variables from this machine (proxies may hold a password): 0600, sourced by the scripts
+        that reach the Hub."""
+        return f"{self.state_dir}/hf-env"
+
+    @property
     def api_key_dir(self) -> str:
         """The folder rank 0 mounts: a key replaced by rename inside it reaches the running engine (a mounted
         file would keep the old inode)."""

@@ -14,6 +14,7 @@ from pyinfra.facts.server import Home
 
 from operations.settings import Layers, Settings, load, pair, validate_all
 from operations.settings.site import ssh_target
+from operations.settings.sources import saved_hf_token
 from operations.util.ssh_socket import send_without_delay
 
 _loaded: dict[str, tuple[Settings, list[str]]] = {}
@@ -31,7 +32,7 @@ def _load(spark: Host) -> tuple[Settings, list[str]]:
         send_without_delay(spark)  # every run reads its settings first: from here on, each command is sent at once
         # a Spark that did not answer (only the read-only tools go on without one) is not asked again
         home = (spark.get_fact(Home) if spark.connected else None) or f"/home/{spark.data.get('ssh_user') or 'root'}"
-        _loaded[spark.name] = load(layers_of(spark), os.environ, home)
+        _loaded[spark.name] = load(layers_of(spark), os.environ, home, saved_token=saved_hf_token)
     return _loaded[spark.name]
 
 

@@ -27,9 +27,11 @@ from operations.settings.shapes import (
     NETDEV,
     fits,
     rail_prefix_problem,
+    safe_text,
     shape_problems,
     shown,
 )
+from operations.settings.sources import HUB_SWITCHES, HUB_TIMEOUTS
 
 # The engine's window: dsv41's max_position_embeddings.
 MAX_CONTEXT = 1_048_576
@@ -61,6 +63,8 @@ UPGRADE_GATES = ("smoke", "exact")
 # The folders sparkfold writes below, and the files it owns in a folder a system tool reads (that folder, the suffix).
 ROOT_FOLDERS = ("hf_cache", "data_dir", "state_dir")
 OWNED_FILES = {"link_netplan_file": ("/etc/netplan", ".yaml"), "nfs_exports_file": ("/etc/exports.d", ".exports")}
+# what huggingface_hub reads as a switch (its _is_true takes 1, on, yes, true; the others mean off)
+SWITCH_WORDS = ("1", "0", "true", "false", "yes", "no", "on", "off")
 
 
 def _check_range(problems, s, name, low, high, fix=""):
@@ -108,7 +112,10 @@ def validate(s: Settings) -> list[str]:
                             "TF_SPILL_*)")
     if s.ablit and not s.hf_token:
         problems.append("ablit needs your Hugging Face token: accept the overlay's terms on its model page, create a "
-                        "read token, then run with HF_TOKEN=hf_... in the environment (or set ablit to false)")
+                        "read token, then run with HF_TOKEN=hf_... in the environment or save it on this machine with "
+                        "`hf auth login` (or set ablit to false)")
+    _check_range(problems, s, "hf_max_workers", 1, 64, "files downloaded at once (huggingface_hub's default is 8)")
+    problems.extend(_hub_env_problems(s.hf_env))
     if s.worker_weights not in ("nfs", "copy"):
         problems.append(f"worker_weights = {s.worker_weights!r} must be 'nfs' or 'copy'")
     elif s.worker_weights == "nfs" and not s.nfs:
@@ -166,6 +173,22 @@ def validate(s: Settings) -> list[str]:
                         "reaches rank 0)")
     problems.extend(_host_problems(s))
     problems.extend(_validate_rails(s))
+    return problems
+
+
+def _hub_env_problems(env: dict[str, str]) -> list[str]:
+    """The huggingface_hub variables passed to the head (sources.HUB_ENV): huggingface_hub silently falls back to
+    its default on a value it cannot read, so such a value is refused here. A value is never shown (a proxy URL may
+    hold a password)."""
+    problems = []
+    for name, value in sorted(env.items()):
+        if not safe_text(value):
+            problems.append(f"{name} (value not shown) must be one line of printable text: set it again")
+        elif name in HUB_TIMEOUTS and not (value.strip().isdigit() and 0 < int(value) <= 86400):
+            problems.append(f"{name} = {value!r} must be a whole number of seconds from 1 to 86400 (huggingface_hub "
+                            "would silently use its default)")
+        elif name in HUB_SWITCHES and value.strip().lower() not in SWITCH_WORDS:
+            problems.append(f"{name} = {value!r} must be 1 or 0 (true/false, yes/no, on/off)")
     return problems
 
 

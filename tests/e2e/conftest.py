@@ -4,8 +4,9 @@ Fixtures (session-wide; the pair comes up once per session):
   sim_pair      -> Path of the site file for the simulated pair (the pair is up and ssh answers)
   site_file     -> the same Path
   run_pyinfra   -> run_pyinfra(*args, env=None, timeout=1800, as_json=True) -> PyinfraRun(data, stderr, returncode,
-                   stdout): `python -m pyinfra *args --json` in the project root with SPARKFOLD_SITE set; data is the
-                   parsed JSON (None when stdout held none); as_json=False leaves --json out (what a person reads).
+                   stdout): `python -m pyinfra *args --json` in the project root with SPARKFOLD_SITE set, without
+                   this machine's Hugging Face variables and token (sim.deploy_env); data is the parsed JSON (None
+                   when stdout held none); as_json=False leaves --json out (what a person reads).
                    e.g. run_pyinfra("inventory.py", "deploy.py", "--dry")
   sim_exec      -> sim_exec(role, cmd, user=None) -> CompletedProcess (text stdout/stderr, returncode); root unless
                    user is given; cmd is a shell string or an argv list
@@ -114,8 +115,8 @@ def _parse_json(stdout: str) -> Any:
 @pytest.fixture(scope="session")
 def run_pyinfra(sim_pair):
     def run(*args: str, env: dict[str, str] | None = None, timeout: float = 1800, as_json: bool = True) -> PyinfraRun:
-        full_env = dict(os.environ, SPARKFOLD_SITE=str(sim_pair), PYINFRA_PROGRESS="off")
-        full_env.update(env or {})
+        # without this machine's Hugging Face variables and token (tests/sim/sim.py deploy_env)
+        full_env = _sim.deploy_env({"SPARKFOLD_SITE": str(sim_pair), **(env or {})})
         argv = [sys.executable, "-m", "pyinfra", *args]
         if as_json and "--json" not in args:
             argv.append("--json")

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import re
 import shlex
 import subprocess
@@ -24,7 +23,7 @@ import requests
 
 from operations.gpu_clock import stale_after_s
 from operations.layout import GPU_CLOCK_RECORD, GPU_CLOCK_TIMER
-from tests.sim.sim import GPU_CLOCK_PERIOD_S
+from tests.sim.sim import GPU_CLOCK_PERIOD_S, deploy_env
 
 API = "http://127.0.0.1:18888"
 NAME = "dsv41-1017-exl3-tf"
@@ -113,7 +112,7 @@ def lock_record(sim_exec, role: str) -> dict[str, str]:
 
 def start_deploy(site_file, stdout=subprocess.DEVNULL) -> subprocess.Popen:
     """A deploy running in the background (its own process group, so a test can kill it whole); stderr piped."""
-    env = dict(os.environ, SPARKFOLD_SITE=str(site_file), PYINFRA_PROGRESS="off")
+    env = deploy_env({"SPARKFOLD_SITE": str(site_file)})
     run = subprocess.Popen([sys.executable, "-m", "pyinfra", *DEPLOY, "-y"], cwd=ROOT, env=env,
                            stdin=subprocess.DEVNULL, stdout=stdout, stderr=subprocess.PIPE, start_new_session=True)
     # newline="": a carriage return stays in its line, where a test can see it (text=True turns it into a newline)
@@ -167,6 +166,13 @@ def test_dry_run_on_a_fresh_pair_plans_every_step_and_changes_nothing(run_pyinfr
     assert pair_ids(sim_exec) == ("", "")
     assert gpu_locked(sim_exec, "worker") is None and gpu_locked(sim_exec, "head") is None
     assert sim_exec("worker", ["test", "-e", GPU_CLOCK_RECORD]).returncode != 0
+    # the checkpoint's plan came from huggingface_hub's dry run against the fake hub (its 10 files, at its commit),
+    # and planning wrote nothing into the cache (no ref for "main", no lock) nor into data_dir
+    fetch = [name for name in planned if name.startswith("The model data | Checkpoint: fetch")]
+    assert fetch and "fetch 10 files" in fetch[0] and "@3f1c7a9e52d0 " in fetch[0], fetch
+    assert "huggingface_hub 2.4.0 on the head" in " ".join(op["name"] for op in run.data["plan"]), run.data["plan"]
+    assert sim_exec("head", "ls -A /home/nvidia/.cache/huggingface/hub /home/nvidia/.cache/sparkfold 2>/dev/null"
+                    ).stdout.strip() == ""
 
 
 # each long step's progress runner prints its first line when it starts and "done in" when it ends, at pyinfra's
@@ -505,6 +511,40 @@ def test_unknown_extra_serve_flag_is_refused_before_the_pair_is_touched(run_pyin
     assert changed_ops(run) == {}, changed_ops(run)
     assert pair_ids(sim_exec) == before
     assert chat()["choices"][0]["message"]["content"]
+
+
+HF_ENV_FILE = "/home/nvidia/.local/state/sparkfold/hf-env"
+HF_ENV_OP = "The model data | huggingface_hub variables for the head's downloads"
+
+
+def test_hub_variables_reach_the_head_in_a_private_file_and_their_values_never_print(run_pyinfra, sim_exec):
+    """HF_HUB_DOWNLOAD_TIMEOUT and the proxy variables of this machine go to the head's downloads in a 0600 file;
+    the plan names them, even -vvv never shows a value (a proxy URL may hold a password); without them the file
+    goes."""
+    env = {"HF_HUB_DOWNLOAD_TIMEOUT": "45", "HTTPS_PROXY": "http://sim:s3cret@proxy.invalid:3128",
+           "NO_PROXY": "127.0.0.1,localhost"}
+    run = deploy(run_pyinfra, "-vvv", env=env)
+    assert changed_ops(run) == {f"{HF_ENV_OP} (0600 file): HF_HUB_DOWNLOAD_TIMEOUT, HTTPS_PROXY, NO_PROXY":
+                                ["sim-head"]}, changed_ops(run)
+    assert "s3cret" not in run.stderr + run.stdout
+    assert sim_exec("head", ["stat", "-c", "%a %U", HF_ENV_FILE]).stdout.split() == ["600", "nvidia"]
+    seen = sim_exec("head", f". {HF_ENV_FILE}; echo \"$HF_HUB_DOWNLOAD_TIMEOUT $HTTPS_PROXY $NO_PROXY\"").stdout
+    assert seen.split() == ["45", "http://sim:s3cret@proxy.invalid:3128", "127.0.0.1,localhost"]
+    assert changed_ops(deploy(run_pyinfra, env=env)) == {}  # converged with them
+    run = deploy(run_pyinfra)
+    assert list(changed_ops(run)) == [f"{HF_ENV_OP}: none set on this machine"]
+    assert sim_exec("head", ["test", "-e", HF_ENV_FILE]).returncode != 0
+
+
+def test_a_hf_hub_version_the_given_python_lacks_is_refused_before_any_change(run_pyinfra, sim_exec):
+    """The simulated head's hf_python (python3) has the pin; another pin is refused, with the fix, by --dry and by
+    a run, which changes nothing (sparkfold never installs into a python it did not make)."""
+    dry = run_pyinfra(*DEPLOY, "--dry", "--data", "hf_hub_version=9.9.9")
+    assert "will fail: hf_python: python3 has huggingface_hub 2.4.0, not hf_hub_version 9.9.9" in dry.stderr, \
+        dry.stderr[-3000:]
+    run = failing_deploy(run_pyinfra, "--data", "hf_hub_version=9.9.9")
+    assert "pip install 'huggingface_hub[hf_xet]==9.9.9'" in run.stderr and changed_ops(run) == {}
+    assert sim_exec("head", "python3 -c 'import huggingface_hub as h; print(h.__version__)'").stdout.strip() == "2.4.0"
 
 
 def test_ablit_without_a_token_is_refused_before_any_download(run_pyinfra, sim_exec):

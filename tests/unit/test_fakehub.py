@@ -13,12 +13,12 @@ import os
 import struct
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
 
 import pytest
+from fakehub_proc import running_fakehub
 
 ROOT = Path(__file__).resolve().parents[2]
 FAKEHUB = ROOT / "tests" / "sim" / "fakehub"
@@ -53,27 +53,8 @@ CATALOG = repos.catalog()
 @pytest.fixture(scope="module")
 def hub(tmp_path_factory):
     log = tmp_path_factory.mktemp("fakehub") / "fakehub.log"
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-I", "-S", str(FAKEHUB / "server.py"), "--host", "127.0.0.1", "--port", "0",
-             "--cut-once", f"{repos.ENGRAM}/{CUT_FILE}"],
-            stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-        )
-    try:
-        url = None
-        deadline = time.monotonic() + 10
-        while url is None and time.monotonic() < deadline:
-            if proc.poll() is not None:
-                pytest.fail(f"fakehub exited: {log.read_text()}")
-            for line in log.read_text().splitlines():
-                if "listening on " in line:
-                    url = line.split("listening on ")[1].split()[0]
-            time.sleep(0.05)
-        assert url, log.read_text()
+    with running_fakehub(log, "--cut-once", f"{repos.ENGRAM}/{CUT_FILE}") as url:
         yield {"url": url, "log": log}
-    finally:
-        proc.terminate()
-        proc.wait(timeout=5)
 
 
 @pytest.fixture(autouse=True)
@@ -276,6 +257,35 @@ def test_snapshot_to_local_dir_with_allow_patterns(hub, tmp_path):
     fetched = [line for line in log_lines(hub) if f"/{repos.ENGRAM}/resolve/" in line]
     assert not any(f"/{name}" in line for line in fetched
                    for name in CATALOG[repos.ENGRAM]["files"] if name not in wanted)
+
+
+def test_dry_run_plans_from_the_fake_hub_as_from_the_real_one(hub, tmp_path):
+    """snapshot_download(dry_run=True), which the planner (operations/remote/hf_plan.py) uses: the revision's tree
+    and one HEAD per file not on disk; nothing is fetched, nothing is written to the cache."""
+    commit = CATALOG[repos.EAQ_V1]["commit"]
+    cache = tmp_path / "hub"
+    before = sum(" GET " in line and "/resolve/" in line for line in log_lines(hub))
+    planned = snapshot_download(repos.EAQ_V1, revision=commit, cache_dir=cache, endpoint=hub["url"], token=False,
+                                dry_run=True)
+    assert {i.filename: i.file_size for i in planned} == CATALOG[repos.EAQ_V1]["files"]
+    assert all(i.will_download and not i.is_cached and i.commit_hash == commit for i in planned)
+    assert sum(" GET " in line and "/resolve/" in line for line in log_lines(hub)) == before  # HEADs only
+    assert not cache.exists() or not any(cache.iterdir())
+    snapshot_download(repos.EAQ_V1, revision=commit, cache_dir=cache, endpoint=hub["url"], token=False)
+    again = snapshot_download(repos.EAQ_V1, revision=commit, cache_dir=cache, endpoint=hub["url"], token=False,
+                              dry_run=True)
+    assert all(i.is_cached and not i.will_download for i in again)
+    # a local_dir with patterns, and a gated repo: its tree is public, its files are not
+    wanted = SETTINGS["engram_files"]
+    local = snapshot_download(repos.ENGRAM, local_dir=tmp_path / "engram", allow_patterns=wanted,
+                              endpoint=hub["url"], dry_run=True)
+    assert sorted(i.filename for i in local) == sorted(wanted)
+    with pytest.raises(GatedRepoError):
+        snapshot_download(repos.ABLIT, revision=SETTINGS["ablit_revision"], cache_dir=cache, endpoint=hub["url"],
+                          token=False, allow_patterns=[SETTINGS["ablit_file"]], dry_run=True)
+    gated = snapshot_download(repos.ABLIT, revision=SETTINGS["ablit_revision"], cache_dir=cache, endpoint=hub["url"],
+                              token="hf_simtoken", allow_patterns=[SETTINGS["ablit_file"]], dry_run=True)
+    assert [i.file_size for i in gated] == [CATALOG[repos.ABLIT]["files"][SETTINGS["ablit_file"]]]
 
 
 def test_kit_folder_and_its_verifier(hub, tmp_path):

@@ -17,6 +17,7 @@ from settings_factory import make_settings
 from operations import model_data
 from operations.data import copy as data_copy
 from operations.data.copy import listing_digest
+from operations.data.hub import hub_change, hub_env_name, hub_env_text, token_name
 from operations.facts.files import (
     DirFiles,
     DiskFree,
@@ -91,12 +92,16 @@ def test_small_file_facts(tmp_path):
     assert isinstance(free, int) and free > 0
 
 
-def test_hf_hub_python_fact():
+def test_hf_hub_python_fact_reads_huggingface_hub_and_hf_xet():
+    import importlib.metadata
+
     import huggingface_hub
 
-    assert run_local(HfHubPython, python=sys.executable) == huggingface_hub.__version__
+    assert run_local(HfHubPython, python=sys.executable) == {"hub": huggingface_hub.__version__,
+                                                            "xet": importlib.metadata.version("hf-xet")}
     assert run_local(HfHubPython, python="/nonexistent/python3") is None
-    assert parse_fact(HfHubPython, "#HUB \n") == ""  # a python without huggingface_hub
+    assert parse_fact(HfHubPython, "#HUB \n#XET \n") == {"hub": "", "xet": ""}  # a python without either
+    assert parse_fact(HfHubPython, "#HUB \n") == {"hub": "", "xet": ""}  # the python itself failed
 
 
 def test_ablit_shards_fact(tmp_path):
@@ -123,38 +128,99 @@ def test_hf_plan_fact_parses_last_json_line():
     assert "HF_TOKEN_PATH=/s/hf-token" in cmd and "HF_ENDPOINT=https://mirror" in cmd and "--cache-dir /h/hub" in cmd
 
 
-# ---- hf_python_ready / hf_token_file ----
+# ---- hf_hub_installed / private_file ----
 
-def test_hub_python_present_is_noop():
-    cmds, h = run_op(model_data.hf_python_ready, {HfHubPython: "2.4.0"}, python="/s/venv/bin/python", venv="/s/venv")
-    assert cmds == [] and "2.4.0" in h.noops[0]
-
-
-def test_hub_python_missing_makes_venv():
-    cmds, _ = run_op(model_data.hf_python_ready, {HfHubPython: None}, python="/s/venv/bin/python", venv="/s/venv")
-    assert "python3 -m venv /s/venv" in cmds[0] and "pip install" in cmds[1] and "huggingface_hub" in cmds[1]
+HUB = {"hub": "2.4.0", "xet": "1.8.0"}
+VENV = dict(python="/s/venv/bin/python", version="2.4.0", venv="/s/venv", env_file="/s/hf-env")
 
 
-def test_given_python_without_hub_fails_with_fix(caplog):
-    command, warnings = refused(caplog, model_data.hf_python_ready, {HfHubPython: ""}, python="/usr/bin/python3",
-                                venv="")
-    assert "hf_python: /usr/bin/python3 cannot import huggingface_hub" in command and "pip install" in command
-    assert "will fail: hf_python: /usr/bin/python3 cannot import" in warnings and 'set hf_python to ""' in warnings
+def test_the_pinned_hub_in_the_venv_is_converged():
+    cmds, h = run_op(model_data.hf_hub_installed, {HfHubPython: HUB}, **VENV)
+    assert cmds == [] and h.noops == ["huggingface_hub 2.4.0 on the head (hf_xet 1.8.0)"]
 
 
-def test_token_file_written_without_token_on_command_line():
+@pytest.mark.parametrize("have, venv_made", [({"hub": "2.3.1", "xet": "1.8.0"}, False),  # upgraded
+                                              ({"hub": "2.5.0", "xet": "1.8.0"}, False),  # downgraded to the pin
+                                              ({"hub": "2.4.0", "xet": ""}, False),  # hf_xet added
+                                              ({"hub": "", "xet": ""}, False),  # a venv without it
+                                              (None, True)])  # no venv yet
+def test_the_venv_is_installed_into_until_it_has_exactly_the_pin(have, venv_made):
+    cmds, _ = run_op(model_data.hf_hub_installed, {HfHubPython: have}, **VENV)
+    assert len(cmds) == 1 + venv_made
+    assert ("python3 -m venv /s/venv" in cmds[0]) == venv_made
+    assert cmds[-1] == ("[ ! -r /s/hf-env ] || . /s/hf-env; /s/venv/bin/python -m pip install --quiet "
+                        "--disable-pip-version-check 'huggingface_hub[hf_xet]==2.4.0'")
+
+
+def test_pip_gets_the_proxies_of_the_env_file(tmp_path):
+    env_file = tmp_path / "hf-env"
+    env_file.write_text("export HTTPS_PROXY='http://u:s3cret@proxy:3128'\n")
+    fake = tmp_path / "python"
+    fake.write_text(f"#!/bin/sh\nenv > {tmp_path}/seen; echo \"$@\" > {tmp_path}/argv\n")
+    fake.chmod(0o755)
+    cmds, _ = run_op(model_data.hf_hub_installed, {HfHubPython: {"hub": "2.3.1", "xet": ""}}, python=str(fake),
+                     version="2.4.0", venv=str(tmp_path), env_file=str(env_file))
+    assert "s3cret" not in cmds[-1]
+    subprocess.run(["sh", "-c", cmds[-1]], check=True)
+    assert "HTTPS_PROXY=http://u:s3cret@proxy:3128" in (tmp_path / "seen").read_text().splitlines()
+    assert (tmp_path / "argv").read_text().split()[-1] == "huggingface_hub[hf_xet]==2.4.0"
+
+
+def test_the_users_python_is_checked_never_changed(caplog):
+    given = dict(python="/usr/bin/python3", version="2.4.0", venv="")
+    assert run_op(model_data.hf_hub_installed, {HfHubPython: {"hub": "2.4.0", "xet": ""}}, **given)[0] == []
+    command, warnings = refused(caplog, model_data.hf_hub_installed, {HfHubPython: {"hub": "2.3.1", "xet": ""}},
+                                **given)
+    assert "hf_python: /usr/bin/python3 has huggingface_hub 2.3.1, not hf_hub_version 2.4.0" in command
+    assert "pip install 'huggingface_hub[hf_xet]==2.4.0'" in warnings and "set hf_hub_version" in warnings
+    command, warnings = refused(caplog, model_data.hf_hub_installed, {HfHubPython: {"hub": "", "xet": ""}}, **given)
+    assert "hf_python: /usr/bin/python3 cannot import huggingface_hub" in command
+    assert 'set hf_python to ""' in warnings
+
+
+def test_the_plan_says_what_changes_in_the_heads_huggingface_hub():
+    assert hub_change({"hub": "2.3.1", "xet": "1.8.0"}, "2.4.0", "/v") == "huggingface_hub 2.3.1 → 2.4.0 on the head"
+    assert hub_change({"hub": "", "xet": ""}, "2.4.0", "/v") == "huggingface_hub none → 2.4.0 on the head"
+    assert hub_change(None, "2.4.0", "/v") == "huggingface_hub 2.4.0 on the head (a new venv, /v)"
+    assert hub_change(HUB, "2.4.0", "/v") == "huggingface_hub 2.4.0 on the head (hf_xet 1.8.0)"
+    assert hub_change({"hub": "2.4.0", "xet": ""}, "2.4.0", "/v") == "huggingface_hub 2.4.0 on the head: hf_xet added"
+    assert hub_change({"hub": "2.3.1", "xet": ""}, "2.4.0", "") == \
+        "huggingface_hub 2.3.1 on the head (hf_python), hf_hub_version is 2.4.0"
+
+
+def test_a_secret_file_is_uploaded_never_on_a_command_line():
     token = "hf_secretvalue123"
-    cmds, _ = run_op(model_data.hf_token_file, {Sha256File: None}, path="/s/hf-token", token=token)
-    assert "install -m 600 /dev/null /s/hf-token" in cmds[0]
-    assert all(token not in c for c in cmds)
+    cmds, _ = run_op(model_data.private_file, {Sha256File: None}, path="/s/hf-token", content=token, what="token")
+    assert cmds[0] == "mkdir -p /s && install -m 600 /dev/null /s/hf-token"  # 0600 before the token lands in it
+    assert cmds[1].startswith("FileUploadCommand(") and all(token not in c for c in cmds)
 
 
-def test_token_file_current_is_noop_and_removed_without_token():
+def test_a_secret_file_both_ways():
     token = "hf_secretvalue123"
     digest = hashlib.sha256(token.encode()).hexdigest()
-    assert run_op(model_data.hf_token_file, {Sha256File: digest}, path="/s/t", token=token)[0] == []
-    assert run_op(model_data.hf_token_file, {Sha256File: digest}, path="/s/t", token="")[0] == ["rm -f /s/t"]
-    assert run_op(model_data.hf_token_file, {Sha256File: None}, path="/s/t", token="")[0] == []
+    cmds, h = run_op(model_data.private_file, {Sha256File: digest}, path="/s/t", content=token, what="token")
+    assert cmds == [] and h.noops == ["token is current"]
+    assert len(run_op(model_data.private_file, {Sha256File: "0" * 64}, path="/s/t", content=token, what="t")[0]) == 2
+    assert run_op(model_data.private_file, {Sha256File: digest}, path="/s/t", content="", what="t")[0] == ["rm -f /s/t"]
+    assert run_op(model_data.private_file, {Sha256File: None}, path="/s/t", content="", what="t")[0] == []
+
+
+def test_the_env_file_holds_the_variables_and_its_name_only_their_names(tmp_path):
+    env = {"HTTPS_PROXY": "http://u:s3cret@proxy:3128", "HF_HUB_DOWNLOAD_TIMEOUT": "60", "NO_PROXY": "a b,'c'"}
+    text = hub_env_text(env)
+    name = hub_env_name(env)
+    assert name == ("huggingface_hub variables for the head's downloads (0600 file): HF_HUB_DOWNLOAD_TIMEOUT, "
+                    "HTTPS_PROXY, NO_PROXY") and "s3cret" not in name
+    (tmp_path / "hf-env").write_text(text)
+    out = subprocess.run(["sh", "-c", f". {tmp_path}/hf-env; printf '%s|' \"$HTTPS_PROXY\" \"$NO_PROXY\" "
+                          "\"$HF_HUB_DOWNLOAD_TIMEOUT\""], capture_output=True, text=True, check=True).stdout
+    assert out == "http://u:s3cret@proxy:3128|a b,'c'|60|"
+    assert hub_env_text({}) == "" and "none set" in hub_env_name({})
+
+
+def test_the_token_line_names_its_source_never_the_token():
+    assert token_name("HF_TOKEN") == "Hugging Face token for the head's downloads (0600 file): from HF_TOKEN"
+    assert "anonymous" in token_name("")
 
 
 # ---- hf_snapshot ----
@@ -175,6 +241,46 @@ def test_snapshot_missing_fetches_with_token_by_path():
     first_line = cmds[0].splitlines()[0]
     assert "HF_TOKEN_PATH=/s/hf-token" in first_line and "--expect-model-type deepseek_v41" in first_line
     assert "snapshot_download" in cmds[0]  # the fetch script travels with the command
+
+
+def test_the_download_gets_the_env_file_the_token_path_and_max_workers(tmp_path):
+    """What the head's download receives: the variables of the hf-env file in its environment (never on its command
+    line), HF_TOKEN_PATH and HF_ENDPOINT, and --max-workers for parallel files."""
+    env_file = tmp_path / "hf-env"
+    env_file.write_text("export HTTPS_PROXY='http://u:s3cret@proxy:3128'\nexport HF_XET_HIGH_PERFORMANCE=1\n")
+    fake = tmp_path / "python"
+    fake.write_text(f"#!/bin/sh\nenv > {tmp_path}/seen; echo \"$@\" > {tmp_path}/argv; cat > /dev/null\n")
+    fake.chmod(0o755)
+    plan = complete_plan(complete=False, manifest=False, missing=[["model-1.safetensors", 150]], missing_bytes=150)
+    args = dict(SNAP, python=str(fake), cache_dir=str(tmp_path / "hub"), env_file=str(env_file), max_workers=3,
+                endpoint="https://mirror.example")
+    cmds, _ = run_op(model_data.hf_snapshot, {HfPlan: plan, DiskFree: {"free_bytes": 10**6}}, **args)
+    _label, fetch, _options = unwrap_progress(cmds[0])
+    assert "s3cret" not in cmds[0]
+    subprocess.run(["sh", "-c", fetch], check=True, timeout=30)
+    seen = (tmp_path / "seen").read_text().splitlines()
+    for line in ("HTTPS_PROXY=http://u:s3cret@proxy:3128", "HF_XET_HIGH_PERFORMANCE=1", "HF_TOKEN_PATH=/s/hf-token",
+                 "HF_ENDPOINT=https://mirror.example"):
+        assert line in seen, line
+    argv = (tmp_path / "argv").read_text().split()
+    assert argv[argv.index("--max-workers") + 1] == "3" and argv[argv.index("--cache-dir") + 1] == str(tmp_path / "hub")
+
+
+def test_the_deploy_names_the_token_source_and_the_variables_never_their_values(recorded):
+    s = settings(hf_token="hf_x").replace(hf_token_source="HF_TOKEN", hf_env={"HTTPS_PROXY": "http://u:s3cret@p:1"})
+    DEPLOY(s)
+    token, env = recorded[0][1], recorded[1][1]
+    assert token["name"].endswith("from HF_TOKEN") and token["content"] == "hf_x"
+    assert env["name"].endswith(": HTTPS_PROXY") and env["content"] == "export HTTPS_PROXY=http://u:s3cret@p:1\n"
+    assert not any("s3cret" in call[1]["name"] or "hf_x" in call[1]["name"] for call in recorded)
+
+
+def test_a_given_hf_python_is_checked_and_gets_no_venv(recorded):
+    DEPLOY(settings(hf_python="python3", hf_max_workers=16))
+    hub = next(kw for op, kw in recorded if op == "hf_hub_installed")
+    assert hub["python"] == "python3" and hub["venv"] == ""
+    assert hub["name"] == "huggingface_hub 2.3.1 on the head (hf_python), hf_hub_version is 2.4.0"
+    assert all(kw["max_workers"] == 16 for op, kw in recorded if op == "hf_snapshot")
 
 
 def test_snapshot_wrong_model_type_fails(caplog):
@@ -468,13 +574,22 @@ def recorded(monkeypatch):
                 monkeypatch.setattr(module, attr, recorder(attr))
     monkeypatch.setattr(model_data, "_plan", lambda args: {"complete": False, "missing": [["f", 2**30]],
                                                            "missing_bytes": 2**30, "commit": COMMIT})
+    monkeypatch.setattr(model_data, "_hub_versions", lambda python: {"hub": "2.3.1", "xet": "1.8.0"})
     return calls
 
 
 def test_deploy_head_order_and_names(recorded):
     DEPLOY(settings())
     ops = [c[0] for c in recorded]
-    assert ops[:3] == ["hf_python_ready", "hf_token_file", "hf_snapshot"]
+    # the token and the variables first: pip needs the proxies too
+    assert ops[:4] == ["private_file", "private_file", "hf_hub_installed", "hf_snapshot"]
+    hub = recorded[2][1]
+    assert hub == {"name": "huggingface_hub 2.3.1 → 2.4.0 on the head", "python": "/home/n/.local/state/sparkfold/venv/"
+                   "bin/python", "version": "2.4.0", "venv": "/home/n/.local/state/sparkfold/venv",
+                   "env_file": "/home/n/.local/state/sparkfold/hf-env"}
+    assert recorded[1][1]["path"] == "/home/n/.local/state/sparkfold/hf-env" and recorded[1][1]["content"] == ""
+    fetch = recorded[3][1]
+    assert fetch["env_file"] == "/home/n/.local/state/sparkfold/hf-env" and fetch["max_workers"] == 8
     assert ops.index("token_map_written") < ops.index("rank_file_written") < ops.index("folder_to_peer")
     assert ops.count("rank_file_written") == 2 and "ablit_applied" not in ops
     names = [c[1]["name"] for c in recorded if c[0] == "hf_snapshot"]
