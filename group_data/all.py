@@ -14,6 +14,7 @@ drafts = True  # use the checkpoint's DSpark draft blocks
 eaq_v1_1 = False  # True serves the experimental EAQ v1.1 pack instead of v1
 ablit = False  # True applies the Keys overlay (abliterated mode; needs HF_TOKEN with gated access)
 api_key = False  # True makes rank 0 require a key (kept in a 0600 file on the head)
+api_key_file = ""  # your own key: a file on this machine holding it ("" = a random key made on the head)
 host = "0.0.0.0"  # address rank 0's API binds on the head
 port = 8888  # port of rank 0's API
 served_name = "DeepSeek-V4.1-Flash-1017"  # model id the API serves

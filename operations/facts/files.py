@@ -46,6 +46,7 @@ _FILE_PARTS = {
     "sha1": "echo \"#SHA1 $(sha1sum < {path} 2>/dev/null | cut -c1-40)\";",
     "head": "echo \"#HEAD $(head -n 3 {path} 2>/dev/null | base64 -w0)\";",  # where sparkfold's header is
     "text": "echo \"#TEXT $(base64 -w0 {path} 2>/dev/null)\";",  # base64 keeps blank and trailing lines
+    "sha256": "echo \"#SHA256 $(sha256sum < {path} 2>/dev/null | cut -c1-64)\";",
 }
 
 
@@ -142,6 +143,27 @@ class ApiKeyFile(RegularFileFact[ApiKeyFileDict]):
         if stat is None:
             return self.default()  # unreadable: as if missing (the new key's write is guarded by `[ -s ]`)
         return {"present": stat["size"] > 0, "empty": stat["size"] == 0, "mode": stat["mode"], "owner": stat["user"]}
+
+
+class ApiKeyFileSumDict(ApiKeyFileDict):
+    sha256: str | None  # of the file's bytes; None when missing or unreadable
+
+
+class ApiKeyFileSum(RegularFileFact[ApiKeyFileSumDict]):
+    """ApiKeyFile and the file's sha256, for a key the user brings (api_key_file): whether the head holds that key,
+    without the key leaving the file."""
+
+    parts = ("sha256",)
+
+    @staticmethod
+    def default() -> ApiKeyFileSumDict:
+        return {"present": False, "empty": False, "mode": None, "owner": None, "sha256": None}
+
+    def found(self, stat: FileStat | None, fields: dict[str, str]) -> ApiKeyFileSumDict:
+        digest = fields.get("#SHA256", "")
+        base = ApiKeyFile().found(stat, fields)
+        return {**base, "sha256": digest if len(digest) == 64 and all(c in "0123456789abcdef" for c in digest)
+                else None}
 
 
 class LinkTarget(FactBase[str | None]):

@@ -38,6 +38,7 @@ class Settings:
     eaq_v1_1: bool
     ablit: bool
     api_key: bool
+    api_key_file: str  # a path on this machine ("" = the key is made on the head)
     host: str
     port: int
     served_name: str
@@ -140,6 +141,7 @@ class Settings:
     # huggingface_hub's variables of this machine's environment for the head's downloads (a proxy URL may hold a
     # password: never shown)
     hf_env: dict[str, str] = field(default_factory=dict, repr=False)
+    own_api_key: str = field(default="", repr=False)  # the key in api_key_file, read on this machine
     # the other Spark's settings (set by `pair`)
     peer: Settings | None = field(default=None, compare=False, repr=False)
 
@@ -236,5 +238,5 @@ def pair(head: Settings, worker: Settings) -> tuple[Settings, Settings]:
 
 
 PER_HOST = ("role", "rank", "link_rails", "ssh_hostname", "ssh_user", "ssh_port", "reach_from_head", "home",
-            "hf_token", "hf_token_source", "hf_env", "peer")
+            "hf_token", "hf_token_source", "hf_env", "own_api_key", "peer")
 SETTING_NAMES = tuple(f.name for f in fields(Settings) if f.name not in PER_HOST)

@@ -116,6 +116,12 @@ def validate(s: Settings) -> list[str]:
                         "`hf auth login` (or set ablit to false)")
     _check_range(problems, s, "hf_max_workers", 1, 64, "files downloaded at once (huggingface_hub's default is 8)")
     problems.extend(_hub_env_problems(s.hf_env))
+    if s.api_key_file and not s.api_key:
+        problems.append(f"api_key_file = {shown(s.api_key_file)} is set but api_key is false: set api_key = true to "
+                        "require that key, or set api_key_file to \"\"")
+    if s.api_key_file and s.rotate_api_key:
+        problems.append("rotate_api_key makes a new random key, but api_key_file names your own: put the new key in "
+                        "that file instead (the next run sends it to the head), or leave rotate_api_key out")
     if s.worker_weights not in ("nfs", "copy"):
         problems.append(f"worker_weights = {s.worker_weights!r} must be 'nfs' or 'copy'")
     elif s.worker_weights == "nfs" and not s.nfs:

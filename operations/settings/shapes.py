@@ -191,9 +191,9 @@ ITEM_SHAPES: dict[str, Shape] = {
 }
 
 
-# values checked elsewhere: the token and the forwarded variables are never shown (rules.py checks the variables),
-# link rails have their own rules, the peer is another Spark
-_NOT_TEXT = {"hf_token", "hf_env", "link_rails", "peer"}
+# values checked elsewhere: the token, the forwarded variables and the own API key are never shown (rules.py checks
+# the variables, sources.py the key), link rails have their own rules, the peer is another Spark
+_NOT_TEXT = {"hf_token", "hf_env", "own_api_key", "link_rails", "peer"}
 
 
 def _texts(value: Any) -> Iterable[Any]:

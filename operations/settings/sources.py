@@ -6,10 +6,10 @@ Environment names: SPARKFOLD_<NAME> for every setting, the shell recipe's own na
 RECIPE_ENV (CONTEXT=524288) and huggingface_hub's for the settings in TOOL_ENV (HF_ENDPOINT). Generic names (HOST,
 PORT, API_KEY) are not read: shells and users set them for other reasons.
 
-Besides settings, a Spark's Settings carry what this machine gives the head's downloads: the Hugging Face token
-(HF_TOKEN, else the one huggingface_hub's get_token() finds, which `hf auth login` saved) and huggingface_hub's
-variables of the environment (HUB_ENV: timeouts, Xet, proxies). Secrets are read here and never shown: a problem
-names the variable.
+Besides settings, a Spark's Settings carry what this machine gives the head's downloads and the API key: the
+Hugging Face token (HF_TOKEN, else the one huggingface_hub's get_token() finds, which `hf auth login` saved),
+huggingface_hub's variables of the environment (HUB_ENV: timeouts, Xet, proxies) and the key in api_key_file.
+Secrets are read here and never shown: a problem names the variable or the file.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import difflib
 import io
 import json
 import math
+import os
 import shlex
 import tokenize
 import typing
@@ -266,6 +267,36 @@ def hf_token_of(environ: Mapping[str, str],
     return (token, SAVED_TOKEN, []) if token else ("", "", [])
 
 
+def api_key_from_file(path: str) -> tuple[str, list[str]]:
+    """(the key in api_key_file, problems reading it): the file is on this machine; the key is never shown."""
+    if not path:
+        return "", []
+    where = os.path.expanduser(path)
+    name = f"api_key_file = {shown(path)}"
+    fix = ("write your key into it, alone on one line, or set api_key_file to \"\" (sparkfold then makes a key on the "
+           "head)")
+    if not os.path.isabs(where):
+        return "", [f"{name} must be an absolute path on this machine (or start with ~/)"]
+    try:
+        text = Path(where).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return "", [f"{name}: there is no such file on this machine: {fix}"]
+    except IsADirectoryError:
+        return "", [f"{name} is a folder on this machine, not a file: name the file that holds the key"]
+    except PermissionError:
+        return "", [f"{name} cannot be read by this machine's user: give it read access (chmod 600 the file as the "
+                    "user who runs the deploy)"]
+    except (OSError, UnicodeDecodeError) as exc:
+        return "", [f"{name} cannot be read ({type(exc).__name__}): {fix}"]
+    key = text.strip()
+    if not key:
+        return "", [f"{name} is empty: {fix}"]
+    if not (key.isascii() and key.isprintable()) or any(c.isspace() for c in key):
+        return "", [f"{name} must hold the key alone on one line, printable ASCII without spaces (what a client sends "
+                    "after `Authorization: Bearer `); the key is not shown"]
+    return key, []
+
+
 def _rails(value: Any) -> tuple[Rail, ...]:
     rails = []
     for rail in value or ():
@@ -278,7 +309,8 @@ def _rails(value: Any) -> tuple[Rail, ...]:
 
 def load(layers: Layers, environ: Mapping[str, str], home: str,
          saved_token: Callable[[], str | None] | None = None) -> tuple[Settings, list[str]]:
-    """One Spark's Settings (without its peer) and every problem met reading them (unknown names, wrong types).
+    """One Spark's Settings (without its peer) and every problem met reading them (unknown names, wrong types, the
+    API key file).
 
     A value that does not fit keeps the default, so the rules can still check the rest. `home`: the ssh user's
     home on that Spark (a fact), against which empty path settings resolve. `saved_token`: where the Hugging Face
@@ -331,6 +363,10 @@ def load(layers: Layers, environ: Mapping[str, str], home: str,
         ssh_port = 22
     hf_token, hf_token_source, token_problems = hf_token_of(environ, saved_token)
     problems += token_problems
+    own_api_key = ""
+    if role == "head":  # the key goes to the head only
+        own_api_key, key_problems = api_key_from_file(values["api_key_file"])
+        problems += key_problems
     settings = Settings(
         **values,
         role=role,
@@ -344,6 +380,7 @@ def load(layers: Layers, environ: Mapping[str, str], home: str,
         hf_token=hf_token,
         hf_token_source=hf_token_source,
         hf_env=hub_env(environ),
+        own_api_key=own_api_key,
     )
     return settings, problems
 

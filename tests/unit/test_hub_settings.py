@@ -166,7 +166,8 @@ def test_max_workers_is_a_sane_count(value, ok):
 
 def test_no_secret_reaches_a_settings_message():
     """Every problem the pair's settings can produce here: none shows the proxy's password or a token."""
-    found = all_problems({"HTTPS_PROXY": PROXY + "\x00", "HF_TOKEN": "hf_tok\n", "HF_HUB_DOWNLOAD_TIMEOUT": "x"})
+    found = all_problems({"HTTPS_PROXY": PROXY + "\x00", "HF_TOKEN": "hf_tok\n", "HF_HUB_DOWNLOAD_TIMEOUT": "x"},
+                         api_key=True, api_key_file="/nonexistent/key")
     assert found and not any(re.search(r"s3cret|hf_tok", p) for p in found), found
 
 
