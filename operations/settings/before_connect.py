@@ -9,7 +9,7 @@ a problem that depends on the home (an empty path setting resolves under it) is 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -17,7 +17,7 @@ from typing import Any
 from operations.settings.model import PROJECT_ROOT, pair
 from operations.settings.rules import validate_all
 from operations.settings.site import ROLES, SiteError, host_entries, read_site, site_path, ssh_target
-from operations.settings.sources import Layers, load
+from operations.settings.sources import Layers, load, saved_hf_token
 
 # The scripts that stop on a settings problem (restart.py includes deploy.py); the others go on despite one (stop.py,
 # rollback.py) or list it (status.py).
@@ -95,12 +95,14 @@ def host_layers(entries: Entries, groups: Mapping[str, Mapping[str, Any]],
             for role in ROLES}
 
 
-def settings_problems(layers: Mapping[str, Layers], names: Mapping[str, str], environ: Mapping[str, str]) -> list[str]:
+def settings_problems(layers: Mapping[str, Layers], names: Mapping[str, str], environ: Mapping[str, str],
+                      saved_token: Callable[[], str | None] | None = None) -> list[str]:
     """validate_all's problems of both Sparks that hold whatever each Spark's home is (names: role -> pyinfra's
-    host name)."""
+    host name; saved_token: where the Hugging Face token comes from without HF_TOKEN, as in context.py)."""
     found = []
     for home in _HOMES:
-        (head, head_problems), (worker, worker_problems) = (load(layers[role], environ, home) for role in ROLES)
+        (head, head_problems), (worker, worker_problems) = (load(layers[role], environ, home, saved_token)
+                                                            for role in ROLES)
         head, worker = pair(head, worker)
         head_target, worker_target = (ssh_target(layers[role].merged(), names[role]) for role in ROLES)
         found.append(validate_all(head, worker, head_target, worker_target, loaded=(head_problems, worker_problems)))
@@ -134,13 +136,14 @@ def listed(title: str, problems: Sequence[str]) -> str:
 
 
 def problems_before_connect(entries: Entries, groups: Mapping[str, Mapping[str, Any]],
-                            cli: CommandLine, environ: Mapping[str, str], cwd: Path) -> list[str]:
+                            cli: CommandLine, environ: Mapping[str, str], cwd: Path,
+                            saved_token: Callable[[], str | None] | None = None) -> list[str]:
     """Every problem a run of cli.scripts stops on that needs nothing from a Spark. entries: host_entries of the site
-    file; groups: group_data."""
+    file; groups: group_data; saved_token: as for settings_problems."""
     layers = host_layers(entries, groups, cli.override)
     problems = ssh_key_problems(layers, cwd)
     if cli.scripts & STOP_ON_SETTINGS:
-        problems += settings_problems(layers, {role: entries[role][0] for role in ROLES}, environ)
+        problems += settings_problems(layers, {role: entries[role][0] for role in ROLES}, environ, saved_token)
     return problems
 
 
@@ -154,7 +157,7 @@ def checked_entries(project_root: Path = PROJECT_ROOT, environ: Mapping[str, str
         raise NotReady(str(exc)) from None
     cli, cwd = command_line(), Path.cwd()
     groups = group_data(group_data_folders(project_root, cwd, cli.group_data_folders))
-    problems = problems_before_connect(entries, groups, cli, environ, cwd)
+    problems = problems_before_connect(entries, groups, cli, environ, cwd, saved_token=saved_hf_token)
     if problems:
         raise NotReady(listed(TITLE, problems))
     return entries

@@ -79,6 +79,38 @@ def test_a_problem_that_depends_on_the_sparks_home_waits_for_the_check_after_con
         "elsewhere"]
 
 
+def test_the_token_hf_auth_login_saved_counts_before_connecting_too(tmp_path):
+    """ablit needs a token: the one huggingface_hub finds on this machine satisfies it here as after connecting."""
+    site = tmp_path / "site.yaml"
+    site.write_text(site_text(data="{ablit: true}"))
+    entries = host_entries(read_site(site))
+    without = problems_before_connect(entries, GROUPS, DEPLOY, {}, tmp_path)
+    assert any(p.startswith("ablit needs your Hugging Face token") and "hf auth login" in p for p in without), without
+    assert problems_before_connect(entries, GROUPS, DEPLOY, {}, tmp_path, saved_token=lambda: "hf_saved") == []
+
+
+def test_an_unusable_api_key_file_is_named_before_connecting(tmp_path):
+    found = problems(tmp_path, site_text(data=f"{{api_key: true, api_key_file: {tmp_path}/absent}}"))
+    assert found == [f"head: api_key_file = '{tmp_path}/absent': there is no such file on this machine: write your "
+                     "key into it, alone on one line, or set api_key_file to \"\" (sparkfold then makes a key on the "
+                     "head)"]
+
+
+def test_checked_entries_asks_huggingface_hub_for_the_saved_token(tmp_path, monkeypatch):
+    from operations.settings import before_connect, sources
+
+    seen = {}
+    monkeypatch.setattr(before_connect, "problems_before_connect",
+                        lambda *args, saved_token=None: seen.setdefault("saved", saved_token) and [])
+    # pyinfra's command line and group_data reader import pyinfra_cli (gevent): not in this process
+    monkeypatch.setattr(before_connect, "command_line", lambda: DEPLOY)
+    monkeypatch.setattr(before_connect, "group_data", lambda folders: GROUPS)
+    site = tmp_path / "site.yaml"
+    site.write_text(site_text())
+    checked_entries(environ={"SPARKFOLD_SITE": str(site)})
+    assert seen["saved"] is sources.saved_hf_token
+
+
 @pytest.mark.parametrize("script", ["status.py", "logs.py", "stop.py", "rollback.py"])
 def test_the_tools_that_go_on_despite_settings_problems_are_not_stopped_by_one(tmp_path, script):
     assert problems(tmp_path, site_text(data="{contxt: 1}"), CommandLine(scripts=frozenset({script}))) == []
