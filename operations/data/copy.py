@@ -17,6 +17,7 @@ from pyinfra.api import StringCommand, operation
 
 from operations.facts.files import DirFiles, DiskFree, FolderCheck, LinkTarget, PeerFolder
 from operations.remote import heredoc_command
+from operations.remote.link_copy import PARTIAL_DIR
 from operations.remote.progress import PRIVATE_DIR_ENV
 from operations.remote.progress_command import TICK_S, LiveCommand, progress_command
 from operations.util import check_failed
@@ -25,8 +26,9 @@ from operations.util.hf_cache import PARTIAL_SUFFIX
 from operations.util.peer_ssh import ssh_prefix
 
 MARKER = ".sparkfold-verified"
-# never copied to the worker: huggingface_hub's local_dir metadata, the head's own verification, partial downloads
-COPY_EXCLUDES = ("/.cache/", MARKER, f"*{PARTIAL_SUFFIX}")
+# never copied to the worker: huggingface_hub's local_dir metadata, the head's own verification, partial downloads,
+# the parts of an interrupted copy
+COPY_EXCLUDES = ("/.cache/", MARKER, f"*{PARTIAL_SUFFIX}", f"{PARTIAL_DIR}/")
 SUMS_STATE = ".sparkfold-sums.state"
 SSH = ssh_prefix()  # the head's ssh to the worker (operations/util/peer_ssh.py)
 _KIT_GENERATED = re.compile(r"rope-[^/]*\.f32|vision/gate_bias_vl\.safetensors")
@@ -40,10 +42,11 @@ def gib(n) -> str:
 
 def is_bookkeeping(path: str) -> bool:
     """huggingface_hub's local_dir metadata, its partial downloads (a killed download leaves blobs/<etag>.<tmp>
-    .incomplete behind in a cache folder, which rsync never copies: see COPY_EXCLUDES) and our own markers: never
-    compared."""
+    .incomplete behind in a cache folder, which rsync never copies: see COPY_EXCLUDES), our own markers and an
+    interrupted copy's parts: never compared."""
     name = path.rsplit("/", 1)[-1]
-    return path.startswith(".cache/") or name.startswith(".sparkfold-") or name.endswith(PARTIAL_SUFFIX)
+    return (path.startswith(".cache/") or name.startswith(".sparkfold-") or name.endswith(PARTIAL_SUFFIX)
+            or f"/{PARTIAL_DIR}/" in f"/{path}")
 
 
 def listing_digest(files: dict, names, extra: str = "") -> str:
@@ -166,7 +169,8 @@ def peer_copy_commands(src: str, target: str, dest: str, what: str, total: int, 
     """The commands that copy the folder src (on the head) into dest on the worker, resumably, with progress lines:
     rsync through a transient daemon on the worker's link address (operations/remote/link_copy.py), unencrypted on
     the cable at the link's speed (the benchmark tests/bench/deploy_speed.py times these)."""
-    options = ["-a", "--partial", *extra_rsync] + [f"--exclude={e}" for e in COPY_EXCLUDES]
+    # a part waits in PARTIAL_DIR, never at the file's name: only a whole file there can look complete
+    options = ["-a", f"--partial-dir={PARTIAL_DIR}", *extra_rsync] + [f"--exclude={e}" for e in COPY_EXCLUDES]
     words = [src, "--target", target, "--dest", dest, "--ssh", SSH] + [f"--rsync-option={o}" for o in options]
     # progress: the worker's copy measured over ssh (its size at the start says how much a resume keeps)
     return [progress_command(f"{what} to the worker", heredoc_command(f"python3 - {shlex.join(words)}", "link_copy"),

@@ -311,7 +311,7 @@ def test_folder_to_peer_copies_differences_resumably():
     assert head[:3] == ["python3", "-", "/d/engram"] and "def start_daemon" in copy  # link_copy.py, on stdin
     assert head[head.index("--target") + 1] == "nvidia@10.0.0.2" and head[head.index("--dest") + 1] == "/w/engram"
     options = [w.split("=", 1)[1] for w in head if w.startswith("--rsync-option=")]
-    assert options[:2] == ["-a", "--partial"] and "--exclude=/.cache/" in options
+    assert options[:2] == ["-a", "--partial-dir=.sparkfold-partial"] and "--exclude=/.cache/" in options
 
 
 def test_folder_to_peer_checks_worker_space_and_reachability():
