@@ -30,7 +30,8 @@ DATA = f"{USER_HOME}/.cache/sparkfold"  # the default data_dir on both simulated
 HEAD_LINK_IP, WORKER_LINK_IP = "192.168.100.1", "192.168.100.2"  # rail 0's ends (tests/sim/sim.py RAILS)
 RAW_PORT, RSYNC_PORT = 47011, 47013
 CLIENTS = 4  # connections / rsync clients at once: the streamer's STREAMS
-SRC = f"{DATA}/bench-copy-src"
+SRC = f"{DATA}/bench-copy-files"  # the file set on the head, kept between runs (made again when a size differs)
+OLD_SRC = f"{DATA}/bench-copy-src"  # the single file of earlier versions of this benchmark
 RSYNC_LISTS = "/tmp/bench-rsync-client"  # on the head: <prefix>-<n>.list, one client's files
 RSYNC_PID = f"{USER_HOME}/.cache/bench-rsyncd.pid"  # on the worker
 
@@ -79,6 +80,7 @@ import os, socket, sys, threading
 address, port, dest, ready, connections = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], int(sys.argv[5])
 s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind((address, port)); s.listen(8)
 open(ready, "w").close()
+cut = []
 
 def serve(c):
     f = c.makefile("rb")
@@ -89,7 +91,8 @@ def serve(c):
             while left:
                 chunk = f.read(min(1 << 20, left))
                 if not chunk:
-                    sys.exit(f"{name}: cut short")
+                    cut.append(name)
+                    return
                 out.write(chunk)
                 left -= len(chunk)
     c.sendall(b"k")
@@ -101,6 +104,7 @@ for _ in range(connections):
     threads[-1].start()
 for t in threads:
     t.join()
+sys.exit(f"raw receiver: cut short: {cut}" if cut else 0)
 """
 RAW_SENDER = r"""
 import json, os, socket, sys, threading
@@ -137,7 +141,6 @@ def raw_copy(groups: list[list[str]], dest: str) -> float:
     receiver = subprocess.Popen(["docker", "exec", "-u", "nvidia", sim.CONTAINER["worker"], "python3", "-c",
                                  RAW_RECEIVER, WORKER_LINK_IP, str(RAW_PORT), dest, ready, str(len(groups))])
     wait_until(lambda: sim.exec_in("worker", ["test", "-e", ready]).returncode == 0, "the raw receiver")
-    time.sleep(0.1)  # listen() came before the ready file; this covers docker exec's own start
     seconds = on_head(f"python3 -c {shlex.quote(RAW_SENDER)} {WORKER_LINK_IP} {RAW_PORT} {SRC} "
                       f"{shlex.quote(json.dumps(groups))}")
     if receiver.wait(timeout=60) != 0:
@@ -194,7 +197,7 @@ def measure(runs: int, copy_gib: float, rotate) -> dict:
     files = bench_files(int(copy_gib * 2**30))
     groups = split_among(files)
     sizes = " ".join(f"{name}:{size}" for name, size in files)
-    on_head(f"mkdir -p {SRC} && cd {SRC} && for f in {sizes}; do n=${{f%:*}}; s=${{f#*:}}; "
+    on_head(f"rm -rf {OLD_SRC} && mkdir -p {SRC} && cd {SRC} && for f in {sizes}; do n=${{f%:*}}; s=${{f#*:}}; "
             "[ \"$(stat -c %s $n 2>/dev/null)\" = $s ] || head -c $s /dev/urandom > $n; done; "
             + "; ".join(f"printf '%s\\n' {' '.join(names)} > {RSYNC_LISTS}-{n}.list" for n, names in enumerate(groups)))
     total = sum(size for _, size in files)
