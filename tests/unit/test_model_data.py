@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 
@@ -363,6 +364,70 @@ def test_folder_verified_after_transfer_runs_sha256sum():
     assert cmds[1] == f"cd /d/engram && printf '%s\\n' {listing_digest(moved, names, 'f' * 64)} > {data_copy.MARKER}"
 
 
+def _damaged_copy(tmp_path):
+    """A head folder and the worker's copy of it, where bad.bin keeps its size and mtime but not its content."""
+    head, worker = tmp_path / "head", tmp_path / "worker"
+    head.mkdir()
+    for name, data in {"good.bin": b"good" * 100, "bad.bin": b"data" * 100}.items():
+        (head / name).write_bytes(data)
+    (head / "SHA256SUMS").write_text("".join(f"{hashlib.sha256((head / n).read_bytes()).hexdigest()}  {n}\n"
+                                             for n in ("good.bin", "bad.bin")))
+    shutil.copytree(head, worker)  # copy2: sizes and mtimes kept, as rsync -a and the stream keep them
+    stat = (worker / "bad.bin").stat()
+    (worker / "bad.bin").write_bytes(b"dat!" * 100)
+    os.utime(worker / "bad.bin", ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    return head, worker
+
+
+def _check_for_real(worker, all_present=False, **kwargs):
+    """folder_verified's command run in a shell; all_present: as if every listed name were a file there (a fact read
+    before the folder changed), so that sha256sum itself meets each name."""
+    check = run_fact(FolderCheck, path=str(worker), sums="SHA256SUMS", marker=data_copy.MARKER)
+    if all_present:
+        check["files"].update({name: [0, 0] for name in check["names"] if name not in check["files"]})
+    cmds, _ = run_op(data_copy.folder_verified, {FolderCheck: check}, executing=True, folder=str(worker),
+                     sums="SHA256SUMS", what="the test files", **kwargs)
+    return subprocess.run(["sh", "-c", cmds[0]], capture_output=True, text=True, timeout=60)
+
+
+def test_a_worker_file_that_fails_its_check_is_removed_so_the_next_run_copies_it(tmp_path):
+    head, worker = _damaged_copy(tmp_path)
+    peer = dict(PEER, src=str(head), dest=str(worker))
+
+    def copy_commands():
+        facts = {DirFiles: run_fact(DirFiles, path=str(head)), PeerFolder: _peer(run_fact(DirFiles, path=str(worker)))}
+        return run_op(data_copy.folder_to_peer, facts, executing=True, **peer)[0]
+
+    assert copy_commands() == []  # size and mtime match: the copy alone would never look at it again
+    checked = _check_for_real(worker, remove_failed=True)
+    assert checked.returncode != 0 and "bad.bin: FAILED" in checked.stderr
+    assert "removed bad.bin" in checked.stderr and "re-run the deploy to copy them again" in checked.stderr
+    assert not (worker / "bad.bin").exists() and (worker / "good.bin").read_bytes() == b"good" * 100
+    assert copy_commands()  # the next run copies it again
+
+
+def test_a_check_that_does_not_remove_leaves_the_files(tmp_path):
+    _head, worker = _damaged_copy(tmp_path)  # e.g. the head's kit: its files are a download's hard links
+    checked = _check_for_real(worker)
+    assert checked.returncode != 0 and (worker / "bad.bin").read_bytes() == b"dat!" * 100
+
+
+def test_only_files_inside_the_folder_are_removed_whatever_the_list_names(tmp_path):
+    _head, worker = _damaged_copy(tmp_path)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "kept").write_bytes(b"kept")
+    (worker / "sub").symlink_to(outside)
+    (worker / "link.bin").symlink_to(worker / "good.bin")
+    hostile = ["sub/kept", "../outside/kept", str(outside / "kept"), "link.bin", "./good.bin"]
+    with open(worker / "SHA256SUMS", "a") as sums:  # the list crossed the cable: wrong sums for files not its own
+        sums.writelines(f"{'0' * 64}  {name}\n" for name in hostile)
+    checked = _check_for_real(worker, all_present=True, remove_failed=True)
+    assert checked.returncode != 0 and not (worker / "bad.bin").exists()
+    assert (outside / "kept").read_bytes() == b"kept" and (worker / "sub").is_symlink()
+    assert (worker / "link.bin").is_symlink() and (worker / "good.bin").exists()
+
+
 def test_kit_missing_only_generated_files_says_so():
     names = ["cubins/linear.cubin", "rope-plain-cos.f32", "vision/gate_bias_vl.safetensors"]
     files = {"cubins/linear.cubin": [5, 1], "MANIFEST": [9, 1]}
@@ -417,7 +482,7 @@ def test_folder_to_peer_copies_differences_resumably():
     assert head[:3] == ["python3", "-", "/d/engram"] and "def start_daemon" in copy  # link_copy.py, on stdin
     assert head[head.index("--target") + 1] == "nvidia@10.0.0.2" and head[head.index("--dest") + 1] == "/w/engram"
     options = [w.split("=", 1)[1] for w in head if w.startswith("--rsync-option=")]
-    assert options[:2] == ["-a", "--partial"] and "--exclude=/.cache/" in options
+    assert options[:2] == ["-a", "--partial-dir=.sparkfold-partial"] and "--exclude=/.cache/" in options
 
 
 def test_folder_to_peer_checks_worker_space_and_reachability():
@@ -612,6 +677,7 @@ def test_deploy_worker_only_verifies(recorded):
     DEPLOY(settings(is_head=False))
     assert [c[0] for c in recorded] == ["both_sparks_reached"] + ["folder_verified"] * 3
     assert recorded[3][1]["folder"] == "/home/n/.cache/sparkfold/rank-cache/active-rank1"
+    assert all(c[1]["remove_failed"] for c in recorded[1:])  # all copies: a damaged file goes, the next run copies it
 
 
 def test_a_complete_plan_is_read_once_per_run_an_incomplete_one_every_time():
