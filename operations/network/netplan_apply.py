@@ -1,6 +1,7 @@
 """netplan apply that cannot strand a Spark, not even through a reboot: the new files live under /run/netplan
 (tmpfs) until the apply is confirmed, a revert is armed on the Spark itself (a transient systemd timer), the apply
-runs detached, and only a *new* ssh connection from this machine confirms it. /etc/netplan changes only then.
+runs detached, and only a *new* ssh connection from this machine, opened after it saw the apply finished, confirms
+it. /etc/netplan changes only then.
 
 netplan reads /lib/netplan, /etc/netplan and /run/netplan, and a file under /run/netplan shadows (completely
 replaces) the file of the same name under /etc/netplan (netplan-generate(8), "Handling multiple files"). So a file
@@ -14,10 +15,12 @@ Sequence inside the netplan operation, per apply (a root-only folder per apply u
 3. stage: the new texts copied to /run/netplan under their file names;
 4. apply: `netplan generate && netplan apply`, detached (setsid), the boot id and its exit status written to files,
    so a cut management path cannot leave the deploy waiting on a dead channel;
-5. confirm (on this machine): a fresh ssh connection (a new connector, new TCP session and authentication) waits
-   for the apply's status, checks the management address, claims the decision and runs promote.sh, which writes
-   the files to /etc/netplan (other files backed up beside themselves) and drops them from /run/netplan. If no
-   connection succeeds in time, the Spark reverts by itself and this host fails with what happened and what to check.
+5. confirm (on this machine): fresh ssh connections (each a new connector, new TCP session and authentication)
+   ask whether the apply finished, with no side effect, until one says it did; then another one, opened only after
+   that answer, checks the management address, claims the decision and runs promote.sh, which writes the files to
+   /etc/netplan (other files backed up beside themselves) and drops them from /run/netplan. Every attempt has a time
+   limit, so a connection whose packets the new config drops counts as unreachable. If none succeeds in time, the
+   Spark reverts by itself and this host fails with what happened and what to check.
 
 revert.sh and the confirmation claim the decision with `ln -s revert|confirm <dir>/decided` (atomic, and it says who
 won): whichever comes second does nothing, so a late confirmation never keeps a configuration the revert already
@@ -32,14 +35,19 @@ import secrets
 import time
 from io import StringIO
 from shlex import quote
-from typing import TypedDict
+from typing import Any, TypedDict
 
+import gevent
 from pyinfra.api import FileUploadCommand, FunctionCommand, StringCommand
 
 from operations.layout import BOOT_ID, NETPLAN_APPLY_DIR, NETPLAN_REVERT_UNIT, NETPLAN_STAGE_DIR
 from operations.settings.shapes import CONFIRM_WAIT_APPLY_S
 
 MARK = "sparkfold-confirm="  # the confirmation's verdict on stderr
+SEEN = "sparkfold-applied="  # applied_check's line on stdout: the apply finished, with this exit status
+APPLIED_POLL_S = 5  # applied_check waits this long on the Spark for the apply before it answers "not yet"
+REPLY_S = 20  # a command's reply (pyinfra's _timeout): the check takes APPLIED_POLL_S, the claim a second or a revert
+SETUP_S = 20  # on top of REPLY_S: a new connection's TCP, handshake and authentication, and its channel's opening
 KEEP_DAYS = 30  # apply directories older than this are pruned when a new one is made
 
 
@@ -180,16 +188,28 @@ def settle_command(apply_dir: str, decision: str) -> StringCommand:
     return StringCommand(f"sh {quote(apply_dir + ('/promote.sh' if decision == 'confirm' else '/revert.sh'))}")
 
 
-def confirm_script(apply_dir: str, mgmt_dev: str | None, mgmt_ip: str | None) -> str:
-    """Run over the new connection: wait for the apply, revert now if it failed or lost the management address,
-    else claim the decision and write the files to /etc/netplan (exit 0). On failure the last stderr line is
-    MARK<n>: 2 apply failed, 3 management address lost, 4 apply hung, 5 the automatic revert already ran, 6 writing
-    the confirmed files failed (no exit code reaches pyinfra's caller)."""
+def applied_check(apply_dir: str, give_up: bool = False) -> str:
+    """Run over a polling connection: wait up to APPLIED_POLL_S for the apply to finish and print SEEN<its exit
+    status>, or print nothing. Side-effect free, so a connection opened before the apply may run it; with give_up
+    (the apply has had CONFIRM_WAIT_APPLY_S) an apply still running is reverted: MARK4 (reverting needs no proof)."""
     folder = quote(apply_dir)
-    tries = CONFIRM_WAIT_APPLY_S * 2
-    script = (f"i=0; while [ ! -e {folder}/applied ]; do i=$((i+1)); "
-              f"if [ $i -gt {tries} ]; then echo 'netplan apply did not finish within {CONFIRM_WAIT_APPLY_S} s' "
-              f">&2; sh {folder}/revert.sh; echo {MARK}4 >&2; exit 1; fi; sleep 0.5; done; "
+    script = (f"i=0; while [ ! -e {folder}/applied ] && [ $i -lt {APPLIED_POLL_S * 2} ]; do i=$((i+1)); sleep 0.5; "
+              f"done; if [ -e {folder}/applied ]; then echo {SEEN}$(cat {folder}/applied); exit 0; fi")
+    if give_up:
+        script += (f"; echo 'netplan apply did not finish within {CONFIRM_WAIT_APPLY_S} s' >&2; "
+                   f"sh {folder}/revert.sh >&2; echo {MARK}4 >&2; exit 1")
+    return script
+
+
+def confirm_script(apply_dir: str, mgmt_dev: str | None, mgmt_ip: str | None) -> str:
+    """Run over the claiming connection, opened after applied_check reported the apply finished: revert now if it
+    failed or lost the management address, else claim the decision and write the files to /etc/netplan (exit 0).
+    On failure the last stderr line is MARK<n>: 2 apply failed, 3 management address lost, 5 the automatic revert
+    already ran, 6 writing the confirmed files failed (no exit code reaches pyinfra's caller); 4 (apply hung) is
+    applied_check's."""
+    folder = quote(apply_dir)
+    # never claims before the apply finished, even if this machine were wrong about it: that proves nothing
+    script = (f"[ -e {folder}/applied ] || {{ echo 'netplan apply has not finished: nothing decided' >&2; exit 1; }}; "
               f"rc=$(cat {folder}/applied); if [ \"$rc\" != 0 ]; then cat {folder}/apply.log >&2; "
               f"sh {folder}/revert.sh; "
               f"echo {MARK}2 >&2; exit 1; fi; ")
@@ -234,42 +254,85 @@ def sudo_arguments(host) -> SudoArguments:
     return SudoArguments({k: given[k] for k in SUDO_ARGUMENTS if given.get(k)})
 
 
-def confirm_over_new_connection(state, host, apply_dir: str, mgmt_dev: str | None, mgmt_ip: str | None,
-                                seconds: int, sudo: dict | None = None) -> None:
-    """On this machine, after the detached apply: open a new connection to the host (the one pyinfra holds was
-    opened before the apply and proves nothing) and confirm through it. Raises NetplanNotConfirmed."""
-    margin = min(15, max(5, seconds // 3))  # the confirmation itself must finish before the revert fires
-    deadline = time.monotonic() + seconds - margin
-    last_error = "no attempt"
-    while True:
-        connector = host.connector_cls(state, host)
+class Unanswered(Exception):
+    """A new connection could not be opened, or its command's reply did not come in time: "not reachable"."""
+
+    def __init__(self, why: str, sent: bool):
+        super().__init__(why)
+        self.sent = sent  # the command went out (it may have run on the Spark)
+
+
+def run_over_new_connection(state, host, script: str, sudo: dict) -> tuple[bool, Any]:
+    """Open a new connection to the host (new TCP session and authentication), run script as root, close it. Every
+    step is bounded, so a connection whose packets are dropped after it was established raises Unanswered."""
+    connector = host.connector_cls(state, host)
+    sent = False
+    # pyinfra's _timeout bounds only the reading of the output: paramiko waits with no (or an hour's) limit to
+    # authenticate, open the channel and read the exit status, so the whole attempt is bounded too (pyinfra runs
+    # under gevent's patching, where this interrupts paramiko's waits)
+    limit = gevent.Timeout(SETUP_S + REPLY_S)
+    limit.start()
+    try:
         try:
             connector.connect()
         except Exception as exc:  # ConnectError and whatever the transport raises: all mean "not reachable yet"
-            last_error = str(exc) or exc.__class__.__name__
-            if time.monotonic() >= deadline:
-                raise NetplanNotConfirmed(
-                    f"{host.name}: no new ssh connection succeeded within {seconds - margin} s after netplan apply "
-                    f"(last error: {last_error}). The Spark puts its previous netplan files back by itself "
-                    f"{seconds} s after the apply, or when it boots ({apply_dir}/revert.sh, log in "
-                    f"{apply_dir}/revert.log; /etc/netplan was not changed). Check "
-                    "from a console that the management network is up, that link_rails names only the CX7 "
-                    "netdevs and that their subnets are the link's own, then re-run.") from None
+            raise Unanswered(str(exc) or exc.__class__.__name__, sent) from None
+        sent = True
+        return connector.run_shell_command(StringCommand(script), _sudo=True, _timeout=REPLY_S, **sudo)
+    except TimeoutError:  # pyinfra's _timeout
+        raise Unanswered(f"no reply within {REPLY_S} s", sent) from None
+    except gevent.Timeout as exc:
+        if exc is not limit:
+            raise
+        raise Unanswered(f"no answer within {SETUP_S + REPLY_S} s", sent) from None
+    finally:
+        limit.close()
+        client = getattr(connector, "client", None)
+        if client is not None:
+            client.close()
+
+
+def confirm_over_new_connection(state, host, apply_dir: str, mgmt_dev: str | None, mgmt_ip: str | None,
+                                seconds: int, sudo: dict | None = None) -> None:
+    """On this machine, after the detached apply: confirm over a connection opened after the apply was seen finished
+    (the one pyinfra holds was opened before the apply and proves nothing). Raises NetplanNotConfirmed.
+
+    Two new connections at least, in order: polling ones run applied_check (no side effect) until one reports that
+    the apply finished; only then is another opened, and it alone runs the claim. A connection opened earlier, even
+    one opened a moment before the apply cut the management path, can never claim. (A claim script that checked
+    its own start against `applied` could not see when its connection was established.)"""
+    margin = min(15, max(5, seconds // 3))  # the confirmation itself must finish before the revert fires
+    start = time.monotonic()
+    deadline = start + seconds - margin
+    sudo = dict(sudo or {})
+    last_error, claim_unanswered, seen = "no attempt", False, False
+    while time.monotonic() < deadline:
+        script = (confirm_script(apply_dir, mgmt_dev, mgmt_ip) if seen else
+                  applied_check(apply_dir, give_up=time.monotonic() - start >= CONFIRM_WAIT_APPLY_S))
+        try:
+            ok, output = run_over_new_connection(state, host, script, sudo)
+        except Unanswered as exc:
+            last_error = str(exc)
+            claim_unanswered = claim_unanswered or (seen and exc.sent)
             time.sleep(2)
             continue
-        try:
-            ok, output = connector.run_shell_command(StringCommand(confirm_script(apply_dir, mgmt_dev, mgmt_ip)),
-                                                     _sudo=True, **(sudo or {}))
-        finally:
-            client = getattr(connector, "client", None)
-            if client is not None:
-                client.close()
-        if ok:
+        if not ok:
+            said = [line for line in output.stderr_lines if not line.startswith(MARK)]
+            codes = [line[len(MARK):] for line in output.stderr_lines if line.startswith(MARK)]
+            code = int(codes[-1]) if codes and codes[-1].isdigit() else 1
+            raise NetplanNotConfirmed(f"{host.name}: {_why(code, apply_dir, str(mgmt_ip), ' '.join(said))}")
+        if seen:
             return
-        said = [line for line in output.stderr_lines if not line.startswith(MARK)]
-        codes = [line[len(MARK):] for line in output.stderr_lines if line.startswith(MARK)]
-        code = int(codes[-1]) if codes and codes[-1].isdigit() else 1
-        raise NetplanNotConfirmed(f"{host.name}: {_why(code, apply_dir, str(mgmt_ip), ' '.join(said))}")
+        seen = any(line.startswith(SEEN) for line in output.stdout_lines)
+    sent = (f" A confirmation was sent but its answer never came: if it reached the Spark, the Spark kept the apply "
+            f"(`readlink {apply_dir}/decided` says which)." if claim_unanswered else "")
+    raise NetplanNotConfirmed(
+        f"{host.name}: no new ssh connection succeeded within {seconds - margin} s after netplan apply "
+        f"(last error: {last_error}). The Spark puts its previous netplan files back by itself "
+        f"{seconds} s after the apply, or when it boots ({apply_dir}/revert.sh, log in "
+        f"{apply_dir}/revert.log; /etc/netplan was not changed). Check "
+        "from a console that the management network is up, that link_rails names only the CX7 "
+        f"netdevs and that their subnets are the link's own, then re-run.{sent}")
 
 
 def guarded_apply(apply_dir: str, changes: list[Change], seconds: int, mgmt_dev: str | None,

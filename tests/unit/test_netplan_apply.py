@@ -11,6 +11,7 @@ import subprocess
 import types
 from pathlib import Path
 
+import gevent
 import pytest
 from pyinfra.api import FileUploadCommand, FunctionCommand
 from settings_factory import make_settings
@@ -225,6 +226,41 @@ def test_a_confirmation_that_cannot_write_etc_netplan_says_so(spark):
     assert os.readlink(f"{spark.apply}/decided") == "confirm" and not os.path.exists(f"{spark.apply}/confirmed")
 
 
+def staged_not_applied(spark):
+    commands = rb.guarded_apply(spark.apply, spark.changes, 60, "mgmt0", "10.0.0.5", stage_dir=spark.stage)
+    run_commands(spark, [c for c in commands[:-2] if not str(c).startswith("systemd-run ")])
+
+
+def test_the_apply_check_changes_nothing_and_says_when_the_apply_finished(spark, monkeypatch):
+    monkeypatch.setattr(rb, "APPLIED_POLL_S", 1)
+    staged_not_applied(spark)
+    before = sorted(os.listdir(spark.apply)), sorted(os.listdir(spark.run))
+    waited = sh(spark, rb.applied_check(spark.apply))
+    assert waited.returncode == 0 and waited.stdout == "" and (sorted(os.listdir(spark.apply)),
+                                                               sorted(os.listdir(spark.run))) == before
+    assert sh(spark, rb.apply_command(spark.apply)).returncode == 0
+    seen = sh(spark, rb.applied_check(spark.apply))  # the detached apply finishes while it waits
+    assert seen.returncode == 0 and seen.stdout == f"{rb.SEEN}0\n" and etc_as_before(spark)
+    assert not os.path.lexists(f"{spark.apply}/decided")
+
+
+def test_the_claim_refuses_an_apply_that_has_not_finished(spark):
+    staged_not_applied(spark)
+    done = confirm(spark)
+    assert done.returncode == 1 and "has not finished" in done.stderr and rb.MARK not in done.stderr
+    assert not os.path.lexists(f"{spark.apply}/decided") and etc_as_before(spark)
+
+
+def test_the_apply_check_giving_up_reverts_an_apply_that_never_finished(spark, monkeypatch):
+    monkeypatch.setattr(rb, "APPLIED_POLL_S", 0)
+    staged_not_applied(spark)
+    done = sh(spark, rb.applied_check(spark.apply, give_up=True))
+    assert done.returncode == 1 and done.stderr.strip().endswith(f"{rb.MARK}4")
+    assert f"did not finish within {CONFIRM_WAIT_APPLY_S} s" in done.stderr
+    assert os.readlink(f"{spark.apply}/decided") == "revert" and os.path.exists(f"{spark.apply}/reverted")
+    assert os.listdir(spark.run) == [] and etc_as_before(spark)
+
+
 def test_failed_apply_reverts_at_once(spark):
     staged_and_applied(spark, FAKE_NETPLAN_RC="1")
     done = confirm(spark, FAKE_NETPLAN_RC="1")
@@ -322,69 +358,196 @@ def test_new_apply_dirs_are_unique_and_unit_safe():
 # --- the confirmation over a new connection (on this machine) ------------------------------------------------
 
 class Output:
-    def __init__(self, stderr):
-        self.stderr_lines = stderr
+    def __init__(self, stdout=(), stderr=()):
+        self.stdout_lines, self.stderr_lines = list(stdout), list(stderr)
 
 
-def fake_host(connects_after: int, ok=True, stderr=()):
-    attempts = []
+class SparkOverSsh:
+    """A Spark as this machine sees it, on a fake clock (time.monotonic and time.sleep read and move `now`): its
+    apply finishes at applied_at; `refuse` connections fail; hangs[kind] commands of that kind ("check" or "claim")
+    never answer (pyinfra's _timeout ends them; without one the test fails instead of hanging). Each connector
+    records when it connected and what it ran; seen_at is when a reply first said the apply finished."""
+
+    def __init__(self, monkeypatch, applied_at=0.0, refuse=0, hangs=None, ok=True, stderr=()):
+        self.now, self.applied_at, self.refuse, self.hangs = 0.0, applied_at, refuse, dict(hangs or {})
+        self.ok, self.stderr, self.seen_at = ok, list(stderr), None
+        self.attempts, self.runs, self.closed = [], [], []
+        monkeypatch.setattr(rb.time, "monotonic", lambda: self.now)
+        monkeypatch.setattr(rb.time, "sleep", self.wait)
+
+    def wait(self, s):
+        self.now += s
+
+    def host(self):
+        remote = self
+
+        class Client:
+            def close(self):
+                remote.closed.append(self)
+
+        class Connector:
+            def __init__(self, state, host):
+                self.client, self.connected_at = None, None
+
+            def connect(self):
+                remote.now += 0.1
+                remote.attempts.append(remote.now)
+                if remote.refuse > 0:
+                    remote.refuse -= 1
+                    raise OSError("Could not connect")
+                self.client, self.connected_at = Client(), remote.now
+
+            def run_shell_command(self, command, **kwargs):
+                text = str(command)
+                kind = "claim" if "ln -s confirm" in text else "check"
+                remote.runs.append((kind, self.connected_at, kwargs, text))
+                if remote.hangs.get(kind, 0) > 0:
+                    remote.hangs[kind] -= 1
+                    assert kwargs.get("_timeout"), "a call with no time limit: it would wait forever"
+                    remote.now += kwargs["_timeout"]
+                    raise TimeoutError()
+                if kind == "claim":
+                    return remote.ok, Output(stderr=remote.stderr)
+                remote.now += min(rb.APPLIED_POLL_S, max(0.2, remote.applied_at - remote.now))  # waits on the Spark
+                if remote.now < remote.applied_at:
+                    if "revert.sh" in text:  # the apply hung: applied_check reverts it
+                        return False, Output(stderr=["netplan apply did not finish", f"{rb.MARK}4"])
+                    return True, Output()
+                remote.seen_at = remote.seen_at or remote.now
+                return True, Output(stdout=[f"{rb.SEEN}0"])
+
+        return types.SimpleNamespace(name="sim-worker", connector_cls=Connector)
+
+    def claims(self):
+        return [run for run in self.runs if run[0] == "claim"]
+
+
+def test_the_claim_goes_only_over_a_connection_opened_after_the_apply_was_seen_finished(monkeypatch):
+    # the incident: a connection made before the apply cut the management path claimed, and proved nothing
+    remote = SparkOverSsh(monkeypatch, applied_at=12.0)
+    rb.confirm_over_new_connection(None, remote.host(), "/x/1", "eth0", "10.0.0.5", 90)
+    assert remote.seen_at is not None, "no side-effect-free check saw the apply finish before the claim"
+    claims = remote.claims()
+    assert len(claims) == 1 and claims[0][1] > remote.seen_at  # its TCP and authentication came after the answer
+    checks = [run for run in remote.runs if run[0] == "check"]
+    assert len(checks) >= 2 and all("ln -s" not in run[3] and "promote" not in run[3] for run in checks)
+    assert all(run[1] < claims[0][1] for run in checks)  # the polling connections are other ones, all closed
+    assert len(remote.closed) == len(remote.runs)
+    assert "ln -s confirm /x/1/decided" in claims[0][3] and "sh /x/1/promote.sh" in claims[0][3]
+    assert claims[0][2]["_sudo"] is True
+
+
+def test_confirm_retries_new_connections_until_one_connects(monkeypatch):
+    remote = SparkOverSsh(monkeypatch, refuse=2)
+    rb.confirm_over_new_connection(None, remote.host(), "/x/1", "eth0", "10.0.0.5", 90)
+    assert len(remote.attempts) == 4 and [run[0] for run in remote.runs] == ["check", "claim"]
+
+
+def test_a_claim_whose_reply_never_comes_times_out_and_a_fresh_connection_confirms(monkeypatch):
+    remote = SparkOverSsh(monkeypatch, hangs={"claim": 1})
+    rb.confirm_over_new_connection(None, remote.host(), "/x/1", "eth0", "10.0.0.5", 90)
+    first, second = remote.claims()
+    assert second[1] > first[1]  # another connection, opened after the first gave up
+    assert all(0 < run[2]["_timeout"] <= rb.REPLY_S for run in remote.runs)
+    assert len(remote.closed) == 3  # the timed-out connection was closed too
+
+
+def test_a_check_whose_reply_never_comes_times_out_and_the_next_connection_goes_on(monkeypatch):
+    remote = SparkOverSsh(monkeypatch, hangs={"check": 1})
+    rb.confirm_over_new_connection(None, remote.host(), "/x/1", None, None, 90)
+    assert [run[0] for run in remote.runs] == ["check", "check", "claim"]
+
+
+def test_a_connection_stuck_before_pyinfras_time_limit_is_given_up_too(monkeypatch):
+    # paramiko waits for authentication, the channel and the exit status outside pyinfra's _timeout
+    monkeypatch.setattr(rb, "SETUP_S", 0.05, raising=False)
+    monkeypatch.setattr(rb, "REPLY_S", 0.05, raising=False)
+    monkeypatch.setattr(rb.time, "sleep", lambda s: None)
+    interrupted, runs = [], []
 
     class Connector:
         def __init__(self, state, host):
             self.client = None
 
         def connect(self):
-            attempts.append(1)
-            if len(attempts) <= connects_after:
-                raise OSError("Could not connect")
+            pass
 
         def run_shell_command(self, command, **kwargs):
-            attempts.append(("run", kwargs.get("_sudo"), str(command)))
-            return ok, Output(list(stderr))
+            runs.append(str(command))
+            if len(runs) == 1:  # a channel that never opens
+                try:
+                    gevent.sleep(5)
+                except gevent.Timeout:
+                    interrupted.append(1)
+                    raise
+                raise AssertionError("nothing ended a connection stuck for 5 s")
+            return True, Output(stdout=[f"{rb.SEEN}0"])
 
-    return types.SimpleNamespace(name="sim-worker", connector_cls=Connector), attempts
-
-
-def test_confirm_uses_a_new_connection_and_retries(monkeypatch):
-    monkeypatch.setattr(rb.time, "sleep", lambda s: None)
-    host, attempts = fake_host(connects_after=2)
-    rb.confirm_over_new_connection(None, host, "/x/1", "eth0", "10.0.0.5", 60)
-    assert attempts[:2] == [1, 1] and attempts[3][0] == "run" and attempts[3][1] is True
-    assert "ln -s confirm /x/1/decided" in attempts[3][2] and "sh /x/1/promote.sh" in attempts[3][2]
+    rb.confirm_over_new_connection(None, types.SimpleNamespace(name="w", connector_cls=Connector), "/x/1", None,
+                                   None, 90)
+    assert interrupted == [1] and len(runs) == 3 and "ln -s confirm" in runs[2]
 
 
 def test_confirm_passes_the_runs_sudo_password_on(monkeypatch):
-    seen = {}
-    host, _ = fake_host(connects_after=0)
-    run = host.connector_cls.run_shell_command
-    host.connector_cls.run_shell_command = lambda self, command, **kw: seen.update(kw) or run(self, command, **kw)
+    remote = SparkOverSsh(monkeypatch)
     planned = types.SimpleNamespace(current_op_global_arguments={"_sudo_password": "pw", "_sudo": True, "_su_user": ""})
-    rb.confirm_over_new_connection(None, host, "/x/1", None, None, 60, sudo=rb.sudo_arguments(planned))
-    assert seen == {"_sudo": True, "_sudo_password": "pw"}
+    rb.confirm_over_new_connection(None, remote.host(), "/x/1", None, None, 90, sudo=rb.sudo_arguments(planned))
+    assert [run[2] for run in remote.runs] == [{"_sudo": True, "_sudo_password": "pw", "_timeout": rb.REPLY_S}] * 2
     # pyinfra prints a callback's arguments: the password must not be among them
     commands = rb.guarded_apply("/x/1", [], 60, None, None, rb.sudo_arguments(planned))
     assert "pw" not in repr(commands[-1]) and "_sudo_password" in repr(commands[-1])
 
 
 def test_confirm_gives_up_before_the_revert_fires(monkeypatch):
-    clock = iter(range(0, 1000, 7))
-    monkeypatch.setattr(rb.time, "monotonic", lambda: next(clock))
-    monkeypatch.setattr(rb.time, "sleep", lambda s: None)
-    host, attempts = fake_host(connects_after=10**6)
+    remote = SparkOverSsh(monkeypatch, refuse=10**6)
+    host = remote.host()
+    refused = host.connector_cls.connect
+
+    def slow_connect(self):  # each refused attempt takes 5 s (then 2 s of pause)
+        remote.now += 4.9
+        refused(self)
+
+    host.connector_cls.connect = slow_connect
     with pytest.raises(rb.NetplanNotConfirmed) as err:
         rb.confirm_over_new_connection(None, host, "/x/1", "eth0", "10.0.0.5", 60)
     text = str(err.value)
     assert "no new ssh connection succeeded within 45 s" in text and "puts its previous netplan files back" in text
-    assert "Could not connect" in text and "link_rails" in text
-    assert 0 < len(attempts) <= 8  # stopped at the deadline (45 s at 7 s per attempt), not at the revert
+    assert "Could not connect" in text and "link_rails" in text and "was sent" not in text
+    assert len(remote.attempts) == 7 and remote.now < 60  # stopped at the deadline (45 s), not at the revert
+
+
+def test_connections_that_never_answer_end_at_the_deadline(monkeypatch):
+    # established, then every packet dropped: each attempt ends at its time limit, the run at the deadline
+    remote = SparkOverSsh(monkeypatch, hangs={"check": 10**6, "claim": 10**6})
+    with pytest.raises(rb.NetplanNotConfirmed) as err:
+        rb.confirm_over_new_connection(None, remote.host(), "/x/1", "eth0", "10.0.0.5", 90)
+    text = str(err.value)
+    assert "no new ssh connection succeeded within 75 s" in text and f"no reply within {rb.REPLY_S} s" in text
+    assert remote.claims() == [] and all(at < 75 for at in remote.attempts) and len(remote.attempts) == 4
+
+
+def test_a_claim_sent_but_never_answered_is_said_when_the_deadline_comes(monkeypatch):
+    remote = SparkOverSsh(monkeypatch, hangs={"claim": 10**6})
+    with pytest.raises(rb.NetplanNotConfirmed) as err:
+        rb.confirm_over_new_connection(None, remote.host(), "/x/1", "eth0", "10.0.0.5", 90)
+    assert "answer never came" in str(err.value) and "readlink /x/1/decided" in str(err.value)
+
+
+def test_an_apply_that_never_finishes_is_reverted_after_the_wait(monkeypatch):
+    remote = SparkOverSsh(monkeypatch, applied_at=10**6)
+    with pytest.raises(rb.NetplanNotConfirmed) as err:
+        rb.confirm_over_new_connection(None, remote.host(), "/x/1", "eth0", "10.0.0.5", 90)
+    assert f"did not finish within {CONFIRM_WAIT_APPLY_S} s" in str(err.value) and remote.claims() == []
+    gave_up = [run for run in remote.runs if "revert.sh" in run[3]]
+    assert len(gave_up) == 1 and remote.runs[-1] == gave_up[0] and remote.now >= CONFIRM_WAIT_APPLY_S
 
 
 @pytest.mark.parametrize("code, says", [("2", "netplan apply failed"), ("3", "lost 10.0.0.5"),
                                         ("5", "automatic revert ran"), ("6", "could not all be written")])
 def test_confirm_failure_names_what_happened(monkeypatch, code, says):
-    host, _ = fake_host(connects_after=0, ok=False, stderr=["something", f"{rb.MARK}{code}"])
+    remote = SparkOverSsh(monkeypatch, ok=False, stderr=["something", f"{rb.MARK}{code}"])
     with pytest.raises(rb.NetplanNotConfirmed) as err:
-        rb.confirm_over_new_connection(None, host, "/x/1", "eth0", "10.0.0.5", 60)
+        rb.confirm_over_new_connection(None, remote.host(), "/x/1", "eth0", "10.0.0.5", 90)
     assert says in str(err.value) and "/x/1" in str(err.value)
 
 
@@ -393,7 +556,8 @@ def test_confirm_failure_names_what_happened(monkeypatch, code, says):
 def test_the_shortest_window_outlasts_the_confirmations_wait_for_the_apply():
     assert MIN_ROLLBACK_S > CONFIRM_WAIT_APPLY_S
     # the margin the confirmation keeps before the revert fires still leaves it time to connect after the wait
-    assert MIN_ROLLBACK_S - min(15, max(5, MIN_ROLLBACK_S // 3)) > CONFIRM_WAIT_APPLY_S
+    # (the last check waits APPLIED_POLL_S on the Spark)
+    assert MIN_ROLLBACK_S - min(15, max(5, MIN_ROLLBACK_S // 3)) > CONFIRM_WAIT_APPLY_S + rb.APPLIED_POLL_S
 
 
 @pytest.mark.parametrize("seconds", [30, 60, 89])
