@@ -1,47 +1,31 @@
 """Docker with the NVIDIA container runtime as the runtime containers use: packages when missing (apt, only with
 docker_install), /etc/docker/daemon.json merged (every other key kept), docker restarted exactly when the file
-changed or the running daemon does not use it yet, and the ssh user in group docker."""
+changed or the running daemon does not use it yet (operations/docker/daemon.py decides, for the rank step too), and
+the ssh user in group docker."""
 
 from __future__ import annotations
 
-import copy
-import json
 from io import StringIO
 
 from pyinfra import host
 from pyinfra.api import StringCommand, deploy, operation
-from pyinfra.operations import apt, files, systemd
+from pyinfra.operations import apt, systemd
 
+from operations.docker.daemon import daemon_change, render_daemon_json
 from operations.facts.docker import ContainerRuntimeTools, DaemonJson, DockerRuntimeInfo, RunningContainers
 from operations.facts.host import UserGroups
 from operations.layout import DOCKER_DAEMON_JSON
+from operations.owned.files import put_changes
 from operations.util import check_failed, sh, warned
 from operations.util.commands import APT_CACHE_S
 from operations.util.fact_reuse import fact_until_change
 
-NVIDIA_RUNTIME = {"path": "nvidia-container-runtime", "runtimeArgs": []}
 RESTART_WAIT_S = 60  # dockerd can take a while to come back with many containers
 
 PACKAGES = {  # missing tool -> the apt package that provides it
     "docker": "docker.io",
     "nvidia-container-runtime": "nvidia-container-toolkit",
 }
-
-
-def merged_daemon_config(current: dict) -> dict:
-    """`current` with runtimes.nvidia and default-runtime set; every other key (and other runtimes) kept."""
-    merged = copy.deepcopy(current)
-    runtimes = merged.get("runtimes")
-    if not isinstance(runtimes, dict):
-        runtimes = {}
-    runtimes["nvidia"] = dict(NVIDIA_RUNTIME)
-    merged["runtimes"] = runtimes
-    merged["default-runtime"] = "nvidia"
-    return merged
-
-
-def render_daemon_json(config: dict) -> str:
-    return json.dumps(config, indent=2) + "\n"
 
 
 def _wait_for_default_runtime(runtime: str) -> StringCommand:
@@ -87,17 +71,16 @@ def daemon_uses_nvidia(path: str = DOCKER_DAEMON_JSON, restart_ok: bool = False)
     """daemon.json has runtimes.nvidia and default-runtime nvidia (merged); the daemon runs with it.
     Custom: the file is merged with the user's keys (core would replace it), backed up, and docker is restarted
     only when the parsed file differs or the running daemon still uses another default runtime."""
-    current = host.get_fact(DaemonJson, path=path)
-    if current["config"] is None:
+    # both kept for the rank step, which asks the same question (its ranks stop with the restart)
+    current = fact_until_change(host, DaemonJson, path=path)
+    live = fact_until_change(host, DockerRuntimeInfo)  # the preflight read it already
+    change = daemon_change(current, live)
+    if change is None:
         yield from check_failed("daemon.json", [
             f"{path} is not valid JSON ({current['error']}); sparkfold will not overwrite it. "
             f"Fix: repair it (python3 -m json.tool {path} shows where), then re-run"])
         return
-    wanted = merged_daemon_config(current["config"])
-    file_changes = wanted != current["config"]
-    live = fact_until_change(host, DockerRuntimeInfo)  # the preflight read it already
-    daemon_stale = not live["reachable"] or live["default_runtime"] != "nvidia"
-    if not file_changes and not daemon_stale:
+    if not change.restart:
         host.noop("docker uses the nvidia runtime")
         return
     running = host.get_fact(RunningContainers) if live["reachable"] else {}
@@ -105,11 +88,14 @@ def daemon_uses_nvidia(path: str = DOCKER_DAEMON_JSON, restart_ok: bool = False)
         warned("a Docker restart", f"restarting Docker for the nvidia runtime stops: {', '.join(sorted(running))}")
     if (yield from check_failed("a Docker restart", [restart_problem(running, restart_ok)])):
         return
-    if file_changes:
+    if change.file_changes:
+        # listed before the backup is yielded: --dry stops at an operation's first command, and files.put prints
+        # its --diff only when it is reached (no FileSum asked: the parsed file already differs)
+        writes = put_changes(StringIO(render_daemon_json(change.wanted)), path, "644", None)
         if current["exists"]:
             # the user's file is merged, not owned: the version before this merge is kept next to it
             yield StringCommand(f"cp -p {sh(path)} {sh(path + '.sparkfold-backup')}")
-        yield from files.put._inner(src=StringIO(render_daemon_json(wanted)), dest=path, mode="644")
+        yield from writes
     yield from systemd.service._inner(service="docker.service", running=True, restarted=True)
     yield _wait_for_default_runtime("nvidia")
 

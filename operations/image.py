@@ -235,7 +235,7 @@ def engine_image(s: Settings) -> None:
     (streams_finished), then checked (engine_image_checked). Docker commands run as the ssh user (group docker)."""
     ref, root = image_ref(s), s.layout.streams
     if s.prebuilt_image:
-        background(Stream(IMAGE_STREAM, "build", f"pull {ref}", root), name=f"pull {ref} (in the background)",
+        background(Stream(IMAGE_STREAM, "build", f"pull {ref}", root), name=f"pull {ref}",
                    work=[(prebuilt_image_pulled, {"reference": s.prebuilt_image})])
     elif s.is_head:
         digest = computed_hash(s)
@@ -245,11 +245,11 @@ def engine_image(s: Settings) -> None:
                                 files=content.context_files(s.engine_context_path), build_dir=build_dir)
         built = {"image": ref, "image_hash": digest, "build_args": content.build_args(s), "build_dir": build_dir}
         build = background(Stream(IMAGE_STREAM, "build", f"build {ref}", root),
-                           name=f"build {ref} on the head (in the background)", work=[(engine_image_built, built)])
+                           name=f"build {ref} on the head", work=[(engine_image_built, built)])
         shipped = {"image": ref, "worker_ssh": s.worker_link_ssh}
         background(Stream("image-to-worker", "to worker", f"ship {ref} to the worker", root, after=(IMAGE_STREAM,),
                           commands=tuple(ship_commands(ref, s.worker_link_ssh))),
-                   name=f"ship {ref} to the worker ({s.worker_link_ssh}) (in the background)", upstream=[build],
+                   name=f"ship {ref} to the worker ({s.worker_link_ssh})", upstream=[build],
                    work=[(engine_image_shipped, shipped)])
 
 

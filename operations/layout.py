@@ -23,7 +23,9 @@ GPU_CLOCK_RECORD = f"{SYSTEM_STATE_DIR}/gpu-clock.record"  # the last -lgc: boot
 GPU_CLOCK_SCRIPT = "gpu_clock_lock.sh"  # operations/remote/ -> SCRIPT_DIR: the one way the lock is applied
 RUN_LOCK = f"{SYSTEM_STATE_DIR}/run.lock"  # one per Spark, whoever runs the deploy and whatever their state_dir
 DOCKER_DAEMON_JSON = "/etc/docker/daemon.json"
-NETPLAN_APPLY_DIR = f"{SYSTEM_STATE_DIR}/netplan-apply"  # one folder per apply: the files before it, its revert
+NETPLAN_APPLY_DIR = f"{SYSTEM_STATE_DIR}/netplan-apply"  # one folder per apply: its new files, revert and promote
+NETPLAN_STAGE_DIR = "/run/netplan"  # an apply's files until it is confirmed: tmpfs, so a reboot boots /etc/netplan's
+BOOT_ID = "/proc/sys/kernel/random/boot_id"
 
 # --- unit names ---
 GPU_CLOCK_UNIT = "sparkfold-gpu-clock.service"
@@ -158,6 +160,12 @@ class Layout:
     @property
     def hf_token(self) -> str:
         return f"{self.state_dir}/hf-token"
+
+    @property
+    def hf_env(self) -> str:
+        """huggingface_hub's variables from this machine (proxies may hold a password): 0600, sourced by the scripts
+        that reach the Hub."""
+        return f"{self.state_dir}/hf-env"
 
     @property
     def api_key_dir(self) -> str:

@@ -7,29 +7,39 @@ from __future__ import annotations
 import ipaddress
 import json
 import os
-import shlex
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from io import StringIO
 
 import gevent
 import yaml
 from pyinfra import host, logger, state
-from pyinfra.api import StringCommand, deploy, operation
+from pyinfra.api import deploy, operation
 from pyinfra.operations import files as core_files
+from pyinfra.operations.util.files import generate_color_diff
 
 from operations.facts.network import (
     DefaultRouteDevice,
     DefaultRouteDevices,
     IpAddresses,
     LinkRecord,
-    NetplanFiles,
+    NetplanState,
+    NetplanStateDict,
     RailPings,
     RoceDevices,
     SshServerAddress,
 )
-from operations.network.netplan_apply import guarded_apply, new_apply_dir, sudo_arguments
+from operations.layout import NETPLAN_STAGE_DIR
+from operations.network.netplan_apply import (
+    Change,
+    backup_path,
+    guarded_apply,
+    new_apply_dir,
+    settle_command,
+    staged_path,
+    sudo_arguments,
+)
 from operations.settings.rules import rail_warnings
-from operations.util import check_failed
+from operations.util import check_failed, warned
 from operations.util.checks import is_settled, op_changed
 from operations.util.fact_reuse import fact_until_change
 from operations.util.net import ip_of
@@ -283,32 +293,78 @@ def plan_migration(files: dict, own_file: str, netdevs: list[str]) -> tuple[list
         moves.append({"path": path, "netdevs": ours, "new_text": header + kept})
     return moves, errors
 
-def migration_commands(move: dict, mode: str) -> Iterator:
-    """Inside an operation: back up another netplan file, then move it aside whole (new_text None) or rewrite it
-    without our netdevs through files.put (its mode kept, its diff shown)."""
-    path = move["path"]
-    backup = f"{shlex.quote(path)}.sparkfold-backup-$(date +%Y%m%d-%H%M%S)"
-    if move["new_text"] is None:
-        yield StringCommand(f"mv -n {shlex.quote(path)} {backup}")
+
+def netplan_changes(files: dict, netplan_file: str, want: str, moves: list[dict]) -> list[Change]:
+    """What one apply changes: each migrated file (backed up, its mode kept; moved aside when new_text is None), then
+    our file when its text or mode differs."""
+    changes: list[Change] = [{"path": m["path"], "text": m["new_text"], "mode": files[m["path"]]["mode"],
+                              "backup": True} for m in moves]
+    current = files.get(netplan_file)
+    if current is None or current["text"] != want or current["mode"] != NETPLAN_MODE:
+        changes.append({"path": netplan_file, "text": want, "mode": NETPLAN_MODE, "backup": False})
+    return changes
+
+
+def shadow_problems(changes: list[Change], found: NetplanStateDict, stage_dir: str = NETPLAN_STAGE_DIR) -> list[str]:
+    """A file already under the stage folder at a name this apply stages, while no apply of ours is left undecided:
+    someone else's runtime override (it shadows the file under /etc/netplan), never overwritten."""
+    if found["undecided"]:  # its staged files are ours; settling it removes them before this apply runs
+        return []
+    return [f"{staged_path(c['path'], stage_dir)} shadows {c['path']} (netplan reads the one under {stage_dir} "
+            "until the next boot) and sparkfold did not put it there: remove it or reboot, then re-run"
+            for c in changes if staged_path(c["path"], stage_dir) in found["staged"]]
+
+
+def show_changes(changes: list[Change], files: dict, apply_dir: str) -> None:
+    """--diff: each file as it will be once the apply is confirmed (files.put would diff the staged copy, a new
+    file under /run/netplan, instead of the file it replaces)."""
+    if not state.config.DIFF:
         return
-    yield StringCommand(f"cp -p {shlex.quote(path)} {backup}")
-    yield from core_files.put._inner(src=StringIO(move["new_text"]), dest=path, mode=mode)
+    for change in changes:
+        path, current = change["path"], files.get(change["path"])
+        if change["text"] is None:
+            logger.info(f"{host.name}: Will move {path} aside (to {backup_path(path, apply_dir)}) once the apply "
+                        "is confirmed")
+            continue
+        logger.info(f"{host.name}: Will {'modify' if current else 'create'} {path} (staged under "
+                    f"{NETPLAN_STAGE_DIR} until the apply is confirmed)")
+        old = current["text"].splitlines(keepends=True) if current else []
+        for line in generate_color_diff(old, change["text"].splitlines(keepends=True)):
+            logger.info("  %s", line)
+        logger.info("")
 
 
 # --- operations ---------------------------------------------------------------------------------------------
 
 @operation()
+def netplan_applies_settled(netplan_file: str):
+    """No netplan apply left undecided or half done by an interrupted run or a reboot: one never confirmed is undone
+    (revert.sh: its files dropped from /run/netplan, /etc/netplan's applied again if it ran in this boot), a
+    confirmed one whose files were not all written to /etc/netplan is finished (promote.sh)."""
+    found = fact_until_change(host, NetplanState, directory=os.path.dirname(netplan_file))["undecided"]
+    if not found:
+        host.noop("no netplan apply is left undecided")
+        return
+    for apply_dir, decision in sorted(found.items()):
+        warned("netplan", f"the apply in {apply_dir} was " + (
+            "confirmed but not all written to /etc/netplan: its files are written now" if decision == "confirm"
+            else "never confirmed (a run stopped, or the Spark rebooted, before it was): it is undone now"))
+        yield settle_command(apply_dir, decision)
+
+
+@operation()
 def netplan_link(rails: list[dict], mtu: int, netplan_file: str, rollback_s: int = 120):
-    """This project's netplan file for the link rails (files.put, mode 600), other files' stanzas for the same
-    netdevs migrated (backup kept), and `netplan generate && netplan apply` only when something changed: the file,
-    a migration, or the live addresses/MTU drifted from it. The apply is guarded
-    (operations/network/netplan_apply.py): the Spark undoes it by itself after rollback_s unless a new ssh connection
-    from this machine confirms it. Custom: core writes a file; this also migrates the others and applies with a way
-    back."""
+    """This project's netplan file for the link rails (mode 600), other files' stanzas for the same netdevs migrated
+    (backup kept), and `netplan generate && netplan apply` only when something changed: the file, a migration, or
+    the live addresses/MTU drifted from it. The apply is guarded (operations/network/netplan_apply.py): the new files
+    are staged under /run/netplan and written to /etc/netplan only once a new ssh connection from this machine
+    confirms the apply; else the Spark undoes it by itself after rollback_s, and a reboot boots the old files.
+    Custom: core writes a file; this also migrates the others and applies with a way back."""
     if not netplan_file.endswith(".yaml"):
         yield from check_failed("link_netplan_file", [f"{netplan_file} must end in .yaml (netplan reads only *.yaml)"])
         return
-    netplan_files = host.get_fact(NetplanFiles, directory=os.path.dirname(netplan_file))
+    found = fact_until_change(host, NetplanState, directory=os.path.dirname(netplan_file))
+    netplan_files = found["files"]
     current = netplan_files.get(netplan_file)
     if problem := foreign_file_problem(netplan_file, current["text"] if current else None):
         yield from check_failed("a file sparkfold would write", [problem])  # --dry: "will fail", nothing planned
@@ -327,21 +383,18 @@ def netplan_link(rails: list[dict], mtu: int, netplan_file: str, rollback_s: int
             yield from core_files.put._inner(src=StringIO(want), dest=netplan_file, mode=NETPLAN_MODE)
         host.noop(f"{netplan_file} is up to date")
         return
+    changes = netplan_changes(netplan_files, netplan_file, want, moves)
+    if problems := shadow_problems(changes, found):
+        yield from check_failed("netplan stage folder", problems)  # --dry: "will fail", nothing planned
+        return
     # the management address to keep: the default route's interface, unless it is one of the rails
     mgmt_dev = host.get_fact(DefaultRouteDevice)
     mgmt_netdev = None if mgmt_dev is None or mgmt_dev in {r["netdev"] for r in rails} else addrs.get(mgmt_dev)
     mgmt_ips = mgmt_netdev.get("ipv4", []) if mgmt_netdev else []
-    before = {move["path"]: True for move in moves}
-    before[netplan_file] = current is not None
-    guard, tail = guarded_apply(new_apply_dir(), before, int(rollback_s), mgmt_dev if mgmt_ips else None,
-                                   ip_of(mgmt_ips[0]) if mgmt_ips else None, sudo_arguments(host))
-    # the file commands are made first (so --diff shows their diffs: pyinfra may stop reading an operation at its
-    # first command when planning) but run after the snapshot of the files they change and the armed revert
-    changes = [c for move in moves for c in migration_commands(move, netplan_files[move["path"]]["mode"])]
-    changes += list(core_files.put._inner(src=StringIO(want), dest=netplan_file, mode=NETPLAN_MODE))
-    yield from guard
-    yield from changes
-    yield from tail
+    apply_dir = new_apply_dir()
+    show_changes(changes, netplan_files, apply_dir)  # before the first command: planning may stop reading there
+    yield from guarded_apply(apply_dir, changes, int(rollback_s), mgmt_dev if mgmt_ips else None,
+                             ip_of(mgmt_ips[0]) if mgmt_ips else None, sudo_arguments(host))
 
 
 @operation()
@@ -441,10 +494,13 @@ def link(s) -> None:
     for note in rail_warnings(rails):  # a prefix wider than usual that link_prefix_min allowed: said once, planning
         logger.warning(f"{host.name}: warning: {note}")
     rails_safe(name="no rail on the management network", rails=rails)
+    # an apply a killed run or a reboot left is settled before a new one is planned against /etc/netplan
+    settle = netplan_applies_settled(name="netplan apply an earlier run left", netplan_file=s.link_netplan_file,
+                                     _sudo=True)
     netplan = netplan_link(name="netplan file and apply", rails=rails, mtu=mtu, netplan_file=s.link_netplan_file,
                            rollback_s=s.link_rollback_s, _sudo=True)
     def settled() -> bool:  # the checks below read what an apply in this run changes; asked when they run
-        return not op_changed(netplan)
+        return not (op_changed(settle) or op_changed(netplan))
 
     link_addresses(name="addresses and MTU", rails=rails, mtu=mtu, netplan_file=s.link_netplan_file,
                    settled=settled)

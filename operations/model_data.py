@@ -1,9 +1,12 @@
 """Everything the ranks load, on the head first and then on the worker.
 
-Head: huggingface_hub, the checkpoint (HF cache), the Engram tables and the kit (real files under data_dir), the
-ABLIT overlay (operations/data/ablit.py), the token map and both ranks' weight files (operations/data/weights.py).
+Head: huggingface_hub at hf_hub_version with the token and variables its downloads need, the checkpoint (HF cache),
+the Engram tables and the kit (real files under data_dir), the ABLIT overlay (operations/data/ablit.py), the token
+map and both ranks' weight files (operations/data/weights.py).
 Worker: Engram, kit, token map and rank 1's weight file copied from the head over the link (rsync run on the head),
 then verified on the worker against checksum lists; with worker_weights = "copy" the checkpoint too.
+The long work runs in the background, each piece as soon as what it reads is whole (operations/streams,
+operations/data/background.py): `model_data` starts it, `model_data_checked` follows once it has all finished.
 """
 
 from __future__ import annotations
@@ -29,7 +32,16 @@ from operations.data.copy import (
     gib,
     space_problem,
 )
-from operations.data.hub import checkpoint_plan_args, hub_python
+from operations.data.hub import (
+    checkpoint_plan_args,
+    hub_change,
+    hub_env_name,
+    hub_env_text,
+    hub_python,
+    hub_versions,
+    plan_args,
+    token_name,
+)
 from operations.facts.files import FolderCheck
 from operations.facts.model import HfHubPython, HfPlanDict, hf_plan
 from operations.remote import heredoc_command
@@ -38,6 +50,7 @@ from operations.settings import Settings
 from operations.streams import Stream, background
 from operations.util import check_failed
 from operations.util.barrier import both_sparks_reached
+from operations.util.commands import source_env_file
 from operations.util.hf_cache import repo_folder_name
 
 MODEL_TYPE = "deepseek_v41"
@@ -51,39 +64,48 @@ KIT_GENERATED_FIX = ("The kit_repo Hugging Face mirror ships them: check kit_rep
 # ---- operations ----
 
 @operation()
-def hf_python_ready(python: str, venv: str = ""):
-    """A python on the head that imports huggingface_hub: the one given, or a venv this op makes and fills."""
+def hf_hub_installed(python: str, version: str, venv: str = "", env_file: str = ""):
+    """huggingface_hub `version`, with hf_xet, for the python that runs the downloads: the deploy's venv is made,
+    or installed into until it has exactly that version (up or down); a python the user gave (hf_python, venv "")
+    is checked, never changed. pip gets the proxies of `env_file`."""
     have = host.get_fact(HfHubPython, python=python)
-    if have:
-        host.noop(f"{python} has huggingface_hub {have}")
+    hub, xet = hub_versions(have)
+    if hub == version and (xet or not venv):
+        host.noop(hub_change(have, version, venv))
         return
     if not venv:
-        yield from check_failed("hf_python", [f"{python} cannot import huggingface_hub: run `{python} -m pip install "
-                                              "huggingface_hub`, or set hf_python to \"\" so the deploy makes its "
-                                              "own venv"])
+        problem = (f"{python} has huggingface_hub {hub}, not hf_hub_version {version}" if hub
+                   else f"{python} cannot import huggingface_hub")
+        yield from check_failed("hf_python", [f"{problem}: run `{python} -m pip install "
+                                              f"'huggingface_hub[hf_xet]=={version}'`, or set hf_hub_version to the "
+                                              "version it has, or set hf_python to \"\" so the deploy keeps its own "
+                                              "venv"])
         return
-    yield (f"[ -x {quote(python)} ] || python3 -m venv {quote(venv)} || {{ echo 'sparkfold: python3 -m venv failed: "
-           "install python3-venv (sudo apt-get install -y python3-venv) or set hf_python' >&2; exit 1; }")
-    yield f"{quote(python)} -m pip install --quiet --disable-pip-version-check 'huggingface_hub>=0.23'"
+    if have is None:
+        yield (f"python3 -m venv {quote(venv)} || {{ echo 'sparkfold: python3 -m venv failed: install python3-venv "
+               "(sudo apt-get install -y python3-venv) or set hf_python' >&2; exit 1; }")
+    # == installs, upgrades or downgrades to exactly this release; hf_xet for the Hub's Xet storage
+    yield (f"{source_env_file(env_file)}{quote(python)} -m pip install --quiet --disable-pip-version-check "
+           f"{quote(f'huggingface_hub[hf_xet]=={version}')}")
 
 
 @operation()
-def hf_token_file(path: str, token: str):
-    """The token in a 0600 file on the head (uploaded over SFTP, never on a command line); scripts read it through
-    HF_TOKEN_PATH. No token: the file is removed so an old one is not used."""
+def private_file(path: str, content: str, what: str):
+    """`content` in a 0600 file (uploaded over SFTP, never on a command line; the plan names `what`, never the
+    content); no content: the file is removed, so an old one is not used."""
     have = host.get_fact(Sha256File, path=path)
-    if not token:
+    if not content:
         if have:
             yield f"rm -f {quote(path)}"
         else:
-            host.noop("no HF_TOKEN: anonymous Hugging Face access")
+            host.noop(f"no {what}")
         return
-    if have == hashlib.sha256(token.encode()).hexdigest():
-        host.noop("HF token file is current")
+    if have == hashlib.sha256(content.encode()).hexdigest():
+        host.noop(f"{what} is current")
         return
     parent = path.rsplit("/", 1)[0]
-    yield f"mkdir -p {quote(parent)} && install -m 600 /dev/null {quote(path)}"  # 0600 before the token lands in it
-    yield FileUploadCommand(StringIO(token), path)
+    yield f"mkdir -p {quote(parent)} && install -m 600 /dev/null {quote(path)}"  # 0600 before the secret lands in it
+    yield FileUploadCommand(StringIO(content), path)
 
 
 def fetch_summary(label: str, plan: Mapping[str, Any], repo: str, revision: str, dest: str) -> str:
@@ -99,8 +121,9 @@ def fetch_summary(label: str, plan: Mapping[str, Any], repo: str, revision: str,
 
 @operation()
 def hf_snapshot(python: str, repo: str, revision: str, label: str, cache_dir: str = "", local_dir: str = "",
-                include: tuple = (), token_path: str = "", endpoint: str = "", has_token: bool = False,
-                require_token: bool = False, expect_model_type: str = ""):
+                include: tuple = (), token_path: str = "", endpoint: str = "", env_file: str = "",
+                max_workers: int = 8, has_token: bool = False, require_token: bool = False,
+                expect_model_type: str = ""):
     """A repo revision downloaded completely (cache_dir: the HF cache's hub folder; local_dir: real files).
 
     The HfPlan fact answers offline for a complete download, so a converged run neither fetches nor asks the Hub.
@@ -112,7 +135,8 @@ def hf_snapshot(python: str, repo: str, revision: str, label: str, cache_dir: st
                                              "HF_TOKEN=<token>"])
         return
     args = {"python": python, "repo": repo, "revision": revision, "cache_dir": cache_dir, "local_dir": local_dir,
-            "include": tuple(include), "token_path": token_path, "endpoint": endpoint}
+            "include": tuple(include), "token_path": token_path, "endpoint": endpoint, "env_file": env_file,
+            "max_workers": max_workers}
     plan = hf_plan(host, **args)
     dest = local_dir or cache_dir
     if plan.get("complete") and plan.get("manifest"):
@@ -126,7 +150,8 @@ def hf_snapshot(python: str, repo: str, revision: str, label: str, cache_dir: st
     space = space_problem(free_bytes(dest), plan.get("missing_bytes") or 0, dest, label)
     if (yield from check_failed("free disk", [space])):
         return
-    words = ["--repo", repo, "--revision", revision, "--every", str(TICK_S)]  # its file count, as often as ours
+    # its file count as often as our own lines; max_workers files at once
+    words = ["--repo", repo, "--revision", revision, "--every", str(TICK_S), "--max-workers", str(max_workers)]
     words += ["--cache-dir", cache_dir] if cache_dir else ["--local-dir", local_dir]
     for pattern in include:
         words += ["--include", pattern]
@@ -134,7 +159,7 @@ def hf_snapshot(python: str, repo: str, revision: str, label: str, cache_dir: st
         words += ["--expect-model-type", expect_model_type]
     env = [f"HF_TOKEN_PATH={quote(token_path)}"] if has_token else []
     env += [f"HF_ENDPOINT={quote(endpoint)}"] if endpoint else []
-    fetch = heredoc_command(f"mkdir -p {quote(dest)} && {' '.join(env)} {quote(python)} - "
+    fetch = heredoc_command(f"{source_env_file(env_file)}mkdir -p {quote(dest)} && {' '.join(env)} {quote(python)} - "
                             f"{' '.join(quote(w) for w in words)}", "hf_fetch")
     # the download's own folder: local_dir's real files, or the repo's folder (blobs, partials) in the cache
     yield progress_command(f"{label} download", fetch, size_of=local_dir or f"{cache_dir}/{repo_folder_name(repo)}",
@@ -143,6 +168,10 @@ def hf_snapshot(python: str, repo: str, revision: str, label: str, cache_dir: st
 
 def _plan(args: dict) -> HfPlanDict:
     return hf_plan(host, **args)
+
+
+def _hub_versions(python: str):
+    return host.get_fact(HfHubPython, python=python)
 
 
 # ---- the deploy ----
@@ -170,28 +199,37 @@ def model_data_checked(s: Settings) -> None:
 
 def _fetch(s, label, repo, revision, **where):
     """Plan-time summary for the op's name (the --dry table shows it), and the op's arguments."""
-    args = {"python": hub_python(s), "repo": repo, "revision": revision, "cache_dir": where.get("cache_dir", ""),
-            "local_dir": where.get("local_dir", ""), "include": tuple(where.get("include", ())),
-            "token_path": s.layout.hf_token, "endpoint": s.hf_endpoint}
+    args = plan_args(s, repo, revision, **where)
     name = fetch_summary(label, _plan(args), repo, revision, args["local_dir"] or args["cache_dir"])
     return name, dict(args, label=label, has_token=bool(s.hf_token))
 
 
+def _hub_installed(s) -> None:
+    """The token and variables first (pip needs the proxies too), then huggingface_hub at hf_hub_version; the plan
+    says what changes: "huggingface_hub 2.3.0 → 2.4.0"."""
+    layout, python, venv = s.layout, hub_python(s), "" if s.hf_python else s.layout.venv
+    private_file(name=token_name(s.hf_token_source), path=layout.hf_token, content=s.hf_token,
+                 what="Hugging Face token file")
+    private_file(name=hub_env_name(s.hf_env), path=layout.hf_env, content=hub_env_text(s.hf_env),
+                 what="huggingface_hub variables file")
+    hf_hub_installed(name=hub_change(_hub_versions(python), s.hf_hub_version, venv), python=python,
+                     version=s.hf_hub_version, venv=venv, env_file=layout.hf_env)
+
+
 def _head(s, image_ref: str) -> None:
     layout, root = s.layout, s.layout.streams
-    hf_python_ready(name="huggingface_hub on the head", python=hub_python(s), venv="" if s.hf_python else layout.venv)
-    hf_token_file(name="Hugging Face token file (0600)", path=layout.hf_token, token=s.hf_token)
+    _hub_installed(s)
 
     # the downloads one after the other, each with the whole of the link to the Hub: the Engram tables first, so
     # their copy to the worker runs while the checkpoint downloads
     name, args = _fetch(s, "Engram tables", s.engram_repo, s.engram_revision, local_dir=layout.engram,
                         include=s.engram_files)
     engram = background(Stream("engram", "download", "the Engram tables download", root),
-                        name=f"{name} (in the background)", work=[(hf_snapshot, args)])
+                        name=name, work=[(hf_snapshot, args)])
     background_data.engram_streams(s, engram, _plan(_plan_args(args)).get("total_bytes") or 0)
     name, args = _fetch(s, "Checkpoint", s.active_model_repo, s.active_model_revision, cache_dir=layout.hub)
     checkpoint = background(Stream("checkpoint", "download", "the checkpoint download", root, after=("engram",)),
-                            name=f"{name} (in the background)",
+                            name=name,
                             work=[(hf_snapshot, dict(args, expect_model_type=MODEL_TYPE))])
     plan = _plan(_plan_args(args))
 
@@ -212,7 +250,7 @@ def _head(s, image_ref: str) -> None:
                   weights.symlink_command(served, weights.SERVED_TEMPLATE.format(commit=plan.get("commit"))))
         blobs = background(
             Stream("blob-list", "hash", "the checkpoint's blob list", root, after=("checkpoint",), commands=listed),
-            name="Checkpoint blob list and served snapshot (for the worker copy, in the background)",
+            name="Checkpoint blob list (for the worker copy)",
             upstream=[checkpoint],
             work=[(blob_sums_written, {"repo_dir": repo_dir}),
                   (weights.commit_symlink, {"symlink": served, "plan_args": checkpoint_plan_args(s),
@@ -222,7 +260,7 @@ def _head(s, image_ref: str) -> None:
             Stream("checkpoint-to-worker", "to worker", "the checkpoint to the worker", root, after=("blob-list",),
                    commands=tuple(background_data.copy_commands(repo_dir, s.worker_link_ssh, dest, "the checkpoint",
                                                                 total, ("--copy-unsafe-links",)))),
-            name="Checkpoint to the worker (copy, in the background)", upstream=[checkpoint, blobs],
+            name="Checkpoint to the worker (copy)", upstream=[checkpoint, blobs],
             work=[(folder_to_peer, {"src": repo_dir, "target": s.worker_link_ssh, "dest": dest,
                                     "what": "the checkpoint", "extra_rsync": ("--copy-unsafe-links",)})])
         background_data.checked_stream(s, "checkpoint", "the checkpoint", repo_dir, dest, BLOB_SUMS, total,
@@ -230,9 +268,8 @@ def _head(s, image_ref: str) -> None:
 
 
 def _plan_args(args: dict) -> dict:
-    """The HfPlan arguments within hf_snapshot's."""
-    return {k: args[k] for k in ("python", "repo", "revision", "cache_dir", "local_dir", "include", "token_path",
-                                 "endpoint")}
+    """The HfPlan arguments within hf_snapshot's (_fetch adds the label and whether there is a token)."""
+    return {k: v for k, v in args.items() if k not in ("label", "has_token")}
 
 
 def _head_checked(s, image_ref: str) -> None:
@@ -252,15 +289,16 @@ def _head_checked(s, image_ref: str) -> None:
 
 def _worker(s) -> None:
     layout = s.layout
+    # every folder here is a copy from the head: a file that fails is removed, and the next run copies it again
     folder_verified(name="Engram tables verified (worker)", folder=layout.engram, sums="SHA256SUMS",
-                    what="the Engram tables")
+                    what="the Engram tables", remove_failed=True)
     folder_verified(name="Kit matches its MANIFEST (worker)", folder=layout.kit, sums="MANIFEST", what="the kit",
-                    generated_fix=KIT_GENERATED_FIX)
+                    generated_fix=KIT_GENERATED_FIX, remove_failed=True)
     folder_verified(name="Rank 1's weight file verified (worker)", folder=layout.active_rank_link(1),
-                    sums="SHA256SUMS", what="rank 1's weight file")
+                    sums="SHA256SUMS", what="rank 1's weight file", remove_failed=True)
     if s.worker_weights == "copy":
         folder_verified(name="Checkpoint copy verified (worker)", folder=layout.model_folder, sums=BLOB_SUMS,
-                        what="the checkpoint copy")
+                        what="the checkpoint copy", remove_failed=True)
 
 
 def blob_sums_command(repo_dir: str) -> str:

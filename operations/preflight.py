@@ -1,6 +1,8 @@
-"""Preflight on both Sparks, before anything changes: platform, memory, disk, tools, and (on the head) ssh to the
-worker. Each check yields nothing when it passes (a converged run stays change-free); a problem follows the one
-plan-time rule (operations/util/checks.py): a "will fail" warning during --dry, a failure naming the fix in a run."""
+"""Preflight on both Sparks, before anything changes: sudo without a password, platform, where the folders lead,
+memory, disk, tools, and (on the head) ssh to the worker. Each check yields nothing when it passes (a converged run
+stays change-free); a problem follows the one plan-time rule (operations/util/checks.py): a "will fail" warning
+during --dry, a failure naming the fix in a run. Sudo is the exception: without it the plan itself cannot be read,
+so it stops the run while planning."""
 
 from __future__ import annotations
 
@@ -9,14 +11,25 @@ from typing import Any
 
 from pyinfra import host
 from pyinfra.api import deploy, operation
+from pyinfra.api.exceptions import OperationError
+from pyinfra.api.host import Host
 
 from operations.facts.docker import DockerMemoryUse, DockerMemoryUseDict, DockerRuntimeInfo, RunningContainers
-from operations.facts.files import DiskSpace
-from operations.facts.host import KNOWN_TOOLS, HostTools, MemInfo, OsRelease, SshReachable
+from operations.facts.files import DiskSpace, ResolvedPaths
+from operations.facts.host import (
+    KNOWN_TOOLS,
+    CommandStatusDict,
+    HostTools,
+    MemInfo,
+    OsRelease,
+    SshReachable,
+    SudoWithoutPassword,
+)
 from operations.rank.commands import memory_wait_command
-from operations.settings import Settings
+from operations.settings import Settings, placed_paths, resolved_path_problems
+from operations.settings.context import peer_host
 from operations.util import check_failed
-from operations.util.fact_reuse import fact_until_change
+from operations.util.fact_reuse import fact_once, fact_until_change
 
 GIB = 1024**3
 GB = 1000**3
@@ -30,9 +43,22 @@ TOOL_FIX = {
     "rsync": "apt-get install rsync",
     "ssh": "apt-get install openssh-client",
 }
+SUDOERS_FILE = "/etc/sudoers.d/sparkfold"  # where the sudo refusal says to put the ssh user's line
 
 
 # --- pure helpers (unit-tested directly) -------------------------------------------------------------------------
+
+def sudo_problem(user: str, sudo: CommandStatusDict) -> str:
+    """Why the ssh user cannot use sudo without a password, and the sudoers line that fixes it."""
+    answer = f"`sudo -n true` gave rc {sudo['rc']}{': ' + sudo['detail'] if sudo['detail'] else ''}"
+    line = (f"run `sudo visudo -f {SUDOERS_FILE}`, add the line `{user} ALL=(ALL) NOPASSWD: ALL` and save (visudo "
+            "refuses a broken line, which would stop sudo altogether)")
+    if sudo["rc"] == 127:
+        return (f"sudo is not installed on this Spark ({answer}); every step after the preflight runs as root through "
+                f"sudo. Fix: as root, apt-get install sudo; then, as {user}, {line}")
+    return (f"{user} cannot use sudo without a password ({answer}); every step after the preflight runs as root "
+            f"through sudo, which must not ask. Fix: on this Spark, {line}")
+
 
 def platform_problem(info: Mapping[str, Any], allowed_arch, allowed_os_ids) -> str | None:
     arch = info.get("arch", "")
@@ -105,6 +131,31 @@ def disk_problems(need_gb: float, data: list[dict], held_bytes: int, image_gb: f
 
 # --- operations --------------------------------------------------------------------------------------------------
 
+def _sudo_works(answer: CommandStatusDict) -> bool:
+    return answer["ok"]
+
+
+@operation()
+def sudo_without_password(user: str, peer: Host | None = None, peer_user: str = ""):
+    """Stop the run while planning unless sudo works for the ssh user without a password: the root steps read root
+    facts while planning, and pyinfra would stop there to ask for a password. The head also asks for the worker
+    (`peer`, whose ssh user is `peer_user`): the head's plan reads some of the worker's facts as root (who holds a
+    rank's port) before the worker's own plan begins. A working answer is kept for the run, so the worker's own check
+    asks no second time. A run given a sudo password (pyinfra's --same-sudo-password) passes."""
+    arguments = host.current_op_global_arguments
+    given = arguments.get("_sudo_password") if arguments else None
+    asking = []
+    for spark, login in ((host, user), (peer, peer_user)) if peer is not None else ((host, user),):
+        sudo: CommandStatusDict = fact_once(spark, SudoWithoutPassword, _sudo_works, _sudo=False)
+        if not sudo["ok"] and not given:
+            raise OperationError(f"{spark.name}: sudo: {sudo_problem(login, sudo)}")
+        asking += [] if sudo["ok"] else [spark.name]
+    host.noop(f"sudo asks {', '.join(asking)} for the password this run was given" if asking
+              else f"{user} uses sudo without a password" + (f", and {peer_user} on {peer.name}" if peer else ""))
+    if False:  # an operation is a generator; this one only reads
+        yield
+
+
 @operation()
 def platform_supported(allowed_arch=("aarch64",), allowed_os_ids=("ubuntu", "dgx")):
     """Fail unless the architecture and the OS (ID or ID_LIKE of /etc/os-release) are allowed."""
@@ -124,6 +175,17 @@ def counted_meminfo(meminfo: Mapping[str, int], docker_use: Mapping[str, Any], o
         return dict(meminfo)
     others = sum(c["used_bytes"] or 0 for c in docker_use.get("containers", []) if c["name"] not in own)
     return {**meminfo, "MemAvailable": max(total - others, meminfo["MemAvailable"])}
+
+
+@operation()
+def paths_placed(paths: Mapping[str, str]):
+    """Fail when a folder or file of the settings (placed_paths) leads, once this Spark follows its symlinks, where
+    the settings' rules refuse: state_dir or data_dir inside the exported hub, a root folder at /, an owned file
+    through a symlink. The settings judged the text; a symlink such as /srv/hf -> ~/.cache/... only shows here."""
+    real = host.get_fact(ResolvedPaths, paths=tuple(sorted(set(paths.values()))))
+    problems = resolved_path_problems(paths, {name: real[path] for name, path in paths.items() if path in real})
+    if not (yield from check_failed("where the folders lead", problems)):
+        host.noop("the folders and files lead where the settings say")
 
 
 @operation()
@@ -218,11 +280,15 @@ def _held_paths(s) -> list[str]:
 @deploy("Preflight")
 def preflight(s: Settings) -> None:
     """Read-only checks on both Sparks: a problem stops the run before anything changes (and shows in --dry)."""
+    # first: every root fact read while planning needs it
+    sudo_without_password(name="sudo without a password", user=s.ssh_user, peer=peer_host(s) if s.is_head else None,
+                          peer_user=s.the_peer.ssh_user)
     platform_supported(
         name="aarch64 and DGX OS",
         allowed_arch=list(s.allowed_arch),
         allowed_os_ids=list(s.allowed_os),
     )
+    paths_placed(name="the folders lead where the settings say", paths=placed_paths(s))
     memory_available(
         name=f"{s.min_avail_gib:g} GiB memory available",
         min_avail_gib=s.min_avail_gib,

@@ -4,7 +4,9 @@ Each operation reads `RankInputs` of both Sparks (one round trip each, operation
 `pair_plan` (operations/rank/plan.py) what to do, the way pyinfra's docker.container reads its container and diffs
 a spec. Reading afresh in each operation is what lets the executing run see what the earlier operations of the
 same run made (the link record, the image, the weight files); both Sparks read the same data and so reach the same
-verdict, and both ranks are removed and started again together.
+verdict, and both ranks are removed and started again together. Each plan also takes whether this run's docker step
+restarts Docker on either Spark (operations/docker/daemon.py, from that step's own answers): the restart stops the
+rank there, so --dry shows the pair's restart that follows.
 """
 
 from __future__ import annotations
@@ -24,11 +26,12 @@ from pyinfra.context import ctx_config, ctx_host
 
 from operations.build.image_hash import HASH_LABEL, image_ref
 from operations.data.copy import versions_dir
-from operations.facts.docker import RankContainer
+from operations.docker.daemon import docker_restart
+from operations.facts.docker import DaemonJson, DockerRuntimeInfo, RankContainer
 from operations.facts.network import PortListeners
 from operations.facts.rank import PruneInputs, RankInputs, RankInputsDict, StartReady
 from operations.facts.systemd import UnitState
-from operations.layout import SUPERVISOR_UNIT, unit_path
+from operations.layout import DOCKER_DAEMON_JSON, SUPERVISOR_UNIT, unit_path
 from operations.owned.files import file_put
 from operations.rank import serving, switch
 from operations.rank.commands import removal_commands, start_commands
@@ -40,6 +43,7 @@ from operations.settings import Settings
 from operations.settings.context import peer_host
 from operations.util import check_failed
 from operations.util.checks import op_changed
+from operations.util.fact_reuse import fact_until_change
 
 
 def _holders_named(spark: Host, found: RankInputsDict) -> RankInputsDict:
@@ -53,20 +57,32 @@ def _holders_named(spark: Host, found: RankInputsDict) -> RankInputsDict:
     return {**found, "port_holders": {**found["port_holders"], **named}}
 
 
-def _read_on(spark: Host, config: Any, args: dict[str, Any]) -> RankInputsDict:
+def _docker_restart(spark: Host) -> str:
+    """Why this run's docker step restarts Docker on `spark` ("" when it does not), from that step's own answers,
+    kept until an operation changes a Spark (read as root, as that step reads them): a converged run asks nothing
+    more, and once the restart has run the answer is read again and is ""."""
+    daemon = fact_until_change(spark, DaemonJson, path=DOCKER_DAEMON_JSON, _sudo=True)
+    return docker_restart(daemon, fact_until_change(spark, DockerRuntimeInfo, _sudo=True))
+
+
+def _read_side(spark: Host, args: dict[str, Any]) -> tuple[RankInputsDict, str]:
+    return _holders_named(spark, spark.get_fact(RankInputs, **args)), _docker_restart(spark)
+
+
+def _read_on(spark: Host, config: Any, args: dict[str, Any]) -> tuple[RankInputsDict, str]:
     with ctx_host.use(spark), ctx_config.use(config):  # a greenlet of its own starts with no pyinfra context
-        return _holders_named(spark, spark.get_fact(RankInputs, **args))
+        return _read_side(spark, args)
 
 
 def read_pair_plan(s: Settings, peer: Host, image: str, template: str) -> PairPlan:
     """Both Sparks' RankInputs, one round trip each and both at once (the peer's in a greenlet: they are two
-    connections), then the pure plan."""
+    connections), and whether Docker restarts on each, then the pure plan."""
     theirs_read = gevent.spawn(_read_on, peer, ctx_config.get(), rank_inputs_args(s.the_peer, image))
-    mine = _holders_named(host, host.get_fact(RankInputs, **rank_inputs_args(s, image)))
+    mine = _read_side(host, rank_inputs_args(s, image))
     theirs = theirs_read.get()
-    head_found, worker_found = (mine, theirs) if s.is_head else (theirs, mine)
+    (head_found, head_docker), (worker_found, worker_docker) = (mine, theirs) if s.is_head else (theirs, mine)
     return pair_plan(s.head, s.worker, head_found, worker_found, image=image, template_digest=template,
-                     force=bool(s.restart))
+                     force=bool(s.restart), docker_restarts=(head_docker, worker_docker))
 
 
 @dataclass
@@ -124,11 +140,12 @@ def stale_pair_stopped(s: Settings, peer: Host, image: str, template: str, pause
     if plan.refusals:  # never planned as a removal: the container is not ours
         yield from check_failed("the rank containers", plan.refusals)
         return
+    # said before the first command: --dry stops an operation there
+    logger.info(f"{host.name}: the pair restarts: {'; '.join(plan.reasons)}")
     for unit in pause_units:
         if host.get_fact(UnitState, unit=unit, path=unit_path(unit))["active"] in ("active", "activating"):
             yield StringCommand("systemctl", "stop", unit, _sudo=True)
     mine = plan.rank(s.rank)
-    logger.info(f"{host.name}: the pair restarts: {'; '.join(plan.reasons)}")
     if notes is not None and plan.running:
         yield FunctionCommand(_stop_noted, (notes,), {})
     if mine.action == START:
@@ -174,6 +191,9 @@ def old_pair_replayed(s: Settings, peer: Host, image: str, template: str, notes:
     temperature 0 are recorded here, for the new pair's to be compared with."""
     plan = read_pair_plan(s, peer, image, template)
     came_from = plan.switch.came_from
+    if any(plan.docker_restarts):  # the restart stops the serving pair first: nothing answers by then
+        host.noop("Docker's restart stops the serving pair before the switch: nothing to record for the exact gate")
+        return
     if not plan.stale or came_from is None or plan.running != came_from.id:
         host.noop("no serving pair is replaced: nothing to record for the exact gate")
         return

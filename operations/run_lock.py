@@ -22,14 +22,13 @@ import uuid
 from pyinfra import host, state
 from pyinfra.api import FactBase, QuoteString, StringCommand, deploy, operation
 
-from operations.layout import RUN_LOCK
+from operations.layout import BOOT_ID, RUN_LOCK
 from operations.settings import Settings
 from operations.util import check_failed, sh, warned
 from operations.util.session import FIND_SESSION, STAT_FUNCTIONS
 
 RUN_ID = uuid.uuid4().hex[:12]  # one per controller process: both Sparks see the same run
 HOLDER = f"{getpass.getuser()}@{socket.gethostname()} (pid {os.getpid()})"
-BOOT_ID = "/proc/sys/kernel/random/boot_id"
 _STAT = STAT_FUNCTIONS  # start_of and stat_field (operations/util/session.py)
 # "1" when the lock's recorded process still runs: $o pid, $b boot id, $t start time (an older lock records no
 # boot id or start time: its pid alone decides); pid 0 or none is never alive

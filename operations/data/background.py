@@ -25,6 +25,7 @@ from operations.build.image_hash import IMAGE_STREAM
 from operations.data.copy import (
     MARKER,
     SUMS_STATE,
+    check_command,
     checksums_written,
     folder_to_peer,
     hashing_command,
@@ -103,15 +104,12 @@ def copy_commands(src: str, target: str, dest: str, what: str, total: int, extra
 
 
 def verified_on_worker(target: str, folder: str, sums: str, what: str, total: int) -> list[str]:
-    """`sha256sum -c` of the worker's folder against `sums`, with progress lines (as data/copy.folder_verified runs
-    it there), then its marker; nothing when the marker is current already."""
-    complaint = (f"sparkfold: {what} in {folder} does not match {sums} (the lines above name the files): "
-                 "re-run the deploy to copy or download them again")
-    check = hashing_command(f"{what}: checking {sums}", folder, f"sha256sum -c --quiet {quote(sums)}", total,
-                            complaint)
+    """The worker's folder checked against `sums` as data/copy.folder_verified checks a copy there (a file that
+    fails is removed, so the next run copies it again), then its marker; nothing when the marker is current."""
     return unless(on_worker(target, marker_command(folder, MARKER, sums=sums, check=True)),
                   f"{what} on the worker: verified already",
-                  [on_worker(target, f"rm -f {quote(folder)}/{SUMS}.tmp"), on_worker(target, _text(check)),
+                  [on_worker(target, f"rm -f {quote(folder)}/{SUMS}.tmp"),
+                   on_worker(target, _text(check_command(folder, sums, what, total, remove_failed=True))),
                    on_worker(target, marker_command(folder, MARKER, sums=sums))])
 
 
@@ -140,7 +138,7 @@ def checked_stream(s, name: str, what: str, src: str, dest: str, sums: str, tota
     commands += verified_on_worker(target, dest, sums, what, total)
     return background(Stream(f"{name}-checked", "to worker", f"{what} checked on the worker", s.layout.streams,
                              after=after, commands=tuple(commands)),
-                      name=f"{what[0].upper()}{what[1:]} verified on the worker (in the background)",
+                      name=f"{what[0].upper()}{what[1:]} verified on the worker (as it lands)",
                       upstream=upstream)
 
 
@@ -152,12 +150,12 @@ def engram_streams(s, download: OperationMeta, total: int) -> None:
     hashed = background(
         Stream("engram-sums", "hash", f"{what}: hashing", root, after=("engram",),
                commands=tuple(sums_commands(layout.engram, what, total, names=files))),
-        name="Engram SHA256SUMS (once, in the background)", upstream=[download],
+        name="Engram SHA256SUMS (once)", upstream=[download],
         work=[(checksums_written, {"folder": layout.engram, "files": files, "what": what})])
     copied = background(
         Stream("engram-to-worker", "to worker", f"{what} to the worker", root, after=("engram",),
                commands=tuple(copy_commands(layout.engram, target, dest, what, total))),
-        name="Engram tables to the worker (in the background)", upstream=[download],
+        name="Engram tables to the worker", upstream=[download],
         work=[(folder_to_peer, {"src": layout.engram, "target": target, "dest": dest, "what": what})])
     checked_stream(s, "engram", what, layout.engram, dest, SUMS, total, ("engram-sums", "engram-to-worker"),
                    [hashed, copied])
@@ -168,7 +166,7 @@ def kit_streams(s, total: int) -> None:
     layout, target, what = s.layout, s.worker_link_ssh, "the kit"
     copied = background(
         Stream("kit-to-worker", "to worker", f"{what} to the worker", layout.streams),
-        name="Kit to the worker (in the background)",
+        name="Kit to the worker",
         work=[(folder_to_peer, {"src": layout.kit, "target": target, "dest": s.worker.layout.kit, "what": what})])
     checked_stream(s, "kit", what, layout.kit, s.worker.layout.kit, "MANIFEST", total, ("kit-to-worker",), [copied])
 
@@ -197,22 +195,22 @@ def weight_streams(s, checkpoint: OperationMeta, plan: Mapping, image_ref: str) 
                commands=tuple(unless(token_map_current(layout.token_map_dir, commit), "the token map is current",
                                      [token_map_command(image_ref, s.hf_cache, plan_args["repo"], commit,
                                                         layout.token_map_dir)])) if commit else tuple(unknown)),
-        name="Token map (image's make_token_map.py, in the background)", upstream=[checkpoint],
+        name="Token map (image's make_token_map.py)", upstream=[checkpoint],
         work=[(token_map_written, {"image_ref": image_ref, "plan_args": plan_args, "hf_cache": s.hf_cache,
                                    "out_dir": layout.token_map_dir})])
     rank1 = background(Stream("rank1", "weights", "rank 1's weight file", root, after=(*waits, "token-map"),
                               commands=weights(1)),
-                       name="Rank 1's weight file (in the background)", upstream=[checkpoint],
+                       name="Rank 1's weight file", upstream=[checkpoint],
                        work=[(rank_file_written, dict(written, rank=1))])
     folder, peer_folder = (rank_folder(layout.rank_cache, commit, 1, ""), rank_folder(worker.rank_cache, commit, 1, ""))
     hashed = background(
         Stream("rank1-sums", "hash", "rank 1's weight file: hashing", root, after=("rank1",),
                commands=tuple(sums_commands(folder, "rank 1's weight file", int(total / 2), glob="rank1of2-*.bin"))),
-        name="Rank 1's SHA256SUMS (once, in the background)", upstream=[rank1],
+        name="Rank 1's SHA256SUMS (once)", upstream=[rank1],
         work=[(rank_sums_written, {"plan_args": plan_args, "rank_cache": layout.rank_cache, "rank": 1,
                                    "ablit_tag": ""})])
     background(Stream("rank0", "weights", "rank 0's weight file", root, after=(*waits, "rank1"), commands=weights(0)),
-               name="Rank 0's weight file (in the background)", upstream=[checkpoint],
+               name="Rank 0's weight file", upstream=[checkpoint],
                work=[(rank_file_written, dict(written, rank=0))])
     symlink = (f"{ssh_prefix()} {quote(target)} "
                + quote(f"ln -sfn {quote(source_key(commit, '') + '/rank1')} {quote(worker.active_rank_link(1))}"))
@@ -220,7 +218,7 @@ def weight_streams(s, checkpoint: OperationMeta, plan: Mapping, image_ref: str) 
         Stream("rank1-to-worker", "to worker", "rank 1's weight file to the worker", root, after=("rank1",),
                commands=tuple(copy_commands(folder, target, peer_folder, "rank 1's weight file", int(total / 2))
                               + [symlink])),
-        name="Rank 1's weight file to the worker (in the background)", upstream=[rank1],
+        name="Rank 1's weight file to the worker", upstream=[rank1],
         work=[(rank_file_to_peer, {"plan_args": plan_args, "rank_cache": layout.rank_cache, "rank": 1,
                                    "ablit_tag": "", "target": target, "peer_rank_cache": worker.rank_cache})])
     checked_stream(s, "rank1", "rank 1's weight file", folder, peer_folder, SUMS, int(total / 2),
@@ -228,6 +226,6 @@ def weight_streams(s, checkpoint: OperationMeta, plan: Mapping, image_ref: str) 
     background(Stream("token-map-to-worker", "to worker", "the token map to the worker", root, after=("token-map",),
                       commands=tuple(copy_commands(layout.token_map_dir, target, worker.token_map_dir,
                                                    "the token map", 0))),
-               name="Token map to the worker (in the background)", upstream=[token_map],
+               name="Token map to the worker", upstream=[token_map],
                work=[(folder_to_peer, {"src": layout.token_map_dir, "target": target, "dest": worker.token_map_dir,
                                        "what": "the token map"})])

@@ -16,6 +16,7 @@ from pyinfra.api import StringCommand, operation
 
 from operations.facts.files import DirFiles, DiskFree, FolderCheck, LinkTarget, PeerFolder
 from operations.remote import heredoc_command
+from operations.remote.link_copy import PARTIAL_DIR
 from operations.remote.progress import PRIVATE_DIR_ENV
 from operations.remote.progress_command import TICK_S, LiveCommand, progress_command
 from operations.util import check_failed
@@ -25,8 +26,9 @@ from operations.util.listing import listing_digest
 from operations.util.peer_ssh import ssh_prefix
 
 MARKER = ".sparkfold-verified"
-# never copied to the worker: huggingface_hub's local_dir metadata, the head's own verification, partial downloads
-COPY_EXCLUDES = ("/.cache/", MARKER, f"*{PARTIAL_SUFFIX}")
+# never copied to the worker: huggingface_hub's local_dir metadata, the head's own verification, partial downloads,
+# the parts of an interrupted copy
+COPY_EXCLUDES = ("/.cache/", MARKER, f"*{PARTIAL_SUFFIX}", f"{PARTIAL_DIR}/")
 SUMS_STATE = ".sparkfold-sums.state"
 SSH = ssh_prefix()  # the head's ssh to the worker (operations/util/peer_ssh.py)
 _KIT_GENERATED = re.compile(r"rope-[^/]*\.f32|vision/gate_bias_vl\.safetensors")
@@ -40,10 +42,11 @@ def gib(n) -> str:
 
 def is_bookkeeping(path: str) -> bool:
     """huggingface_hub's local_dir metadata, its partial downloads (a killed download leaves blobs/<etag>.<tmp>
-    .incomplete behind in a cache folder, which rsync never copies: see COPY_EXCLUDES) and our own markers: never
-    compared."""
+    .incomplete behind in a cache folder, which rsync never copies: see COPY_EXCLUDES), our own markers and an
+    interrupted copy's parts: never compared."""
     name = path.rsplit("/", 1)[-1]
-    return path.startswith(".cache/") or name.startswith(".sparkfold-") or name.endswith(PARTIAL_SUFFIX)
+    return (path.startswith(".cache/") or name.startswith(".sparkfold-") or name.endswith(PARTIAL_SUFFIX)
+            or f"/{PARTIAL_DIR}/" in f"/{path}")
 
 
 def space_problem(free, need: int, where: str, what: str) -> str | None:
@@ -58,16 +61,17 @@ def kit_generated(name: str) -> bool:
 
 
 def hashing_command(label: str, folder: str, hashing: str, total: int, complaint: str = "",
-                    every: float = TICK_S) -> StringCommand:
+                    every: float = TICK_S, on_failure: str = "") -> StringCommand:
     """`hashing` (one sha256sum command, with its redirections) run in `folder` with a progress line every few
     seconds: the bytes it has read so far (its /proc/<pid>/io rchar) of `total`, the rate and the time left; when it
-    fails, `complaint` on stderr. Hashing hundreds of GB takes minutes. The pid file lives in the progress runner's
-    private folder (a fresh name, mode 0700): a name in /tmp anyone can compute would let a planted symlink there be
-    written through, or block the check."""
+    fails, the shell commands `on_failure` (in `folder`), then `complaint` on stderr. Hashing hundreds of GB takes
+    minutes. The pid file lives in the progress runner's private folder (a fresh name, mode 0700): a name in /tmp
+    anyone can compute would let a planted symlink there be written through, or block the check."""
     pid_file = f'"${{{PRIVATE_DIR_ENV}:?}}/hashing.pid"'
+    failed = "; ".join(part for part in (on_failure, complaint and f"echo {quote(complaint)} >&2") if part)
     # exec keeps the inner shell's pid, which it wrote down, for sha256sum
     command = (f"cd {quote(folder)} && sh -c {quote(f'echo $$ > {pid_file} && exec {hashing}')}; rc=$?; "
-               + (f"[ $rc = 0 ] || echo {quote(complaint)} >&2; " if complaint else "") + "exit $rc")
+               + (f"[ $rc = 0 ] || {{ {failed}; }}; " if failed else "") + "exit $rc")
     probe = f"awk '/^rchar:/ {{print $2}}' /proc/$(cat {pid_file} 2>/dev/null)/io 2>/dev/null"
     return progress_command(label, command, probe=probe, total=total, own_work=True, every=every, private_dir=True)
 
@@ -91,12 +95,22 @@ def checksums_written(folder: str, files: list, sums: str = "SHA256SUMS", what: 
     yield f"cd {quote(folder)} && mv {quote(sums)}.tmp {quote(sums)} && printf '%s\\n' {digest} > {SUMS_STATE}"
 
 
+# sha256sum -c's "NAME: FAILED" lines in $checked (a missing file's say "FAILED open or read"): each such regular
+# file inside the folder, reached through no symlink, is removed. The list crossed the cable like the files, so a
+# name that leads anywhere else is left alone.
+_REMOVE_FAILED = ('sed -n "s/: FAILED$//p" "$checked" | while IFS= read -r f; do '
+                  '[ "$(realpath -e -- "$f" 2>/dev/null)" = "$(pwd -P)/$f" ] && [ -f "$f" ] && rm -f -- "$f" '
+                  '&& echo "sparkfold: removed $f (it does not match)"; done')
+
+
 @operation()
-def folder_verified(folder: str, sums: str, what: str, generated_fix: str = ""):
+def folder_verified(folder: str, sums: str, what: str, generated_fix: str = "", remove_failed: bool = False):
     """`sha256sum -c --quiet <sums>` in the folder, once per content: the marker records the list's sha256 and the
     files' sizes/mtimes, so the next run re-hashes only after a copy or download changed something.
     generated_fix: when set, files matching the kit's generated names (rope-*.f32, vision/gate_bias_vl) that are
-    missing get this explanation instead of a plain "missing"."""
+    missing get this explanation instead of a plain "missing".
+    remove_failed: for the worker's copies: a file that fails is removed, so that the next run's copy sends it again
+    (the copy and this marker compare sizes and mtimes only, which a damaged file can keep)."""
     check = host.get_fact(FolderCheck, path=folder, sums=sums, marker=MARKER)
     if not check or not check["sums_sha"]:
         if not (yield from check_failed(what, [f"no {sums} in {folder}"], settled=False)):
@@ -114,12 +128,25 @@ def folder_verified(folder: str, sums: str, what: str, generated_fix: str = ""):
             problem = f"{len(missing)} files of {sums} are missing in {folder}, e.g. {', '.join(missing[:3])}"
         if (yield from check_failed(what, [problem], settled=False)):
             return
-    complaint = (f"sparkfold: {what} in {folder} does not match {sums} (the lines above name the files): "
-                 "re-run the deploy to copy or download them again")
     listed = set(check["names"])
     total = sum(size for name, (size, _mtime) in check["files"].items() if name in listed)
-    yield hashing_command(f"{what}: checking {sums}", folder, f"sha256sum -c --quiet {quote(sums)}", total, complaint)
+    yield check_command(folder, sums, what, total, remove_failed)
     yield f"cd {quote(folder)} && printf '%s\\n' {expected} > {MARKER}"
+
+
+def check_command(folder: str, sums: str, what: str, total: int, remove_failed: bool = False) -> StringCommand:
+    """`sha256sum -c --quiet <sums>` in the folder with progress lines; remove_failed: a file that fails is removed
+    (folder_verified's)."""
+    complaint = (f"sparkfold: {what} in {folder} does not match {sums} (the lines above name the files): "
+                 "re-run the deploy to copy or download them again")
+    hashing, on_failure = f"sha256sum -c --quiet {quote(sums)}", ""
+    if remove_failed:
+        checked = f'"${{{PRIVATE_DIR_ENV}:?}}/checked"'
+        hashing += f" > {checked}"
+        on_failure = f"cat {checked}; checked={checked}; {_REMOVE_FAILED}"
+        complaint = (f"sparkfold: {what} in {folder} does not match {sums}: the files that differ were removed "
+                     "(the lines above name them); re-run the deploy to copy them again")
+    return hashing_command(f"{what}: checking {sums}", folder, hashing, total, complaint, on_failure=on_failure)
 
 
 @operation()
@@ -160,7 +187,8 @@ def peer_copy_commands(src: str, target: str, dest: str, what: str, total: int, 
     """The commands that copy the folder src (on the head) into dest on the worker, resumably, with progress lines:
     rsync through a transient daemon on the worker's link address (operations/remote/link_copy.py), unencrypted on
     the cable at the link's speed (the benchmark tests/bench/deploy_speed.py times these)."""
-    options = ["-a", "--partial", *extra_rsync] + [f"--exclude={e}" for e in COPY_EXCLUDES]
+    # a part waits in PARTIAL_DIR, never at the file's name: only a whole file there can look complete
+    options = ["-a", f"--partial-dir={PARTIAL_DIR}", *extra_rsync] + [f"--exclude={e}" for e in COPY_EXCLUDES]
     words = [src, "--target", target, "--dest", dest, "--ssh", SSH] + [f"--rsync-option={o}" for o in options]
     # progress: the worker's copy measured over ssh (its size at the start says how much a resume keeps)
     return [progress_command(f"{what} to the worker", heredoc_command(f"python3 - {shlex.join(words)}", "link_copy"),

@@ -40,6 +40,7 @@ _FILE_PARTS = {
     "sha1": "echo \"#SHA1 $(sha1sum < {path} 2>/dev/null | cut -c1-40)\";",
     "head": "echo \"#HEAD $(head -n 3 {path} 2>/dev/null | base64 -w0)\";",  # where sparkfold's header is
     "text": "echo \"#TEXT $(base64 -w0 {path} 2>/dev/null)\";",  # base64 keeps blank and trailing lines
+    "sha256": "echo \"#SHA256 $(sha256sum < {path} 2>/dev/null | cut -c1-64)\";",
 }
 
 
@@ -136,6 +137,27 @@ class ApiKeyFile(RegularFileFact[ApiKeyFileDict]):
         if stat is None:
             return self.default()  # unreadable: as if missing (the new key's write is guarded by `[ -s ]`)
         return {"present": stat["size"] > 0, "empty": stat["size"] == 0, "mode": stat["mode"], "owner": stat["user"]}
+
+
+class ApiKeyFileSumDict(ApiKeyFileDict):
+    sha256: str | None  # of the file's bytes; None when missing or unreadable
+
+
+class ApiKeyFileSum(RegularFileFact[ApiKeyFileSumDict]):
+    """ApiKeyFile and the file's sha256, for a key the user brings (api_key_file): whether the head holds that key,
+    without the key leaving the file."""
+
+    parts = ("sha256",)
+
+    @staticmethod
+    def default() -> ApiKeyFileSumDict:
+        return {"present": False, "empty": False, "mode": None, "owner": None, "sha256": None}
+
+    def found(self, stat: FileStat | None, fields: dict[str, str]) -> ApiKeyFileSumDict:
+        digest = fields.get("#SHA256", "")
+        base = ApiKeyFile().found(stat, fields)
+        return {**base, "sha256": digest if len(digest) == 64 and all(c in "0123456789abcdef" for c in digest)
+                else None}
 
 
 class LinkTarget(FactBase[str | None]):
@@ -370,4 +392,24 @@ class FolderStates(FactBase[dict[str, FolderStateDict]]):
             if len(words) == 4 and words[0] in ("#FOLDER", "#OTHER", "#MISSING"):
                 kind = {"#FOLDER": "folder", "#OTHER": "other"}.get(words[0], "missing")
                 found[words[3]] = {"kind": kind, "user": words[1], "mode": words[2]}
+        return found
+
+
+class ResolvedPaths(FactBase[dict[str, str]]):
+    """{path: where it leads} for each of `paths`, every symlink followed (`realpath -m`: a part that does not exist
+    yet is taken as it is written, so a folder not made yet resolves through its parents). Read as the ssh user; a
+    path that cannot be resolved is left out. Paths hold no tab or newline (the settings refuse them)."""
+
+    default = dict
+
+    def command(self, paths: tuple[str, ...] = ()) -> str:
+        each = "for p in \"$@\"; do r=$(realpath -m -- \"$p\" 2>/dev/null) && printf '%s\\t%s\\n' \"$p\" \"$r\"; done"
+        return f"sh -c {shlex.quote(each)} sh {' '.join(shlex.quote(p) for p in paths)}"
+
+    def process(self, output: list[str]) -> dict[str, str]:
+        found = {}
+        for line in output:
+            path, tab, real = line.partition("\t")
+            if tab and real.startswith("/"):
+                found[path] = real
         return found

@@ -112,27 +112,25 @@ class UserGroups(FactBase[list[str] | None]):
         return None if "#NOUSER" in words else words
 
 
-class SshReachableDict(TypedDict):
+class CommandStatusDict(TypedDict):
     ok: bool
-    rc: int | None  # ssh's exit status
-    detail: str  # its last stderr lines, joined by " | "
+    rc: int | None  # the command's exit status
+    detail: str  # its last output lines, joined by " | "
 
 
-class SshReachable(FactBase[SshReachableDict]):
-    """Can this host ssh to `target` without a prompt? Runs as the ssh user (its keys), with BatchMode so a missing
-    key fails instead of asking. No requires_command: a missing ssh is reported in rc/detail (127, not found)."""
+class CommandStatus(FactBase[CommandStatusDict]):
+    """The family of facts that ask whether one command succeeds here, with its exit status and its last output
+    lines (what a message shows). A subclass's command() passes its probe through `asked`."""
 
     @staticmethod
-    def default() -> SshReachableDict:
+    def default() -> CommandStatusDict:
         return {"ok": False, "rc": None, "detail": "no answer"}
 
-    def command(self, target: str) -> str:
-        return (
-            f"out=$(ssh -o BatchMode=yes -o ConnectTimeout=10 {shlex.quote(target)} true 2>&1 </dev/null); rc=$?; "
-            "echo \"rc=$rc\"; printf '%s\\n' \"$out\" | tail -n 3"
-        )
+    @staticmethod
+    def asked(probe: str) -> str:
+        return f"out=$({probe} 2>&1 </dev/null); rc=$?; echo \"rc=$rc\"; printf '%s\\n' \"$out\" | tail -n 3"
 
-    def process(self, output: list[str]) -> SshReachableDict:
+    def process(self, output: list[str]) -> CommandStatusDict:
         rc = None
         detail = []
         for line in output:
@@ -142,3 +140,19 @@ class SshReachable(FactBase[SshReachableDict]):
             elif line.strip():
                 detail.append(line.strip())
         return {"ok": rc == 0, "rc": rc, "detail": " | ".join(detail)}
+
+
+class SshReachable(CommandStatus):
+    """Can this host ssh to `target` without a prompt? Runs as the ssh user (its keys), with BatchMode so a missing
+    key fails instead of asking. No requires_command: a missing ssh is reported in rc/detail (127, not found)."""
+
+    def command(self, target: str) -> str:
+        return self.asked(f"ssh -o BatchMode=yes -o ConnectTimeout=10 {shlex.quote(target)} true")
+
+
+class SudoWithoutPassword(CommandStatus):
+    """Does sudo work for the ssh user without a password (`sudo -n true`)? Read without sudo itself: every root step
+    needs it, and pyinfra's own sudo would stop to ask for a password. A missing sudo shows as rc 127."""
+
+    def command(self) -> str:
+        return self.asked("sudo -n true")

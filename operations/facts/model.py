@@ -11,6 +11,7 @@ from typing import TypedDict
 from pyinfra.api import FactBase
 
 from operations.remote import heredoc_command
+from operations.util.commands import source_env_file
 from operations.util.fact_reuse import fact_once
 
 _RANK_FILE = re.compile(r"^(?:rank(\d)of2-[0-9a-f]+\.bin|\.rank(\d)of2\.partial)$")
@@ -30,10 +31,12 @@ class HfPlanDict(TypedDict, total=False):
 
 class HfPlan(FactBase[HfPlanDict]):
     """hf_plan.py's answer for one repo/revision in a cache (cache_dir = <hf_cache>/hub) or a local_dir: what is
-    still to download, and the commit the revision names.
+    still to download, and the commit the revision names (huggingface_hub's dry run; offline for a complete one).
 
-    Runs with `python` when it exists, else python3 (the planner needs only the standard library, so --dry works
-    before the deploy has made the huggingface_hub venv). `token_path` is a file holding the token, never the token.
+    Runs with `python` when it exists, else python3 (the offline answer needs only the standard library, and without
+    huggingface_hub the answer says the size is unknown: --dry works before the deploy has made the venv).
+    `token_path` is a file holding the token, never the token; `env_file` (sourced when present) holds
+    huggingface_hub's variables from this machine, never shown on a command line.
     """
 
     @staticmethod
@@ -42,8 +45,9 @@ class HfPlan(FactBase[HfPlanDict]):
                 "offline": True, "model_type": None, "manifest": False, "error": "no answer from the planner"}
 
     def command(self, python: str, repo: str, revision: str, cache_dir: str = "", local_dir: str = "",
-                include: tuple[str, ...] = (), token_path: str = "", endpoint: str = "") -> str:
-        args = ["--repo", repo, "--revision", revision]
+                include: tuple[str, ...] = (), token_path: str = "", endpoint: str = "", env_file: str = "",
+                max_workers: int = 8) -> str:
+        args = ["--repo", repo, "--revision", revision, "--max-workers", str(max_workers)]
         args += ["--cache-dir", cache_dir] if cache_dir else ["--local-dir", local_dir]
         for pattern in include or ():
             args += ["--include", pattern]
@@ -52,8 +56,8 @@ class HfPlan(FactBase[HfPlanDict]):
             env.append(f"HF_ENDPOINT={shlex.quote(endpoint)}")
         if token_path:
             env.append(f"HF_TOKEN_PATH={shlex.quote(token_path)}")
-        head = (f"PY={shlex.quote(python)}; command -v \"$PY\" >/dev/null 2>&1 || PY=python3; "
-                f"{' '.join(env)} \"$PY\" - {' '.join(shlex.quote(a) for a in args)}")
+        head = (f"{source_env_file(env_file)}PY={shlex.quote(python)}; command -v \"$PY\" >/dev/null 2>&1 || "
+                f"PY=python3; {' '.join(env)} \"$PY\" - {' '.join(shlex.quote(a) for a in args)}")
         return heredoc_command(head, "hf_plan", "2>/dev/null || true")
 
     def process(self, output: list[str]) -> HfPlanDict:
@@ -73,22 +77,38 @@ def hf_plan(spark, **args) -> HfPlanDict:
     return fact_once(spark, HfPlan, lambda plan: bool(plan.get("complete") and plan.get("manifest")), **args)
 
 
-class HfHubPython(FactBase[str | None]):
-    """huggingface_hub's version as `python` sees it: "1.2.3", "" when it does not import, None when there is no
-    such python (pyinfra's requires_command then gives the default)."""
+class HubPythonDict(TypedDict):
+    hub: str  # huggingface_hub's version, "" when it does not import
+    xet: str  # hf_xet's version (huggingface_hub's Xet transfers), "" when it does not import
+
+
+# prints '#HUB <version>' and '#XET <version>', each empty when the module does not import
+_VERSIONS = ("import importlib.metadata as m\n"
+             "def v(module, dist):\n"
+             "    try:\n"
+             "        __import__(module)\n"
+             "        return m.version(dist)\n"
+             "    except Exception:\n"
+             "        return ''\n"
+             "print('#HUB ' + v('huggingface_hub', 'huggingface_hub'))\n"
+             "print('#XET ' + v('hf_xet', 'hf-xet'))\n")
+
+
+class HfHubPython(FactBase[HubPythonDict | None]):
+    """The huggingface_hub and hf_xet versions `python` imports ("" for one it cannot import), None when there is
+    no such python (pyinfra's requires_command then gives the default)."""
 
     def requires_command(self, python: str) -> str:
         return shlex.quote(python)
 
     def command(self, python: str) -> str:
-        return (f"{shlex.quote(python)} -c 'import huggingface_hub as h; print(\"#HUB \" + h.__version__)' "
-                "2>/dev/null || echo '#HUB '")
+        return f"{shlex.quote(python)} -c {shlex.quote(_VERSIONS)} 2>/dev/null || echo '#HUB '"
 
-    def process(self, output: list[str]) -> str | None:
-        for line in output:
-            if line.startswith("#HUB"):
-                return line[4:].strip()
-        return None
+    def process(self, output: list[str]) -> HubPythonDict | None:
+        found = {line[:4]: line[4:].strip() for line in output if line.startswith(("#HUB", "#XET"))}
+        if "#HUB" not in found:
+            return None
+        return {"hub": found["#HUB"], "xet": found.get("#XET", "")}
 
 
 class AblitShards(FactBase[dict[str, int]]):

@@ -1,5 +1,6 @@
-"""Facts about the network: netdevs and their addresses, the default route, netplan files, the RoCE devices and
-their GIDs, /dev/infiniband, do-not-fragment pings over the CX7 link, and the link record the deploy writes.
+"""Facts about the network: netdevs and their addresses, the default route, netplan files and applies, the RoCE
+devices and their GIDs, /dev/infiniband, do-not-fragment pings over the CX7 link, and the link record the deploy
+writes.
 
 Every command exits 0; those that only ask `ip` or `ping` declare it with requires_command.
 """
@@ -13,6 +14,8 @@ import re
 from typing import Any, TypedDict
 
 from pyinfra.api import FactBase, QuoteString, StringCommand
+
+from operations.layout import NETPLAN_APPLY_DIR, NETPLAN_STAGE_DIR
 
 SYSFS_IB = "/sys/class/infiniband"
 ZERO_GID = "0000:0000:0000:0000:0000:0000:0000:0000"
@@ -108,32 +111,68 @@ class NetplanFileDict(TypedDict):
     text: str  # "" when unreadable
 
 
-class NetplanFiles(FactBase[dict[str, NetplanFileDict]]):
-    """{path: mode and text} for every *.yaml in a netplan directory (root-only: call with sudo)."""
+def _yaml_listing(directory: str) -> StringCommand:
+    """One line per *.yaml of a folder: path, octal mode, base64 of the text (a file that cannot be read prints an
+    empty text); base64 keeps any content on one line."""
+    glob = StringCommand(QuoteString(directory.rstrip("/")), "/*.yaml", _separator="")
+    return StringCommand(
+        "for f in", glob, "; do [ -f \"$f\" ] || continue;",
+        "printf '%s %s ' \"$f\" \"$(stat -c %a \"$f\")\";",
+        "base64 -w0 \"$f\" 2>/dev/null; echo; done",
+    )
 
-    default = dict
 
-    def command(self, directory: str = "/etc/netplan") -> StringCommand:
-        # base64 keeps any file content on one line; a file that cannot be read prints an empty text
-        glob = StringCommand(QuoteString(directory.rstrip("/")), "/*.yaml", _separator="")
+def _parse_listing(output: list[str]) -> dict[str, NetplanFileDict]:
+    files: dict[str, NetplanFileDict] = {}
+    for line in output:
+        parts = line.split(" ")
+        if len(parts) < 2 or not parts[0].startswith("/"):
+            continue
+        try:
+            text = base64.b64decode(parts[2] if len(parts) > 2 else "").decode("utf-8", "replace")
+        except (binascii.Error, ValueError):
+            text = ""
+        files[parts[0]] = {"mode": parts[1], "text": text}
+    return files
+
+
+class NetplanStateDict(TypedDict):
+    files: dict[str, NetplanFileDict]  # the netplan folder's *.yaml
+    staged: dict[str, NetplanFileDict]  # the stage folder's *.yaml (/run/netplan): each shadows the file of its name
+    undecided: dict[str, str]  # apply folder -> "pending" (nobody decided), "revert" or "confirm" (claimed, unfinished)
+
+
+class NetplanState(FactBase[NetplanStateDict]):
+    """In one round trip: the netplan folder's files, the stage folder's (an apply's files until it is confirmed)
+    and the applies an interrupted run or a reboot left undecided or half done (root-only: call with sudo).
+
+    An apply folder is decided by its `decided` symlink (-> revert or confirm) and done by its `reverted` or
+    `confirmed` file. One an older sparkfold made (`decided` a folder) is listed only while it has no `decided`."""
+
+    @staticmethod
+    def default() -> NetplanStateDict:
+        return {"files": {}, "staged": {}, "undecided": {}}
+
+    def command(self, directory: str = "/etc/netplan", stage_dir: str = NETPLAN_STAGE_DIR,
+                applies_dir: str = NETPLAN_APPLY_DIR) -> StringCommand:
+        applies = StringCommand(QuoteString(applies_dir.rstrip("/")), "/*/", _separator="")
         return StringCommand(
-            "for f in", glob, "; do [ -f \"$f\" ] || continue;",
-            "printf '%s %s ' \"$f\" \"$(stat -c %a \"$f\")\";",
-            "base64 -w0 \"$f\" 2>/dev/null; echo; done; true",
+            _yaml_listing(directory), "; echo staged;", _yaml_listing(stage_dir), ";",
+            "for d in", applies, "; do d=${d%/}; [ -d \"$d\" ] || continue;",
+            "if [ -e \"$d/confirmed\" ] || [ -e \"$d/reverted\" ]; then continue; fi;",
+            "if [ -L \"$d/decided\" ]; then echo \"apply $d $(readlink \"$d/decided\")\";",
+            "elif [ ! -e \"$d/decided\" ]; then echo \"apply $d pending\"; fi; done; true",
         )
 
-    def process(self, output: list[str]) -> dict[str, NetplanFileDict]:
-        files: dict[str, NetplanFileDict] = {}
-        for line in output:
-            parts = line.split(" ")
-            if len(parts) < 2 or not parts[0].startswith("/"):
-                continue
-            try:
-                text = base64.b64decode(parts[2] if len(parts) > 2 else "").decode("utf-8", "replace")
-            except (binascii.Error, ValueError):
-                text = ""
-            files[parts[0]] = {"mode": parts[1], "text": text}
-        return files
+    def process(self, output: list[str]) -> NetplanStateDict:
+        cut = output.index("staged") if "staged" in output else len(output)
+        undecided = {}
+        for line in output[cut + 1:]:
+            words = line.split(" ")
+            if len(words) == 3 and words[0] == "apply" and words[2] in ("pending", "revert", "confirm"):
+                undecided[words[1]] = words[2]
+        return {"files": _parse_listing(output[:cut]), "staged": _parse_listing(output[cut + 1:]),
+                "undecided": undecided}
 
 
 class GidDict(TypedDict):

@@ -2,8 +2,9 @@
 
 No host, no state, no I/O: the rank operations read `RankInputs` of both Sparks (operations/facts/rank.py) and ask
 `pair_plan` what to do, so both Sparks reach the same verdict from the same data, and a test can call it with
-plain dicts. The pair is recreated together: when either rank is missing, stopped or runs another spec (or a
-restart is asked for), both are removed and started again, rank 1 first.
+plain dicts. The pair is recreated together: when either rank is missing, stopped or runs another spec, or will be
+stopped by this run (Docker restarts on its Spark), or a restart is asked for, both are removed and started again,
+rank 1 first.
 """
 
 from __future__ import annotations
@@ -64,6 +65,7 @@ class PairPlan:
     records: tuple[Records, Records] = (Records((), ""), Records((), ""))  # each Spark's generation records
 
     image: str = ""  # the image both ranks should run
+    docker_restarts: tuple[str, str] = ("", "")  # why this run restarts Docker on the head, the worker ("": not)
 
     @property
     def switch(self) -> Switch:
@@ -154,18 +156,24 @@ def foreign(where: str, name: str, container: Mapping[str, Any]) -> str | None:
     return None
 
 
-def pair_verdict(ranks: list[tuple[int, Mapping[str, Any], str | None]], force: bool) -> list[str]:
+def pair_verdict(ranks: list[tuple[int, Mapping[str, Any], str | None]], force: bool,
+                 stopped: Mapping[int, str] | None = None) -> list[str]:
     """Why the pair must be recreated ([] = leave it running). ranks: (rank, container fact, wanted spec hash or
-    None when not known yet)."""
+    None when not known yet); stopped: rank -> what of this run stops it before the pair step (a Docker restart)."""
     reasons = ["a restart was asked for (restart = true)"] if force else []
+    stopped = stopped or {}
     for rank, c, want in sorted(ranks, key=lambda r: r[0]):
         if not c:
             reasons.append(f"rank {rank} has no container")
         elif not c.get("running"):
             reasons.append(f"rank {rank} is not running ({c.get('status', '?')}, exit code {c.get('exit_code')}"
                            f"{', killed by the OOM killer' if c.get('oom_killed') else ''})")
-        elif want and (c.get("labels") or {}).get(LABEL_HASH) != want:
-            reasons.append(f"rank {rank}'s settings or image changed")
+        else:
+            # running now, but the restart stops it: the pair step finds it stopped and starts the pair again
+            if stopped.get(rank):
+                reasons.append(f"rank {rank} restarts: {stopped[rank]}")
+            if want and (c.get("labels") or {}).get(LABEL_HASH) != want:
+                reasons.append(f"rank {rank}'s settings or image changed")
     return reasons
 
 
@@ -208,16 +216,20 @@ def rank_inputs_args(s: Settings, image: str) -> dict[str, Any]:
 
 
 def pair_plan(head: Settings, worker: Settings, head_found: RankInputsDict, worker_found: RankInputsDict, *,
-              image: str, template_digest: str, force: bool) -> PairPlan:
+              image: str, template_digest: str, force: bool,
+              docker_restarts: tuple[str, str] = ("", "")) -> PairPlan:
     """The pair's plan from both Sparks' settings and inputs. image: the image both ranks run (image_ref);
-    template_digest: sha256 of the chat template rank 0 serves; force: the `restart` setting."""
+    template_digest: sha256 of the chat template rank 0 serves; force: the `restart` setting; docker_restarts: why
+    this run's docker step restarts Docker on the head, on the worker ("" where it does not; operations/docker)."""
     sides = ((head, head_found, "head"), (worker, worker_found, "worker"))
     built = [_side(s, mine, head_found, image, template_digest) for s, mine, _where in sides]
     containers = [mine.get("container") or {} for _s, mine, _where in sides]
     refusals = [r for (s, _mine, where), c in zip(sides, containers, strict=True)
                 for r in [foreign(where, s.container_name, c)] if r]
+    stopped = {rank: f"Docker restarts on the {where} ({why})"
+               for rank, ((_s, _mine, where), why) in enumerate(zip(sides, docker_restarts, strict=True)) if why}
     reasons = pair_verdict([(rank, containers[rank], spec.spec_hash() if spec else None)
-                            for rank, (spec, _problems) in enumerate(built)], force)
+                            for rank, (spec, _problems) in enumerate(built)], force, stopped)
     ranks = []
     for rank, ((s, mine, where), (spec, problems), container) in enumerate(zip(sides, built, containers,
                                                                                 strict=True)):
@@ -236,4 +248,5 @@ def pair_plan(head: Settings, worker: Settings, head_found: RankInputsDict, work
                                  (found.get("generations") or {}).get("last_good") or "")
                     for found in (head_found, worker_found))
     return PairPlan((ranks[0], ranks[1]), tuple(reasons), tuple(refusals),
-                    generation_of([spec for spec, _problems in built]), running, (records[0], records[1]), image)
+                    generation_of([spec for spec, _problems in built]), running, (records[0], records[1]), image,
+                    docker_restarts)

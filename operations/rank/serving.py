@@ -27,14 +27,14 @@ LOG_LINES = 25
 SMOKE_TIMEOUT_S = 300  # per request: a first reply after a cold start can take minutes
 
 
-def _headers(api_key: str) -> dict:
+def auth_headers(api_key: str) -> dict:
     return {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
 
 def models_listed(base_url: str, served_name: str, api_key: str = "", timeout: float = 5) -> str | None:
     """None when GET /v1/models lists served_name; else what went wrong."""
     try:
-        r = requests.get(f"{base_url}/v1/models", headers=_headers(api_key), timeout=timeout)
+        r = requests.get(f"{base_url}/v1/models", headers=auth_headers(api_key), timeout=timeout)
     except requests.RequestException as e:
         return f"no answer from {base_url}/v1/models ({type(e).__name__})"
     if r.status_code == 401:

@@ -1,11 +1,13 @@
-"""Download a Hugging Face revision (resumable), verify sizes, then write .sparkfold-complete.json.
+"""Download a Hugging Face revision, verify sizes, then write .sparkfold-complete.json.
 
     hf_fetch.py --repo ORG/NAME --revision REV (--cache-dir HUB | --local-dir DIR) [--include PATTERN ...]
-                [--expect-model-type TYPE]
+                [--expect-model-type TYPE] [--max-workers N] [--every S]
 
-snapshot_download resumes interrupted files by itself. The token comes from HF_TOKEN or HF_TOKEN_PATH (never an
-argument) and HF_ENDPOINT selects a mirror. tqdm's carriage-return bars are turned off; instead one newline-
-terminated progress line goes to stderr every --every seconds, so pyinfra's -v shows it live.
+snapshot_download fetches --max-workers files at once, through hf_xet where the Hub stores a file in Xet (and
+HF_XET_HIGH_PERFORMANCE, from the sourced hf-env file, turns its fast mode on); a file it already has is not fetched
+again. The token comes from HF_TOKEN or HF_TOKEN_PATH (never an argument), HF_ENDPOINT selects a mirror, and the
+timeouts and proxies of the hf-env file are read by huggingface_hub itself. tqdm's carriage-return bars are turned
+off; instead one newline-terminated progress line goes to stderr every --every seconds, so pyinfra's -v shows it live.
 Exit 1 with a one-line reason on any failure. Sent to the head after hf_cache.py and hf_plan.py.
 """
 
@@ -24,7 +26,52 @@ if not globals().get("_BUNDLED"):  # run from a checkout
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "util"))
     from hf_cache import *  # noqa: F401,F403
-    from hf_plan import _token, hub_files, model_type, parse_args, still_to_fetch
+    from hf_plan import _token, model_type, parse_args
+
+
+def hub_files(repo, revision, patterns):
+    """(commit, [(path, size, etag)]) of the revision's files that match the patterns, from the Hub: what the
+    download is checked against and its progress counted in."""
+    from huggingface_hub import HfApi
+
+    info = HfApi(endpoint=os.environ.get("HF_ENDPOINT") or None).model_info(
+        repo, revision=revision, files_metadata=True, token=_token())
+    files = []
+    for sibling in info.siblings or []:
+        if matches(sibling.rfilename, patterns):
+            etag = sibling.lfs.sha256 if sibling.lfs else sibling.blob_id
+            files.append((sibling.rfilename, sibling.lfs.size if sibling.lfs else sibling.size, etag))
+    return info.sha, files
+
+
+def still_to_fetch(args, commit, files):
+    """([[path, size]] not in place, bytes not yet on disk): stat only, for the progress lines and the final check.
+    A file being written counts its partial bytes (huggingface_hub writes <etag>.<tmp>.incomplete beside the blobs,
+    or <path>.<tmp>.incomplete under a local_dir's .cache/huggingface/download)."""
+    missing, need = [], 0
+    if args.local_dir:
+        folder, partial, blobs = args.local_dir, incomplete_local(args.local_dir), None
+    else:
+        repo_folder = repo_dir(args.cache_dir, args.repo)
+        folder, partial = os.path.join(repo_folder, "snapshots", commit), incomplete_blobs(repo_folder)
+        blobs = os.path.join(repo_folder, "blobs")
+    for path, size, etag in files:
+        try:
+            if os.stat(os.path.join(folder, path)).st_size == size:
+                continue
+        except OSError:
+            pass
+        missing.append([path, size])
+        if blobs and etag:
+            try:
+                if os.stat(os.path.join(blobs, etag)).st_size == size:
+                    continue  # another revision holds this blob: only the symlink is missing
+            except OSError:
+                pass
+        keys = (etag,) if blobs else (path, f"{path}.{etag}", etag)
+        done = max(partial.get(key, 0) for key in keys)
+        need += max((size or 0) - done, 0)
+    return missing, need
 
 
 def fetch_args(argv):
@@ -77,7 +124,8 @@ def main(argv=None):
     try:
         where = {"local_dir": args.local_dir} if args.local_dir else {"cache_dir": args.cache_dir}
         folder = snapshot_download(args.repo, revision=commit, allow_patterns=args.include or None,
-                                   token=_token(), endpoint=os.environ.get("HF_ENDPOINT") or None, **where)
+                                   token=_token(), endpoint=os.environ.get("HF_ENDPOINT") or None,
+                                   max_workers=args.max_workers, **where)
     except Exception as e:
         print(f"sparkfold: download of {args.repo} stopped ({type(e).__name__}: {e}); re-run to resume",
               file=sys.stderr)

@@ -1,22 +1,35 @@
-"""Compare a local Hugging Face download with a revision's file list; print one JSON line; always exit 0.
+"""What a Hugging Face download still needs on the head; print one JSON line; always exit 0.
 
     hf_plan.py --repo ORG/NAME --revision REV (--cache-dir HUB | --local-dir DIR) [--include PATTERN ...]
+               [--max-workers N]
 
 Output: {"complete": bool, "missing": [[path, size]], "missing_bytes": N, "commit": sha, "total_bytes": N,
 "offline": bool, "model_type": str|null, "manifest": bool, "error": str|null}.
-A folder whose .sparkfold-complete.json (written by hf_fetch) covers the request and matches the files on disk is
-answered offline. Otherwise the Hub is asked (HfApi, or its REST API when huggingface_hub is absent), honouring
-HF_ENDPOINT, HF_TOKEN and HF_TOKEN_PATH. missing_bytes counts only what a download still transfers: a blob another
-revision already holds costs nothing, and an interrupted .incomplete file only its remainder.
-Sent to the head as one script after operations/util/hf_cache.py (see operations/remote/__init__.py).
+
+- A folder whose .sparkfold-complete.json (written by hf_fetch) covers the request and matches the files on disk is
+  answered offline, with the standard library only: a converged run asks neither the Hub nor huggingface_hub.
+- Otherwise huggingface_hub plans it: the revision is resolved to its commit, then snapshot_download(dry_run=True)
+  says, file by file, whether a download would fetch it and how large it is (a blob another revision already holds
+  is not fetched again; a partial file of a killed download is, since huggingface_hub 2 never resumes one). The dry
+  run writes nothing: resolving the commit first keeps it from writing a ref, and a local_dir is planned through a
+  scratch copy of its listing and bookkeeping (huggingface_hub's dry run writes locks and metadata into the folder
+  it is given).
+- Without huggingface_hub (a fresh head, before the deploy installs it) or with one that has no dry run, the answer
+  says so, and sizes are unknown until the deploy has installed hf_hub_version.
+HF_ENDPOINT, HF_TOKEN / HF_TOKEN_PATH and the variables of the hf-env file (timeouts, proxies) are read by
+huggingface_hub itself. Sent to the head as one script after operations/util/hf_cache.py
+(operations/remote/__init__.py).
 """
 
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import os
+import shutil
 import sys
+import tempfile
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # the same module as below, named so mypy can follow it
@@ -24,6 +37,8 @@ if TYPE_CHECKING:  # the same module as below, named so mypy can follow it
 if not globals().get("_BUNDLED"):  # run from a checkout: hf_cache lives in ../util
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "util"))
     from hf_cache import *  # noqa: F401,F403
+
+os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # before huggingface_hub is imported
 
 
 def parse_args(argv):
@@ -34,10 +49,12 @@ def parse_args(argv):
     where.add_argument("--cache-dir")
     where.add_argument("--local-dir")
     parser.add_argument("--include", action="append", default=[])
+    parser.add_argument("--max-workers", type=int, default=8)
     return parser.parse_args(argv)
 
 
 def _token():
+    """HF_TOKEN, else the file HF_TOKEN_PATH names (the deploy's 0600 copy); None lets huggingface_hub look."""
     token = os.environ.get("HF_TOKEN", "")
     path = os.environ.get("HF_TOKEN_PATH", "")
     if not token and path:
@@ -47,43 +64,6 @@ def _token():
         except OSError:
             pass
     return token or None
-
-
-def hub_files(repo, revision, patterns):
-    """(commit, [(path, size, etag)]) of the revision's files that match the patterns, from the Hub."""
-    try:
-        from huggingface_hub import HfApi
-    except ImportError:
-        return _hub_files_rest(repo, revision, patterns)
-    info = HfApi(endpoint=os.environ.get("HF_ENDPOINT") or None).model_info(
-        repo, revision=revision, files_metadata=True, token=_token())
-    files = []
-    for sibling in info.siblings or []:
-        if matches(sibling.rfilename, patterns):
-            etag = sibling.lfs.sha256 if sibling.lfs else sibling.blob_id
-            files.append((sibling.rfilename, sibling.lfs.size if sibling.lfs else sibling.size, etag))
-    return info.sha, files
-
-
-def _hub_files_rest(repo, revision, patterns):
-    import urllib.parse
-    import urllib.request
-
-    endpoint = (os.environ.get("HF_ENDPOINT") or "https://huggingface.co").rstrip("/")
-    url = f"{endpoint}/api/models/{repo}/revision/{urllib.parse.quote(revision, safe='')}?blobs=true"
-    req = urllib.request.Request(url)
-    token = _token()
-    if token:
-        req.add_header("Authorization", f"Bearer {token}")
-    with urllib.request.urlopen(req, timeout=30) as response:
-        info = json.load(response)
-    files = []
-    for sibling in info.get("siblings") or []:
-        if matches(sibling["rfilename"], patterns):
-            lfs = sibling.get("lfs")
-            files.append((sibling["rfilename"], lfs["size"] if lfs else sibling.get("size"),
-                          lfs["sha256"] if lfs else sibling.get("blobId")))
-    return info["sha"], files
 
 
 def local_folder(args):
@@ -105,7 +85,7 @@ def model_type(folder):
 
 
 def offline_plan(args):
-    """The answer for a complete, manifest-covered folder, or None when the Hub must be asked."""
+    """The answer for a complete, manifest-covered folder, or None when huggingface_hub must be asked."""
     folder, commit = local_folder(args)
     if not folder:
         return None
@@ -118,50 +98,73 @@ def offline_plan(args):
             "manifest": True, "error": None}
 
 
-def still_to_fetch(args, commit, files):
-    """([[path, size]] not in place, bytes a download still transfers)."""
-    missing, need = [], 0
-    if args.local_dir:
-        folder, partial, blobs = args.local_dir, incomplete_local(args.local_dir), None
-    else:
-        repo_folder = repo_dir(args.cache_dir, args.repo)
-        folder, partial = os.path.join(repo_folder, "snapshots", commit), incomplete_blobs(repo_folder)
-        blobs = os.path.join(repo_folder, "blobs")
-    for path, size, etag in files:
-        try:
-            if os.stat(os.path.join(folder, path)).st_size == size:
-                continue
-        except OSError:
-            pass
-        missing.append([path, size])
-        if blobs and etag:
-            try:
-                if os.stat(os.path.join(blobs, etag)).st_size == size:
-                    continue  # another revision holds this blob: only the symlink is missing
-            except OSError:
-                pass
-        done = partial.get(etag, 0) if blobs else max(partial.get(path, 0), partial.get(f"{path}.{etag}", 0))
-        need += max((size or 0) - done, 0)
-    return missing, need
+def unknown(args, error):
+    """The answer when the Hub or huggingface_hub cannot say: what is known offline, and why no more."""
+    folder, commit = local_folder(args)
+    return {"complete": False, "missing": [], "missing_bytes": None, "commit": commit, "total_bytes": None,
+            "offline": True, "model_type": model_type(folder) if folder else None, "manifest": False,
+            "error": error[:400]}
+
+
+def shadow_local_dir(local_dir, scratch):
+    """A stand-in for `local_dir` that huggingface_hub's dry run may write into: a symlink to each file, and a copy
+    of huggingface_hub's bookkeeping (.cache/huggingface: per-file metadata, tree listings); its locks and partial
+    files are left out. The dry run then sees what it would see in `local_dir`, and `local_dir` stays untouched."""
+    shadow = os.path.join(scratch, "local")
+    os.makedirs(shadow)
+    if not os.path.isdir(local_dir):
+        return shadow
+    bookkeeping = os.path.join(local_dir, ".cache", "huggingface")
+    if os.path.isdir(bookkeeping):
+        shutil.copytree(bookkeeping, os.path.join(shadow, ".cache", "huggingface"), symlinks=True,
+                        ignore=shutil.ignore_patterns("*.lock", "*" + PARTIAL_SUFFIX))
+    for path in list_files(local_dir):
+        link = os.path.join(shadow, path)
+        os.makedirs(os.path.dirname(link), exist_ok=True)
+        os.symlink(os.path.abspath(os.path.join(local_dir, path)), link)
+    return shadow
+
+
+def hub_plan(args):
+    """huggingface_hub's own plan of the download (see the module's docstring), as the JSON answer."""
+    try:
+        from huggingface_hub import HfApi, snapshot_download
+        from huggingface_hub import __version__ as hub_version
+    except ImportError:
+        return unknown(args, "huggingface_hub is not installed on the head yet (the deploy installs hf_hub_version "
+                             "before it downloads)")
+    if "dry_run" not in inspect.signature(snapshot_download).parameters:
+        return unknown(args, f"huggingface_hub {hub_version} on the head cannot plan a download (no dry_run): the "
+                             "deploy installs hf_hub_version")
+    token, endpoint = _token(), os.environ.get("HF_ENDPOINT") or None
+    try:
+        # by commit, so that the dry run writes no ref (it records a branch's commit even when it only plans)
+        commit = args.revision if is_commit(args.revision) else \
+            HfApi(endpoint=endpoint).repo_info(args.repo, revision=args.revision, token=token).sha or ""
+        if not commit:
+            return unknown(args, f"the Hub named no commit for {args.repo}@{args.revision}")
+        with tempfile.TemporaryDirectory(prefix="sparkfold-plan-") as scratch:
+            where = ({"local_dir": shadow_local_dir(args.local_dir, scratch)} if args.local_dir
+                     else {"cache_dir": args.cache_dir})
+            infos = snapshot_download(args.repo, revision=commit, allow_patterns=args.include or None, token=token,
+                                      endpoint=endpoint, max_workers=args.max_workers, dry_run=True, **where)
+    except Exception as e:  # offline, refused (gated/401), unknown revision: report, never fail the fact
+        return unknown(args, f"{type(e).__name__}: {e}")
+    folder = args.local_dir or snapshot_dir(args.cache_dir, args.repo, commit)
+    # not in place: a download fetches it, or links it from a blob or the cache that already holds it (no bytes)
+    missing = [i for i in infos if i.will_download or not os.path.exists(os.path.join(folder, i.filename))]
+    manifest = read_manifest(folder) or {}
+    return {"complete": not missing and bool(infos),
+            "missing": sorted([i.filename, i.file_size] for i in missing),
+            "missing_bytes": sum(i.file_size or 0 for i in missing if i.will_download), "commit": commit,
+            "total_bytes": sum(i.file_size or 0 for i in infos), "offline": False, "model_type": model_type(folder),
+            "manifest": bool(manifest) and manifest.get("commit") == commit
+            and manifest_covers(manifest, args.repo, args.revision, args.include),
+            "error": None if infos else f"no file of {args.repo}@{args.revision} matches {args.include}"}
 
 
 def plan(args):
-    answer = offline_plan(args)
-    if answer:
-        return answer
-    folder, local_commit = local_folder(args)
-    try:
-        commit, files = hub_files(args.repo, args.revision, args.include)
-    except Exception as e:  # offline, refused (gated/401), unknown revision: report, never fail the fact
-        return {"complete": False, "missing": [], "missing_bytes": None, "commit": local_commit, "total_bytes": None,
-                "offline": True, "model_type": model_type(folder) if folder else None, "manifest": False,
-                "error": f"{type(e).__name__}: {e}"[:400]}
-    missing, need = still_to_fetch(args, commit, files)
-    folder = args.local_dir or snapshot_dir(args.cache_dir, args.repo, commit)
-    return {"complete": not missing and bool(files), "missing": missing, "missing_bytes": need, "commit": commit,
-            "total_bytes": sum(f[1] or 0 for f in files), "offline": False, "model_type": model_type(folder),
-            "manifest": read_manifest(folder) is not None,
-            "error": None if files else f"no file of {args.repo}@{args.revision} matches {args.include}"}
+    return offline_plan(args) or hub_plan(args)
 
 
 def main(argv=None):

@@ -8,11 +8,12 @@ made for this copy (sent over ssh; rsync's challenge and the receiver's HMAC pro
 live as long as the ssh session that started them: when the copy ends, or the run that started it is gone, the
 session ends and so do they.
 
-Files the worker lacks are streamed first, several at once, each straight from the page cache (sendfile) into its
-place on the worker: nearly the cable's rate, where rsync's own protocol costs about twice the CPU. rsync then
-goes over everything: what a stream left half-written (an interrupted copy) resumes with rsync's delta from what
-is there, and symlinks, modes and times are made exact. The worker checks the files against their SHA256SUMS
-afterwards, as before.
+Files the worker lacks are streamed first, several at once, each straight from the page cache (sendfile) to the
+worker: nearly the cable's rate, where rsync's own protocol costs about twice the CPU. A file is written under
+PARTIAL_DIR beside its place and moved to its name only once whole. rsync then goes over everything with the same
+--partial-dir: what a stream left half-written (an interrupted copy) resumes with rsync's delta from that part,
+and symlinks, modes and times are made exact. The worker checks the files against their SHA256SUMS afterwards
+(operations/data/copy.folder_verified, which removes a file that fails so that the next run copies it again).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 MODULE = "sparkfold"
+PARTIAL_DIR = ".sparkfold-partial"  # rsync's --partial-dir, relative: a folder of parts in each file's own folder
 TRIES = 5  # ports tried (another program may hold one)
 REFUSED = 10  # rsync: "error in socket IO", i.e. the daemon is not listening (yet)
 STREAMS = 4  # files streamed at once: one stream is held to one core's rate on each end
@@ -44,19 +46,30 @@ CONNECT_TIMEOUT_S = 5  # the receiver is one cable away: no answer means a firew
 RSYNC_TIMEOUT_S = 600  # rsync that moves nothing this long (keep-alives included) has lost the worker's daemon
 
 # The worker's receiver: one file per connection, after an HMAC of a fresh nonce with the copy's secret. A file
-# the worker already has (any size) is skipped: rsync's delta finishes it. Paths stay inside the destination.
+# the worker already has (any size), or a part of it, is skipped: rsync's delta finishes it. Each path is walked
+# beneath the destination one folder at a time through open folders (no symlink followed, even one swapped in
+# meanwhile); a file is written under PARTIAL_DIR and moved to its name only once whole.
 RECEIVER = r"""
 import hashlib, hmac, json, os, secrets, socket, sys, threading, time
-address, port, dest, secret_file, client, port_file = sys.argv[1:7]
-secret = open(secret_file).read().strip().split(":", 1)[1].encode()
-root = os.path.realpath(dest)
-srv = socket.socket(socket.AF_INET6 if ":" in address else socket.AF_INET)
-srv.bind((address, int(port)))
-srv.listen(16)
-with open(port_file + ".tmp", "w") as f:
-    f.write(port)
-os.rename(port_file + ".tmp", port_file)
+address, dest, secret_file, client, port_file, partial = sys.argv[1:7]
+
+def tell_port(text):  # the daemon script waits for this file: the port, or "" when there is none
+    with open(port_file + ".tmp", "w") as f:
+        f.write(text)
+    os.rename(port_file + ".tmp", port_file)
+
+try:
+    secret = open(secret_file).read().strip().split(":", 1)[1].encode()
+    root = os.open(dest, os.O_RDONLY | os.O_DIRECTORY)  # every path is walked from here, never looked up by name
+    srv = socket.socket(socket.AF_INET6 if ":" in address else socket.AF_INET)
+    srv.bind((address, 0))  # a port the OS picks: no other program holds it
+    srv.listen(16)
+except Exception:
+    tell_port("")
+    raise
+tell_port(str(srv.getsockname()[1]))
 slots = threading.BoundedSemaphore(8)  # streams at once: the head sends 4
+partials = threading.Lock()  # a part is made and moved in place whole, never beside another stream's rmdir
 
 def line(c, deadline, limit=4096):
     out = b""
@@ -67,14 +80,69 @@ def line(c, deadline, limit=4096):
         out += b
     return out[:-1].decode()
 
-def place(rel):
+def parts_of(rel):
     parts = rel.split("/") if isinstance(rel, str) and "\0" not in rel else [""]
-    if rel.startswith("/") or any(p in ("", ".", "..") for p in parts):
+    if any(p in ("", ".", "..", partial) for p in parts):  # "" also refuses "/abs" and "a//b"
         raise ValueError(rel)
-    path = os.path.join(root, *parts)
-    if not (os.path.realpath(os.path.dirname(path)) + "/").startswith(root + "/"):
-        raise ValueError(rel)
-    return path
+    return parts
+
+def subfolder(fd, name):
+    # made when absent; O_NOFOLLOW: a symlink in a folder's place, even one swapped in just now, is refused
+    try:
+        os.mkdir(name, 0o700, dir_fd=fd)
+    except FileExistsError:
+        pass
+    return os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+
+def present(name, fd):
+    try:
+        os.stat(name, dir_fd=fd, follow_symlinks=False)
+        return True
+    except FileNotFoundError:
+        return False
+
+def receive(c, head):
+    parts, size, mtime = parts_of(head["path"]), int(head["size"]), int(head["mtime_ns"])
+    fds = [os.dup(root)]
+    try:
+        for name in parts[:-1]:
+            fds.append(subfolder(fds[-1], name))
+        folder, name = fds[-1], parts[-1]
+        with partials:
+            # a file the worker has (any size), or a cut stream's part: rsync's delta finishes it
+            if present(name, folder):
+                c.sendall(b"skip\n")
+                return
+            fds.append(subfolder(folder, partial))
+            if present(name, fds[-1]):
+                c.sendall(b"skip\n")
+                return
+            out = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600, dir_fd=fds[-1])
+        with os.fdopen(out, "wb") as f:
+            c.sendall(b"go\n")
+            c.settimeout(60)
+            left = size
+            while left:
+                chunk = c.recv(min(1 << 20, left))
+                if not chunk:
+                    raise EOFError
+                f.write(chunk)
+                left -= len(chunk)
+            f.flush()
+            os.fchmod(f.fileno(), int(head["mode"]) & 0o755)
+            os.utime(f.fileno(), ns=(mtime, mtime))
+        with partials:  # whole: only now at its name
+            if present(name, folder):
+                raise FileExistsError(name)
+            os.rename(name, name, src_dir_fd=fds[-1], dst_dir_fd=folder)
+            try:
+                os.rmdir(partial, dir_fd=folder)
+            except OSError:
+                pass  # another file's part is still there
+        c.sendall(b"ok\n")
+    finally:
+        for fd in fds:
+            os.close(fd)
 
 def handle(c):
     try:
@@ -84,26 +152,7 @@ def handle(c):
         c.sendall(nonce.encode() + b"\n")
         if not hmac.compare_digest(line(c, deadline), hmac.new(secret, nonce.encode(), hashlib.sha256).hexdigest()):
             return
-        head = json.loads(line(c, deadline))
-        path, size = place(head["path"]), int(head["size"])
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        if os.path.lexists(path):
-            c.sendall(b"skip\n")
-            return
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-        c.sendall(b"go\n")
-        c.settimeout(60)
-        with os.fdopen(fd, "wb") as f:
-            left = size
-            while left:
-                chunk = c.recv(min(1 << 20, left))
-                if not chunk:
-                    raise EOFError
-                f.write(chunk)
-                left -= len(chunk)
-            os.fchmod(f.fileno(), int(head["mode"]) & 0o755)
-        os.utime(path, ns=(int(head["mtime_ns"]), int(head["mtime_ns"])))
-        c.sendall(b"ok\n")
+        receive(c, json.loads(line(c, deadline)))
     except Exception:
         pass
     finally:
@@ -118,13 +167,17 @@ while True:
     threading.Thread(target=handle, args=(conn,), daemon=True).start()
 """
 
-# Exit 0 once process PID holds a listening TCP socket on PORT; 1 when it has ended or 5 s have passed. Its own
-# socket, not just the port: another program's listener on it would take the rsync client's connection.
+# Exit 0 once process PID holds a listening TCP socket on PORT; 1 once it has ended (a zombie too: its shell has
+# not waited for it yet) or after a minute. Its own socket, not just the port: another program's listener on it
+# would take the rsync client's connection.
 LISTENS = r"""
 import os, sys, time
 pid, port = sys.argv[1], int(sys.argv[2])
-for _ in range(500):
+deadline = time.monotonic() + 60
+while time.monotonic() < deadline:
     try:
+        if open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] == "Z":
+            sys.exit(1)
         fds = os.listdir(f"/proc/{pid}/fd")
     except OSError:
         sys.exit(1)
@@ -147,13 +200,20 @@ for _ in range(500):
 sys.exit(1)
 """
 
-# On the worker: the daemon's files in a private temporary folder, the daemon in the background, then wait for the
-# head to close this session's stdin (the copy's end, or the run's); the first stdin line is the secret.
+# On the worker: the daemon's files in a private temporary folder, the daemon and the receiver in the background,
+# then wait for the head to close this session's stdin (the copy's end, or the run's); the first stdin line is the
+# secret. Every way out (that end, a failure, a signal) stops both and then removes the folder with the secret.
 DAEMON = r"""set -e
 umask 077
+d= pids=
+# `|| true`: under set -e, wait's 143 for the child just killed would end the trap before the rm
+trap 'for p in $pids; do kill $p 2>/dev/null || true; done; for p in $pids; do wait $p 2>/dev/null || true; done
+[ -z "$d" ] || rm -rf "$d"' EXIT
+trap 'exit 129' HUP
+trap 'exit 130' INT
+trap 'exit 143' TERM
 mkdir -p {dest}
 d=$(mktemp -d)
-trap 'kill $pid 2>/dev/null; wait $pid 2>/dev/null; rm -rf "$d"' EXIT
 IFS= read -r secret
 printf '{module}:%s\n' "$secret" > "$d/secrets"
 # root's daemon would otherwise become nobody; any other user's stays itself (and may not set groups)
@@ -170,16 +230,14 @@ hosts allow = ${{SSH_CONNECTION%% *}}
 EOF
 rsync --daemon --no-detach --address={address} --port={port} --config="$d/conf" --log-file=/dev/null &
 daemon=$!
-python3 -c {receiver} {address} {stream_port} {dest} "$d/secrets" "${{SSH_CONNECTION%% *}}" "$d/port" &
-receiver=$!
-pid="$daemon $receiver"
+pids=$daemon
+python3 -c {receiver} {address} {dest} "$d/secrets" "${{SSH_CONNECTION%% *}}" "$d/port" {partial} &
+pids="$daemon $!"
 # "started" only once the daemon listens (a port another program holds ends it: the head then tries another)
 if python3 -c {listens} $daemon {port}; then
-  for _ in $(seq 250); do
-    [ -e "$d/port" ] && break
-    kill -0 $receiver 2>/dev/null || break  # it could not listen: rsync carries every file
-    sleep 0.02
-  done
+  # the receiver writes its port, or nothing when it cannot listen (rsync then carries every file)
+  n=0
+  while [ ! -e "$d/port" ] && [ $n -lt 3000 ]; do sleep 0.02; n=$((n + 1)); done
   echo "started $(cat "$d/port" 2>/dev/null)"
 else
   echo "not-listening"
@@ -194,11 +252,12 @@ def url_host(address: str) -> str:
 
 def start_daemon(ssh: list[str], target: str, address: str, port: int, dest: str,
                  secret: str) -> tuple[subprocess.Popen, str, int | None]:
-    """The worker's rsync daemon on `port` and receiver on port + 1: (their ssh session, "started" / "not-listening"
-    / "" when ssh itself failed, the receiver's port or None when it could not listen: rsync then carries every
-    file)."""
+    """The worker's rsync daemon on `port` and receiver on a port the OS picks: (their ssh session, "started" /
+    "not-listening" / "" when ssh itself failed, the receiver's port or None when it could not listen: rsync then
+    carries every file)."""
     script = DAEMON.format(dest=shlex.quote(dest), module=MODULE, address=shlex.quote(address), port=port,
-                           listens=shlex.quote(LISTENS), stream_port=port + 1, receiver=shlex.quote(RECEIVER))
+                           listens=shlex.quote(LISTENS), receiver=shlex.quote(RECEIVER),
+                           partial=shlex.quote(PARTIAL_DIR))
     proc = subprocess.Popen([*ssh, target, script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     assert proc.stdin and proc.stdout
     try:
@@ -339,7 +398,7 @@ def main(argv: list[str] | None = None) -> int:
     address = args.target.rsplit("@", 1)[-1]
     rc = 1
     for _ in range(TRIES):
-        secret, port = secrets.token_hex(24), random.randint(20000, 59998)  # and port + 1 (docs/security.md)
+        secret, port = secrets.token_hex(24), random.randint(20000, 59998)  # docs/security.md
         daemon, state, stream_port = start_daemon(shlex.split(args.ssh), args.target, address, port, args.dest,
                                                   secret)
         try:

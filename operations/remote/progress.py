@@ -174,6 +174,8 @@ def run(args: argparse.Namespace) -> int:
         return watch(args, relay, proc, log.name, first)
     except Gone:
         stop()
+    finally:  # an interrupted run too: stop's exit passes here
+        os.unlink(log.name)
     return 1
 
 
@@ -236,7 +238,6 @@ def watch(args: argparse.Namespace, relay: Relay | None, proc: subprocess.Popen 
     elapsed = time.monotonic() - start
     with open(log_name, errors="replace") as f:
         tail = f.read().replace("\r", "\n").splitlines()[-30:]
-    os.unlink(log_name)
     if rc != 0:
         print(f"{args.label}: failed after {clock(elapsed)}; its last output:", file=sys.stderr)
         print("\n".join(tail), file=sys.stderr)

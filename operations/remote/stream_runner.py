@@ -21,13 +21,13 @@ import hashlib
 import posixpath
 import shlex
 
+from operations.layout import BOOT_ID
 from operations.util.peer_ssh import RUN_TOKEN
 from operations.util.session import FIND_SESSION, STAT_FUNCTIONS
 
 STATE_FILES = ("run", "inputs", "lane", "label", "after", "queued", "began", "ended", "rc")  # what the fact reads
 STOPPED_RC = 143  # the runner's status when it was stopped (SIGTERM: its run is gone, or a new run restarts it)
 _SCRIPT_EOF = "SPARKFOLD_STREAM_EOF"
-BOOT_ID = "/proc/sys/kernel/random/boot_id"
 
 # alive DIR: the stream in DIR has a runner that still runs (same boot, same start time: not a reused pid)
 ALIVE = ('alive() { [ -f "$1/pid" ] && [ "$(cat "$1/boot" 2>/dev/null)" = "$(cat ' + BOOT_ID + ')" ] && '

@@ -5,6 +5,8 @@ from operations.settings.rules import (
            MAX_CONTEXT,
            PAIR_SETTINGS,
            PREBUILT_REFERENCE,
+           placed_paths,
+           resolved_path_problems,
            validate,
            validate_all,
            validate_pair,
@@ -13,4 +15,4 @@ from operations.settings.sources import Layers, env_names, load, meanings, passt
 
 __all__ = ["MAX_CONTEXT", "PAIR_SETTINGS", "PASSTHROUGH_PREFIXES", "PREBUILT_REFERENCE", "PROJECT_ROOT",
            "SETTING_NAMES", "Layers", "Rail", "Settings", "env_names", "pair", "load", "meanings", "passthrough_note",
-           "validate", "validate_all", "validate_pair"]
+           "placed_paths", "resolved_path_problems", "validate", "validate_all", "validate_pair"]

@@ -13,6 +13,8 @@ from pyinfra.api.host import Host
 from pyinfra.facts.server import Home
 
 from operations.settings import Layers, Settings, load, pair, validate_all
+from operations.settings.site import ssh_target
+from operations.settings.sources import saved_hf_token
 from operations.util.ssh_socket import send_without_delay
 
 _loaded: dict[str, tuple[Settings, list[str]]] = {}
@@ -30,7 +32,7 @@ def _load(spark: Host) -> tuple[Settings, list[str]]:
         send_without_delay(spark)  # every run reads its settings first: from here on, each command is sent at once
         # a Spark that did not answer (only the read-only tools go on without one) is not asked again
         home = (spark.get_fact(Home) if spark.connected else None) or f"/home/{spark.data.get('ssh_user') or 'root'}"
-        _loaded[spark.name] = load(layers_of(spark), os.environ, home)
+        _loaded[spark.name] = load(layers_of(spark), os.environ, home, saved_token=saved_hf_token)
     return _loaded[spark.name]
 
 
@@ -57,7 +59,8 @@ def pair_settings() -> tuple[Settings, Settings, list[str]]:
     head, worker = pair_hosts()
     (head_settings, head_problems), (worker_settings, worker_problems) = _load(head), _load(worker)
     head_settings, worker_settings = pair(head_settings, worker_settings)
-    problems = validate_all(head_settings, worker_settings, _target(head), _target(worker),
+    problems = validate_all(head_settings, worker_settings, ssh_target(head.data, head.name),
+                            ssh_target(worker.data, worker.name),
                             loaded=(head_problems, worker_problems))
     return head_settings, worker_settings, problems
 
@@ -66,10 +69,6 @@ def current_settings() -> tuple[Settings, list[str]]:
     """This host's Settings (with its peer's under .peer) and every problem of the pair's settings."""
     head_settings, worker_settings, problems = pair_settings()
     return (head_settings if current_host.name == pair_hosts()[0].name else worker_settings), problems
-
-
-def _target(spark: Host) -> str:
-    return f"{spark.data.get('ssh_hostname', spark.name)}:{spark.data.get('ssh_port', 22)}"
 
 
 def limit_refusal(script: str, hosts: Sequence[str], limited_to: Sequence[str] | None,

@@ -38,6 +38,7 @@ class Settings:
     eaq_v1_1: bool
     ablit: bool
     api_key: bool
+    api_key_file: str  # a path on this machine ("" = the key is made on the head)
     host: str
     port: int
     served_name: str
@@ -64,6 +65,8 @@ class Settings:
     # --- checkpoint and data ---
     hf_endpoint: str
     hf_python: str
+    hf_hub_version: str
+    hf_max_workers: int
     model_repo: str
     model_revision: str
     model_repo_v1_1: str
@@ -111,6 +114,7 @@ class Settings:
     upgrade_gate: str
     log_lines: int
     status_plan: bool
+    status_watch: int
     api_url: str
     memguard: bool
     supervise: bool
@@ -131,7 +135,13 @@ class Settings:
     ssh_port: int = 22
     reach_from_head: str = ""  # how the head reaches this Spark over ssh (site file; "" = ssh_hostname)
     home: str = "/root"  # the ssh user's home on this Spark (a fact)
-    hf_token: str = field(default="", repr=False)  # HF_TOKEN of the run
+    # the Hugging Face token: HF_TOKEN of the run, else the one huggingface_hub finds on this machine (hf auth login)
+    hf_token: str = field(default="", repr=False)
+    hf_token_source: str = ""  # where hf_token came from (a name, never the token)
+    # huggingface_hub's variables of this machine's environment for the head's downloads (a proxy URL may hold a
+    # password: never shown)
+    hf_env: dict[str, str] = field(default_factory=dict, repr=False)
+    own_api_key: str = field(default="", repr=False)  # the key in api_key_file, read on this machine
     # the other Spark's settings (set by `pair`)
     peer: Settings | None = field(default=None, compare=False, repr=False)
 
@@ -228,5 +238,5 @@ def pair(head: Settings, worker: Settings) -> tuple[Settings, Settings]:
 
 
 PER_HOST = ("role", "rank", "link_rails", "ssh_hostname", "ssh_user", "ssh_port", "reach_from_head", "home",
-            "hf_token", "peer")
+            "hf_token", "hf_token_source", "hf_env", "own_api_key", "peer")
 SETTING_NAMES = tuple(f.name for f in fields(Settings) if f.name not in PER_HOST)

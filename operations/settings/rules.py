@@ -9,6 +9,7 @@ from __future__ import annotations
 import ipaddress
 import posixpath
 import re
+from collections.abc import Mapping
 from dataclasses import fields
 
 from operations.settings.model import PASSTHROUGH_PREFIXES, Settings
@@ -26,9 +27,11 @@ from operations.settings.shapes import (
     NETDEV,
     fits,
     rail_prefix_problem,
+    safe_text,
     shape_problems,
     shown,
 )
+from operations.settings.sources import HUB_SWITCHES, HUB_TIMEOUTS
 
 # The engine's window: dsv41's max_position_embeddings.
 MAX_CONTEXT = 1_048_576
@@ -57,6 +60,11 @@ OWN_SERVE_FLAGS = {
 }
 
 UPGRADE_GATES = ("smoke", "exact")
+# The folders sparkfold writes below, and the files it owns in a folder a system tool reads (that folder, the suffix).
+ROOT_FOLDERS = ("hf_cache", "data_dir", "state_dir")
+OWNED_FILES = {"link_netplan_file": ("/etc/netplan", ".yaml"), "nfs_exports_file": ("/etc/exports.d", ".exports")}
+# what huggingface_hub reads as a switch (its _is_true takes 1, on, yes, true; the others mean off)
+SWITCH_WORDS = ("1", "0", "true", "false", "yes", "no", "on", "off")
 
 
 def _check_range(problems, s, name, low, high, fix=""):
@@ -104,7 +112,16 @@ def validate(s: Settings) -> list[str]:
                             "TF_SPILL_*)")
     if s.ablit and not s.hf_token:
         problems.append("ablit needs your Hugging Face token: accept the overlay's terms on its model page, create a "
-                        "read token, then run with HF_TOKEN=hf_... in the environment (or set ablit to false)")
+                        "read token, then run with HF_TOKEN=hf_... in the environment or save it on this machine with "
+                        "`hf auth login` (or set ablit to false)")
+    _check_range(problems, s, "hf_max_workers", 1, 64, "files downloaded at once (huggingface_hub's default is 8)")
+    problems.extend(_hub_env_problems(s.hf_env))
+    if s.api_key_file and not s.api_key:
+        problems.append(f"api_key_file = {shown(s.api_key_file)} is set but api_key is false: set api_key = true to "
+                        "require that key, or set api_key_file to \"\"")
+    if s.api_key_file and s.rotate_api_key:
+        problems.append("rotate_api_key makes a new random key, but api_key_file names your own: put the new key in "
+                        "that file instead (the next run sends it to the head), or leave rotate_api_key out")
     if s.worker_weights not in ("nfs", "copy"):
         problems.append(f"worker_weights = {s.worker_weights!r} must be 'nfs' or 'copy'")
     elif s.worker_weights == "nfs" and not s.nfs:
@@ -119,8 +136,7 @@ def validate(s: Settings) -> list[str]:
             problems.append(f"{name} = {shown(value)} must be {lengths[0]}-{lengths[1]} lower-case hex characters")
     problems.extend(shape_problems({f.name: getattr(s, f.name) for f in fields(s)}))
     # files sparkfold owns live directly in the folder their tool reads, never elsewhere on the Spark
-    for name, folder, suffix in (("link_netplan_file", "/etc/netplan", ".yaml"),
-                                 ("nfs_exports_file", "/etc/exports.d", ".exports")):
+    for name, (folder, suffix) in OWNED_FILES.items():
         path = getattr(s, name)
         if posixpath.dirname(path) != folder or not path.endswith(suffix) or path == folder + "/" + suffix:
             problems.append(f"{name} = {path!r} must be a {suffix} file in {folder}/ (directly, e.g. "
@@ -155,6 +171,7 @@ def validate(s: Settings) -> list[str]:
                         "(the smoke test through both ranks) or \"exact\" (also the same replies as the old pair at "
                         "temperature 0)")
     _check_range(problems, s, "log_lines", 1, 100000)
+    _check_range(problems, s, "status_watch", 0, 3600, "0 prints the table once")
     _check_range(problems, s, "supervise_retries", 1, 100)
     _check_range(problems, s, "supervise_backoff_s", 1, 3600)
     if not fits(_API_URL, s.api_base_url):
@@ -162,6 +179,22 @@ def validate(s: Settings) -> list[str]:
                         "reaches rank 0)")
     problems.extend(_host_problems(s))
     problems.extend(_validate_rails(s))
+    return problems
+
+
+def _hub_env_problems(env: dict[str, str]) -> list[str]:
+    """The huggingface_hub variables passed to the head (sources.HUB_ENV): huggingface_hub silently falls back to
+    its default on a value it cannot read, so such a value is refused here. A value is never shown (a proxy URL may
+    hold a password)."""
+    problems = []
+    for name, value in sorted(env.items()):
+        if not safe_text(value):
+            problems.append(f"{name} (value not shown) must be one line of printable text: set it again")
+        elif name in HUB_TIMEOUTS and not (value.strip().isdigit() and 0 < int(value) <= 86400):
+            problems.append(f"{name} = {value!r} must be a whole number of seconds from 1 to 86400 (huggingface_hub "
+                            "would silently use its default)")
+        elif name in HUB_SWITCHES and value.strip().lower() not in SWITCH_WORDS:
+            problems.append(f"{name} = {value!r} must be 1 or 0 (true/false, yes/no, on/off)")
     return problems
 
 
@@ -194,10 +227,62 @@ def _inside(path: str, folder: str) -> bool:
 
 def _outside_hub(s: Settings) -> list[str]:
     """The head exports hf_cache/hub to the worker over NFS: the hf token and the API key must stay out of it."""
-    hub = _normal(s.layout.hub)
-    return [f"{name} = {shown(getattr(s, name))} is inside hf_cache's hub folder ({hub}), which the head exports over "
-            f"NFS (its hf token and API key folder would be exported): move {name} outside {hub}, or hf_cache "
-            "elsewhere" for name in ("state_dir", "data_dir") if _inside(getattr(s, name), hub)]
+    paths = placed_paths(s)
+    return _hub_problems(paths, paths, resolved=False)
+
+
+def placed_paths(s: Settings) -> dict[str, str]:
+    """name -> path of what the placement rules judge, as the settings spell it: the root folders, `hub` (hf_cache's
+    hub folder, which the head exports), each owned file and `<name> folder`, the folder it sits in. The preflight
+    asks each Spark where they lead (resolved_path_problems)."""
+    paths = {name: getattr(s, name) for name in ROOT_FOLDERS}
+    paths["hub"] = s.layout.hub
+    for name in OWNED_FILES:
+        paths[name] = getattr(s, name)
+        paths[f"{name} folder"] = posixpath.dirname(getattr(s, name))
+    return paths
+
+
+def _hub_problems(given: Mapping[str, str], real: Mapping[str, str], resolved: bool = True) -> list[str]:
+    """state_dir and data_dir outside the exported hub. given: the paths as the settings spell them (placed_paths);
+    real: where they lead on a Spark (resolved), or given itself for the check of the text."""
+    hub = _normal(real.get("hub") or given["hub"])
+    problems = []
+    for name in ("state_dir", "data_dir"):
+        if not real.get(name) or not _inside(real[name], hub):
+            continue
+        if not resolved:
+            problems.append(f"{name} = {shown(given[name])} is inside hf_cache's hub folder ({hub}), which the head "
+                            f"exports over NFS (its hf token and API key folder would be exported): move {name} "
+                            f"outside {hub}, or hf_cache elsewhere")
+        else:
+            problems.append(f"{name} = {shown(given[name])} resolves to {_normal(real[name])} on this Spark (symlinks "
+                            f"followed), inside hf_cache's hub folder {hub}, which the head exports over NFS (its hf "
+                            f"token and API key folder would be exported): point {name} at a folder outside {hub}, or "
+                            f"hf_cache elsewhere (`realpath -m {given[name]} {given['hub']}` on the Spark shows where "
+                            "each leads)")
+    return problems
+
+
+def resolved_path_problems(given: Mapping[str, str], real: Mapping[str, str]) -> list[str]:
+    """The placement rules on the paths as a Spark resolves them (`realpath -m`, a fact of the preflight): a symlink
+    can lead a folder where the check of the text (validate) cannot see. given: placed_paths; real: the same names ->
+    where each leads (a name missing when it could not be resolved: not judged)."""
+    problems = _hub_problems(given, real)
+    for name in ROOT_FOLDERS:
+        if real.get(name) and _normal(real[name]) == "/":
+            problems.append(f"{name} = {shown(given[name])} resolves to / on this Spark (symlinks followed): sparkfold "
+                            f"writes below {name}, so it must be a folder of its own; point {name} at one "
+                            f"(`realpath -m {given[name]}` on the Spark shows where it leads)")
+    for name, (folder, _suffix) in OWNED_FILES.items():
+        file, its_folder = real.get(name), real.get(f"{name} folder")
+        if not (file and its_folder):
+            continue
+        if _normal(file) != posixpath.join(_normal(its_folder), posixpath.basename(given[name])):
+            problems.append(f"{name} = {shown(given[name])} leads to {_normal(file)} on this Spark (a symlink): "
+                            f"sparkfold owns that file and writes it in {folder}/ itself, never through a symlink "
+                            f"to elsewhere; remove the symlink, or set {name} to a free name in {folder}/")
+    return problems
 
 
 def _host_problems(s: Settings) -> list[str]:

@@ -166,6 +166,7 @@ SHAPES: dict[str, Shape] = {
     "host": (lambda v: bool(_BIND.fullmatch(v)), "an address to bind (0.0.0.0, 127.0.0.1, ::, or this Spark's "
                                                   "address)"),
     "zig_version": (lambda v: bool(_VERSION.fullmatch(v)), "a version like 0.17.0"),
+    "hf_hub_version": (lambda v: bool(_VERSION.fullmatch(v)), "an exact release like 2.4.0 (huggingface_hub==2.4.0)"),
     # addr= is the head's link address, which the deploy adds: another one would mount someone else's export
     "nfs_options": (lambda v: all(_MOUNT_OPTION.fullmatch(o) and o.split("=")[0] not in ("addr", "clientaddr")
                                   for o in v.split(",")),
@@ -190,8 +191,9 @@ ITEM_SHAPES: dict[str, Shape] = {
 }
 
 
-# values checked elsewhere: the token is never shown, link rails have their own rules, the peer is another Spark
-_NOT_TEXT = {"hf_token", "link_rails", "peer"}
+# values checked elsewhere: the token, the forwarded variables and the own API key are never shown (rules.py checks
+# the variables, sources.py the key), link rails have their own rules, the peer is another Spark
+_NOT_TEXT = {"hf_token", "hf_env", "own_api_key", "link_rails", "peer"}
 
 
 def _texts(value: Any) -> Iterable[Any]:
@@ -211,7 +213,8 @@ def text_problems(values: dict[str, Any]) -> list[str]:
             problems.append(f"{name} = {shown(value)} must be one line of printable text (no newline, carriage "
                             "return or control character)")
     if not safe_text(values.get("hf_token", "")):
-        problems.append("HF_TOKEN (not shown) must be one line of printable text: copy the token again")
+        problems.append(f"{values.get('hf_token_source') or 'HF_TOKEN'} (the token, not shown) must be one line of "
+                        "printable text: copy the token again")
     return problems
 
 

@@ -27,78 +27,133 @@ _HOST_KEYS = {"ssh", "ssh_user", "ssh_key", "ssh_port", "link", "data", "reach_f
 
 
 class SiteError(Exception):
-    """The site file is missing or malformed; the message says what to write."""
+    """The site file is missing, unreadable or malformed; the message names the file and says what to write."""
 
 
 def site_path(project_root: Path, environ=os.environ) -> Path:
     return Path(environ.get("SPARKFOLD_SITE") or project_root / "sparks.yaml")
 
 
-def _need(cond: bool, path: Path, message: str) -> None:
-    if not cond:
-        raise SiteError(f"{path}: {message} (see {EXAMPLE} for the shape)")
-
-
-def read_site(path: Path) -> dict[str, Any]:
-    """Parse and check the site file; returns {"head": {...}, "worker": {...}, "data": {...}}."""
-    if not path.exists():
-        raise SiteError(
-            f"no site file at {path}: copy {EXAMPLE} to sparks.yaml and fill in your Sparks' ssh targets and CX7 "
+def _missing(path: Path, named_by: str | None) -> str:
+    if named_by:
+        return (f"no site file at {path} ({named_by} names it): copy {EXAMPLE} there and fill in your Sparks' ssh "
+                f"targets and CX7 netdevs/addresses, or point {named_by} at your site file (unset, sparks.yaml is "
+                "read)")
+    return (f"no site file at {path}: copy {EXAMPLE} to sparks.yaml and fill in your Sparks' ssh targets and CX7 "
             "netdevs/addresses (or set SPARKFOLD_SITE to your file)")
+
+
+def _yaml_error(path: Path, exc: yaml.YAMLError) -> str:
+    """Where the YAML breaks, as an editor counts (line and column from 1), and what usually fixes it."""
+    mark = getattr(exc, "problem_mark", None)
+    where = f"{path} line {mark.line + 1}, column {mark.column + 1}" if mark else str(path)
+    problem = getattr(exc, "problem", None) or str(exc)
+    context, context_mark = getattr(exc, "context", None), getattr(exc, "context_mark", None)
+    started = (f" ({context} that starts at line {context_mark.line + 1}, column {context_mark.column + 1})"
+               if context and context_mark else "")
+    return (f"{where}: not valid YAML: {problem}{started}. Fix the file there: indent with spaces (no tabs), close "
+            f"every {{ and [, quote a value holding ': ' or ' #'; {EXAMPLE} shows the shape")
+
+
+def read_site(path: Path, named_by: str | None = None) -> dict[str, Any]:
+    """Parse and check the site file; returns {"head": {...}, "worker": {...}, "data": {...}}. Raises SiteError
+    naming every problem of the file at once. named_by: the variable that named the file (SPARKFOLD_SITE), None
+    for the default sparks.yaml."""
+    if not path.exists():
+        raise SiteError(_missing(path, named_by))
     try:
-        site: Any = yaml.safe_load(path.read_text()) or {}  # arbitrary YAML until checked below
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SiteError(f"cannot read the site file {path}: {getattr(exc, 'strerror', None) or exc}: it must be a "
+                        f"readable text file (copy {EXAMPLE})") from None
+    try:
+        site: Any = yaml.safe_load(text) or {}  # arbitrary YAML until checked below
     except yaml.YAMLError as exc:
-        raise SiteError(f"{path} is not valid YAML ({exc}); see {EXAMPLE} for the shape") from None
-    _need(isinstance(site, dict), path, "the top level must be a mapping with keys head, worker and data")
+        raise SiteError(_yaml_error(path, exc)) from None
+    problems = site_problems(site)
+    if problems:
+        raise SiteError(f"the site file {path} needs fixing ({EXAMPLE} shows the shape):\n  - "
+                        + "\n  - ".join(problems))
+    return site
+
+
+def site_problems(site: Any) -> list[str]:
+    """Every problem of a parsed site file, each naming the key and what to write."""
+    if not isinstance(site, dict):
+        return ["the top level must be a mapping with keys head, worker and data"]
+    problems = []
     unknown = set(site) - {"head", "worker", "data"}
-    _need(not unknown, path, f"unknown top-level key(s) {sorted(unknown)}; expected head, worker, data")
+    if unknown:
+        problems.append(f"unknown top-level key(s) {sorted(unknown)}; expected head, worker, data")
     for role in ROLES:
         spark = site.get(role)
-        _need(isinstance(spark, dict), path, f"`{role}:` is missing; it needs at least `ssh:` and `link:`")
-        bad = set(spark) - _HOST_KEYS
-        _need(not bad, path, f"{role}: unknown key(s) {sorted(bad)}; allowed: {sorted(_HOST_KEYS)}")
-        _need(isinstance(spark.get("ssh"), str) and spark["ssh"].strip() != "", path,
-              f"{role}.ssh must name the Spark (host name or address this machine reaches it by)")
-        link = spark.get("link")
-        _need(isinstance(link, list) and len(link) > 0, path,
-              f"{role}.link must list the CX7 netdevs, e.g. - {{netdev: enp1s0f0np0, address: 192.168.100.1/24}}")
-        for index, rail in enumerate(link):
-            _need(isinstance(rail, dict) and {"netdev", "address"} <= set(rail), path,
-                  f"{role}.link[{index}] needs netdev and address")
-        if "ssh_port" in spark:
-            _need(isinstance(spark["ssh_port"], int) and not isinstance(spark["ssh_port"], bool)
-                  and 1 <= spark["ssh_port"] <= 65535, path, f"{role}.ssh_port must be a port number (1-65535)")
-        for key in ("ssh", "reach_from_head", "name"):
-            if spark.get(key) is not None:
-                _need(fits(HOST_NAME, spark[key]), path,
-                      f"{role}.{key} = {shown(spark[key])} must be a host name or address (letters, digits, . - : "
-                      "only)")
-        if spark.get("ssh_user") is not None:
-            _need(fits(LOGIN, spark["ssh_user"]), path,
-                  f"{role}.ssh_user = {shown(spark['ssh_user'])} must be a login name (lower-case letters, "
-                  "digits, _ -)")
-        if spark.get("ssh_key") is not None:
-            key_path = spark["ssh_key"]
-            _need(isinstance(key_path, str) and key_path.isprintable() and key_path.strip() == key_path != "", path,
-                  f"{role}.ssh_key must be the path of a private key file, e.g. ~/.ssh/id_ed25519")
-        for index, rail in enumerate(link):
-            _need(fits(NETDEV, rail["netdev"]), path,
-                  f"{role}.link[{index}].netdev = {shown(rail['netdev'])} must be an interface name (letters, digits, "
-                  "_ . -, at most 15, not starting with - or .; `ip -br link` lists them)")
-            _need(fits(IPV4_PREFIX, rail["address"]), path,
-                  f"{role}.link[{index}].address = {shown(rail['address'])} must be IPv4 with a prefix, e.g. "
-                  "192.168.100.1/24")
-            # the settings check the prefix against link_prefix_min, which may come from anywhere: here only what
-            # no link_prefix_min allows
-            wide = rail_prefix_problem(rail["address"], LINK_PREFIX_WIDEST)
-            _need(wide is None, path, f"{role}.link[{index}].address = {shown(rail['address'])}: {wide}")
-            if rail.get("ibdev") is not None:
-                _need(fits(IBDEV, rail["ibdev"]), path,
-                      f"{role}.link[{index}].ibdev = {shown(rail['ibdev'])} must be a RoCE device name "
-                      "(`ibdev2netdev`)")
-        _need(isinstance(spark.get("data", {}) or {}, dict), path, f"{role}.data must be a mapping of settings")
-    _need(isinstance(site.get("data", {}) or {}, dict), path, "data must be a mapping of settings")
-    return site
+        if isinstance(spark, dict):
+            problems += _spark_problems(role, spark)
+        else:
+            problems.append(f"`{role}:` is missing; it needs at least `ssh:` and `link:`")
+    if not isinstance(site.get("data", {}) or {}, dict):
+        problems.append("data must be a mapping of settings")
+    return problems
+
+
+def _spark_problems(role: str, spark: dict) -> list[str]:
+    problems = []
+    bad = set(spark) - _HOST_KEYS
+    if bad:
+        problems.append(f"{role}: unknown key(s) {sorted(bad)}; allowed: {sorted(_HOST_KEYS)}")
+    if not (isinstance(spark.get("ssh"), str) and spark["ssh"].strip() != ""):
+        problems.append(f"{role}.ssh must name the Spark (host name or address this machine reaches it by)")
+    for key in ("ssh", "reach_from_head", "name"):
+        if spark.get(key) is not None and (key != "ssh" or isinstance(spark[key], str) and spark[key].strip()):
+            if not fits(HOST_NAME, spark[key]):
+                problems.append(f"{role}.{key} = {shown(spark[key])} must be a host name or address (letters, "
+                                "digits, . - : only)")
+    if "ssh_port" in spark and not (isinstance(spark["ssh_port"], int) and not isinstance(spark["ssh_port"], bool)
+                                    and 1 <= spark["ssh_port"] <= 65535):
+        problems.append(f"{role}.ssh_port must be a port number (1-65535)")
+    if spark.get("ssh_user") is not None and not fits(LOGIN, spark["ssh_user"]):
+        problems.append(f"{role}.ssh_user = {shown(spark['ssh_user'])} must be a login name (lower-case letters, "
+                        "digits, _ -)")
+    key_path = spark.get("ssh_key")
+    if key_path is not None and not (isinstance(key_path, str) and key_path.isprintable()
+                                     and key_path.strip() == key_path != ""):
+        problems.append(f"{role}.ssh_key must be the path of a private key file, e.g. ~/.ssh/id_ed25519")
+    link = spark.get("link")
+    if not (isinstance(link, list) and len(link) > 0):
+        problems.append(f"{role}.link must list the CX7 netdevs, e.g. - {{netdev: enp1s0f0np0, address: "
+                        "192.168.100.1/24}")
+        link = []
+    for index, rail in enumerate(link):
+        if isinstance(rail, dict) and {"netdev", "address"} <= set(rail):
+            problems += _rail_problems(f"{role}.link[{index}]", rail)
+        else:
+            problems.append(f"{role}.link[{index}] needs netdev and address")
+    if not isinstance(spark.get("data", {}) or {}, dict):
+        problems.append(f"{role}.data must be a mapping of settings")
+    return problems
+
+
+def _rail_problems(where: str, rail: dict) -> list[str]:
+    problems = []
+    if not fits(NETDEV, rail["netdev"]):
+        problems.append(f"{where}.netdev = {shown(rail['netdev'])} must be an interface name (letters, digits, _ . "
+                        "-, at most 15, not starting with - or .; `ip -br link` lists them)")
+    if not fits(IPV4_PREFIX, rail["address"]):
+        problems.append(f"{where}.address = {shown(rail['address'])} must be IPv4 with a prefix, e.g. "
+                        "192.168.100.1/24")
+    # the settings check the prefix against link_prefix_min, which may come from anywhere: here only what no
+    # link_prefix_min allows
+    elif wide := rail_prefix_problem(rail["address"], LINK_PREFIX_WIDEST):
+        problems.append(f"{where}.address = {shown(rail['address'])}: {wide}")
+    if rail.get("ibdev") is not None and not fits(IBDEV, rail["ibdev"]):
+        problems.append(f"{where}.ibdev = {shown(rail['ibdev'])} must be a RoCE device name (`ibdev2netdev`)")
+    return problems
+
+
+def ssh_target(data: Any, name: str) -> str:
+    """host:port a Spark is reached at from this machine. data: its host data (a mapping, or pyinfra's host.data);
+    name: pyinfra's name for it."""
+    return f"{data.get('ssh_hostname', name)}:{data.get('ssh_port', 22)}"
 
 
 def _rails(spark: dict) -> list[dict]:

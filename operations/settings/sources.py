@@ -2,9 +2,14 @@
 
 Precedence, highest first: `--data` > the environment > the site file > group_data/<role>.py > group_data/all.py.
 pyinfra merges the data sources itself (host.data); the environment is put between `--data` and the site file.
-Environment names: SPARKFOLD_<NAME> for every setting, and the shell recipe's own names for the settings in
-RECIPE_ENV (CONTEXT=524288). Generic names (HOST, PORT, API_KEY) are not read: shells and users set them for other
-reasons.
+Environment names: SPARKFOLD_<NAME> for every setting, the shell recipe's own names for the settings in
+RECIPE_ENV (CONTEXT=524288) and huggingface_hub's for the settings in TOOL_ENV (HF_ENDPOINT). Generic names (HOST,
+PORT, API_KEY) are not read: shells and users set them for other reasons.
+
+Besides settings, a Spark's Settings carry what this machine gives the head's downloads and the API key: the
+Hugging Face token (HF_TOKEN, else the one huggingface_hub's get_token() finds, which `hf auth login` saved),
+huggingface_hub's variables of the environment (HUB_ENV: timeouts, Xet, proxies) and the key in api_key_file.
+Secrets are read here and never shown: a problem names the variable or the file.
 """
 
 from __future__ import annotations
@@ -14,10 +19,11 @@ import difflib
 import io
 import json
 import math
+import os
 import shlex
 import tokenize
 import typing
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,7 +37,19 @@ RECIPE_ENV = frozenset((
     "context", "parallel", "thinking", "reasoning_effort", "drafts", "eaq_v1_1", "ablit", "min_avail_gib",
     "memguard_gib", "spill_gib", "kv_shard", "pool", "served_name",
 ))
+# Settings another tool's variable sets under that tool's name (empty counts as unset, as the tool reads it).
+TOOL_ENV = {"hf_endpoint": "HF_ENDPOINT"}
 ENV_PREFIX = "SPARKFOLD_"
+# huggingface_hub's variables of this machine's environment that the head's downloads get (HF_ENDPOINT is the
+# hf_endpoint setting; the token travels in its own file). A proxy URL may hold a password: values are never shown.
+HUB_TIMEOUTS = ("HF_HUB_DOWNLOAD_TIMEOUT", "HF_HUB_ETAG_TIMEOUT")
+HUB_SWITCHES = ("HF_XET_HIGH_PERFORMANCE",)
+HUB_PROXIES = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "NO_PROXY", "http_proxy", "https_proxy", "all_proxy",
+               "no_proxy")
+HUB_ENV = HUB_TIMEOUTS + HUB_SWITCHES + HUB_PROXIES
+# the token, in huggingface_hub's order (HUGGING_FACE_HUB_TOKEN is its older name)
+TOKEN_ENV = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")
+SAVED_TOKEN = "the token saved on this machine (hf auth login)"
 # SPARKFOLD_* variables that are not settings: the site file's path.
 ENV_META = frozenset(("SPARKFOLD_SITE",))
 # Keys the site file and group_data/<role>.py put in a host's data besides settings (inventory.py,
@@ -45,6 +63,8 @@ _HINTS = typing.get_type_hints(Settings)
 def env_names(name: str) -> tuple[str, ...]:
     """The environment variables that set `name`, in rising precedence."""
     own = f"{ENV_PREFIX}{name.upper()}"
+    if name in TOOL_ENV:
+        return (TOOL_ENV[name], own)
     return (name.upper(), own) if name in RECIPE_ENV else (own,)
 
 
@@ -215,6 +235,68 @@ def passthrough_note(environ: Mapping[str, str]) -> str:
     return f"engine variables taken from this machine's environment: {', '.join(names)}" if names else ""
 
 
+def hub_env(environ: Mapping[str, str]) -> dict[str, str]:
+    """huggingface_hub's variables (HUB_ENV) set in this machine's environment: passed to the head's downloads."""
+    return {name: environ[name] for name in HUB_ENV if environ.get(name)}
+
+
+def saved_hf_token() -> str | None:
+    """The token huggingface_hub's get_token() finds on this machine (HF_TOKEN, else the file `hf auth login`
+    wrote, at HF_TOKEN_PATH or under HF_HOME); None without one, or without huggingface_hub."""
+    try:
+        from huggingface_hub import get_token
+    except ImportError:
+        return None
+    return get_token()
+
+
+def hf_token_of(environ: Mapping[str, str],
+                saved: Callable[[], str | None] | None) -> tuple[str, str, list[str]]:
+    """(token, where it came from, problems): HF_TOKEN of the run (or huggingface_hub's older name), else the one
+    `saved` finds (saved_hf_token). Only names are ever reported, never the token."""
+    for name in TOKEN_ENV:
+        if environ.get(name, "").strip():
+            return environ[name], name, []
+    if saved is None:
+        return "", "", []
+    try:
+        token = (saved() or "").strip()
+    except Exception as exc:  # huggingface_hub raises when a token exchange it was asked for (HF_OIDC_RESOURCE) fails
+        return "", "", [f"Hugging Face token: huggingface_hub could not give this machine's token "
+                        f"({type(exc).__name__}): run `hf auth login` again, or set HF_TOKEN"]
+    return (token, SAVED_TOKEN, []) if token else ("", "", [])
+
+
+def api_key_from_file(path: str) -> tuple[str, list[str]]:
+    """(the key in api_key_file, problems reading it): the file is on this machine; the key is never shown."""
+    if not path:
+        return "", []
+    where = os.path.expanduser(path)
+    name = f"api_key_file = {shown(path)}"
+    fix = ("write your key into it, alone on one line, or set api_key_file to \"\" (sparkfold then makes a key on the "
+           "head)")
+    if not os.path.isabs(where):
+        return "", [f"{name} must be an absolute path on this machine (or start with ~/)"]
+    try:
+        text = Path(where).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return "", [f"{name}: there is no such file on this machine: {fix}"]
+    except IsADirectoryError:
+        return "", [f"{name} is a folder on this machine, not a file: name the file that holds the key"]
+    except PermissionError:
+        return "", [f"{name} cannot be read by this machine's user: give it read access (chmod 600 the file as the "
+                    "user who runs the deploy)"]
+    except (OSError, UnicodeDecodeError) as exc:
+        return "", [f"{name} cannot be read ({type(exc).__name__}): {fix}"]
+    key = text.strip()
+    if not key:
+        return "", [f"{name} is empty: {fix}"]
+    if not (key.isascii() and key.isprintable()) or any(c.isspace() for c in key):
+        return "", [f"{name} must hold the key alone on one line, printable ASCII without spaces (what a client sends "
+                    "after `Authorization: Bearer `); the key is not shown"]
+    return key, []
+
+
 def _rails(value: Any) -> tuple[Rail, ...]:
     rails = []
     for rail in value or ():
@@ -225,11 +307,14 @@ def _rails(value: Any) -> tuple[Rail, ...]:
     return tuple(rails)
 
 
-def load(layers: Layers, environ: Mapping[str, str], home: str) -> tuple[Settings, list[str]]:
-    """One Spark's Settings (without its peer) and every problem met reading them (unknown names, wrong types).
+def load(layers: Layers, environ: Mapping[str, str], home: str,
+         saved_token: Callable[[], str | None] | None = None) -> tuple[Settings, list[str]]:
+    """One Spark's Settings (without its peer) and every problem met reading them (unknown names, wrong types, the
+    API key file).
 
     A value that does not fit keeps the default, so the rules can still check the rest. `home`: the ssh user's
-    home on that Spark (a fact), against which empty path settings resolve.
+    home on that Spark (a fact), against which empty path settings resolve. `saved_token`: where the Hugging Face
+    token comes from without HF_TOKEN (saved_hf_token on a real run; None reads the environment only).
     """
     data = layers.merged()
     problems = unknown_names(layers, environ)
@@ -237,7 +322,7 @@ def load(layers: Layers, environ: Mapping[str, str], home: str) -> tuple[Setting
     for name in SETTING_NAMES:
         value, where = data.get(name), layers.source_of(name)
         for var in env_names(name):
-            if var in environ and name not in layers.override:
+            if var in environ and name not in layers.override and (environ[var] or var != TOOL_ENV.get(name)):
                 value, where = environ[var], f"environment variable {var}"
         try:
             values[name] = coerce(name, value)
@@ -276,6 +361,12 @@ def load(layers: Layers, environ: Mapping[str, str], home: str) -> tuple[Setting
         problems.append(f"ssh_port = {shown(data.get('ssh_port'))} for {role or 'this Spark'} from "
                         f"{layers.source_of('ssh_port')} must be a port number (1-65535)")
         ssh_port = 22
+    hf_token, hf_token_source, token_problems = hf_token_of(environ, saved_token)
+    problems += token_problems
+    own_api_key = ""
+    if role == "head":  # the key goes to the head only
+        own_api_key, key_problems = api_key_from_file(values["api_key_file"])
+        problems += key_problems
     settings = Settings(
         **values,
         role=role,
@@ -286,7 +377,10 @@ def load(layers: Layers, environ: Mapping[str, str], home: str) -> tuple[Setting
         ssh_port=ssh_port,
         reach_from_head=str(data.get("reach_from_head") or ""),
         home=home,
-        hf_token=environ.get("HF_TOKEN", ""),
+        hf_token=hf_token,
+        hf_token_source=hf_token_source,
+        hf_env=hub_env(environ),
+        own_api_key=own_api_key,
     )
     return settings, problems
 

@@ -1,9 +1,11 @@
 """status.py: both Sparks in one table, read-only.
 
-The rows are pure over fact values: `build_rows` takes each Spark's facts (`SparkFacts`), the API probe and the
-deploy plan's count, and each row builder decides one line of the table; `render_table` prints rows and
-`not_serving` is the exit verdict. `gather` reads the facts through the Sparks' Host objects (the head's run reads
-the worker's through the worker's Host, as operations/rank/serving.py does) and yields nothing, so no operation exists.
+The rows are pure over fact values: `build_rows` takes each Spark's facts (`SparkFacts`), the API probe, the
+engine's /metrics and the deploy plan's count, and each row builder decides one line of the table and the facts
+behind it; `render_text` prints the table, `render_json` the same rows as one JSON document, and `not_serving` is
+the exit verdict. `gather` reads the facts through the Sparks' Host objects (the head's run reads the worker's
+through the worker's Host, as operations/rank/serving.py does) and yields nothing, so no operation exists; `watch`
+gathers and shows it again every few seconds.
 """
 
 from __future__ import annotations
@@ -14,10 +16,12 @@ import re
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, TypedDict
+
+import requests
 
 from operations.build.image_hash import image_ref
 from operations.data.copy import MARKER, SUMS_STATE, listing_digest
@@ -36,15 +40,18 @@ from operations.link import rails_from_facts
 from operations.model_data import BLOB_SUMS, fetch_summary
 from operations.rank.generation import Generation, read_records
 from operations.rank.plan import pair_plan, rank_inputs_args
-from operations.rank.serving import models_listed, read_api_key
+from operations.rank.serving import auth_headers, models_listed, read_api_key
 from operations.rank.spec import LABEL_HASH, template_digest
 from operations.settings import Settings
+from operations.util import prometheus
 from operations.util.durations import duration
 from operations.util.net import ip_of
 
 PLAN_TIMEOUT_S = 900  # deploy.py --dry reads every fact of both Sparks once
 _MARKS = {True: "✔", False: "✘", None: "·"}
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
+CLEAR = "\x1b[H\x1b[2J"  # cursor home, then clear the screen: on a terminal each refresh replaces the last
+METRIC_PREFIX = "tensorfold_"  # the engine's metric names; the table leaves it out
 
 
 @dataclass(frozen=True)
@@ -54,6 +61,7 @@ class Row:
     state: str  # a word or two
     detail: str = ""
     ok: bool | None = None  # None: information only
+    facts: Mapping[str, Any] = field(default_factory=dict)  # what the row was decided from, for --json
 
 
 class SparkFacts(TypedDict, total=False):
@@ -88,6 +96,14 @@ class ApiProbe(TypedDict):
     key_read: bool | None  # the key file on the head gave a key; None: the head did not answer to be asked
 
 
+class MetricsProbe(TypedDict):
+    url: str
+    problem: str | None  # None: /metrics answered
+    values: dict[str, float]  # metric -> its value summed over label sets (counters, gauges, untyped)
+    kinds: dict[str, str]  # metric -> counter, gauge or untyped
+    read_at: float | None  # time.time() of the answer: the rates between two refreshes
+
+
 class PlanCount(TypedDict):
     changes: dict[str, int]  # host name -> operations a deploy would change
     conditional: dict[str, int]  # host name -> operations that may change
@@ -110,6 +126,12 @@ def parse_time(text: str | None) -> datetime | None:
 
 def ago(then: datetime, now: datetime) -> str:
     return duration((now - then).total_seconds())
+
+
+def iso(text: str | None) -> str | None:
+    """docker's time as ISO 8601 UTC, None for its zero time."""
+    then = parse_time(text)
+    return then.isoformat() if then else None
 
 
 def when(then: datetime | None, now: datetime) -> str:
@@ -136,21 +158,28 @@ def rank_row(role: str, rank: int, name: str, container: Mapping[str, Any], want
     item = f"rank {rank}"
     spec = spec_word(container, want_hash)
     spec_text = f"spec {spec}" + (f" ({spec_note})" if spec == "unknown" and spec_note else "")
+    facts = {"rank": rank, "container": name, "exists": bool(container), "running": bool(container.get("running")),
+             "status": container.get("status"), "exit_code": container.get("exit_code"),
+             "oom_killed": container.get("oom_killed"), "started_at": iso(container.get("started_at")),
+             "finished_at": iso(container.get("finished_at")), "image": container.get("image"), "spec": spec,
+             "spec_note": spec_note}
     if not container:
-        return Row(role, item, "absent", f"no container {name}" + (f"; {spec_note}" if spec_note else ""), False)
+        return Row(role, item, "absent", f"no container {name}" + (f"; {spec_note}" if spec_note else ""), False,
+                   facts)
     image = f"image {container.get('image') or '?'}"
     if container.get("running"):
         started = when(parse_time(container.get("started_at")), now)
-        return Row(role, item, "running", f"since {started}; {spec_text}; {image}", spec != "stale")
+        return Row(role, item, "running", f"since {started}; {spec_text}; {image}", spec != "stale", facts)
     oom = ", killed by the OOM killer" if container.get("oom_killed") else ""
     ended = parse_time(container.get("finished_at"))
     ended_text = f" at {when(ended, now)}" if ended else ""
     return Row(role, item, container.get("status") or "stopped",
-               f"exit code {container.get('exit_code')}{oom}{ended_text}; {spec_text}; {image}", False)
+               f"exit code {container.get('exit_code')}{oom}{ended_text}; {spec_text}; {image}", False, facts)
 
 
 def unreachable_row(role: str, why: str) -> Row:
-    return Row(role, "ssh", "no answer", f"{why}; nothing else of this Spark is known", False)
+    return Row(role, "ssh", "no answer", f"{why}; nothing else of this Spark is known", False,
+               {"answers": False, "problem": why})
 
 
 def api_row(base_url: str, served_name: str, api: ApiProbe) -> Row:
@@ -158,10 +187,11 @@ def api_row(base_url: str, served_name: str, api: ApiProbe) -> Row:
     if api["key_on"]:
         key = {True: "key on", False: "key on, but the key file on the head gave no key",
                None: "key on, but the head did not answer: asked without it"}[api["key_read"]]
+    facts = {"base_url": base_url, "model": served_name, "answers": api["problem"] is None, **api}
     if api["problem"] is None:
         latency = f" in {api['latency_ms']:.0f} ms" if api["latency_ms"] is not None else ""
-        return Row("head", "API", "answers", f"model {served_name} at {base_url}/v1{latency}; {key}", True)
-    return Row("head", "API", "no answer", f"{api['problem']}; {key}", False)
+        return Row("head", "API", "answers", f"model {served_name} at {base_url}/v1{latency}; {key}", True, facts)
+    return Row("head", "API", "no answer", f"{api['problem']}; {key}", False, facts)
 
 
 def gpu_row(role: str, gpu_state: GpuClockStateDict | None, mhz: int, period_s: int,
@@ -170,26 +200,30 @@ def gpu_row(role: str, gpu_state: GpuClockStateDict | None, mhz: int, period_s: 
     it; stale or failed when the record says so."""
     if not gpu_state or not gpu_state.get("smi"):
         error = (gpu_state["error"] if gpu_state else "") or "no answer"
-        return Row(role, "GPU clock", "unreadable", f"nvidia-smi: {error}", False)
+        return Row(role, "GPU clock", "unreadable", f"nvidia-smi: {error}", False,
+                   {"state": "unreadable", "error": error, "ceiling_mhz": mhz})
     timer_active = (timer or {}).get("active") == "active"
     verdict = lock_verdict(gpu_state, mhz, period_s, timer_active)
+    applied, now = gpu_state.get("applied"), gpu_state.get("now")
+    facts = {"ceiling_mhz": mhz, "period_s": period_s, "timer_active": timer_active,
+             "applied_s_ago": now - applied if applied is not None and now is not None else None,
+             "clocks_sm_mhz": {str(gpu["index"]): gpu["clocks_sm"] for gpu in gpu_state["gpus"]}}
     if verdict is not None:
         word, why = verdict
-        return Row(role, "GPU clock", word, f"{why}; wanted ceiling {mhz} MHz", False)
-    applied, now = gpu_state.get("applied"), gpu_state.get("now")
+        return Row(role, "GPU clock", word, f"{why}; wanted ceiling {mhz} MHz", False, {"state": word, **facts})
     age = f"last applied {duration(now - applied)} ago" if applied is not None and now is not None else ""
     clocks = ", ".join(f"GPU {gpu['index']} at {gpu['clocks_sm']} MHz" for gpu in gpu_state["gpus"]
                        if gpu["clocks_sm"] is not None)
     timer_text = (f"{GPU_CLOCK_TIMER} every {period_s} s" if timer_active else
                   f"{GPU_CLOCK_TIMER} is not running (deploy.py starts it)")
     detail = "; ".join(x for x in (f"ceiling {mhz} MHz", age, timer_text, clocks) if x)
-    return Row(role, "GPU clock", "locked", detail, timer_active)
+    return Row(role, "GPU clock", "locked", detail, timer_active, {"state": "locked", **facts})
 
 
 def rail_rows(role: str, rails: Sequence[Mapping[str, Any]], peer_rails: Sequence[Mapping[str, Any]],
               addrs: Mapping[str, Any], roce: Mapping[str, Any], pings: Sequence[bool], mtu: int) -> list[Row]:
     if not rails:
-        return [Row(role, "link", "unknown", "no link rails in the site file", False)]
+        return [Row(role, "link", "unknown", "no link rails in the site file", False, {"rails": 0})]
     rows = []
     records = rails_from_facts([dict(r) for r in rails], dict(addrs), dict(roce))
     for index, record in enumerate(records):
@@ -213,26 +247,46 @@ def rail_rows(role: str, rails: Sequence[Mapping[str, Any]], peer_rails: Sequenc
         else:
             gid_text = f"GID index {record['gid_index']} ({record['ibdev']})"
         parts = [where, mtu_text, gid_text]
+        facts = {"rail": index, "netdev": netdev, "address": address, "present": live is not None,
+                 "on_netdev": live is not None and address in live.get("ipv4", []), "mtu": record["mtu"],
+                 "want_mtu": mtu, "ibdev": record["ibdev"], "gid_index": record["gid_index"], "peer": None,
+                 "peer_answers": None}
         if index < len(peer_rails):
             answers = index < len(pings) and pings[index]
             parts.append(f"peer {ip_of(peer_rails[index]['address'])} " + ("answers" if answers else "no reply"))
+            facts.update(peer=ip_of(peer_rails[index]["address"]), peer_answers=answers)
             if not answers:
                 bad.append("ping")
-        rows.append(Row(role, f"link rail {index}", "down" if bad else "up", ", ".join(parts), not bad))
+        rows.append(Row(role, f"link rail {index}", "down" if bad else "up", ", ".join(parts), not bad,
+                        {**facts, "problems": bad}))
     return rows
 
 
-def memory_row(role: str, meminfo: Mapping[str, int], min_avail_gib: float, rank_running: bool) -> Row:
+def memory_row(role: str, meminfo: Mapping[str, int], min_avail_gib: float, rank_running: bool, memguard: bool,
+               floor_gib: float) -> Row:
+    """MemAvailable: against memguard's floor while the rank runs (below it memguard kills the rank), against
+    min_avail_gib while it does not (a rank starts only above it)."""
     avail = mem_available_gib(dict(meminfo))
-    if avail is None:
-        return Row(role, "memory", "unknown", "/proc/meminfo was not read", None)
     total = meminfo.get("MemTotal")
+    facts = {"mem_available_gib": None if avail is None else round(avail, 2),
+             "mem_total_gib": round(total / 2**30, 2) if total else None, "rank_running": rank_running,
+             "min_avail_gib": min_avail_gib, "memguard": memguard, "memguard_floor_gib": floor_gib}
+    if avail is None:
+        return Row(role, "memory", "unknown", "/proc/meminfo was not read", None, facts)
     total_text = f" of {total / 2**30:.1f} GiB" if total else ""
     if rank_running:
-        return Row(role, "memory", f"{avail:.1f} GiB", f"MemAvailable{total_text}", None)
+        if not memguard:
+            return Row(role, "memory", f"{avail:.1f} GiB", f"MemAvailable{total_text}; memguard off (memguard = "
+                       "false)", None, facts)
+        above = avail - floor_gib
+        if above <= 0:
+            return Row(role, "memory", f"{avail:.1f} GiB", f"MemAvailable{total_text}; below the memguard floor of "
+                       f"{floor_gib:g} GiB: memguard kills the rank", False, facts)
+        return Row(role, "memory", f"{avail:.1f} GiB", f"MemAvailable{total_text}; {above:.1f} GiB above the memguard "
+                   f"floor of {floor_gib:g} GiB", None, facts)
     enough = avail >= min_avail_gib
     need = f"a rank needs min_avail_gib = {min_avail_gib:g} GiB to start"
-    return Row(role, "memory", f"{avail:.1f} GiB", f"MemAvailable{total_text}; {need}", enough)
+    return Row(role, "memory", f"{avail:.1f} GiB", f"MemAvailable{total_text}; {need}", enough, facts)
 
 
 def marker_verified(check: Mapping[str, Any] | None) -> bool:
@@ -248,13 +302,16 @@ def sums_current(check: Mapping[str, Any] | None, names: Sequence[str]) -> bool:
 
 
 def folder_row(role: str, item: str, path: str, check: Mapping[str, Any] | None, sums: str, verified: bool) -> Row:
+    facts: dict[str, Any] = {"path": path, "present": check is not None, "list": sums, "listed": None,
+                             "files": None, "verified": False}
     if check is None:
-        return Row(role, item, "missing", f"no {path}", False)
+        return Row(role, item, "missing", f"no {path}", False, facts)
     if not check.get("sums_sha"):
-        return Row(role, item, "unchecked", f"no {sums} in {path}", False)
+        return Row(role, item, "unchecked", f"no {sums} in {path}", False, facts)
     files = len([n for n in check["names"] if n in check["files"]])
+    facts.update(listed=len(check["names"]), files=files, verified=verified)
     detail = f"{files} of {len(check['names'])} files of {sums} in {path}"
-    return Row(role, item, "verified" if verified else "not verified", detail, verified)
+    return Row(role, item, "verified" if verified else "not verified", detail, verified, facts)
 
 
 def checkpoint_row(s: Settings, facts: SparkFacts) -> Row:
@@ -262,14 +319,18 @@ def checkpoint_row(s: Settings, facts: SparkFacts) -> Row:
     if s.is_head:
         plan = facts.get("checkpoint") or {}
         detail = fetch_summary("", plan, s.active_model_repo, s.active_model_revision, s.layout.hub).lstrip(": ")
+        found = {"repo": s.active_model_repo, "revision": s.active_model_revision,
+                 **{k: plan.get(k) for k in ("complete", "commit", "missing_bytes", "total_bytes", "error")}}
         if plan.get("complete"):
-            return Row(role, "checkpoint", "complete", detail, True)
-        return Row(role, "checkpoint", "unknown" if plan.get("error") else "incomplete", detail, False)
+            return Row(role, "checkpoint", "complete", detail, True, found)
+        return Row(role, "checkpoint", "unknown" if plan.get("error") else "incomplete", detail, False, found)
     if s.worker_weights == "nfs":
         volume = facts.get("nfs_volume")
+        found = {"volume": s.nfs_volume, "present": bool(volume)}
         if volume:
-            return Row(role, "checkpoint", "via NFS", f"the head's cache through docker volume {s.nfs_volume}", True)
-        return Row(role, "checkpoint", "no volume", f"docker volume {s.nfs_volume} is missing", False)
+            return Row(role, "checkpoint", "via NFS", f"the head's cache through docker volume {s.nfs_volume}", True,
+                       found)
+        return Row(role, "checkpoint", "no volume", f"docker volume {s.nfs_volume} is missing", False, found)
     copy = facts.get("checkpoint_copy")
     return folder_row(role, "checkpoint", s.layout.model_folder, copy, BLOB_SUMS, marker_verified(copy))
 
@@ -277,20 +338,21 @@ def checkpoint_row(s: Settings, facts: SparkFacts) -> Row:
 def weights_row(role: str, rank: int, symlink: str, target: str | None, folder: Mapping[str, Any] | None,
                 check: Mapping[str, Any] | None, verify: bool) -> Row:
     item = "weight file"
-    if not target:
-        return Row(role, item, "missing", f"no {symlink}", False)
     folder = folder or {}
     bins = (folder.get("bins") or {}).get(rank, [])
     partial = rank in (folder.get("partial") or [])
+    facts = {"link": symlink, "target": target, "files": list(bins), "partial": partial, "verified": None}
+    if not target:
+        return Row(role, item, "missing", f"no {symlink}", False, facts)
     if len(bins) != 1 or partial:
         what = "an interrupted build" if partial else f"{len(bins)} rank{rank} files"
-        return Row(role, item, "incomplete", f"{what} in {symlink} -> {target}", False)
+        return Row(role, item, "incomplete", f"{what} in {symlink} -> {target}", False, facts)
     if verify:
         verified = marker_verified(check)
         return Row(role, item, "verified" if verified else "not verified", f"{bins[0]} in {symlink} -> {target}",
-                   verified)
+                   verified, {**facts, "verified": verified})
     # made on this Spark by the image's tool, whole when no partial build is left; no list to check it against
-    return Row(role, item, "whole (no checksum list)", f"{bins[0]} in {symlink} -> {target}", True)
+    return Row(role, item, "whole (no checksum list)", f"{bins[0]} in {symlink} -> {target}", True, facts)
 
 
 def unit_row(role: str, unit: str, unit_state: Mapping[str, Any] | None, setting: str, wanted: bool) -> Row:
@@ -300,7 +362,9 @@ def unit_row(role: str, unit: str, unit_state: Mapping[str, Any] | None, setting
     state = active if installed else "not installed"
     running = active in ("active", "activating", "reloading")
     detail = (f"enabled: {unit_state.get('enabled')}; " if installed else "") + f"{setting} = {str(wanted).lower()}"
-    return Row(role, unit.removesuffix(".service"), state, detail, running == wanted)
+    facts = {"unit": unit, "enabled": unit_state.get("enabled") or None, "active": active, "setting": setting,
+             "wanted": wanted}
+    return Row(role, unit.removesuffix(".service"), state, detail, running == wanted, facts)
 
 
 def count_changes(plan: Sequence[Mapping[str, Any]]) -> tuple[dict[str, int], dict[str, int]]:
@@ -318,28 +382,33 @@ def count_changes(plan: Sequence[Mapping[str, Any]]) -> tuple[dict[str, int], di
 def plan_row(plan: PlanCount, names: Mapping[str, str]) -> Row:
     """names: role -> inventory host name."""
     if plan["error"]:
-        return Row("pair", "deploy", "unknown", f"deploy.py --dry: {plan['error']}", None)
+        return Row("pair", "deploy", "unknown", f"deploy.py --dry: {plan['error']}", None,
+                   {"changes": None, "may_change": None, "error": plan["error"]})
     counts = {role: plan["changes"].get(name, 0) for role, name in names.items()}
     maybe = {role: plan["conditional"].get(name, 0) for role, name in names.items()}
+    facts = {"changes": counts, "may_change": maybe, "error": None}
     total = sum(counts.values())
     detail = ", ".join(f"{role} {n}" for role, n in counts.items()) + " operations would change"
     if any(maybe.values()):
         detail += " (" + ", ".join(f"{role} {n}" for role, n in maybe.items()) + " may change)"
     return Row("pair", "deploy", "converged" if total == 0 else f"{total} to change",
-               detail + "; pyinfra inventory.py deploy.py --dry shows them", total == 0)
+               detail + "; pyinfra inventory.py deploy.py --dry shows them", total == 0, facts)
 
 
 def build_rows(head_settings: Settings, worker_settings: Settings, head: SparkFacts, worker: SparkFacts,
                api: ApiProbe, plan: PlanCount | None, now: datetime,
-               host_names: Mapping[str, str] | None = None) -> list[Row]:
-    """The table: the ranks, the API, the deploy plan, then per Spark the GPU lock, the link, memory, data, units.
-    host_names: role -> inventory name (the plan counts by host name)."""
+               host_names: Mapping[str, str] | None = None, metrics: MetricsProbe | None = None,
+               previous_metrics: MetricsProbe | None = None) -> list[Row]:
+    """The table: the ranks, the API and its /metrics, the deploy plan, then per Spark the GPU lock, the link,
+    memory, data, units. host_names: role -> inventory name (the plan counts by host name); previous_metrics: the
+    last refresh's, for the counters' rates."""
     both = ((head_settings, head), (worker_settings, worker))
     rows = [unreachable_row(s.role, facts["unreachable"]) if "unreachable" in facts else
             rank_row(s.role, s.rank, s.container_name, facts.get("container") or {}, facts.get("want_hash"),
                      facts.get("spec_note", ""), now) for s, facts in both]
     sparks = [(s, facts) for s, facts in both if "unreachable" not in facts]  # the rest: what they say
     rows.append(api_row(head_settings.api_base_url, head_settings.served_name, api))
+    rows += metric_rows(metrics, previous_metrics)
     if plan is not None:
         rows.append(plan_row(plan, host_names or {"head": "head", "worker": "worker"}))
     for s, facts in sparks:
@@ -350,7 +419,8 @@ def build_rows(head_settings: Settings, worker_settings: Settings, head: SparkFa
                           facts.get("roce") or {}, facts.get("pings") or [], s.link_mtu)
     for s, facts in sparks:
         running = bool((facts.get("container") or {}).get("running"))
-        rows.append(memory_row(s.role, facts.get("meminfo") or {}, s.min_avail_gib, running))
+        rows.append(memory_row(s.role, facts.get("meminfo") or {}, s.min_avail_gib, running, s.memguard,
+                               s.memguard_gib))
     for s, facts in sparks:
         layout = s.layout
         rows.append(checkpoint_row(s, facts))
@@ -371,6 +441,42 @@ def build_rows(head_settings: Settings, worker_settings: Settings, head: SparkFa
     return rows
 
 
+def metric_number(value: float) -> str:
+    return f"{value:.0f}" if value.is_integer() else f"{value:.2f}"
+
+
+def metric_rows(probe: MetricsProbe | None, previous: MetricsProbe | None) -> list[Row]:
+    """One row per metric rank 0's /metrics serves (summed over its labels), with each counter's rise since the
+    previous refresh; one row saying why when it was not read. Information only: an engine without /metrics
+    serves all the same."""
+    if probe is None:
+        return [Row("head", "metrics", "not read", "the API does not answer", None,
+                    {"url": None, "problem": "the API does not answer"})]
+    if probe["problem"] is not None:
+        return [Row("head", "metrics", "not read", f"{probe['url']}: {probe['problem']}", None,
+                    {"url": probe["url"], "problem": probe["problem"]})]
+    if not probe["values"]:
+        return [Row("head", "metrics", "none", f"{probe['url']} lists no counter or gauge", None,
+                    {"url": probe["url"], "problem": None})]
+    seconds = None
+    if previous and previous["problem"] is None and probe["read_at"] and previous["read_at"]:
+        seconds = probe["read_at"] - previous["read_at"] if probe["read_at"] > previous["read_at"] else None
+    rows = []
+    for name, value in probe["values"].items():
+        kind = probe["kinds"].get(name, "untyped")
+        before = previous["values"].get(name) if previous and seconds else None
+        facts: dict[str, Any] = {"metric": name, "kind": kind, "value": value, "rise": None, "per_s": None}
+        detail = kind
+        if kind == "counter" and before is not None and seconds:
+            if value < before:  # the engine started again: its counters begin at 0
+                detail += f", reset since the last refresh (was {metric_number(before)})"
+            else:
+                facts.update(rise=value - before, per_s=(value - before) / seconds)
+                detail += f", +{metric_number(value - before)} in {seconds:.0f} s ({facts['per_s']:.1f}/s)"
+        rows.append(Row("head", name.removeprefix(METRIC_PREFIX), metric_number(value), detail, None, facts))
+    return rows
+
+
 def generation_folder(s: Settings, generation: Generation) -> str:
     """The weight folder this Spark's rank of `generation` mounts (its bulk on disk)."""
     return next((src for src, dst, _ro in generation.specs[s.rank].mounts if dst == InContainer.RANK_CACHE), "")
@@ -383,16 +489,19 @@ def generations_row(s: Settings, facts: SparkFacts) -> Row:
     records = read_records(found.get("files") or {}, found.get("last_good") or "")
     label = ((facts.get("container") or {}).get("labels") or {}).get(LABEL_HASH)
     sizes = facts.get("generation_sizes") or {}
-    parts = []
+    parts, kept = [], []
     for generation in records.good():
-        marks = (["current"] if generation.specs[s.rank].spec_hash() == label else []) + (
-            ["last good"] if generation.id == records.last_good else [])
+        current = generation.specs[s.rank].spec_hash() == label
+        marks = (["current"] if current else []) + (["last good"] if generation.id == records.last_good else [])
         size = sizes.get(generation_folder(s, generation))
         parts.append(f"{generation.id} ({', '.join(marks + [gib(size) if size is not None else 'weights gone'])})")
+        kept.append({"id": generation.id, "current": current, "last_good": generation.id == records.last_good,
+                     "weights_bytes": size})
+    kept_facts = {"kept": kept, "last_good": records.last_good or None, "keep_generations": s.keep_generations}
     if not parts:
-        return Row(s.role, "generations", "none", "no pair has passed its smoke test here yet", None)
+        return Row(s.role, "generations", "none", "no pair has passed its smoke test here yet", None, kept_facts)
     return Row(s.role, "generations", f"{len(parts)} kept", "; ".join(parts) + f" (keep_generations = "
-               f"{s.keep_generations})", None)
+               f"{s.keep_generations})", None, kept_facts)
 
 
 def gib(size: int) -> str:
@@ -491,13 +600,37 @@ def spark_facts(spark: Any, s: Settings) -> SparkFacts:
     return facts
 
 
-def probe_api(head: Any, s: Settings) -> ApiProbe:
-    """GET /v1/models from this machine (with the key from the head's key file when api_key is on), timed."""
-    key = read_api_key(head, s.layout.api_key) if s.api_key and head.connected else ""
+def api_key_for(head: Any, s: Settings) -> str | None:
+    """The key rank 0 wants, from the head's key file ("" with api_key off, or when the file gives none); None when
+    the head did not answer to be asked."""
+    if not head.connected:
+        return None
+    return read_api_key(head, s.layout.api_key) if s.api_key else ""
+
+
+def probe_api(s: Settings, key: str | None) -> ApiProbe:
+    """GET /v1/models from this machine (with `key`, from api_key_for), timed."""
     start = time.monotonic()
-    problem = models_listed(s.api_base_url, s.served_name, key)
+    problem = models_listed(s.api_base_url, s.served_name, key or "")
     return {"problem": problem, "latency_ms": (time.monotonic() - start) * 1000, "key_on": s.api_key,
-            "key_read": bool(key) if head.connected else None}
+            "key_read": None if key is None else bool(key)}
+
+
+def probe_metrics(base_url: str, key: str, timeout: float = 5) -> MetricsProbe:
+    """GET /metrics from this machine (the engine asks for the key there as on /v1), parsed."""
+    url = f"{base_url}/metrics"
+    probe: MetricsProbe = {"url": url, "problem": None, "values": {}, "kinds": {}, "read_at": None}
+    try:
+        r = requests.get(url, headers=auth_headers(key), timeout=timeout)
+    except requests.RequestException as e:
+        return {**probe, "problem": f"no answer ({type(e).__name__})"}
+    if r.status_code != 200:
+        said = {401: "refused the API key (401)", 404: "not served by this engine (404)"}
+        return {**probe, "problem": said.get(r.status_code, f"answered {r.status_code}")}
+    exposition = prometheus.parse(r.text)
+    values = prometheus.totals(exposition)
+    kinds = {name: prometheus.family_type(name, exposition.types) for name in values}
+    return {**probe, "values": values, "kinds": kinds, "read_at": time.time()}
 
 
 def dry_run_argv(argv: Sequence[str]) -> list[str]:
@@ -539,18 +672,81 @@ def deploy_plan(argv: Sequence[str]) -> PlanCount:
 class Report:
     rows: list[Row]
     verdict: str | None  # None: serving
+    hosts: Mapping[str, str] = field(default_factory=dict)  # role -> inventory name
+    ssh: Mapping[str, bool] = field(default_factory=dict)  # role -> whether it answered over ssh
+    metrics: MetricsProbe | None = None  # the next refresh's previous_metrics
+    taken_at: datetime | None = None
 
 
 def gather(head: Any, worker: Any, head_settings: Settings, worker_settings: Settings,
-           argv: Sequence[str] | None) -> Report:
-    """Read both Sparks (and, with argv, the deploy plan) and build the table. argv: this run's command line."""
+           argv: Sequence[str] | None, previous: Report | None = None) -> Report:
+    """Read both Sparks (and, with argv, the deploy plan) and build the table. argv: this run's command line;
+    previous: the last refresh's report (status_watch), for the counters' rates."""
     head_facts, worker_facts = spark_facts(head, head_settings), spark_facts(worker, worker_settings)
     wanted_hashes(head_settings, worker_settings, head_facts, worker_facts)
-    api = probe_api(head, head_settings)
+    key = api_key_for(head, head_settings)
+    api = probe_api(head_settings, key)
+    metrics = probe_metrics(head_settings.api_base_url, key or "") if api["problem"] is None else None
     # deploy.py --dry stops at a Spark that does not answer: its plan would say only that, after a timeout
     plan = deploy_plan(argv) if argv is not None and head.connected and worker.connected else None
-    rows = build_rows(head_settings, worker_settings, head_facts, worker_facts, api, plan, datetime.now(UTC),
-                      {"head": head.name, "worker": worker.name})
+    now = datetime.now(UTC)
+    hosts = {"head": head.name, "worker": worker.name}
+    rows = build_rows(head_settings, worker_settings, head_facts, worker_facts, api, plan, now, hosts, metrics,
+                      previous.metrics if previous else None)
     containers = {s.rank: None if "unreachable" in facts else facts.get("container") or {}
                   for s, facts in ((head_settings, head_facts), (worker_settings, worker_facts))}
-    return Report(rows, not_serving(containers, api))
+    return Report(rows, not_serving(containers, api), hosts, {"head": head.connected, "worker": worker.connected},
+                  metrics, now)
+
+
+# --- what status.py prints ----------------------------------------------------------------------------------------
+
+def render_text(report: Report, s: Settings, problems: Sequence[str], every_s: int = 0) -> str:
+    """The table for a person: who, the settings problems, the rows, then whether the pair serves."""
+    title = f"sparkfold status: head {report.hosts.get('head')}, worker {report.hosts.get('worker')}"
+    if every_s and report.taken_at:
+        title += f"; {report.taken_at:%Y-%m-%d %H:%M:%S} UTC, again every {every_s} s (Ctrl-C stops)"
+    lines = [title, *[f"  settings problem (deploy.py stops on it): {p}" for p in problems], render_table(report.rows),
+             ""]
+    lines.append(f"serving: {s.served_name} at {s.api_base_url}/v1" if report.verdict is None
+                 else f"NOT serving: {report.verdict}")
+    return "\n".join(lines)
+
+
+def render_json(report: Report, s: Settings, problems: Sequence[str]) -> str:
+    """The same as one JSON document on one line (pyinfra's --json): each row with the facts it was decided from."""
+    doc = {
+        "time": report.taken_at.isoformat() if report.taken_at else None,
+        "serving": report.verdict is None,
+        "verdict": report.verdict,
+        "api": {"url": f"{s.api_base_url}/v1", "model": s.served_name},  # what an OpenAI client is given
+        "settings_problems": list(problems),
+        "sparks": {role: {"host": name, "ssh": report.ssh.get(role)} for role, name in report.hosts.items()},
+        "rows": [{"spark": r.spark, "item": r.item, "state": r.state, "ok": r.ok, "detail": r.detail,
+                  "facts": dict(r.facts)} for r in report.rows],
+    }
+    return json.dumps(doc, default=str)
+
+
+def watch_frame(text: str, terminal: bool, as_json: bool) -> str:
+    """One refresh as printed: on a terminal it replaces the last one; in a file or a pipe it follows it (a JSON
+    document a line)."""
+    if as_json:
+        return text
+    return CLEAR + text if terminal else text + "\n"
+
+
+def watch(read: Callable[[Report | None], Report], show: Callable[[Report], None], every_s: float,
+          sleep: Callable[[float], None] = time.sleep, clock: Callable[[], float] = time.monotonic,
+          frames: int | None = None) -> None:
+    """Read and show the table every `every_s` seconds, counted from the start of one read to the next, until
+    interrupted (pyinfra ends the run on Ctrl-C); `frames` stops after that many."""
+    report: Report | None = None
+    shown = 0
+    while frames is None or shown < frames:
+        started = clock()
+        report = read(report)
+        show(report)
+        shown += 1
+        if frames is None or shown < frames:
+            sleep(max(0.0, every_s - (clock() - started)))

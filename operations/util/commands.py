@@ -18,3 +18,9 @@ def fail_command(message: str) -> StringCommand:
 def sh(*words: object) -> str:
     """Join words into one shell command line, each quoted."""
     return " ".join(shlex.quote(str(w)) for w in words)
+
+
+def source_env_file(path: str) -> str:
+    """Shell text (ending in `; `) that exports the variables of `path` when it is readable: secrets a command needs
+    (a proxy with a password) reach it without appearing on its command line. "" without a path."""
+    return f"[ ! -r {shlex.quote(path)} ] || . {shlex.quote(path)}; " if path else ""

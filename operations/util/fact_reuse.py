@@ -12,7 +12,8 @@ several operations (the addresses, the link record, an image, a unit). Two rules
 Worth its rule, measured (tests/bench/deploy_speed.py --runs 3 --skip copy, simulated pair, 2026-12-04): a converged
 deploy.py took 3.76 s with every answer read again and 3.26 s with these rules (bare pyinfra 0.62 s: converged_ratio
 6.05 against 5.16). Used by the link, image, GPU clock, preflight and docker steps, unit_service and the
-checkpoint's plan (facts/model.hf_plan); not by the rank path, which reads one composite fact per Spark.
+checkpoint's plan (facts/model.hf_plan); the rank path reads one composite fact per Spark afresh, and takes only the
+docker step's answers (daemon.json, docker info) through fact_until_change.
 """
 
 from __future__ import annotations

@@ -3,7 +3,8 @@
 Two layouts:
 - the cache (HF_HOME/hub): models--org--name/refs/<rev>, snapshots/<commit>/<path> (symlinks into ../../blobs),
   blobs/<etag> and blobs/<etag>.incomplete while a download runs;
-- a local_dir download: real files at <dir>/<path>, partial ones at <dir>/.cache/huggingface/download/<path>.incomplete.
+- a local_dir download: real files at <dir>/<path>, partial ones under <dir>/.cache/huggingface/download/ (named
+  <path>.incomplete by huggingface_hub before 1.0, <folder>/<hash>.<etag>.<tmp>.incomplete by 2.x).
 
 This module is also sent to the head verbatim, in front of operations/remote/hf_plan.py and hf_fetch.py, so it must
 stay standard-library only and free of project imports.
@@ -19,6 +20,7 @@ import re
 MANIFEST_NAME = ".sparkfold-complete.json"  # written by hf_fetch after a verified download
 PARTIAL_SUFFIX = ".incomplete"  # huggingface_hub's file while it downloads; a killed download leaves it behind
 _COMMIT = re.compile(r"[0-9a-f]{40}")
+_ETAG = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")  # a git blob id or an LFS sha256
 
 
 def is_commit(revision: str) -> bool:
@@ -88,20 +90,23 @@ def incomplete_blobs(repo_path: str) -> dict:
 
 
 def incomplete_local(local_dir: str) -> dict:
-    """{path: bytes so far} of a local_dir download's interrupted files."""
+    """{key: bytes so far} of a local_dir download's partial files, keyed by <path> or <path>.<etag> (older
+    huggingface_hub) and by the etag in the name (2.x: <folder>/<hash>.<etag>.<tmp>.incomplete)."""
     base = os.path.join(local_dir, ".cache", "huggingface", "download")
-    out = {}
+    out: dict[str, int] = {}
     for dirpath, _dirs, files in os.walk(base):
         for name in files:
             if name.endswith(PARTIAL_SUFFIX):
                 full = os.path.join(dirpath, name)
                 rel = os.path.relpath(full, base).replace(os.sep, "/")
                 # huggingface_hub names them <path>.incomplete or <path>.<etag>.incomplete
-                key = rel[: -len(PARTIAL_SUFFIX)]
+                keys = [rel[: -len(PARTIAL_SUFFIX)]] + [w for w in name.split(".") if _ETAG.fullmatch(w)]
                 try:
-                    out[key] = os.stat(full).st_size
+                    size = os.stat(full).st_size
                 except OSError:
-                    pass
+                    continue
+                for key in keys:
+                    out[key] = max(out.get(key, 0), size)
     return out
 
 

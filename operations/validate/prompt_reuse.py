@@ -4,16 +4,15 @@ tokens, and a time to first token at most REUSE_TTFT_RATIO of the first turn's."
 
 from __future__ import annotations
 
-import re
 import secrets
 
+from operations.util import prometheus
 from operations.validate.client import THINKING_OFF, Client, CouldNotRun, HttpError, StreamReply
 from operations.validate.context import paragraphs
 from operations.validate.result import FAIL, PASS, UNVERIFIED, Result
 
 REUSE_TTFT_RATIO = 0.5  # without reuse both turns prefill the same tokens and take about as long
 METRIC = "tensorfold_cached_tokens_total"
-_SAMPLE = re.compile(rf"^{METRIC}(?:\{{[^}}]*\}})?\s+(\S+)", re.MULTILINE)
 
 
 def cached_tokens(usage: dict) -> int | None:
@@ -27,11 +26,7 @@ def metric_total(client: Client) -> float | None:
         text = client.get("/metrics").text
     except (CouldNotRun, HttpError):
         return None
-    samples = _SAMPLE.findall(text)
-    try:
-        return sum(float(v) for v in samples) if samples else None
-    except ValueError:
-        return None
+    return prometheus.totals(prometheus.parse(text), [METRIC]).get(METRIC)
 
 
 def _turn(client: Client, messages: list[dict]) -> StreamReply:

@@ -3,12 +3,18 @@
 Fixtures (session-wide; the pair comes up once per session):
   sim_pair      -> Path of the site file for the simulated pair (the pair is up and ssh answers)
   site_file     -> the same Path
-  run_pyinfra   -> run_pyinfra(*args, env=None, timeout=1800) -> PyinfraRun(data, stderr, returncode, stdout):
-                   `python -m pyinfra *args --json` in the project root with SPARKFOLD_SITE set; data is the parsed
-                   JSON (None when stdout held none). e.g. run_pyinfra("inventory.py", "deploy.py", "--dry")
+  run_pyinfra   -> run_pyinfra(*args, env=None, timeout=1800, as_json=True) -> PyinfraRun(data, stderr, returncode,
+                   stdout): `python -m pyinfra *args --json` in the project root with SPARKFOLD_SITE set, without
+                   this machine's Hugging Face variables and token (sim.deploy_env); data is the parsed JSON (None
+                   when stdout held none); as_json=False leaves --json out (what a person reads).
+                   e.g. run_pyinfra("inventory.py", "deploy.py", "--dry")
   sim_exec      -> sim_exec(role, cmd, user=None) -> CompletedProcess (text stdout/stderr, returncode); root unless
                    user is given; cmd is a shell string or an argv list
   sim           -> the tests.sim.sim module (set_memavail, ssh_argv, RAILS, ...)
+Per test:
+  converged_pair -> the pair converged with the default settings and serving (a deploy only when a quick check
+                   says it is not, or an earlier test failed); every file uses it but for the tests marked
+                   fresh_pair (test_deploy.py's first two, which start from fresh Sparks)
 
 Environment: SPARKSIM_REUSE=1 reuses a running pair (default: recreate it at session start, so every session
 starts from fresh Sparks); SPARKSIM_DOWN=1 removes the pair at the end (default: it stays up for inspection;
@@ -25,6 +31,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import pytest
+import requests
 
 ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
@@ -107,11 +114,11 @@ def _parse_json(stdout: str) -> Any:
 
 @pytest.fixture(scope="session")
 def run_pyinfra(sim_pair):
-    def run(*args: str, env: dict[str, str] | None = None, timeout: float = 1800) -> PyinfraRun:
-        full_env = dict(os.environ, SPARKFOLD_SITE=str(sim_pair), PYINFRA_PROGRESS="off")
-        full_env.update(env or {})
+    def run(*args: str, env: dict[str, str] | None = None, timeout: float = 1800, as_json: bool = True) -> PyinfraRun:
+        # without this machine's Hugging Face variables and token (tests/sim/sim.py deploy_env)
+        full_env = _sim.deploy_env({"SPARKFOLD_SITE": str(sim_pair), **(env or {})})
         argv = [sys.executable, "-m", "pyinfra", *args]
-        if "--json" not in args:
+        if as_json and "--json" not in args:
             argv.append("--json")
         proc = subprocess.run(argv, cwd=ROOT, env=full_env, capture_output=True, timeout=timeout,
                               stdin=subprocess.DEVNULL)
@@ -128,3 +135,63 @@ def sim_exec(sim_pair):
         return _sim.exec_in(role, cmd, user=user, timeout=timeout)
 
     return run
+
+
+# --- a converged pair for each test -----------------------------------------------------------------------------
+
+RANK_CONTAINER = "dsv41-1017-exl3-tf"  # container_name's default
+SERVED_NAME = "DeepSeek-V4.1-Flash-1017"  # served_name's default
+
+
+class _Pair:
+    """What this session knows of the pair: the ranks' spec hashes right after the last converged deploy, and
+    whether a test failed since (it may have stopped half-way through a change the quick check cannot see: a link
+    address, a unit file, a stopped timer)."""
+
+    hashes: tuple[str, str] | None = None
+    suspect = False
+
+
+def _spec_hashes(sim_exec) -> tuple[str, str]:
+    """Each rank's spec hash while it runs ("" when it does not)."""
+    found = []
+    for role in ("head", "worker"):
+        out = sim_exec(role, ["docker", "inspect", "-f", '{{.State.Running}} {{index .Config.Labels '
+                                                          '"sparkfold.spec-hash"}}', RANK_CONTAINER])
+        running, _, label = out.stdout.strip().partition(" ")
+        found.append(label if out.returncode == 0 and running == "true" else "")
+    return found[0], found[1]
+
+
+def _api_serves() -> bool:
+    """Rank 0's API lists the model without a key (api_key is off by default: a 401 means a test left it on)."""
+    try:
+        r = requests.get(f"http://127.0.0.1:{_sim.API_PORT}/v1/models", timeout=5)
+        return r.status_code == 200 and SERVED_NAME in [m.get("id") for m in r.json().get("data", [])]
+    except (requests.RequestException, ValueError):
+        return False
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    report = yield
+    if report.failed and item.get_closest_marker("e2e"):
+        _Pair.suspect = True  # the next converged_pair deploys, whatever its quick check says
+    return report
+
+
+@pytest.fixture
+def converged_pair(request, run_pyinfra, sim_exec):
+    """The pair converged with the default settings and serving, so a test (a file alone, or a -k subset) does not
+    depend on the tests before it. The quick check: both ranks run the specs the last converged deploy of this
+    session started and rank 0's API lists the model (two docker inspects and one GET). Otherwise, and on the first
+    use in a session or after a failed test, it deploys (a converged deploy changes nothing and takes seconds). A
+    test that changes the pair converges it again before it ends; one that fails midway leaves that to this."""
+    if request.node.get_closest_marker("fresh_pair"):
+        return
+    if not _Pair.suspect and _Pair.hashes is not None and _spec_hashes(sim_exec) == _Pair.hashes and _api_serves():
+        return
+    run = run_pyinfra("inventory.py", "deploy.py", "-y")
+    if run.returncode != 0:
+        pytest.fail(f"converged_pair: the deploy failed:\n{run.stderr[-6000:]}", pytrace=False)
+    _Pair.hashes, _Pair.suspect = _spec_hashes(sim_exec), False

@@ -1,21 +1,28 @@
 """A netplan apply that cuts a Spark's management path is undone by the Spark itself, the run fails saying so, and
-the next run converges (issue 9). The cut comes from the stand-in netplan's test-only fault hook
-(tests/sim/standins/netplan): operations/ knows nothing of it.
+the next run converges (issue 9). A power cycle in the window, before anything decided, boots the files as they
+were before the apply, and the next run settles the apply it left (issue 19). The cut comes from the stand-in
+netplan's test-only fault hook (tests/sim/standins/netplan): operations/ knows nothing of it.
 
-Runs after test_deploy.py and test_guards.py (file order); on its own it deploys the pair first.
+Starts from a converged pair (converged_pair) and leaves one.
 """
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
+import threading
 import time
 
-from test_deploy import DEPLOY, addresses, changed_ops, chat, deploy, wait_until
+import pytest
+from test_deploy import DEPLOY, addresses, changed_ops, chat, deploy, start_deploy, wait_until
 
 ROLLBACK_S = 90  # the shortest window the settings take (longer than the confirmation's wait for the apply)
 ROLLBACK = {"SPARKFOLD_LINK_ROLLBACK_S": str(ROLLBACK_S)}
 RAIL, ADDRESS = "enP2p1s0f0np0", "192.168.101.2/24"
 NETPLAN = "/etc/netplan/60-sparkfold-cx7.yaml"
+
+pytestmark = pytest.mark.usefixtures("converged_pair")
 
 
 def ssh_answers(sim, role: str) -> bool:
@@ -29,8 +36,19 @@ def newest_apply(sim_exec) -> str:
     return sim_exec("worker", "ls -1d /var/lib/sparkfold/netplan-apply/* | tail -1").stdout.strip()
 
 
+def power_cycle(sim_exec, role: str) -> None:
+    """What a power cycle does to a Spark's network (a simulated Spark cannot reboot): the transient revert timers,
+    the killed run's ssh session (the process its run lock records: cut off, it would otherwise wait for TCP to give
+    up) and the tmpfs /run/netplan are gone, and the network comes up from the files under /etc/netplan (the
+    stand-in's apply, which also lifts the fault's cut, as a boot would)."""
+    done = sim_exec(role, "for p in /run/sim-systemd-run/sparkfold-netplan-revert-*.pid; do [ -e \"$p\" ] || "
+                          "continue; kill \"$(cat \"$p\")\"; rm -f \"$p\"; done; "
+                          "s=$(sed -n 's/^pid=//p' /var/lib/sparkfold/run.lock); [ -z \"$s\" ] || kill \"$s\" || true; "
+                          "rm -rf /run/netplan; netplan apply")
+    assert done.returncode == 0, done.stderr
+
+
 def test_an_apply_that_cuts_ssh_is_reverted_by_the_spark_and_the_next_run_converges(run_pyinfra, sim_exec, sim):
-    deploy(run_pyinfra)  # converged and serving (a no-op after the files before this one)
     # drift that needs an apply on the worker (a hand-edited file and a lost address), and an apply that will cut
     # the controller's ssh to it
     assert sim_exec("worker", f"echo '# edited by hand' >> {NETPLAN}").returncode == 0
@@ -70,3 +88,47 @@ def test_an_apply_that_cuts_ssh_is_reverted_by_the_spark_and_the_next_run_conver
     time.sleep(ROLLBACK_S + 2)  # past the window: the confirmed apply's timer fired and did nothing
     assert sim_exec("worker", f"test -e {folder}/reverted").returncode != 0
     assert addresses(sim_exec, "worker", RAIL) == [ADDRESS]
+
+
+def test_a_power_cycle_in_the_window_boots_the_files_from_before_and_the_next_run_settles_it(
+        run_pyinfra, sim_exec, sim, site_file, monkeypatch):
+    before = newest_apply(sim_exec)
+    assert sim_exec("worker", f"echo '# edited by hand' >> {NETPLAN}").returncode == 0
+    assert sim_exec("worker", f"ip addr del {ADDRESS} dev {RAIL}").returncode == 0
+    assert sim_exec("worker", "echo cut-management > /run/sim-netplan.fault").returncode == 0
+    monkeypatch.setenv("SPARKFOLD_LINK_ROLLBACK_S", "3600")  # the timer cannot fire: only the power cycle acts
+    run = start_deploy(site_file)
+    said: list[str] = []
+    assert run.stderr is not None
+    reader = threading.Thread(target=lambda: said.extend(run.stderr), daemon=True)  # a full pipe would stall it
+    reader.start()
+    try:
+        # the worker's apply ran and cut ssh: the Spark stops answering, the run waits to confirm over ssh
+        folder = wait_until(lambda: (f := newest_apply(sim_exec)) != before and
+                            sim_exec("worker", f"test -e {f}/applied").returncode == 0 and f, 300, "the apply")
+        wait_until(lambda: sim_exec("worker", "test -e /run/sim-netplan.cut").returncode == 0, 30, "the cut")
+        assert "# edited by hand" in sim_exec("worker", f"cat {NETPLAN}").stdout  # the new file is staged only
+        assert sim_exec("worker", f"test -e /run/netplan/{NETPLAN.rsplit('/', 1)[1]}").returncode == 0
+    finally:  # the user gives up on the run and power-cycles the Spark that stopped answering
+        os.killpg(run.pid, signal.SIGKILL)
+        run.wait()
+    power_cycle(sim_exec, "worker")
+    wait_until(lambda: ssh_answers(sim, "worker"), 30, "ssh to the worker")
+    # it booted the files from before the apply: the hand edit is there, and the address comes from that file
+    assert "# edited by hand" in sim_exec("worker", f"cat {NETPLAN}").stdout
+    assert addresses(sim_exec, "worker", RAIL) == [ADDRESS]
+    left = sorted(sim_exec("worker", f"ls {folder}").stdout.split())  # nothing decided the apply
+    assert left == sorted(["new", "revert.sh", "promote.sh", "boot", "applied", "apply.log"]), left
+
+    # the next run settles the apply the power cycle left (undone, recorded) and applies again; then converged
+    run = deploy(run_pyinfra)
+    assert "netplan apply an earlier run left" in " ".join(changed_ops(run)), changed_ops(run)
+    assert sim_exec("worker", f"readlink {folder}/decided").stdout.strip() == "revert"
+    assert sim_exec("worker", f"test -e {folder}/reverted").returncode == 0
+    assert "reverting at" in sim_exec("worker", f"cat {folder}/revert.log").stdout
+    assert "# edited by hand" not in sim_exec("worker", f"cat {NETPLAN}").stdout
+    assert sim_exec("worker", f"test -e {newest_apply(sim_exec)}/confirmed").returncode == 0
+    assert sim_exec("worker", "ls -A /run/netplan").stdout.strip() == ""  # the confirmed files left the stage
+    assert addresses(sim_exec, "worker", RAIL) == [ADDRESS]
+    assert chat()["choices"][0]["message"]["content"]
+    assert changed_ops(deploy(run_pyinfra)) == {}

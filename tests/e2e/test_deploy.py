@@ -1,16 +1,18 @@
 """The real pyinfra CLI against the simulated pair: a fresh --dry, the first run, a converged re-run, drift repaired
 one drift at a time, bad input refused before anything changes, stop/start and restart.
 
-The tests run in file order and share the pair's state (each leaves the pair converged). Every test reads state
-back from the Sparks, not only pyinfra's report.
+The first two tests start from fresh Sparks (marked fresh_pair: the pair a session brings up, so not with
+SPARKSIM_REUSE=1 on a deployed pair); conftest.py runs this file before the others. Every other test starts from a
+converged pair (converged_pair) and leaves one. Every test reads state back from the Sparks, not only pyinfra's
+report.
 """
 
 from __future__ import annotations
 
 import io
 import json
-import os
 import re
+import shlex
 import subprocess
 import sys
 import time
@@ -21,7 +23,7 @@ import requests
 
 from operations.gpu_clock import stale_after_s
 from operations.layout import GPU_CLOCK_RECORD, GPU_CLOCK_TIMER
-from tests.sim.sim import GPU_CLOCK_PERIOD_S
+from tests.sim.sim import GPU_CLOCK_PERIOD_S, deploy_env
 
 API = "http://127.0.0.1:18888"
 NAME = "dsv41-1017-exl3-tf"
@@ -32,6 +34,8 @@ ROOT = Path(__file__).resolve().parents[2]
 GPU_LOCK = "GPU clock ceiling | locked at 2200 MHz"
 GPU_TIMER = f"GPU clock ceiling | {GPU_CLOCK_TIMER} enabled and running"
 SMI_STATE = "/var/lib/sim-nvidia/state.json"  # the stand-in GPU's state (tests/sim/standins/nvidia-smi)
+
+pytestmark = pytest.mark.usefixtures("converged_pair")
 
 
 # --- helpers ------------------------------------------------------------------------------------------------------
@@ -108,7 +112,7 @@ def lock_record(sim_exec, role: str) -> dict[str, str]:
 
 def start_deploy(site_file, stdout=subprocess.DEVNULL) -> subprocess.Popen:
     """A deploy running in the background (its own process group, so a test can kill it whole); stderr piped."""
-    env = dict(os.environ, SPARKFOLD_SITE=str(site_file), PYINFRA_PROGRESS="off")
+    env = deploy_env({"SPARKFOLD_SITE": str(site_file)})
     run = subprocess.Popen([sys.executable, "-m", "pyinfra", *DEPLOY, "-y"], cwd=ROOT, env=env,
                            stdin=subprocess.DEVNULL, stdout=stdout, stderr=subprocess.PIPE, start_new_session=True)
     # newline="": a carriage return stays in its line, where a test can see it (text=True turns it into a newline)
@@ -147,6 +151,7 @@ def addresses(sim_exec, role: str, netdev: str) -> list[str]:
 
 # --- 1. fresh pair ------------------------------------------------------------------------------------------------
 
+@pytest.mark.fresh_pair
 def test_dry_run_on_a_fresh_pair_plans_every_step_and_changes_nothing(run_pyinfra, sim_exec):
     run = run_pyinfra(*DEPLOY, "--dry")
     assert run.returncode == 0, run.stderr[-4000:]
@@ -161,6 +166,13 @@ def test_dry_run_on_a_fresh_pair_plans_every_step_and_changes_nothing(run_pyinfr
     assert pair_ids(sim_exec) == ("", "")
     assert gpu_locked(sim_exec, "worker") is None and gpu_locked(sim_exec, "head") is None
     assert sim_exec("worker", ["test", "-e", GPU_CLOCK_RECORD]).returncode != 0
+    # the checkpoint's plan came from huggingface_hub's dry run against the fake hub (its 10 files, at its commit),
+    # and planning wrote nothing into the cache (no ref for "main", no lock) nor into data_dir
+    fetch = [name for name in planned if name.startswith("The model data | Checkpoint: fetch")]
+    assert fetch and "fetch 10 files" in fetch[0] and "@3f1c7a9e52d0 " in fetch[0], fetch
+    assert "huggingface_hub 2.4.0 on the head" in " ".join(op["name"] for op in run.data["plan"]), run.data["plan"]
+    assert sim_exec("head", "ls -A /home/nvidia/.cache/huggingface/hub /home/nvidia/.cache/sparkfold 2>/dev/null"
+                    ).stdout.strip() == ""
 
 
 # each long step's progress runner prints its first line when it starts and "done in" when it ends, at pyinfra's
@@ -172,6 +184,7 @@ LONG_STEPS = [r"Checkpoint download", r"Engram tables download", r"Kernel kit do
               r"the Engram tables: checking SHA256SUMS", r"rank 1's weight file: checking SHA256SUMS"]
 
 
+@pytest.mark.fresh_pair
 def test_first_run_converges_and_serves_through_both_ranks(run_pyinfra, sim_exec):
     run = deploy(run_pyinfra)
     assert "is now LIVE! on port 8888" in run.stderr
@@ -306,6 +319,52 @@ def test_hand_edited_netplan_file_shows_its_diff_and_nothing_else(run_pyinfra, s
     changed = changed_ops(deploy(run_pyinfra))
     assert changed and all(hosts == ["sim-worker"] for hosts in changed.values()), changed
     assert sim_exec("worker", ["cat", path]).stdout == before and pair_ids(sim_exec) == ids
+
+
+DAEMON_JSON = "/etc/docker/daemon.json"
+DOCKER_STEP = "Docker with the NVIDIA runtime | docker uses the nvidia runtime by default"
+STALE_STOP = "The pair of ranks | Stop the stale pair (logs saved first)"
+# default-runtime dropped by hand, and a key of the user's added (the merge keeps it)
+DAEMON_DRIFT = ("import json, sys; p = sys.argv[1]; c = json.load(open(p)); c.pop('default-runtime'); "
+                "c['max-concurrent-downloads'] = 3; open(p, 'w').write(json.dumps(c, indent=2) + '\\n')")
+
+
+def test_daemon_json_drift_on_the_worker_shows_its_diff_and_the_pairs_restart(run_pyinfra, sim_exec):
+    """Issue 19: a repair that restarts Docker on the worker stops rank 1. --dry --diff shows daemon.json's diff and
+    the pair's restart that follows it; the run restarts Docker, then the pair, and the API is live again."""
+    before, ids = sim_exec("worker", ["cat", DAEMON_JSON]).stdout, pair_ids(sim_exec)
+    assert sim_exec("worker", ["python3", "-c", DAEMON_DRIFT, DAEMON_JSON]).returncode == 0
+    drifted = sim_exec("worker", ["cat", DAEMON_JSON]).stdout
+    run = run_pyinfra(*DEPLOY, "--dry", "--diff")
+    assert run.returncode == 0, run.stderr[-4000:]
+    planned = {op["name"]: sorted(op["hosts_with_change"]) for op in run.data["plan"] if op["hosts_with_change"]}
+    assert planned.get(DOCKER_STEP) == ["sim-worker"], planned
+    # not shown as unchanged: both ranks are removed and started again
+    assert planned.get(STALE_STOP) == ["sim-head", "sim-worker"], planned
+    assert planned.get(START1) == ["sim-worker"] and planned.get(START0) == ["sim-head"], planned
+    err = ANSI.sub("", run.stderr)
+    assert f"Will modify {DAEMON_JSON}" in err, err[-3000:]
+    assert any(line.strip() == '+   "default-runtime": "nvidia"' for line in err.splitlines()), err[-3000:]
+    assert "rank 1 restarts: Docker restarts on the worker (daemon.json changes)" in err, err[-3000:]
+    assert sim_exec("worker", ["cat", DAEMON_JSON]).stdout == drifted and pair_ids(sim_exec) == ids  # --dry: nothing
+
+    run = deploy(run_pyinfra)
+    changed = changed_ops(run)
+    assert changed.get(DOCKER_STEP) == ["sim-worker"] and START1 in changed and START0 in changed, changed
+    repaired = json.loads(sim_exec("worker", ["cat", DAEMON_JSON]).stdout)
+    assert repaired["default-runtime"] == "nvidia" and repaired["max-concurrent-downloads"] == 3  # the user's key kept
+    info = sim_exec("worker", ["docker", "info", "--format", "{{.DefaultRuntime}}"]).stdout.strip()
+    assert info == "nvidia"
+    head_after, worker_after = pair_ids(sim_exec)
+    assert head_after != ids[0] and worker_after != ids[1], (ids, head_after, worker_after)
+    assert head_after.endswith("true") and worker_after.endswith("true")
+    assert started_at(sim_exec, "worker") < started_at(sim_exec, "head")
+    assert chat()["choices"][0]["message"]["content"]
+    assert changed_ops(deploy(run_pyinfra)) == {}  # converged again
+    # the file as it was (the same settings once parsed: nothing to restart), the backup gone
+    restore = sim_exec("worker", f"printf '%s' {shlex.quote(before)} > {DAEMON_JSON} && "
+                                 f"rm -f {DAEMON_JSON}.sparkfold-backup")
+    assert restore.returncode == 0
 
 
 def group_data_dir(tmp_path, role: str, text: str):
@@ -452,6 +511,40 @@ def test_unknown_extra_serve_flag_is_refused_before_the_pair_is_touched(run_pyin
     assert changed_ops(run) == {}, changed_ops(run)
     assert pair_ids(sim_exec) == before
     assert chat()["choices"][0]["message"]["content"]
+
+
+HF_ENV_FILE = "/home/nvidia/.local/state/sparkfold/hf-env"
+HF_ENV_OP = "The model data | huggingface_hub variables for the head's downloads"
+
+
+def test_hub_variables_reach_the_head_in_a_private_file_and_their_values_never_print(run_pyinfra, sim_exec):
+    """HF_HUB_DOWNLOAD_TIMEOUT and the proxy variables of this machine go to the head's downloads in a 0600 file;
+    the plan names them, even -vvv never shows a value (a proxy URL may hold a password); without them the file
+    goes."""
+    env = {"HF_HUB_DOWNLOAD_TIMEOUT": "45", "HTTPS_PROXY": "http://sim:s3cret@proxy.invalid:3128",
+           "NO_PROXY": "127.0.0.1,localhost"}
+    run = deploy(run_pyinfra, "-vvv", env=env)
+    assert changed_ops(run) == {f"{HF_ENV_OP} (0600 file): HF_HUB_DOWNLOAD_TIMEOUT, HTTPS_PROXY, NO_PROXY":
+                                ["sim-head"]}, changed_ops(run)
+    assert "s3cret" not in run.stderr + run.stdout
+    assert sim_exec("head", ["stat", "-c", "%a %U", HF_ENV_FILE]).stdout.split() == ["600", "nvidia"]
+    seen = sim_exec("head", f". {HF_ENV_FILE}; echo \"$HF_HUB_DOWNLOAD_TIMEOUT $HTTPS_PROXY $NO_PROXY\"").stdout
+    assert seen.split() == ["45", "http://sim:s3cret@proxy.invalid:3128", "127.0.0.1,localhost"]
+    assert changed_ops(deploy(run_pyinfra, env=env)) == {}  # converged with them
+    run = deploy(run_pyinfra)
+    assert list(changed_ops(run)) == [f"{HF_ENV_OP}: none set on this machine"]
+    assert sim_exec("head", ["test", "-e", HF_ENV_FILE]).returncode != 0
+
+
+def test_a_hf_hub_version_the_given_python_lacks_is_refused_before_any_change(run_pyinfra, sim_exec):
+    """The simulated head's hf_python (python3) has the pin; another pin is refused, with the fix, by --dry and by
+    a run, which changes nothing (sparkfold never installs into a python it did not make)."""
+    dry = run_pyinfra(*DEPLOY, "--dry", "--data", "hf_hub_version=9.9.9")
+    assert "will fail: hf_python: python3 has huggingface_hub 2.4.0, not hf_hub_version 9.9.9" in dry.stderr, \
+        dry.stderr[-3000:]
+    run = failing_deploy(run_pyinfra, "--data", "hf_hub_version=9.9.9")
+    assert "pip install 'huggingface_hub[hf_xet]==9.9.9'" in run.stderr and changed_ops(run) == {}
+    assert sim_exec("head", "python3 -c 'import huggingface_hub as h; print(h.__version__)'").stdout.strip() == "2.4.0"
 
 
 def test_ablit_without_a_token_is_refused_before_any_download(run_pyinfra, sim_exec):

@@ -1,16 +1,19 @@
 """memguard and the optional supervisor, running for real on the simulated pair (under the stand-in systemctl).
 
-Runs after test_deploy.py (file order) and leaves a converged, serving pair.
+Starts from a converged pair (converged_pair) and leaves one.
 """
 
 from __future__ import annotations
 
 import time
 
+import pytest
 import requests
 from test_deploy import API, NAME, START0, START1, changed_ops, chat, deploy, pair_ids, wait_until
 
 SUPERVISOR = "sparkfold-supervise.service"
+
+pytestmark = pytest.mark.usefixtures("converged_pair")
 
 
 def running(sim_exec, role: str) -> bool:

@@ -2,7 +2,7 @@
 finish: the next run ends LIVE and the one after changes nothing (issue 9). The data step's kill is in
 test_long_steps.py (a copy killed half-way, then resumed).
 
-Runs after test_deploy.py (file order) and leaves a converged, serving pair.
+Starts from a converged pair (converged_pair) and leaves one.
 """
 
 from __future__ import annotations
@@ -14,6 +14,8 @@ import pytest
 from test_deploy import NAME, changed_ops, chat, deploy, pair_ids, start_deploy
 
 PAIR = "The pair of ranks | "
+
+pytestmark = pytest.mark.usefixtures("converged_pair")
 
 
 def run_until(site_file, op: str) -> list[str]:
@@ -35,7 +37,6 @@ def run_until(site_file, op: str) -> list[str]:
 
 @pytest.mark.parametrize("op", ["Start rank 0 (head)", "Rank 0's API: wait, smoke test through both ranks, LIVE"])
 def test_a_run_killed_in_the_pair_step_is_finished_by_the_next(run_pyinfra, sim_exec, site_file, op):
-    deploy(run_pyinfra)  # converged and serving
     before = pair_ids(sim_exec)
     assert sim_exec("worker", ["docker", "rm", "-f", NAME]).returncode == 0  # drift: the pair must be recreated
     run_until(site_file, PAIR + op)

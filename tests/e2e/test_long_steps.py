@@ -1,7 +1,7 @@
 """Progress on the simulated pair: a copy to the worker slowed down on the link reports while it runs, at pyinfra's
 default verbosity, in plain lines; a copy interrupted half-way resumes and says how much was already there.
 
-Runs after test_deploy.py and test_guards.py (file order) and leaves a converged, serving pair.
+Starts from a converged pair (converged_pair) and leaves one.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import re
 import signal
 import time
 
+import pytest
 from test_deploy import changed_ops, deploy, start_deploy
 
 ENGRAM = "/home/nvidia/.cache/sparkfold/engram"
@@ -19,6 +20,8 @@ RAIL0 = "enp1s0f0np0"  # the head's side of rail 0, which the copies to the work
 STEP = "Engram tables to the worker:"
 AMOUNT = re.compile(r"(\d+(?:\.\d+)?) (KiB|MiB|GiB)")  # the runner's units (operations/remote/progress.size)
 UNIT_MIB = {"KiB": 1 / 1024, "MiB": 1, "GiB": 1024}
+
+pytestmark = pytest.mark.usefixtures("converged_pair")
 
 
 def mib(line: str) -> float:
@@ -37,7 +40,8 @@ def slow_link(sim_exec, on: bool):
 
 
 def test_a_slow_copy_reports_while_it_runs_and_a_resumed_copy_says_what_was_there(site_file, sim_exec, run_pyinfra):
-    sim_exec("worker", f"rm -f {ENGRAM}/progress-probe.bin {ENGRAM}/.progress-probe.bin.*")  # a fresh start
+    # a fresh start: no probe, nor a part of one (an interrupted copy keeps it in .sparkfold-partial/)
+    sim_exec("worker", f"rm -rf {ENGRAM}/progress-probe.bin {ENGRAM}/.progress-probe.bin.* {ENGRAM}/.sparkfold-partial")
     assert sim_exec("head", f"head -c 24M /dev/urandom > {PROBE} && chown nvidia: {PROBE}").returncode == 0
     slow_link(sim_exec, True)
     try:
@@ -57,7 +61,8 @@ def test_a_slow_copy_reports_while_it_runs_and_a_resumed_copy_says_what_was_ther
         assert all("\r" not in text for _, text in seen)
         first = next(text for _, text in seen if STEP in text)
         before = mib(first) if "already there" in first else 0.0  # the worker's folder before this copy
-        # the runner notices its reader is gone at its next line and ends the copy; rsync keeps its partial file
+        # the runner notices its reader is gone at its next line and ends the copy; the part stays in
+        # .sparkfold-partial/
         time.sleep(12)
 
         # 2. the next run resumes: its first line says how much was already there, and it ends
@@ -70,10 +75,11 @@ def test_a_slow_copy_reports_while_it_runs_and_a_resumed_copy_says_what_was_ther
     mine = [text for text in lines if STEP in text]
     assert any("is now LIVE! on port 8888" in text for text in lines), "\n".join(lines[-40:])  # finished the job
     assert "already there" in mine[0], mine
-    # the interrupted copy's part was kept (rsync --partial) and the resumed copy starts from it
+    # the interrupted copy's part was kept (rsync --partial-dir, the stream's part) and the resumed copy starts from it
     assert mib(mine[0]) >= before + 4, (before, mine[0])
     assert "done in" in mine[-1], mine
     assert sim_exec("worker", f"test $(stat -c %s {PROBE}) -eq {24 * 1024 * 1024}").returncode == 0  # all of it
+    assert sim_exec("worker", ["test", "-e", f"{ENGRAM}/.sparkfold-partial"]).returncode != 0  # the part served
     # back to the pair's own files (the probe is not one of the Engram tables)
     for role in ("head", "worker"):
         sim_exec(role, f"rm -f {PROBE}")

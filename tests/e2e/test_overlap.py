@@ -4,8 +4,8 @@ and the next run resumes every stream, goes LIVE and the one after changes nothi
 
 The overlap is made from a converged pair: the Engram tables (both Sparks) and the checkpoint (head) removed, the
 fake hub slowed on the head's loopback (as test_resume.py does) and a new image whose build takes a minute (the
-stand-in's bench-build-s knob, tests/sim/engine/faults/README.md). Deploys the pair itself when it is not serving;
-leaves it converged and serving on the fault-free engine.
+stand-in's bench-build-s knob, tests/sim/engine/faults/README.md). Starts from a converged pair (converged_pair)
+and leaves one, serving on the fault-free engine.
 """
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ import threading
 import time
 from pathlib import Path
 
-from test_deploy import NAME, changed_ops, chat, deploy, start_deploy
+import pytest
+from test_deploy import changed_ops, chat, deploy, start_deploy
 
 from operations.facts.streams import StreamStates, stream_status
 from operations.remote.stream_runner import STOPPED_RC
@@ -33,9 +34,7 @@ ENGRAM_SHARD = re.compile(r" GET /deepseek-ai/DeepSeek-V4\.1-Flash-1017/resolve/
 CHECKPOINT_LINE = re.compile(r"Checkpoint download: .* of ")  # a progress line: the checkpoint is downloading
 
 
-def running(sim_exec, role: str) -> bool:
-    out = sim_exec(role, ["docker", "inspect", "-f", "{{.State.Running}}", NAME])
-    return out.returncode == 0 and out.stdout.strip() == "true"
+pytestmark = pytest.mark.usefixtures("converged_pair")
 
 
 def streams(sim_exec) -> dict:
@@ -65,8 +64,6 @@ def engram_fetches(sim_exec, since: int) -> list[str]:
 
 
 def test_a_run_killed_during_the_overlap_is_resumed_by_the_next(site_file, run_pyinfra, sim_exec, tmp_path):
-    if not (running(sim_exec, "head") and running(sim_exec, "worker")):
-        deploy(run_pyinfra)
     env = slow_build(tmp_path)
     for role in ("head", "worker"):
         assert sim_exec(role, f"rm -rf {ENGRAM}").returncode == 0

@@ -4,7 +4,7 @@ only the files the first did not finish, measured in the fake hub's own log, and
 
 Files this small arrive whole or not at all (huggingface_hub writes a file in 10 MB chunks), so "what it had" is
 counted in whole files here; a cut inside one file resuming by range is shown in tests/unit/test_fakehub.py.
-Deploys the pair itself when it is not serving; leaves a converged, serving pair.
+Starts from a converged pair (converged_pair) and leaves one.
 """
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ import signal
 import threading
 import time
 
-from test_deploy import NAME, chat, deploy, start_deploy
+import pytest
+from test_deploy import chat, start_deploy
 
 REPO = "Mia-AiLab/DeepSeek-V4.1-Flash-1017-EXL3-EAQ-v1-2.9-bpw"  # model_repo's default: the checkpoint
 FOLDER = "/home/nvidia/.cache/huggingface/hub/models--" + REPO.replace("/", "--")
@@ -24,10 +25,7 @@ STEP = "Checkpoint download:"
 FETCHED = re.compile(re.escape(STEP) + r" .*, (\d+) of \d+ files whole")  # hf_fetch's count, on the runner's line
 SERVED = re.compile(r" GET /" + re.escape(REPO) + r"/resolve/\w+/(\S+) (\d{3}) (\d+)")
 
-
-def running(sim_exec, role: str) -> bool:
-    out = sim_exec(role, ["docker", "inspect", "-f", "{{.State.Running}}", NAME])
-    return out.returncode == 0 and out.stdout.strip() == "true"
+pytestmark = pytest.mark.usefixtures("converged_pair")
 
 
 def hub_lines(sim_exec) -> int:
@@ -57,8 +55,6 @@ def slow_hub(sim_exec, on: bool):
 
 
 def test_an_interrupted_download_resumes_without_fetching_again_what_it_had(site_file, run_pyinfra, sim_exec):
-    if not (running(sim_exec, "head") and running(sim_exec, "worker")):
-        deploy(run_pyinfra)
     sizes = {name: size for name, size in file_sizes(sim_exec).items() if name != ".sparkfold-complete.json"}
     assert sim_exec("head", f"rm -rf {FOLDER}").returncode == 0  # the checkpoint must be fetched again
     slow_hub(sim_exec, True)

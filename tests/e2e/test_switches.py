@@ -1,6 +1,7 @@
-"""The serving switches on the simulated pair: SPARKFOLD_API_KEY, ABLIT and EAQ_V1_1, each on and back off.
+"""The serving switches on the simulated pair: SPARKFOLD_API_KEY (a generated key and your own api_key_file), ABLIT
+and EAQ_V1_1, each on and back off.
 
-Runs after test_deploy.py (it starts from a converged, serving pair and leaves one).
+Each test starts from a converged pair (converged_pair) and leaves one.
 """
 
 from __future__ import annotations
@@ -8,10 +9,13 @@ from __future__ import annotations
 import json
 import time
 
+import pytest
 import requests
 from test_deploy import API, NAME, changed_ops, chat, deploy, failing_deploy, pair_ids
 
 KEY_FILE = "/home/nvidia/.local/state/sparkfold/api-key.d/key"
+
+pytestmark = pytest.mark.usefixtures("converged_pair")
 
 
 def rank0_args(sim_exec) -> str:
@@ -47,6 +51,36 @@ def test_api_key_on_then_off(run_pyinfra, sim_exec):
     # off again: the pair is recreated without the key and the API is open
     deploy(run_pyinfra)
     assert "--api-key-file" not in rank0_args(sim_exec)
+    assert requests.get(f"{API}/v1/models", timeout=10).status_code == 200
+
+
+def test_your_own_api_key_file(run_pyinfra, sim_exec, tmp_path):
+    """api_key_file: the key in a file on this machine becomes rank 0's key, uploaded, never printed; a converged
+    run changes nothing; a new key in the file replaces it without a restart; an empty file is refused first."""
+    key_file = tmp_path / "my-key"
+    mine = "sim-own-key-0123456789abcdef"
+    key_file.write_text(mine + "\n")
+    env = {"SPARKFOLD_API_KEY": "1", "SPARKFOLD_API_KEY_FILE": str(key_file)}
+    run = deploy(run_pyinfra, env=env)
+    assert sim_exec("head", ["cat", KEY_FILE]).stdout == mine + "\n"
+    assert sim_exec("head", ["stat", "-c", "%a %U", KEY_FILE]).stdout.split() == ["600", "nvidia"]
+    assert mine not in run.stderr + run.stdout
+    assert requests.get(f"{API}/v1/models", headers={"Authorization": f"Bearer {mine}"}, timeout=10).status_code == 200
+    loud = deploy(run_pyinfra, "-vvv", env=env)
+    assert changed_ops(loud) == {} and mine not in loud.stderr + loud.stdout
+    before = pair_ids(sim_exec)
+    key_file.write_text("sim-own-key-second-0123456789\n")
+    run = deploy(run_pyinfra, env=env)
+    assert list(changed_ops(run)) == [f"The API key | API key from api_key_file in {KEY_FILE} (head only)"]
+    assert pair_ids(sim_exec) == before
+    time.sleep(1.5)  # the engine checks the file's mtime at most once a second
+    assert requests.get(f"{API}/v1/models", headers={"Authorization": f"Bearer {mine}"}, timeout=10).status_code == 401
+    assert requests.get(f"{API}/v1/models", headers={"Authorization": "Bearer sim-own-key-second-0123456789"},
+                        timeout=10).status_code == 200
+    key_file.write_text("")
+    refused = failing_deploy(run_pyinfra, env=env)
+    assert f"api_key_file = '{key_file}' is empty" in refused.stderr and changed_ops(refused) == {}
+    deploy(run_pyinfra)  # off again: the API is open
     assert requests.get(f"{API}/v1/models", timeout=10).status_code == 200
 
 

@@ -1,6 +1,6 @@
 """The README's try-it command, as a newcomer runs it: `bash tests/sim/try.sh` prints the LIVE line and a chat reply
-through both ranks. Runs last (file order) on the pair the other tests leave: try.sh reuses a running pair, so this
-is its converged path; its first-run path is test_deploy.py's first run, through the same deploy.py.
+through both ranks. Starts from a converged pair (converged_pair): try.sh reuses a running pair, so this is its
+converged path; its first-run path is test_deploy.py's first run, through the same deploy.py.
 """
 
 from __future__ import annotations
@@ -9,7 +9,11 @@ import os
 import subprocess
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
+
+pytestmark = pytest.mark.usefixtures("converged_pair")
 
 
 def test_try_sh_prints_the_live_line_and_a_reply(site_file):

@@ -2,7 +2,7 @@
 an interrupted switch. A faulty engine is made only by its build context (a copy of tests/sim/engine with a fault
 file the stand-in reads, tests/sim/engine/faults/README.md), never by a flag of the deploy.
 
-Runs alone: the first fixture converges the pair; each test leaves it converged on the fault-free engine.
+Each test starts from a converged pair (converged_pair) and leaves it converged on the fault-free engine.
 """
 
 from __future__ import annotations
@@ -60,11 +60,7 @@ def images(sim_exec, role: str) -> list[str]:
     return sorted(out.split())
 
 
-@pytest.fixture(scope="module", autouse=True)
-def converged(run_pyinfra):
-    deploy(run_pyinfra)
-    yield
-    deploy(run_pyinfra)  # leave the pair on the fault-free engine for the next file
+pytestmark = pytest.mark.usefixtures("converged_pair")
 
 
 def test_the_serving_generation_is_recorded_root_owned_on_both_sparks(run_pyinfra, sim_exec):
@@ -144,3 +140,4 @@ def test_an_interrupted_switch_converges_on_the_next_run(run_pyinfra, sim_exec, 
             os.environ.pop("SPARKFOLD_CONTEXT", None)
         else:
             os.environ["SPARKFOLD_CONTEXT"] = env_before
+    deploy(run_pyinfra)  # back to the settings the next test starts from

@@ -63,9 +63,12 @@ if [ -z "$PY" ]; then
   done
 fi
 [ -n "$PY" ] || die "no python with pip to download the huggingface_hub wheels (set SIM_PYTHON)"
-# the controller's own huggingface_hub version, so both ends speak the same client; else the newest
-HF_VER="$("$PY" -c 'import importlib.metadata as m; print(m.version("huggingface_hub"))' 2>/dev/null || true)"
-HF_REQ="huggingface_hub${HF_VER:+==$HF_VER}"
+# the deploy's pin (group_data/all.py's hf_hub_version, which tests/constraints.txt gives the controller too): the
+# simulated head's python3 (the sim's hf_python) has exactly what a Spark's venv gets (hf_xet comes with it on x86_64
+# and aarch64)
+ALL_PY="$HERE/../../group_data/all.py"
+HF_VER="$("$PY" -c 'import runpy, sys; print(runpy.run_path(sys.argv[1])["hf_hub_version"])' "$ALL_PY")"
+HF_REQ="huggingface_hub==$HF_VER"
 WHEELS="$WORK/wheels"
 if [ "$(cat "$WHEELS/.requirement" 2>/dev/null || true)" != "$HF_REQ" ]; then
   log "downloading wheels for $HF_REQ"

@@ -253,6 +253,24 @@ def site_path() -> Path:
     return SITE_FILE
 
 
+# what this machine's environment would give the head's downloads (operations/settings/sources.py): HF_ENDPOINT,
+# huggingface_hub's timeouts and switches, proxies, the token
+HUB_VARIABLES = ("HF_ENDPOINT", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_TOKEN_PATH", "HF_HUB_DOWNLOAD_TIMEOUT",
+                 "HF_HUB_ETAG_TIMEOUT", "HF_XET_HIGH_PERFORMANCE", "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY",
+                 "NO_PROXY", "http_proxy", "https_proxy", "all_proxy", "no_proxy")
+
+
+def deploy_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment a deploy onto the simulated pair runs with: this machine's, without what would steer the
+    head's downloads away from the fake hub on its loopback (HF_ENDPOINT, a proxy) and without this machine's
+    Hugging Face token (HF_TOKEN_PATH names no file, so `hf auth login`'s token is not found either); `extra`
+    (a test's HF_TOKEN, a proxy it checks) on top."""
+    env = {k: v for k, v in os.environ.items() if k not in HUB_VARIABLES}
+    env.update(SPARKFOLD_SITE=str(SITE_FILE), PYINFRA_PROGRESS="off", HF_TOKEN_PATH=str(WORK / "no-hf-token"))
+    env.update(extra or {})
+    return env
+
+
 # --- containers ---------------------------------------------------------------------------------------------------
 
 def _check_role(role: str) -> None:

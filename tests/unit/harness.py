@@ -3,6 +3,8 @@
 run_op(op, facts, executing=False, **kwargs) -> (commands as strings, host)
   facts: {FactClass or "module.Class": value} for facts called without arguments, or
          {FactClass: {"k=v, k2=v2": value}} keyed like pyinfra-testing (sorted kwargs) for facts with arguments.
+first_planned(op, facts, diff=False, **kwargs) -> (the first command or None, host): what --dry (--diff) runs of an
+  operation: pyinfra's change check stops at its first command, so only what is printed before it is seen.
 refused(caplog, op, facts, **kwargs) -> (the failing command a run yields, the warnings --dry logs instead)
 parse_fact(FactClass, output_lines, **kwargs) -> what process() returns (default() for empty output).
 run_fact(FactClass, **kwargs) -> the fact run in a local shell as pyinfra runs it (requires_command guard included).
@@ -13,14 +15,15 @@ from __future__ import annotations
 import subprocess
 from typing import Any
 
+from pyinfra import logger
 from pyinfra.api.facts import _MISSING_COMMAND_MARKER
 from pyinfra.context import ctx_host, ctx_state
 
 
 class _State:
-    def __init__(self, executing: bool):
+    def __init__(self, executing: bool, diff: bool = False):
         self.is_executing = executing
-        self.config = type("C", (), {"DIFF": False})()
+        self.config = type("C", (), {"DIFF": diff})()  # --diff
         self.ops: dict = {}  # no operation has run: run_memo keeps what it read for the operation under test
         self.cwd = ""  # files.put joins it to a relative src
 
@@ -70,6 +73,9 @@ class FakeHost:
     def noop(self, description: str) -> None:
         self.noops.append(description)
 
+    def log(self, message: str, log_func=logger.info) -> None:
+        log_func(f"[{self.name}] {message}")  # as pyinfra's Host.log, which files.put's --diff uses
+
     def get_temp_filename(self, hash_key: str | None = None, hash_filename: bool = True, *, temp_directory=None):
         return f"{temp_directory or '/tmp'}/pyinfra-{hash_key or 'temp'}"  # files.put uploads through it
 
@@ -80,6 +86,15 @@ def run_op(op, facts: dict, executing: bool = False, data: dict | None = None, *
     with ctx_state.use(state), ctx_host.use(host):
         commands = [_render(c) for c in op._inner(**kwargs)]
     return commands, host
+
+
+def first_planned(op, facts: dict, diff: bool = False, **kwargs) -> tuple[str | None, FakeHost]:
+    """The operation planned as pyinfra's --dry plans it (api/operation.py: the generator is left at its first
+    command), with --diff when `diff`. Returns (that command or None, host)."""
+    host = FakeHost(facts)
+    with ctx_state.use(_State(False, diff=diff)), ctx_host.use(host):
+        first = next(iter(op._inner(**kwargs)), None)
+    return (None if first is None else _render(first)), host
 
 
 def refused(caplog, op, facts: dict, **kwargs) -> tuple[str, str]:

@@ -7,6 +7,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+from harness import with_args
+
+from operations.docker.daemon import NVIDIA_RUNTIME, merged_daemon_config
+from operations.facts.docker import DaemonJson, DockerRuntimeInfo
+from operations.facts.rank import RankInputs
+from operations.layout import DOCKER_DAEMON_JSON
 from operations.rank.spec import LABEL_HASH
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -49,3 +55,20 @@ def found(s, container_: dict | None = None, *, linked: bool = True, rails: list
         "mem_available": int(mem_gib * GIB),
         "generations": generations or {"files": {}, "last_good": ""},
     }
+
+
+DOCKER_LIVE = {"reachable": True, "default_runtime": "nvidia", "runtimes": ["nvidia", "runc"],
+               "root_dir": "/var/lib/docker"}
+DAEMON_OK = {"exists": True, "config": merged_daemon_config({}), "error": None}
+# default-runtime dropped by hand: the docker step writes the file and restarts Docker
+DAEMON_DRIFTED = {"exists": True, "config": {"runtimes": {"nvidia": NVIDIA_RUNTIME}}, "error": None}
+
+
+def docker_facts(daemon_json: dict = DAEMON_OK, live: dict = DOCKER_LIVE) -> dict:
+    """What the docker step reads on a Spark, which the rank step asks too (converged: no Docker restart)."""
+    return {DaemonJson: with_args({f"path={DOCKER_DAEMON_JSON}": daemon_json}), DockerRuntimeInfo: live}
+
+
+def rank_facts(inputs: dict, more: dict | None = None) -> dict:
+    """A test host's facts for the rank step: its RankInputs, converged docker facts, and `more`."""
+    return {**docker_facts(), RankInputs: inputs, **(more or {})}

@@ -1,19 +1,25 @@
 """API key: the fact (stat only), the operation both ways, the generation command run for real in a temp dir,
-rotation, and the deploy function."""
+rotation, the deploy function, and your own key (api_key_file): read and checked on this machine, uploaded, never
+shown."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import stat
 import subprocess
+from pathlib import Path
 
-from harness import FakeHost, parse_fact, run_op, with_args
-from pyinfra.context import ctx_host
-from settings_factory import make_settings
+import pytest
+from harness import FakeHost, _State, parse_fact, run_fact, run_op, with_args
+from pyinfra.api import FileUploadCommand
+from pyinfra.context import ctx_host, ctx_state
+from settings_factory import load_one, make_settings
 
 import operations.api_key as ak
-from operations.facts.files import ApiKeyFile
+from operations.facts.files import ApiKeyFile, ApiKeyFileSum
+from operations.settings import sources, validate
 
 PATH = "/home/nvidia/.local/state/sparkfold/api-key.d/key"
 LEGACY = "/home/nvidia/.local/state/sparkfold/api-key"
@@ -153,7 +159,7 @@ def test_deploy_only_on_the_head_with_api_key(monkeypatch):
     with ctx_host.use(FakeHost({})):  # the open API's warning names the Spark
         ak.api_key._inner(make_settings("head", api_key=True))
         assert calls == [{"name": f"API key present in {PATH} (head only)", "path": PATH, "owner": "nvidia",
-                          "rotate": False, "legacy": LEGACY}]
+                          "rotate": False, "legacy": LEGACY, "key": ""}]
         calls.clear()
         ak.api_key._inner(make_settings("head", api_key=True, rotate_api_key=True))
         assert calls[0]["rotate"] is True
@@ -177,3 +183,167 @@ def test_an_open_api_is_said_plainly_with_the_fix(caplog):
         with mock.patch.object(ak, "api_key_present", lambda **kw: calls.append(kw)):
             ak.api_key._inner(open_head)
     assert f"spark-1: warning: API key: {note}" in caplog.text and calls == []
+
+
+# ---- your own key: api_key_file ----
+
+OWN = "my-own-key_0123456789abcdef"
+
+
+def own_facts(value):
+    return {ApiKeyFileSum: with_args({f"path={PATH}": value})}
+
+
+def holding(key: str | None, mode="600", owner="nvidia"):
+    digest = hashlib.sha256((key + "\n").encode()).hexdigest() if key is not None else None
+    return {**present(mode, owner), "sha256": digest}
+
+
+def raw_commands(op, facts, **kwargs):
+    """The operation's commands as objects (run_op renders them to text): uploads keep their content."""
+    with ctx_state.use(_State(False)), ctx_host.use(FakeHost(facts)):
+        return list(op._inner(**kwargs))
+
+
+def run_for_real(commands):
+    """Each command as the Spark would run it: shell text through sh, an upload written where it goes."""
+    for command in commands:
+        if isinstance(command, FileUploadCommand):
+            with open(command.dest, "w") as f:
+                f.write(command.src.getvalue())
+        else:
+            _sh(command.get_raw_value())
+
+
+def test_the_sum_fact_reads_the_digest_and_never_the_key(tmp_path):
+    key = tmp_path / "key"
+    key.write_text(OWN + "\n")
+    key.chmod(0o600)
+    got = run_fact(ApiKeyFileSum, path=str(key))
+    assert got["sha256"] == hashlib.sha256((OWN + "\n").encode()).hexdigest()
+    assert got["present"] and got["mode"] == "600"
+    assert run_fact(ApiKeyFileSum, path=str(tmp_path / "none")) == ApiKeyFileSum.default()
+    command = ApiKeyFileSum().command(str(key))
+    assert "sha256sum <" in command and "cat " not in command and "base64" not in command
+
+
+def test_a_head_holding_your_key_changes_nothing():
+    commands, host = run_op(ak.api_key_present, own_facts(holding(OWN)), path=PATH, owner="nvidia", key=OWN)
+    assert commands == [] and host.noops == [f"API key file {PATH} holds your key (600, nvidia)"]
+
+
+@pytest.mark.parametrize("have", [ApiKeyFileSum.default(), holding("a generated key"), holding(None)])
+def test_your_key_is_uploaded_then_renamed_over_the_file(have):
+    commands, _ = run_op(ak.api_key_present, own_facts(have), path=PATH, owner="nvidia", key=OWN)
+    assert commands[0] == f"umask 077 && mkdir -p {PATH.rsplit('/', 1)[0]} && install -m 600 /dev/null {PATH}.new"
+    assert commands[1].startswith("FileUploadCommand(") and commands[2] == f"mv -f {PATH}.new {PATH}"
+    assert not any(OWN in c for c in commands)  # never on a command line
+
+
+def test_your_key_with_a_wrong_mode_or_owner_is_fixed_in_place():
+    commands, _ = run_op(ak.api_key_present, own_facts(holding(OWN, mode="644")), path=PATH, owner="nvidia", key=OWN)
+    assert commands == [f"chmod 600 {PATH}"]
+    commands, _ = run_op(ak.api_key_present, own_facts(holding(OWN, owner="root")), path=PATH, owner="nvidia", key=OWN)
+    assert commands == [f"chown nvidia {PATH}"]
+
+
+def test_your_key_for_real_and_then_converged(tmp_path):
+    path = str(tmp_path / "api-key.d" / "key")
+    first = raw_commands(ak.api_key_present, {ApiKeyFileSum: with_args({f"path={path}": ApiKeyFileSum.default()})},
+                         path=path, owner="x", key=OWN)
+    run_for_real(first)
+    assert open(path).read() == OWN + "\n" and stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    assert not os.path.exists(path + ".new")
+    now = run_fact(ApiKeyFileSum, path=path)
+    again = raw_commands(ak.api_key_present, {ApiKeyFileSum: with_args({f"path={path}": now})}, path=path,
+                         owner=now["owner"], key=OWN)
+    assert again == []
+    # a new key in the file: one rename, the old inode replaced (a reader sees the old key or the new one)
+    inode = os.stat(path).st_ino
+    run_for_real(raw_commands(ak.api_key_present, {ApiKeyFileSum: with_args({f"path={path}": now})}, path=path,
+                              owner=now["owner"], key=OWN + "-2"))
+    assert open(path).read() == OWN + "-2\n" and os.stat(path).st_ino != inode
+
+
+def test_the_deploy_passes_your_key_and_names_it(monkeypatch, tmp_path):
+    key_file = tmp_path / "key"
+    key_file.write_text(OWN + "\n")
+    calls = []
+    monkeypatch.setattr(ak, "api_key_present", lambda **kw: calls.append(kw))
+    monkeypatch.setattr(ak, "owned_folders", lambda **kw: None)
+    with ctx_host.use(FakeHost({})):
+        ak.api_key._inner(make_settings("head", api_key=True, api_key_file=str(key_file)))
+    assert calls[0]["key"] == OWN and calls[0]["name"] == f"API key from api_key_file in {PATH} (head only)"
+    assert OWN not in calls[0]["name"]
+    calls.clear()
+    with ctx_host.use(FakeHost({})):
+        ak.api_key._inner(make_settings("head", api_key=True))
+    assert calls[0]["key"] == ""  # the generated key stays the default
+
+
+# ---- api_key_file in the settings ----
+
+def key_problems(path, **overrides):
+    s, found = load_one("head", api_key=True, api_key_file=str(path), **overrides)
+    return s, found + validate(s)
+
+
+def test_a_readable_key_file_is_read_on_this_machine(tmp_path):
+    key_file = tmp_path / "key"
+    key_file.write_text(f"  {OWN}\n")
+    s, found = key_problems(key_file)
+    assert found == [] and s.own_api_key == OWN and OWN not in repr(s)
+    worker, _ = load_one("worker", api_key=True, api_key_file=str(key_file))
+    assert worker.own_api_key == ""  # only the head holds it
+    home = tmp_path / "home"
+    (home / ".config").mkdir(parents=True)
+    (home / ".config" / "key").write_text(OWN)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("HOME", str(home))
+        assert key_problems("~/.config/key")[0].own_api_key == OWN
+
+
+@pytest.mark.parametrize("make, fragment", [
+    (lambda d: d / "absent", "there is no such file on this machine: write your key into it"),
+    (lambda d: (d / "empty").write_text("\n\n") and d / "empty", "is empty: write your key into it"),
+    (lambda d: d, "is a folder on this machine, not a file"),
+    (lambda d: (d / "two").write_text(f"{OWN}\nsecond-line-secret\n") and d / "two", "alone on one line"),
+    (lambda d: (d / "sp").write_text(f"{OWN} second-line-secret") and d / "sp", "without spaces"),
+    (lambda d: "relative/key", "must be an absolute path on this machine"),
+])
+def test_an_unusable_key_file_is_named_with_the_fix_before_anything_runs(tmp_path, make, fragment):
+    path = make(tmp_path)
+    _s, found = key_problems(path)
+    assert any(p.startswith(f"api_key_file = '{path}'") and fragment in p for p in found), found
+    assert not any("second-line-secret" in p or OWN in p for p in found)
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root reads any file")
+def test_an_unreadable_key_file_is_named(tmp_path):
+    key_file = tmp_path / "key"
+    key_file.write_text(OWN)
+    key_file.chmod(0)
+    assert any("cannot be read by this machine's user" in p for p in key_problems(key_file)[1])
+
+
+def test_an_unreadable_key_file_is_named_whoever_runs(tmp_path, monkeypatch):
+    key_file = tmp_path / "key"
+    key_file.write_text(OWN)
+
+    def refuse(self, *args, **kwargs):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(Path, "read_text", refuse)
+    found = sources.api_key_from_file(str(key_file))[1]
+    assert found == [f"api_key_file = '{key_file}' cannot be read by this machine's user: give it read access "
+                     "(chmod 600 the file as the user who runs the deploy)"]
+
+
+def test_api_key_file_needs_api_key_and_no_rotation(tmp_path):
+    key_file = tmp_path / "key"
+    key_file.write_text(OWN)
+    found = validate(make_settings("head", api_key=False, api_key_file=str(key_file)))
+    assert any("api_key_file" in p and "set api_key = true" in p for p in found), found
+    found = validate(make_settings("head", api_key=True, api_key_file=str(key_file), rotate_api_key=True))
+    assert any(p.startswith("rotate_api_key makes a new random key") for p in found), found
+    assert validate(make_settings("head", api_key=True, api_key_file=str(key_file))) == []

@@ -5,17 +5,20 @@ import getpass
 import grp
 import json
 import os
+import re
 from datetime import datetime, timedelta
 from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
 from core_facts import merged, remote_file, run_put, unit
-from harness import parse_fact, refused, run_fact, run_op, with_args
+from harness import first_planned, parse_fact, refused, run_fact, run_op, with_args
 from pyinfra.facts.deb import DebPackages
-from pyinfra.facts.files import File
+from pyinfra.facts.files import File, FileContents
 from pyinfra.facts.server import Date
 
 from operations import docker_runtime as dr
+from operations.docker import daemon
 from operations.facts.docker import ContainerRuntimeTools, DaemonJson, DockerRuntimeInfo, RunningContainers
 from operations.facts.host import UserGroups
 
@@ -67,7 +70,7 @@ def test_runtime_info_and_tools():
 
 def test_merge_keeps_every_other_key():
     user = parse_fact(DaemonJson, (FIX / "daemon-json-user.json").read_text())["config"]
-    merged = dr.merged_daemon_config(user)
+    merged = daemon.merged_daemon_config(user)
     assert merged["runtimes"]["nvidia"] == {"path": "nvidia-container-runtime", "runtimeArgs": []}
     assert merged["runtimes"]["crun"] == {"path": "/usr/bin/crun"}
     assert merged["default-runtime"] == "nvidia"
@@ -92,7 +95,7 @@ def test_missing_file_is_written_and_docker_restarted_together():
     cmds, uploads, _ = daemon_op({"exists": False, "config": {}, "error": None}, RUNC_LIVE, dir_exists=False)
     assert cmds[0] == "mkdir -p /etc/docker"
     assert not any("sparkfold-backup" in c for c in cmds)  # nothing to back up
-    assert list(uploads) == [DAEMON] and json.loads(uploads[DAEMON]) == dr.merged_daemon_config({})
+    assert list(uploads) == [DAEMON] and json.loads(uploads[DAEMON]) == daemon.merged_daemon_config({})
     assert f"chmod 644 {DAEMON}" in cmds
     assert cmds[-2] == "systemctl restart docker.service"
     assert "DefaultRuntime" in cmds[-1] and "exit 1" in cmds[-1]
@@ -107,36 +110,36 @@ def test_user_file_is_merged_backed_up_and_restart_follows():
     cmds, uploads, _ = daemon_op(current, NVIDIA_LIVE, text=text)
     assert "cp -p /etc/docker/daemon.json /etc/docker/daemon.json.sparkfold-backup" in cmds
     new = json.loads(uploads[DAEMON])
-    assert new == dr.merged_daemon_config(current["config"]) and new["data-root"] == "/data/docker"
+    assert new == daemon.merged_daemon_config(current["config"]) and new["data-root"] == "/data/docker"
     assert cmds.index("systemctl restart docker.service") > cmds.index(f"chmod 644 {DAEMON}")
 
 
 def test_converged_changes_nothing():
-    config = dr.merged_daemon_config({"log-driver": "json-file"})
+    config = daemon.merged_daemon_config({"log-driver": "json-file"})
     cmds, _, h = daemon_op({"exists": True, "config": config, "error": None}, NVIDIA_LIVE,
-                           text=dr.render_daemon_json(config))
+                           text=daemon.render_daemon_json(config))
     assert cmds == [] and h.noops == ["docker uses the nvidia runtime"]
 
 
 def test_same_settings_in_another_layout_are_left_alone():
-    config = dr.merged_daemon_config({"log-driver": "json-file"})
+    config = daemon.merged_daemon_config({"log-driver": "json-file"})
     cmds, _, _ = daemon_op({"exists": True, "config": config, "error": None}, NVIDIA_LIVE, text=json.dumps(config))
     assert cmds == []  # compared parsed: the user's formatting is not rewritten
 
 
 def test_right_file_but_stale_daemon_restarts_only():
-    config = dr.merged_daemon_config({})
+    config = daemon.merged_daemon_config({})
     cmds, uploads, _ = daemon_op({"exists": True, "config": config, "error": None}, RUNC_LIVE,
-                                 text=dr.render_daemon_json(config))
+                                 text=daemon.render_daemon_json(config))
     assert cmds[0] == "systemctl restart docker.service" and len(cmds) == 2 and uploads == {}
 
 
 def test_a_restart_that_would_stop_other_containers_is_refused_unless_allowed(caplog):
     running = {NAME: True, "grafana": False, "jupyter": False}
     # the file is right, the daemon still runs another default runtime: only a restart is needed
-    config = dr.merged_daemon_config({})
+    config = daemon.merged_daemon_config({})
     facts = merged(daemon_facts({"exists": True, "config": config, "error": None}, RUNC_LIVE, running),
-                   remote_file(DAEMON, dr.render_daemon_json(config)), unit("docker.service", True, True))
+                   remote_file(DAEMON, daemon.render_daemon_json(config)), unit("docker.service", True, True))
     cmds, _, _ = run_put(dr.daemon_uses_nvidia, facts, executing=True)
     assert len(cmds) == 1 and "exit 1" in cmds[0]
     assert "would stop these containers that are not sparkfold" in cmds[0] and ": grafana, jupyter." in cmds[0]
@@ -156,6 +159,63 @@ def test_malformed_file_fails_and_is_never_written(caplog):
     command, warnings = refused(caplog, dr.daemon_uses_nvidia, daemon_facts(bad, RUNC_LIVE))
     assert "daemon.json: /etc/docker/daemon.json is not valid JSON" in command and "will not overwrite" in command
     assert "will fail: daemon.json: /etc/docker/daemon.json is not valid JSON" in warnings
+
+
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+UNREACHABLE = {"reachable": False, "default_runtime": "", "runtimes": [], "root_dir": ""}
+FILE_OK = {"exists": True, "config": daemon.merged_daemon_config({"log-level": "warn"}), "error": None}
+# the merged file with default-runtime dropped by hand (still running with nvidia: no restart since)
+DRIFTED = {"exists": True, "config": {"log-level": "warn", "runtimes": {"nvidia": daemon.NVIDIA_RUNTIME}},
+           "error": None}
+
+
+@pytest.mark.parametrize("current, live, file_changes, restart", [
+    (FILE_OK, NVIDIA_LIVE, False, ""),
+    (DRIFTED, NVIDIA_LIVE, True, "daemon.json changes"),
+    ({"exists": False, "config": {}, "error": None}, UNREACHABLE, True, "daemon.json changes"),
+    (FILE_OK, RUNC_LIVE, False, "its default runtime is runc, not nvidia"),
+    (FILE_OK, UNREACHABLE, False, "Docker does not answer"),
+    (FILE_OK, {**RUNC_LIVE, "default_runtime": ""}, False, "its default runtime is unknown, not nvidia"),
+])
+def test_the_docker_restart_decision(current, live, file_changes, restart):
+    change = daemon.daemon_change(current, live)
+    assert change is not None and (change.file_changes, change.restart) == (file_changes, restart)
+    assert change.wanted == daemon.merged_daemon_config(current["config"])
+    assert daemon.docker_restart(current, live) == restart
+
+
+def test_a_malformed_file_restarts_nothing():
+    bad = {"exists": True, "config": None, "error": "Expecting value: line 1 column 1 (char 0)"}
+    assert daemon.daemon_change(bad, RUNC_LIVE) is None  # the docker step refuses it
+    assert daemon.docker_restart(bad, RUNC_LIVE) == ""
+
+
+def test_the_step_restarts_exactly_when_the_decision_says():
+    """The docker step and the rank step ask one function: the step restarts Docker for each case it names."""
+    for current, live in ((FILE_OK, NVIDIA_LIVE), (DRIFTED, NVIDIA_LIVE), (FILE_OK, RUNC_LIVE)):
+        text = daemon.render_daemon_json(current["config"])
+        cmds, _, _ = daemon_op(current, live, text=text)
+        restarts = any("restart docker.service" in c for c in cmds)
+        assert restarts is bool(daemon.docker_restart(current, live)), (current, live, cmds)
+
+
+def test_dry_diff_shows_the_daemon_json_it_writes(caplog):
+    """--dry --diff: pyinfra stops the operation at its first command (the backup's cp), so files.put's unified
+    diff must be printed before it, as for every other file sparkfold writes."""
+    text = daemon.render_daemon_json(DRIFTED["config"])
+    facts = merged(daemon_facts(DRIFTED, NVIDIA_LIVE), remote_file(DAEMON, text),
+                   unit("docker.service", True, True), {FileContents: with_args({f"path={DAEMON}": text.splitlines()})})
+    with caplog.at_level("INFO", logger="pyinfra"):
+        first, _ = first_planned(dr.daemon_uses_nvidia, facts, diff=True)
+    assert first == f"cp -p {DAEMON} {DAEMON}.sparkfold-backup"
+    lines = [ANSI.sub("", r.getMessage()).strip() for r in caplog.records]
+    assert f"[spark] Will modify {DAEMON}" in lines
+    changed = [line for line in lines if line[:2] in ("- ", "+ ")]
+    assert changed == ["-   }", "+   },", '+   "default-runtime": "nvidia"']
+    caplog.clear()
+    with caplog.at_level("INFO", logger="pyinfra"):
+        first_planned(dr.daemon_uses_nvidia, facts, diff=False)
+    assert "Will modify" not in caplog.text  # without --diff: only the plan
 
 
 # --- packages and group --------------------------------------------------------------------------------------

@@ -19,6 +19,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from fakehub_proc import running_fakehub
 
 ROOT = Path(__file__).resolve().parents[2]
 FAKEHUB = ROOT / "tests" / "sim" / "fakehub"
@@ -53,27 +54,8 @@ CATALOG = repos.catalog()
 @pytest.fixture(scope="module")
 def hub(tmp_path_factory):
     log = tmp_path_factory.mktemp("fakehub") / "fakehub.log"
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-I", "-S", str(FAKEHUB / "server.py"), "--host", "127.0.0.1", "--port", "0",
-             "--cut-once", f"{repos.ENGRAM}/{CUT_FILE}"],
-            stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-        )
-    try:
-        url = None
-        deadline = time.monotonic() + 10
-        while url is None and time.monotonic() < deadline:
-            if proc.poll() is not None:
-                pytest.fail(f"fakehub exited: {log.read_text()}")
-            for line in log.read_text().splitlines():
-                if "listening on " in line:
-                    url = line.split("listening on ")[1].split()[0]
-            time.sleep(0.05)
-        assert url, log.read_text()
+    with running_fakehub(log, "--cut-once", f"{repos.ENGRAM}/{CUT_FILE}") as url:
         yield {"url": url, "log": log}
-    finally:
-        proc.terminate()
-        proc.wait(timeout=5)
 
 
 @pytest.fixture(autouse=True)
@@ -278,6 +260,35 @@ def test_snapshot_to_local_dir_with_allow_patterns(hub, tmp_path):
                    for name in CATALOG[repos.ENGRAM]["files"] if name not in wanted)
 
 
+def test_dry_run_plans_from_the_fake_hub_as_from_the_real_one(hub, tmp_path):
+    """snapshot_download(dry_run=True), which the planner (operations/remote/hf_plan.py) uses: the revision's tree
+    and one HEAD per file not on disk; nothing is fetched, nothing is written to the cache."""
+    commit = CATALOG[repos.EAQ_V1]["commit"]
+    cache = tmp_path / "hub"
+    before = sum(" GET " in line and "/resolve/" in line for line in log_lines(hub))
+    planned = snapshot_download(repos.EAQ_V1, revision=commit, cache_dir=cache, endpoint=hub["url"], token=False,
+                                dry_run=True)
+    assert {i.filename: i.file_size for i in planned} == CATALOG[repos.EAQ_V1]["files"]
+    assert all(i.will_download and not i.is_cached and i.commit_hash == commit for i in planned)
+    assert sum(" GET " in line and "/resolve/" in line for line in log_lines(hub)) == before  # HEADs only
+    assert not cache.exists() or not any(cache.iterdir())
+    snapshot_download(repos.EAQ_V1, revision=commit, cache_dir=cache, endpoint=hub["url"], token=False)
+    again = snapshot_download(repos.EAQ_V1, revision=commit, cache_dir=cache, endpoint=hub["url"], token=False,
+                              dry_run=True)
+    assert all(i.is_cached and not i.will_download for i in again)
+    # a local_dir with patterns, and a gated repo: its tree is public, its files are not
+    wanted = SETTINGS["engram_files"]
+    local = snapshot_download(repos.ENGRAM, local_dir=tmp_path / "engram", allow_patterns=wanted,
+                              endpoint=hub["url"], dry_run=True)
+    assert sorted(i.filename for i in local) == sorted(wanted)
+    with pytest.raises(GatedRepoError):
+        snapshot_download(repos.ABLIT, revision=SETTINGS["ablit_revision"], cache_dir=cache, endpoint=hub["url"],
+                          token=False, allow_patterns=[SETTINGS["ablit_file"]], dry_run=True)
+    gated = snapshot_download(repos.ABLIT, revision=SETTINGS["ablit_revision"], cache_dir=cache, endpoint=hub["url"],
+                              token="hf_simtoken", allow_patterns=[SETTINGS["ablit_file"]], dry_run=True)
+    assert [i.file_size for i in gated] == [CATALOG[repos.ABLIT]["files"][SETTINGS["ablit_file"]]]
+
+
 def test_kit_folder_and_its_verifier(hub, tmp_path):
     path = snapshot_download(repos.KIT, local_dir=tmp_path / "k", allow_patterns=["kit/*"], endpoint=hub["url"])
     kit = Path(path) / "kit"
@@ -442,23 +453,18 @@ RATE = 8 * 2**20  # bytes/s, all connections together
 @pytest.fixture(scope="module")
 def slow_hub(tmp_path_factory):
     log = tmp_path_factory.mktemp("slowhub") / "fakehub.log"
-    env = dict(os.environ, FAKEHUB_PAD=f"{repos.EAQ_V1}/model-*.safetensors={PAD}", FAKEHUB_RATE=str(RATE))
-    with open(log, "wb") as out:
-        proc = subprocess.Popen([sys.executable, "-I", "-S", str(FAKEHUB / "server.py"), "--host", "127.0.0.1",
-                                 "--port", "0"], stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env=env)
-    try:
-        deadline, url = time.monotonic() + 20, None
-        while url is None and time.monotonic() < deadline:
-            assert proc.poll() is None, log.read_text()
-            url = next((line.split("listening on ")[1].split()[0] for line in log.read_text().splitlines()
-                        if "listening on " in line), None)
-            time.sleep(0.05)
-        assert url, log.read_text()
+    with running_fakehub(log, "--pad", f"{repos.EAQ_V1}/model-*.safetensors={PAD}", "--rate", str(RATE)) as url:
         yield url
-    finally:
-        proc.terminate()
-        proc.wait(timeout=5)
+
+
+def test_the_padding_is_given_as_globs_and_bytes():
+    spec = importlib.util.spec_from_file_location("fakehub_server", FAKEHUB / "server.py")
+    assert spec and spec.loader
+    server = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(server)
+    assert server.parse_pads(["a/b/m-*.safetensors=10", "c/d=2=3"]) == {"a/b/m-*.safetensors": 10, "c/d=2": 3}
+    with pytest.raises(SystemExit, match="is not GLOB=BYTES"):
+        server.parse_pads(["a/b/m-*.safetensors=ten"])
 
 
 def test_a_padded_pack_keeps_its_commit_and_stays_valid_safetensors():
@@ -485,9 +491,9 @@ def test_the_hub_client_fetches_a_padded_pack_at_the_server_rate(slow_hub, tmp_p
     monkeypatch.setattr(constants, "ENDPOINT", slow_hub)
     monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE", slow_hub + "/{repo_id}/resolve/{revision}/{filename}")
     big = repos.padded(repos.build_repos(), {f"{repos.EAQ_V1}/model-*.safetensors": PAD})[repos.EAQ_V1]
-    t0 = time.monotonic()
+    t0 = time.perf_counter()
     path = snapshot_download(repos.EAQ_V1, revision="main", cache_dir=tmp_path, endpoint=slow_hub, token=False)
-    elapsed = time.monotonic() - t0
+    elapsed = time.perf_counter() - t0
     total = sum(f.size for f in big.files.values())
     assert elapsed >= 0.8 * total / RATE, elapsed  # 8 parallel files share the one rate
     for rel, f in big.files.items():

@@ -46,8 +46,8 @@ def test_the_model_has_the_deploys_streams_and_waits(monkeypatch):
     for module in (image, model_data, background_data):
         monkeypatch.setattr(module, "background", background)
     monkeypatch.setattr(model_data, "_plan", lambda args: {"commit": "c" * 40, "total_bytes": 10})
-    for op in ("engine_context_uploaded", "hf_python_ready", "hf_token_file", "hf_snapshot", "folder_placed",
-               "folder_verified"):
+    monkeypatch.setattr(model_data, "_hub_installed", lambda s: None)
+    for op in ("engine_context_uploaded", "hf_snapshot", "folder_placed", "folder_verified"):
         for module in (image, model_data):
             if hasattr(module, op):
                 monkeypatch.setattr(module, op, lambda **kw: None)

@@ -1,4 +1,5 @@
-"""hf_cache helpers, hf_plan (offline and against a scripted Hub) and hf_fetch, on caches built in tmp dirs."""
+"""hf_cache helpers, hf_plan offline and hf_fetch, on caches built in tmp dirs (hf_plan against the fake hub:
+test_hf_plan.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,6 @@ import subprocess
 import sys
 from types import SimpleNamespace
 
-import pytest
 from hf_fixture import build_cache, build_local, commit_of, model_files, siblings
 
 from operations.facts.model import HfPlan
@@ -53,6 +53,24 @@ def hf_cache_etag(path, files):
     return etag(path, files[path])
 
 
+def test_partials_of_huggingface_hub_2_are_found_by_their_etag(tmp_path):
+    """2.x names a local_dir's partial file <hash>.<etag>.<tmp>.incomplete and a cache's <etag>.<tmp>.incomplete:
+    the progress lines count their bytes."""
+    files = model_files()
+    shard = "model-00002-of-00002.safetensors"
+    tag = hf_cache_etag(shard, files)
+    download = tmp_path / "local" / ".cache" / "huggingface" / "download"
+    download.mkdir(parents=True)
+    (download / f"Zm9vYmFy.{tag}.0a1b2c3d.incomplete").write_bytes(b"x" * 9)
+    assert hf_cache.incomplete_local(str(tmp_path / "local"))[tag] == 9
+    args = hf_plan.parse_args(["--repo", REPO, "--local-dir", str(tmp_path / "local")])
+    missing, need = hf_fetch.still_to_fetch(args, "c" * 40, [(shard, len(files[shard]), tag)])
+    assert missing == [[shard, len(files[shard])]] and need == len(files[shard]) - 9
+    built = build_cache(tmp_path / "hub", REPO, files, skip=(shard,))
+    (built["repo_dir"] / "blobs" / f"{tag}.0a1b2c3d.incomplete").write_bytes(b"x" * 4)
+    assert hf_cache.incomplete_blobs(str(built["repo_dir"])) == {tag: 4}
+
+
 def test_incomplete_blobs_and_local_partials(tmp_path):
     files = model_files()
     shard = "model-00002-of-00002.safetensors"
@@ -81,74 +99,6 @@ def test_matches_allow_patterns():
     assert hf_cache.matches("kit/MANIFEST", ["kit/"])
     assert not hf_cache.matches("README.md", ["kit/*"])
     assert hf_cache.matches("anything", [])
-
-
-# ---- hf_plan against a scripted Hub ----
-
-@pytest.fixture
-def hub(monkeypatch):
-    calls = []
-    table = {}
-
-    def fake(repo, revision, patterns):
-        calls.append((repo, revision))
-        if revision not in table:
-            raise OSError("revision not found")
-        commit, files = table[revision]
-        return commit, [f for f in siblings(files) if hf_cache.matches(f[0], patterns)]
-
-    monkeypatch.setattr(hf_plan, "hub_files", fake)
-    return SimpleNamespace(calls=calls, table=table)
-
-
-def test_plan_counts_missing_and_partial_bytes(tmp_path, hub):
-    files = model_files()
-    shard1, shard2 = "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"
-    built = build_cache(tmp_path, REPO, files, skip=(shard1,), partial={shard2: 10})
-    hub.table["main"] = (built["commit"], files)
-    out = hf_plan.plan(args(tmp_path))
-    assert out["complete"] is False and out["offline"] is False
-    assert sorted(p for p, _ in out["missing"]) == [shard1, shard2]
-    assert out["missing_bytes"] == len(files[shard1]) + len(files[shard2]) - 10
-    assert out["commit"] == built["commit"] and out["total_bytes"] == sum(map(len, files.values()))
-
-
-def test_plan_complete_without_manifest_asks_hub_then_offline_with_manifest(tmp_path, hub):
-    files = model_files()
-    built = build_cache(tmp_path, REPO, files)
-    hub.table["main"] = (built["commit"], files)
-    first = hf_plan.plan(args(tmp_path))
-    assert first["complete"] and not first["manifest"] and len(hub.calls) == 1
-    hf_cache.write_manifest(str(built["snapshot"]), record(files, built["commit"]))
-    second = hf_plan.plan(args(tmp_path))
-    assert second["complete"] and second["offline"] and second["model_type"] == "deepseek_v41"
-    assert len(hub.calls) == 1  # the complete snapshot was answered without the Hub
-
-
-def test_plan_changed_revision_counts_only_new_blobs(tmp_path, hub):
-    files = model_files()
-    built = build_cache(tmp_path, REPO, files)
-    hf_cache.write_manifest(str(built["snapshot"]), record(files, built["commit"]))
-    newer = dict(files, **{"config.json": b'{"model_type": "deepseek_v41", "rev": 2}\n'})
-    new_commit = commit_of(newer, "v2")
-    hub.table["v2"] = (new_commit, newer)
-    out = hf_plan.plan(args(tmp_path, revision="v2"))
-    assert out["commit"] == new_commit and not out["complete"]
-    assert len(out["missing"]) == len(files)  # no links yet in the new snapshot
-    assert out["missing_bytes"] == len(newer["config.json"])  # the other blobs are already in blobs/
-
-
-def test_plan_reports_hub_error_without_failing(tmp_path, hub):
-    out = hf_plan.plan(args(tmp_path, revision="nope"))
-    assert out["complete"] is False and "revision not found" in out["error"] and out["missing_bytes"] is None
-
-
-def test_plan_local_dir_with_patterns(tmp_path, hub):
-    files = {"kit/MANIFEST": b"x\n", "kit/engram.json": b"{}\n", "README.md": b"readme\n"}
-    local = build_local(tmp_path / "kit-src", files, skip=("kit/engram.json",))
-    hub.table["main"] = ("c" * 40, files)
-    out = hf_plan.plan(args(local=local, include=["kit/*"]))
-    assert out["missing"] == [["kit/engram.json", 3]] and out["missing_bytes"] == 3
 
 
 # ---- hf_plan offline, exactly as the fact runs it, with the network forbidden ----
@@ -208,10 +158,10 @@ def test_bundle_is_one_valid_script():
 
 # ---- hf_fetch with snapshot_download scripted ----
 
-def _fake_download(hub_dir, files, commit):
+def _fake_download(hub_dir, files, commit, workers=8):
     def snapshot_download(repo, revision, allow_patterns=None, token=None, endpoint=None, cache_dir=None,
-                          local_dir=None):
-        assert revision == commit and local_dir is None
+                          local_dir=None, max_workers=None):
+        assert revision == commit and local_dir is None and max_workers == workers
         return str(build_cache(hub_dir, repo, files, revision=commit, commit=commit)["snapshot"])
     return snapshot_download
 
@@ -222,9 +172,9 @@ def test_fetch_downloads_writes_ref_and_manifest(tmp_path, monkeypatch):
     files = model_files()
     commit = commit_of(files)
     monkeypatch.setattr(hf_fetch, "hub_files", lambda repo, rev, pats: (commit, siblings(files)))
-    monkeypatch.setattr(huggingface_hub, "snapshot_download", _fake_download(tmp_path, files, commit))
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", _fake_download(tmp_path, files, commit, workers=3))
     rc = hf_fetch.main(["--repo", REPO, "--revision", "main", "--cache-dir", str(tmp_path),
-                        "--expect-model-type", "deepseek_v41", "--every", "0.01"])
+                        "--expect-model-type", "deepseek_v41", "--every", "0.01", "--max-workers", "3"])
     assert rc == 0
     repo_dir = tmp_path / "models--Org--Tiny-Model"
     assert (repo_dir / "refs" / "main").read_text() == commit

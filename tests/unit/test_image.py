@@ -445,12 +445,12 @@ def test_deploy_head_uploads_then_builds_and_ships_in_the_background(tmp_path, c
     op, built = build["work"][0]
     assert op is image.engine_image_built and built["build_args"]["TF_REF"] == "fbbc971"
     assert "IMAGE_HASH" not in built["build_args"] and image_hash(s.engine_context_path, built["build_args"]) == digest
-    assert build["name"] == f"build {ref} on the head (in the background)"
+    assert build["name"] == f"build {ref} on the head"  # the names the operations had before they streamed
     # the ship waits for the build, starts with it, and is the ship operation's work otherwise
     assert ship["stream"].after == ("image",) and ship["upstream"] == ["image"]
     assert ship["work"] == [(image.engine_image_shipped, {"image": ref, "worker_ssh": WORKER})]
     assert ship["stream"].commands == tuple(image.ship_commands(ref, WORKER))
-    assert ship["name"] == f"ship {ref} to the worker ({WORKER}) (in the background)"
+    assert ship["name"] == f"ship {ref} to the worker ({WORKER})"
 
 
 def test_deploy_worker_builds_nothing(tmp_path, calls):

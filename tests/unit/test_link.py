@@ -19,7 +19,7 @@ from operations.facts.network import (
     DefaultRouteDevice,
     IpAddresses,
     LinkRecord,
-    NetplanFiles,
+    NetplanState,
     PingOk,
     RailPings,
     RoceDevices,
@@ -75,16 +75,48 @@ def test_default_route_devices_of_both_families():
     assert parse_fact(DefaultRouteDevices, "[]\n\n[]") == [] and parse_fact(DefaultRouteDevices, "junk") == []
 
 
-def test_netplan_files_reads_a_directory(tmp_path):
-    (tmp_path / "40-cx7.yaml").write_text(fixture("40-cx7.yaml"))
-    (tmp_path / "40-cx7.yaml").chmod(0o600)
-    (tmp_path / "empty.yaml").write_text("")
-    (tmp_path / "notes.txt").write_text("ignored")
-    fact = NetplanFiles()
-    files = fact.process(run_sh(fact.command(directory=str(tmp_path))))
-    assert files == {str(tmp_path / "40-cx7.yaml"): {"mode": "600", "text": fixture("40-cx7.yaml")},
-                     str(tmp_path / "empty.yaml"): {"mode": "644", "text": ""}}
-    assert run_sh(fact.command(directory=str(tmp_path / "missing"))) == []  # no output: the default {}
+def netplan_state(etc: Path, run: Path, applies: Path) -> dict:
+    fact = NetplanState()
+    return fact.process(run_sh(fact.command(directory=str(etc), stage_dir=str(run), applies_dir=str(applies))))
+
+
+def test_netplan_state_reads_the_netplan_folder_the_stage_folder_and_the_applies(tmp_path):
+    etc, run, applies = tmp_path / "etc", tmp_path / "run", tmp_path / "applies"
+    assert netplan_state(etc, run, applies) == {"files": {}, "staged": {}, "undecided": {}}  # none of them exist
+    for folder in (etc, run, applies):
+        folder.mkdir()
+    assert netplan_state(etc, run, applies) == {"files": {}, "staged": {}, "undecided": {}}  # empty: no glob text
+    (etc / "40-cx7.yaml").write_text(fixture("40-cx7.yaml"))
+    (etc / "40-cx7.yaml").chmod(0o600)
+    (etc / "empty.yaml").write_text("")
+    (etc / "notes.txt").write_text("ignored")
+    (run / "40-cx7.yaml").write_text("network: {version: 2}\n")
+    (run / "40-cx7.yaml").chmod(0o600)
+
+    def apply(name, decided=None, *done):
+        folder = applies / name
+        folder.mkdir()
+        if decided == "old":  # an older sparkfold claimed with a folder
+            (folder / "decided").mkdir()
+        elif decided:
+            (folder / "decided").symlink_to(decided)
+        for marker in done:
+            (folder / marker).write_text("2026-12-03\n")
+
+    apply("1-pending")
+    apply("2-reverting", "revert")
+    apply("3-promoting", "confirm")
+    apply("4-reverted", "revert", "reverted")
+    apply("5-confirmed", "confirm", "confirmed")
+    apply("6-old-confirmed", "old", "confirmed")
+    apply("7-old-claimed", "old")  # half done by an older sparkfold: its own scripts cannot tell, left alone
+    (applies / "stray-file").write_text("")
+    found = netplan_state(etc, run, applies)
+    assert found["files"] == {str(etc / "40-cx7.yaml"): {"mode": "600", "text": fixture("40-cx7.yaml")},
+                              str(etc / "empty.yaml"): {"mode": "644", "text": ""}}
+    assert found["staged"] == {str(run / "40-cx7.yaml"): {"mode": "600", "text": "network: {version: 2}\n"}}
+    assert found["undecided"] == {str(applies / "1-pending"): "pending", str(applies / "2-reverting"): "revert",
+                                  str(applies / "3-promoting"): "confirm"}
 
 
 def test_roce_devices_parses_a_sysfs_listing():
@@ -224,48 +256,66 @@ def test_plan_migration_refuses_an_unparseable_file():
 
 # --- netplan op ---------------------------------------------------------------------------------------------
 
-def netplan_facts(files, route="enP7s7"):
-    """NetplanFiles holding `files`, and the same files as files.put sees them (sha1 and mode)."""
-    facts = [{NetplanFiles: with_args({"directory=/etc/netplan": files}), DefaultRouteDevice: route,
-              IpAddresses: addrs()}, remote_file(OWN)]
+STATE = "directory=/etc/netplan"  # how the link step asks NetplanState
+
+
+def netplan_facts(files, route="enP7s7", staged=None, undecided=None):
+    """NetplanState holding `files` (and a stage folder, undecided applies), and the same files as files.put sees
+    them (sha1 and mode)."""
+    found = {"files": files, "staged": staged or {}, "undecided": undecided or {}}
+    facts = [{NetplanState: with_args({STATE: found}), DefaultRouteDevice: route, IpAddresses: addrs()},
+             remote_file(OWN)]
     facts += [remote_file(path, f["text"], mode=int(f["mode"])) for path, f in files.items()]
     return merged(*facts)
 
 
-def netplan(files, rails=RAILS, route="enP7s7"):
-    return run_put(link.netplan_link, netplan_facts(files, route), rails=rails, mtu=9000, netplan_file=OWN)
+def netplan(files, rails=RAILS, route="enP7s7", **kwargs):
+    return run_put(link.netplan_link, netplan_facts(files, route, **kwargs), rails=rails, mtu=9000, netplan_file=OWN)
 
 
 APPLY = "setsid sh -c "  # the detached apply (operations/network/netplan_apply.py)
 
 
-def guarded(commands):
-    """The guarded apply's parts of a netplan op's commands: (snapshot, arm, apply, confirm) or None. The revert is
-    armed before any file changes (a run killed in between leaves a Spark that puts its files back)."""
+def guarded(commands, uploads):
+    """The guarded apply of a netplan op's commands, or None: prepare (its folder, revert.sh, promote.sh), uploads
+    into that folder, arm, stage under /run/netplan, apply, confirm. The revert is armed before anything is staged,
+    and nothing before the confirmation writes /etc/netplan: a reboot in between boots the files as they were."""
     if not commands or not commands[0].startswith("umask 077 && mkdir -p /var/lib/sparkfold/netplan-apply/"):
         return None
-    assert commands[1].startswith("systemd-run --quiet --unit=sparkfold-netplan-revert-")
-    assert commands[-2].startswith(APPLY) and "netplan generate && netplan apply" in commands[-2]
+    folder = commands[0].split()[5].rsplit("/new", 1)[0]
+    arm = next(n for n, c in enumerate(commands) if c.startswith("systemd-run --quiet --unit=sparkfold-netplan-"))
+    assert all(c.startswith("FileUploadCommand") for c in commands[1:arm])
+    assert all(dest.startswith(f"{folder}/new/") for dest in uploads)
+    staged = commands[arm + 1] if uploads else None
+    assert staged is None or staged.startswith("mkdir -p /run/netplan && install -m 600 ")
+    assert commands[-2].startswith(f"cat /proc/sys/kernel/random/boot_id > {folder}/boot; {APPLY}")
+    assert "netplan generate && netplan apply" in commands[-2]
     assert commands[-1].startswith("FunctionCommand(confirm_over_new_connection")
-    return commands[0], commands[1], commands[-2], commands[-1]
+    assert len(commands) == arm + (4 if uploads else 3)
+    assert not any("/etc/netplan" in c for c in commands[1:])  # only promote.sh, written by prepare, writes there
+    return types.SimpleNamespace(folder=folder, prepare=commands[0], arm=commands[arm], stage=staged,
+                                 confirm=commands[-1], uploads={d[len(folder) + 1:]: t for d, t in uploads.items()})
 
 
-def test_netplan_writes_applies_and_guards_management():
+def test_netplan_stages_applies_and_guards_management():
     commands, uploads, _ = netplan({})
-    snapshot, arm, _, confirm = guarded(commands)
-    assert "--on-active=120s" in arm and "/revert.sh" in arm
-    assert f"rm -f {OWN}" in snapshot  # the revert removes our new file
-    assert commands[2].startswith("FileUploadCommand") and commands[2].endswith(f", {OWN})")
-    assert uploads == {OWN: link.render_netplan(RAILS, 9000)}
-    assert "dhcp4: false" in uploads[OWN] and "192.168.101.1/24" in uploads[OWN]
-    assert commands[3] == f"chmod 600 {OWN}"
-    assert "'enP7s7', '10.0.0.21', 120" in confirm  # the management address the confirmation checks
+    apply = guarded(commands, uploads)
+    assert "--on-active=120s" in apply.arm and f"{apply.folder}/revert.sh" in apply.arm
+    assert apply.uploads == {"new/0": link.render_netplan(RAILS, 9000)}
+    assert "dhcp4: false" in apply.uploads["new/0"] and "192.168.101.1/24" in apply.uploads["new/0"]
+    assert apply.stage == (f"mkdir -p /run/netplan && install -m 600 {apply.folder}/new/0 "
+                           "/run/netplan/60-sparkfold-cx7.yaml")
+    # the revert drops the staged file; the confirmation's promote.sh writes ours to /etc/netplan, mode 600
+    assert "rm -f /run/netplan/60-sparkfold-cx7.yaml" in apply.prepare
+    assert (f'install -m 600 "$d/new/0" /etc/netplan/.60-sparkfold-cx7.yaml.sparkfold-new\n'
+            f"mv -f /etc/netplan/.60-sparkfold-cx7.yaml.sparkfold-new {OWN}") in apply.prepare
+    assert "'enP7s7', '10.0.0.21', 120" in apply.confirm  # the management address the confirmation checks
 
 
 def test_netplan_rollback_window_is_the_setting():
-    commands, _, _ = run_put(link.netplan_link, netplan_facts({}), rails=RAILS, mtu=9000, netplan_file=OWN,
-                             rollback_s=45)
-    assert "--on-active=45s" in guarded(commands)[1]
+    commands, uploads, _ = run_put(link.netplan_link, netplan_facts({}), rails=RAILS, mtu=9000, netplan_file=OWN,
+                                   rollback_s=45)
+    assert "--on-active=45s" in guarded(commands, uploads).arm
 
 
 def test_netplan_converged_yields_nothing():
@@ -279,7 +329,7 @@ def test_netplan_converged_reads_the_listing_and_the_addresses_only():
     files = {OWN: {"mode": "600", "text": link.render_netplan(RAILS, 9000)}}
     _, _, host = netplan(files)
     # the listing holds the file's text and mode: files.put's own three facts are not read for a file that is right
-    assert [name.rsplit(".", 1)[1] for name, _ in host.fact_calls] == ["NetplanFiles", "IpAddresses"]
+    assert [name.rsplit(".", 1)[1] for name, _ in host.fact_calls] == ["NetplanState", "IpAddresses"]
 
 
 def test_netplan_refuses_a_file_at_its_path_that_is_not_sparkfolds():
@@ -296,12 +346,13 @@ def test_netplan_mode_only_fix_does_not_apply():
     assert commands == [f"chmod 600 {OWN}"]
 
 
-def test_netplan_mtu_change_rewrites_and_applies():
+def test_netplan_mtu_change_stages_the_new_file_and_keeps_the_old_one_in_place():
     files = {OWN: {"mode": "600", "text": link.render_netplan(RAILS, 1500)}}
     commands, uploads, _ = netplan(files)
-    snapshot = guarded(commands)[0]
-    assert "mtu: 9000" in uploads[OWN]
-    assert f"cp -p {OWN} /var/lib/sparkfold/netplan-apply/" in snapshot  # the old file is kept for the revert
+    apply = guarded(commands, uploads)
+    assert "mtu: 9000" in apply.uploads["new/0"]
+    # /etc/netplan keeps the old file until the confirmation: nothing to copy back, the revert drops the staged one
+    assert "cp -p" not in apply.prepare and "rm -f /run/netplan/60-sparkfold-cx7.yaml" in apply.prepare
 
 
 def test_netplan_migrates_nvidias_file_with_a_backup():
@@ -309,27 +360,25 @@ def test_netplan_migrates_nvidias_file_with_a_backup():
     files = {other: {"mode": "600", "text": fixture("40-cx7.yaml")},
              OWN: {"mode": "600", "text": link.render_netplan(RAILS, 9000)}}
     commands, uploads, _ = netplan(files)
-    snapshot = guarded(commands)[0]  # our file is unchanged, but the other one changed: applied
-    assert f"cp -p {other} " in snapshot and f"cp -p {OWN} " in snapshot
-    assert commands[2].startswith(f"cp -p {other} {other}.sparkfold-backup-$(date")
-    assert list(uploads) == [other]
-    assert list(yaml.safe_load(uploads[other])["network"]["ethernets"]) == ["enp1s0f1np1"]
-    assert commands[3].startswith("FileUploadCommand") and commands[4] == f"chmod 600 {other}"  # its mode kept
-    assert not any(c.startswith("rm ") for c in commands)
+    apply = guarded(commands, uploads)  # our file is unchanged, but the other one changed: applied
+    assert list(apply.uploads) == ["new/0"]  # only the other file is staged
+    assert list(yaml.safe_load(apply.uploads["new/0"])["network"]["ethernets"]) == ["enp1s0f1np1"]
+    assert apply.stage.endswith(f"install -m 600 {apply.folder}/new/0 /run/netplan/40-cx7.yaml")
+    stamp = apply.folder.rsplit("/", 1)[1].rsplit("-", 1)[0]
+    assert f"cp -p {other} {other}.sparkfold-backup-{stamp}" in apply.prepare  # backed up once confirmed
 
 
-def test_netplan_migration_moves_a_file_of_only_our_netdevs(tmp_path):
+def test_netplan_migration_moves_a_file_of_only_our_netdevs_aside_and_hides_it_until_then():
     rails = [{"netdev": "enp1s0f0np0", "address": "192.168.100.1/24"},
              {"netdev": "enp1s0f1np1", "address": "192.168.101.1/24"}]
-    files = {"/etc/netplan/40-cx7.yaml": {"mode": "600", "text": fixture("40-cx7.yaml")}}
-    commands, _, _ = netplan(files, rails=rails)
-    assert commands[2] == ("mv -n /etc/netplan/40-cx7.yaml "
-                           "/etc/netplan/40-cx7.yaml.sparkfold-backup-$(date +%Y%m%d-%H%M%S)")
-    # the command works: the file ends up under its backup name, nothing deleted
-    src = tmp_path / "40-cx7.yaml"
-    src.write_text("x")
-    subprocess.run(["sh", "-c", commands[2].replace("/etc/netplan", str(tmp_path))], check=True)
-    assert not src.exists() and [p.name[:31] for p in tmp_path.iterdir()] == ["40-cx7.yaml.sparkfold-backup-20"]
+    other = "/etc/netplan/40-cx7.yaml"
+    files = {other: {"mode": "600", "text": fixture("40-cx7.yaml")}}
+    commands, uploads, _ = netplan(files, rails=rails)
+    apply = guarded(commands, uploads)
+    assert yaml.safe_load(apply.uploads["new/0"]) == {"network": {"version": 2}}  # its shadow configures nothing
+    assert "/run/netplan/40-cx7.yaml" in apply.stage and "/run/netplan/60-sparkfold-cx7.yaml" in apply.stage
+    stamp = apply.folder.rsplit("/", 1)[1].rsplit("-", 1)[0]
+    assert f"mv {other} {other}.sparkfold-backup-{stamp}" in apply.prepare  # moved whole, nothing deleted
 
 
 def test_netplan_refuses_unparseable_other_file(caplog):
@@ -342,22 +391,69 @@ def test_netplan_refuses_unparseable_other_file(caplog):
 
 def test_netplan_no_management_check_when_management_is_on_a_rail_or_absent():
     for route in (None, "enp1s0f0np0"):
-        commands, _, _ = netplan({}, route=route)
-        assert "None, None, 120" in guarded(commands)[3]
+        commands, uploads, _ = netplan({}, route=route)
+        assert "None, None, 120" in guarded(commands, uploads).confirm
 
 
-def test_migration_rewrite_keeps_a_backup_and_the_mode(tmp_path):
-    other = tmp_path / "50-mixed.yaml"
-    other.write_text(fixture("50-mixed.yaml"))
-    other.chmod(0o600)
-    moves, _ = link.plan_migration({str(other): {"mode": "600", "text": other.read_text()}}, OWN, ["enP2p1s0f0np0"])
-    migrate = types.SimpleNamespace(_inner=lambda: link.migration_commands(moves[0], "600"))
-    commands, uploads, _ = run_put(migrate, remote_file(str(other), other.read_text(), mode=600))
-    subprocess.run(["sh", "-c", commands[0]], check=True)  # the backup
-    assert commands[2] == f"chmod 600 {other}"
-    assert yaml.safe_load(uploads[str(other)])["network"]["ethernets"] == {"enP7s7": {"dhcp4": True}}
-    backups = [p for p in tmp_path.iterdir() if ".sparkfold-backup-" in p.name]
-    assert len(backups) == 1 and backups[0].read_text() == fixture("50-mixed.yaml")
+def test_netplan_refuses_to_stage_over_a_file_sparkfold_did_not_put_there(caplog):
+    staged = {"/run/netplan/60-sparkfold-cx7.yaml": {"mode": "600", "text": "network: {version: 2}\n"}}
+    command, warnings = refused(caplog, link.netplan_link, netplan_facts({}, staged=staged), rails=RAILS, mtu=9000,
+                                netplan_file=OWN)
+    assert ("netplan stage folder: /run/netplan/60-sparkfold-cx7.yaml shadows /etc/netplan/60-sparkfold-cx7.yaml"
+            in command) and "remove it or reboot" in warnings
+    # an apply an earlier run left staged it: settled before this operation runs, so planning goes on
+    pending = {"/var/lib/sparkfold/netplan-apply/20261203-101010-abc123": "pending"}
+    commands, uploads, _ = netplan({}, staged=staged, undecided=pending)
+    assert guarded(commands, uploads) is not None
+
+
+def test_netplan_diff_shows_the_file_in_etc_netplan_as_it_changes(caplog):
+    from harness import FakeHost, _render, _State
+    from pyinfra.context import ctx_host, ctx_state
+
+    other = "/etc/netplan/40-cx7.yaml"  # configures only our netdevs: moved aside
+    rails = [{"netdev": "enp1s0f0np0", "address": "192.168.100.1/24"},
+             {"netdev": "enp1s0f1np1", "address": "192.168.101.1/24"}]
+    files = {OWN: {"mode": "600", "text": link.render_netplan(rails, 9000) + "# edited by hand\n"},
+             other: {"mode": "600", "text": fixture("40-cx7.yaml")}}
+    diffing = _State(False)
+    diffing.config.DIFF = True
+    with caplog.at_level("INFO", logger="pyinfra"), ctx_state.use(diffing), \
+            ctx_host.use(FakeHost(netplan_facts(files))):
+        commands = [_render(c) for c in link.netplan_link._inner(rails=rails, mtu=9000, netplan_file=OWN)]
+    assert commands
+    said = [r.getMessage() for r in caplog.records]
+    assert f"spark: Will modify {OWN} (staged under /run/netplan until the apply is confirmed)" in said
+    assert any(line.strip().endswith("- # edited by hand") for line in said), said
+    assert any(line.startswith(f"spark: Will move {other} aside (to {other}.sparkfold-backup-") for line in said)
+
+
+# --- an apply an earlier run left --------------------------------------------------------------------------------
+
+UNDECIDED = {"/var/lib/sparkfold/netplan-apply/20261203-101010-abc123": "pending",
+             "/var/lib/sparkfold/netplan-apply/20261203-111111-def456": "confirm",
+             "/var/lib/sparkfold/netplan-apply/20261203-121212-aaa111": "revert"}
+
+
+def test_applies_settled_does_nothing_when_none_is_left():
+    found = {"files": {}, "staged": {}, "undecided": {}}
+    commands, host = run_op(link.netplan_applies_settled, {NetplanState: with_args({STATE: found})},
+                            netplan_file=OWN)
+    assert commands == [] and host.noops == ["no netplan apply is left undecided"]
+
+
+@pytest.mark.parametrize("executing", [False, True])
+def test_applies_settled_undoes_the_unconfirmed_and_finishes_the_confirmed(caplog, executing):
+    found = {"files": {}, "staged": {}, "undecided": UNDECIDED}
+    with caplog.at_level("WARNING", logger="pyinfra"):
+        commands, _ = run_op(link.netplan_applies_settled, {NetplanState: with_args({STATE: found})},
+                             executing=executing, netplan_file=OWN)
+    folder = "/var/lib/sparkfold/netplan-apply/20261203-"
+    assert commands == [f"sh {folder}101010-abc123/revert.sh", f"sh {folder}111111-def456/promote.sh",
+                        f"sh {folder}121212-aaa111/revert.sh"]
+    said = caplog.text  # --dry says what it will do, and so does the run
+    assert f"{folder}101010-abc123 was never confirmed (a run stopped, or the Spark rebooted" in said
+    assert f"{folder}111111-def456 was confirmed but not all written to /etc/netplan" in said
 
 
 # --- checks -------------------------------------------------------------------------------------------------
@@ -495,25 +591,31 @@ def test_record_waits_for_a_gid(caplog):
 
 # --- deploy function ----------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("applies", [True, False])
-def test_link_calls_each_op_once_with_settings(monkeypatch, applies):
+@pytest.mark.parametrize("settles, applies", [(True, False), (False, True), (False, False)])
+def test_link_calls_each_op_once_with_settings(monkeypatch, settles, applies):
     calls = []
-    for op in ("rails_safe", "netplan_link", "link_addresses", "link_ping", "roce_gids", "link_recorded"):
+    changes = {"netplan_applies_settled": settles, "netplan_link": applies}
+    for op in ("rails_safe", "netplan_applies_settled", "netplan_link", "link_addresses", "link_ping", "roce_gids",
+               "link_recorded"):
         monkeypatch.setattr(link, op, lambda _op=op, **kw: calls.append((_op, kw)) or types.SimpleNamespace(
-            is_complete=lambda: True, did_change=lambda: applies))
+            is_complete=lambda: True, did_change=lambda _op=_op: changes.get(_op, False)))
     s = types.SimpleNamespace(link_rails=RAILS, peer=types.SimpleNamespace(link_rails=PEER), link_mtu=9000,
                               link_netplan_file=OWN, link_rollback_s=90,
                               layout=types.SimpleNamespace(link_record=RECORD_PATH))
     link.link._inner(s)
     safe = calls.pop(0)  # before any network change: no rail on the management network
     assert safe[0] == "rails_safe" and safe[1]["rails"] == RAILS
-    assert [c[0] for c in calls] == ["netplan_link", "link_addresses", "link_ping", "roce_gids", "link_recorded"]
+    assert [c[0] for c in calls] == ["netplan_applies_settled", "netplan_link", "link_addresses", "link_ping",
+                                     "roce_gids", "link_recorded"]
+    # an apply an earlier run left is settled first, as root, against the same netplan folder
+    assert calls[0][1]["_sudo"] is True and calls[0][1]["netplan_file"] == OWN
+    calls.pop(0)
     assert calls[0][1]["_sudo"] is True and calls[0][1]["netplan_file"] == OWN and calls[0][1]["rollback_s"] == 90
     assert calls[2][1]["peer_rails"] == PEER and calls[2][1]["_sudo"] is True
     assert calls[4][1]["path"] == RECORD_PATH and calls[4][1]["_sudo"] is False
-    # the checks an apply in this run changes are judged while planning only when nothing applies, asked when they
-    # run (the netplan operation's result, not its facts read again while the deploy is declared)
-    assert [calls[i][1]["settled"]() for i in (1, 3, 4)] == [not applies] * 3
+    # the checks an apply in this run changes (its own, or settling an earlier one) are judged while planning only
+    # when nothing applies, asked when they run (the operations' results, not their facts read again)
+    assert [calls[i][1]["settled"]() for i in (1, 3, 4)] == [not (settles or applies)] * 3
 
 
 @pytest.mark.parametrize("name", ["60-sparkfold-cx7.yml", "sparkfold"])
@@ -629,10 +731,11 @@ def test_migration_refuses_a_file_it_cannot_cut_cleanly_naming_the_stanza_to_mov
         why in errors[0] and f"move network.ethernets.enP2p1s0f0np0 out of {path} by hand" in errors[0], errors[0]
 
 
-def test_netplan_uploads_the_cut_file_and_keeps_its_mode():
+def test_netplan_stages_the_cut_file_and_writes_it_with_its_mode_once_confirmed():
     other = "/etc/netplan/55-desk.yaml"
     files = {other: {"mode": "640", "text": fixture("55-desk.yaml")},
              OWN: {"mode": "600", "text": link.render_netplan(RAILS, 9000)}}
     commands, uploads, _ = netplan(files)
-    assert uploads[other].partition("\n")[2] == without_lines(fixture("55-desk.yaml"), 12, 15)
-    assert f"chmod 640 {other}" in commands
+    apply = guarded(commands, uploads)
+    assert apply.uploads["new/0"].partition("\n")[2] == without_lines(fixture("55-desk.yaml"), 12, 15)
+    assert 'install -m 640 "$d/new/0" /etc/netplan/.55-desk.yaml.sparkfold-new' in apply.prepare

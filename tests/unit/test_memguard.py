@@ -1,16 +1,14 @@
 """memguard: the pure decision (above floor, below with the container running, below with nothing running,
-hysteresis), the script run for real against a fake meminfo and a fake docker, and the deploy's unit."""
+hysteresis), the script run for real against a fake meminfo, /proc, cgroup tree and docker (tests/unit/memguard_box.py),
+and the deploy's unit. The kill through the rank's cgroup: tests/unit/test_memguard_cgroup.py."""
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
-import time
 from types import SimpleNamespace
 
+import pytest
 from core_facts import run_put, unit
+from memguard_box import Box
 from pyinfra.operations import systemd
 
 import operations.memguard as mg
@@ -73,57 +71,44 @@ def test_mem_available_is_read_in_gib(tmp_path):
     assert guard.mem_available_gib(str(meminfo)) == 3.0
 
 
-def _fake_docker(tmp_path, running="true", label="1"):
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    log = tmp_path / "docker.log"
-    docker = bin_dir / "docker"
-    # docker inspect's answer for the format memguard asks: id, running, the managed label ("<no value>" if absent)
-    docker.write_text(f"#!/bin/sh\necho \"$@\" >> {log}\n[ \"$1\" = inspect ] && echo cid123 {running} '{label}'\n"
-                      "exit 0\n")
-    docker.chmod(0o755)
-    return bin_dir, log
+@pytest.fixture
+def box(tmp_path):
+    return Box(tmp_path)
 
 
-def _run_script(tmp_path, avail_kib, running, seconds=0.4, label="1"):
-    bin_dir, log = _fake_docker(tmp_path, running, label)
-    meminfo = tmp_path / "meminfo"
-    meminfo.write_text(f"MemAvailable: {avail_kib} kB\n")
-    state_file = tmp_path / "state" / "memguard.low"
-    env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}")
-    proc = subprocess.Popen(
-        [sys.executable, guard.__file__, "--container", "rank", "--floor-gib", "2.5", "--interval", "0.05",
-         "--meminfo", str(meminfo), "--state-file", str(state_file)],
-        env=env, stderr=subprocess.PIPE, text=True)
-    time.sleep(seconds)
-    proc.send_signal(signal.SIGTERM)
-    _, stderr = proc.communicate(timeout=5)
-    return proc.returncode, stderr, (log.read_text() if log.exists() else ""), state_file
-
-
-def test_script_kills_once_and_records_the_low(tmp_path):
-    rc, stderr, docker_calls, state_file = _run_script(tmp_path, 2 * 1024 * 1024, "true")
+def test_script_kills_once_and_records_the_low(box):
+    cgroup = box.container("c" * 64, 4242)
+    box.mem(2)
+    rc, stderr = box.run_script(0.4)
     assert rc == 0
-    assert docker_calls.count("kill cid123") == 1  # by the id it inspected, not by name
-    assert "inspect --type container -f {{.Id}} {{.State.Running}}" in docker_calls and docker_calls.count(" rank\n")
-    assert "docker kill rank: MemAvailable 2.00 GiB is below the floor" in stderr
-    assert state_file.read_text().startswith("2.00 ")
+    assert (cgroup / "cgroup.kill").read_text() == "1" and not any(c.startswith("kill") for c in box.calls())
+    assert stderr.count("memguard: killed rank cccccccccccc via cgroup.kill") == 1
+    assert "MemAvailable 2.00 GiB is below the floor" in stderr
+    assert box.low_file.read_text().startswith("2.00 ")
     assert "guard ends; lowest MemAvailable 2.00 GiB" in stderr
 
 
-def test_script_leaves_a_stopped_container_and_ample_memory_alone(tmp_path):
-    (tmp_path / "a").mkdir()
-    (tmp_path / "b").mkdir()
-    _, _, calls, _ = _run_script(tmp_path / "a", 2 * 1024 * 1024, "false")
-    assert "kill" not in calls and "inspect" in calls
-    _, _, calls, state_file = _run_script(tmp_path / "b", 50 * 1024 * 1024, "true")
-    assert calls == ""  # above the floor docker is not even asked
-    assert state_file.read_text().startswith("50.00 ")
+def test_script_leaves_a_stopped_container_and_ample_memory_alone(box):
+    box.answer.write_text("cid123 false 0 1\n")
+    box.mem(2)
+    box.run_script(0.3)
+    assert box.calls() and not any(c.startswith("kill") for c in box.calls())
+    box.log.unlink()
+    cgroup = box.container("c" * 64, 4242)
+    box.mem(50)
+    box.run_script(0.3)
+    calls = box.calls()
+    assert len(calls) == 1 and calls[0].startswith("inspect ")  # asked once, at the start
+    assert (cgroup / "cgroup.kill").read_text() == ""
+    assert box.low_file.read_text().startswith("50.00 ")
 
 
-def test_script_never_kills_a_container_that_is_not_sparkfolds(tmp_path):
-    _, stderr, calls, _ = _run_script(tmp_path, 2 * 1024 * 1024, "true", label="<no value>")
-    assert "inspect" in calls and "kill" not in calls
+def test_script_never_kills_a_container_that_is_not_sparkfolds(box):
+    cgroup = box.container("c" * 64, 4242, label="<no value>")
+    box.mem(2)
+    _, stderr = box.run_script(0.4)
+    assert box.calls() and not any(c.startswith("kill") for c in box.calls())
+    assert (cgroup / "cgroup.kill").read_text() == ""
     assert "lacks the label sparkfold.managed=1: not sparkfold's, left alone" in stderr
 
 

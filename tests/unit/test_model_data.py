@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 
@@ -17,6 +18,7 @@ from settings_factory import make_settings
 from operations import model_data
 from operations.data import copy as data_copy
 from operations.data.copy import listing_digest
+from operations.data.hub import hub_change, hub_env_name, hub_env_text, token_name
 from operations.facts.files import (
     DirFiles,
     DiskFree,
@@ -91,12 +93,16 @@ def test_small_file_facts(tmp_path):
     assert isinstance(free, int) and free > 0
 
 
-def test_hf_hub_python_fact():
+def test_hf_hub_python_fact_reads_huggingface_hub_and_hf_xet():
+    import importlib.metadata
+
     import huggingface_hub
 
-    assert run_local(HfHubPython, python=sys.executable) == huggingface_hub.__version__
+    assert run_local(HfHubPython, python=sys.executable) == {"hub": huggingface_hub.__version__,
+                                                            "xet": importlib.metadata.version("hf-xet")}
     assert run_local(HfHubPython, python="/nonexistent/python3") is None
-    assert parse_fact(HfHubPython, "#HUB \n") == ""  # a python without huggingface_hub
+    assert parse_fact(HfHubPython, "#HUB \n#XET \n") == {"hub": "", "xet": ""}  # a python without either
+    assert parse_fact(HfHubPython, "#HUB \n") == {"hub": "", "xet": ""}  # the python itself failed
 
 
 def test_ablit_shards_fact(tmp_path):
@@ -123,38 +129,99 @@ def test_hf_plan_fact_parses_last_json_line():
     assert "HF_TOKEN_PATH=/s/hf-token" in cmd and "HF_ENDPOINT=https://mirror" in cmd and "--cache-dir /h/hub" in cmd
 
 
-# ---- hf_python_ready / hf_token_file ----
+# ---- hf_hub_installed / private_file ----
 
-def test_hub_python_present_is_noop():
-    cmds, h = run_op(model_data.hf_python_ready, {HfHubPython: "2.4.0"}, python="/s/venv/bin/python", venv="/s/venv")
-    assert cmds == [] and "2.4.0" in h.noops[0]
-
-
-def test_hub_python_missing_makes_venv():
-    cmds, _ = run_op(model_data.hf_python_ready, {HfHubPython: None}, python="/s/venv/bin/python", venv="/s/venv")
-    assert "python3 -m venv /s/venv" in cmds[0] and "pip install" in cmds[1] and "huggingface_hub" in cmds[1]
+HUB = {"hub": "2.4.0", "xet": "1.8.0"}
+VENV = dict(python="/s/venv/bin/python", version="2.4.0", venv="/s/venv", env_file="/s/hf-env")
 
 
-def test_given_python_without_hub_fails_with_fix(caplog):
-    command, warnings = refused(caplog, model_data.hf_python_ready, {HfHubPython: ""}, python="/usr/bin/python3",
-                                venv="")
-    assert "hf_python: /usr/bin/python3 cannot import huggingface_hub" in command and "pip install" in command
-    assert "will fail: hf_python: /usr/bin/python3 cannot import" in warnings and 'set hf_python to ""' in warnings
+def test_the_pinned_hub_in_the_venv_is_converged():
+    cmds, h = run_op(model_data.hf_hub_installed, {HfHubPython: HUB}, **VENV)
+    assert cmds == [] and h.noops == ["huggingface_hub 2.4.0 on the head (hf_xet 1.8.0)"]
 
 
-def test_token_file_written_without_token_on_command_line():
+@pytest.mark.parametrize("have, venv_made", [({"hub": "2.3.1", "xet": "1.8.0"}, False),  # upgraded
+                                              ({"hub": "2.5.0", "xet": "1.8.0"}, False),  # downgraded to the pin
+                                              ({"hub": "2.4.0", "xet": ""}, False),  # hf_xet added
+                                              ({"hub": "", "xet": ""}, False),  # a venv without it
+                                              (None, True)])  # no venv yet
+def test_the_venv_is_installed_into_until_it_has_exactly_the_pin(have, venv_made):
+    cmds, _ = run_op(model_data.hf_hub_installed, {HfHubPython: have}, **VENV)
+    assert len(cmds) == 1 + venv_made
+    assert ("python3 -m venv /s/venv" in cmds[0]) == venv_made
+    assert cmds[-1] == ("[ ! -r /s/hf-env ] || . /s/hf-env; /s/venv/bin/python -m pip install --quiet "
+                        "--disable-pip-version-check 'huggingface_hub[hf_xet]==2.4.0'")
+
+
+def test_pip_gets_the_proxies_of_the_env_file(tmp_path):
+    env_file = tmp_path / "hf-env"
+    env_file.write_text("export HTTPS_PROXY='http://u:s3cret@proxy:3128'\n")
+    fake = tmp_path / "python"
+    fake.write_text(f"#!/bin/sh\nenv > {tmp_path}/seen; echo \"$@\" > {tmp_path}/argv\n")
+    fake.chmod(0o755)
+    cmds, _ = run_op(model_data.hf_hub_installed, {HfHubPython: {"hub": "2.3.1", "xet": ""}}, python=str(fake),
+                     version="2.4.0", venv=str(tmp_path), env_file=str(env_file))
+    assert "s3cret" not in cmds[-1]
+    subprocess.run(["sh", "-c", cmds[-1]], check=True)
+    assert "HTTPS_PROXY=http://u:s3cret@proxy:3128" in (tmp_path / "seen").read_text().splitlines()
+    assert (tmp_path / "argv").read_text().split()[-1] == "huggingface_hub[hf_xet]==2.4.0"
+
+
+def test_the_users_python_is_checked_never_changed(caplog):
+    given = dict(python="/usr/bin/python3", version="2.4.0", venv="")
+    assert run_op(model_data.hf_hub_installed, {HfHubPython: {"hub": "2.4.0", "xet": ""}}, **given)[0] == []
+    command, warnings = refused(caplog, model_data.hf_hub_installed, {HfHubPython: {"hub": "2.3.1", "xet": ""}},
+                                **given)
+    assert "hf_python: /usr/bin/python3 has huggingface_hub 2.3.1, not hf_hub_version 2.4.0" in command
+    assert "pip install 'huggingface_hub[hf_xet]==2.4.0'" in warnings and "set hf_hub_version" in warnings
+    command, warnings = refused(caplog, model_data.hf_hub_installed, {HfHubPython: {"hub": "", "xet": ""}}, **given)
+    assert "hf_python: /usr/bin/python3 cannot import huggingface_hub" in command
+    assert 'set hf_python to ""' in warnings
+
+
+def test_the_plan_says_what_changes_in_the_heads_huggingface_hub():
+    assert hub_change({"hub": "2.3.1", "xet": "1.8.0"}, "2.4.0", "/v") == "huggingface_hub 2.3.1 → 2.4.0 on the head"
+    assert hub_change({"hub": "", "xet": ""}, "2.4.0", "/v") == "huggingface_hub none → 2.4.0 on the head"
+    assert hub_change(None, "2.4.0", "/v") == "huggingface_hub 2.4.0 on the head (a new venv, /v)"
+    assert hub_change(HUB, "2.4.0", "/v") == "huggingface_hub 2.4.0 on the head (hf_xet 1.8.0)"
+    assert hub_change({"hub": "2.4.0", "xet": ""}, "2.4.0", "/v") == "huggingface_hub 2.4.0 on the head: hf_xet added"
+    assert hub_change({"hub": "2.3.1", "xet": ""}, "2.4.0", "") == \
+        "huggingface_hub 2.3.1 on the head (hf_python), hf_hub_version is 2.4.0"
+
+
+def test_a_secret_file_is_uploaded_never_on_a_command_line():
     token = "hf_secretvalue123"
-    cmds, _ = run_op(model_data.hf_token_file, {Sha256File: None}, path="/s/hf-token", token=token)
-    assert "install -m 600 /dev/null /s/hf-token" in cmds[0]
-    assert all(token not in c for c in cmds)
+    cmds, _ = run_op(model_data.private_file, {Sha256File: None}, path="/s/hf-token", content=token, what="token")
+    assert cmds[0] == "mkdir -p /s && install -m 600 /dev/null /s/hf-token"  # 0600 before the token lands in it
+    assert cmds[1].startswith("FileUploadCommand(") and all(token not in c for c in cmds)
 
 
-def test_token_file_current_is_noop_and_removed_without_token():
+def test_a_secret_file_both_ways():
     token = "hf_secretvalue123"
     digest = hashlib.sha256(token.encode()).hexdigest()
-    assert run_op(model_data.hf_token_file, {Sha256File: digest}, path="/s/t", token=token)[0] == []
-    assert run_op(model_data.hf_token_file, {Sha256File: digest}, path="/s/t", token="")[0] == ["rm -f /s/t"]
-    assert run_op(model_data.hf_token_file, {Sha256File: None}, path="/s/t", token="")[0] == []
+    cmds, h = run_op(model_data.private_file, {Sha256File: digest}, path="/s/t", content=token, what="token")
+    assert cmds == [] and h.noops == ["token is current"]
+    assert len(run_op(model_data.private_file, {Sha256File: "0" * 64}, path="/s/t", content=token, what="t")[0]) == 2
+    assert run_op(model_data.private_file, {Sha256File: digest}, path="/s/t", content="", what="t")[0] == ["rm -f /s/t"]
+    assert run_op(model_data.private_file, {Sha256File: None}, path="/s/t", content="", what="t")[0] == []
+
+
+def test_the_env_file_holds_the_variables_and_its_name_only_their_names(tmp_path):
+    env = {"HTTPS_PROXY": "http://u:s3cret@proxy:3128", "HF_HUB_DOWNLOAD_TIMEOUT": "60", "NO_PROXY": "a b,'c'"}
+    text = hub_env_text(env)
+    name = hub_env_name(env)
+    assert name == ("huggingface_hub variables for the head's downloads (0600 file): HF_HUB_DOWNLOAD_TIMEOUT, "
+                    "HTTPS_PROXY, NO_PROXY") and "s3cret" not in name
+    (tmp_path / "hf-env").write_text(text)
+    out = subprocess.run(["sh", "-c", f". {tmp_path}/hf-env; printf '%s|' \"$HTTPS_PROXY\" \"$NO_PROXY\" "
+                          "\"$HF_HUB_DOWNLOAD_TIMEOUT\""], capture_output=True, text=True, check=True).stdout
+    assert out == "http://u:s3cret@proxy:3128|a b,'c'|60|"
+    assert hub_env_text({}) == "" and "none set" in hub_env_name({})
+
+
+def test_the_token_line_names_its_source_never_the_token():
+    assert token_name("HF_TOKEN") == "Hugging Face token for the head's downloads (0600 file): from HF_TOKEN"
+    assert "anonymous" in token_name("")
 
 
 # ---- hf_snapshot ----
@@ -175,6 +242,46 @@ def test_snapshot_missing_fetches_with_token_by_path():
     first_line = cmds[0].splitlines()[0]
     assert "HF_TOKEN_PATH=/s/hf-token" in first_line and "--expect-model-type deepseek_v41" in first_line
     assert "snapshot_download" in cmds[0]  # the fetch script travels with the command
+
+
+def test_the_download_gets_the_env_file_the_token_path_and_max_workers(tmp_path):
+    """What the head's download receives: the variables of the hf-env file in its environment (never on its command
+    line), HF_TOKEN_PATH and HF_ENDPOINT, and --max-workers for parallel files."""
+    env_file = tmp_path / "hf-env"
+    env_file.write_text("export HTTPS_PROXY='http://u:s3cret@proxy:3128'\nexport HF_XET_HIGH_PERFORMANCE=1\n")
+    fake = tmp_path / "python"
+    fake.write_text(f"#!/bin/sh\nenv > {tmp_path}/seen; echo \"$@\" > {tmp_path}/argv; cat > /dev/null\n")
+    fake.chmod(0o755)
+    plan = complete_plan(complete=False, manifest=False, missing=[["model-1.safetensors", 150]], missing_bytes=150)
+    args = dict(SNAP, python=str(fake), cache_dir=str(tmp_path / "hub"), env_file=str(env_file), max_workers=3,
+                endpoint="https://mirror.example")
+    cmds, _ = run_op(model_data.hf_snapshot, {HfPlan: plan, DiskFree: {"free_bytes": 10**6}}, **args)
+    _label, fetch, _options = unwrap_progress(cmds[0])
+    assert "s3cret" not in cmds[0]
+    subprocess.run(["sh", "-c", fetch], check=True, timeout=30)
+    seen = (tmp_path / "seen").read_text().splitlines()
+    for line in ("HTTPS_PROXY=http://u:s3cret@proxy:3128", "HF_XET_HIGH_PERFORMANCE=1", "HF_TOKEN_PATH=/s/hf-token",
+                 "HF_ENDPOINT=https://mirror.example"):
+        assert line in seen, line
+    argv = (tmp_path / "argv").read_text().split()
+    assert argv[argv.index("--max-workers") + 1] == "3" and argv[argv.index("--cache-dir") + 1] == str(tmp_path / "hub")
+
+
+def test_the_deploy_names_the_token_source_and_the_variables_never_their_values(recorded):
+    s = settings(hf_token="hf_x").replace(hf_token_source="HF_TOKEN", hf_env={"HTTPS_PROXY": "http://u:s3cret@p:1"})
+    DEPLOY(s)
+    token, env = recorded[0][1], recorded[1][1]
+    assert token["name"].endswith("from HF_TOKEN") and token["content"] == "hf_x"
+    assert env["name"].endswith(": HTTPS_PROXY") and env["content"] == "export HTTPS_PROXY=http://u:s3cret@p:1\n"
+    assert not any("s3cret" in call[1]["name"] or "hf_x" in call[1]["name"] for call in recorded)
+
+
+def test_a_given_hf_python_is_checked_and_gets_no_venv(recorded):
+    DEPLOY(settings(hf_python="python3", hf_max_workers=16))
+    hub = next(kw for op, kw in recorded if op == "hf_hub_installed")
+    assert hub["python"] == "python3" and hub["venv"] == ""
+    assert hub["name"] == "huggingface_hub 2.3.1 on the head (hf_python), hf_hub_version is 2.4.0"
+    assert all(kw["max_workers"] == 16 for op, kw in recorded if op == "hf_snapshot")
 
 
 def test_snapshot_wrong_model_type_fails(caplog):
@@ -257,6 +364,70 @@ def test_folder_verified_after_transfer_runs_sha256sum():
     assert cmds[1] == f"cd /d/engram && printf '%s\\n' {listing_digest(moved, names, 'f' * 64)} > {data_copy.MARKER}"
 
 
+def _damaged_copy(tmp_path):
+    """A head folder and the worker's copy of it, where bad.bin keeps its size and mtime but not its content."""
+    head, worker = tmp_path / "head", tmp_path / "worker"
+    head.mkdir()
+    for name, data in {"good.bin": b"good" * 100, "bad.bin": b"data" * 100}.items():
+        (head / name).write_bytes(data)
+    (head / "SHA256SUMS").write_text("".join(f"{hashlib.sha256((head / n).read_bytes()).hexdigest()}  {n}\n"
+                                             for n in ("good.bin", "bad.bin")))
+    shutil.copytree(head, worker)  # copy2: sizes and mtimes kept, as rsync -a and the stream keep them
+    stat = (worker / "bad.bin").stat()
+    (worker / "bad.bin").write_bytes(b"dat!" * 100)
+    os.utime(worker / "bad.bin", ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    return head, worker
+
+
+def _check_for_real(worker, all_present=False, **kwargs):
+    """folder_verified's command run in a shell; all_present: as if every listed name were a file there (a fact read
+    before the folder changed), so that sha256sum itself meets each name."""
+    check = run_fact(FolderCheck, path=str(worker), sums="SHA256SUMS", marker=data_copy.MARKER)
+    if all_present:
+        check["files"].update({name: [0, 0] for name in check["names"] if name not in check["files"]})
+    cmds, _ = run_op(data_copy.folder_verified, {FolderCheck: check}, executing=True, folder=str(worker),
+                     sums="SHA256SUMS", what="the test files", **kwargs)
+    return subprocess.run(["sh", "-c", cmds[0]], capture_output=True, text=True, timeout=60)
+
+
+def test_a_worker_file_that_fails_its_check_is_removed_so_the_next_run_copies_it(tmp_path):
+    head, worker = _damaged_copy(tmp_path)
+    peer = dict(PEER, src=str(head), dest=str(worker))
+
+    def copy_commands():
+        facts = {DirFiles: run_fact(DirFiles, path=str(head)), PeerFolder: _peer(run_fact(DirFiles, path=str(worker)))}
+        return run_op(data_copy.folder_to_peer, facts, executing=True, **peer)[0]
+
+    assert copy_commands() == []  # size and mtime match: the copy alone would never look at it again
+    checked = _check_for_real(worker, remove_failed=True)
+    assert checked.returncode != 0 and "bad.bin: FAILED" in checked.stderr
+    assert "removed bad.bin" in checked.stderr and "re-run the deploy to copy them again" in checked.stderr
+    assert not (worker / "bad.bin").exists() and (worker / "good.bin").read_bytes() == b"good" * 100
+    assert copy_commands()  # the next run copies it again
+
+
+def test_a_check_that_does_not_remove_leaves_the_files(tmp_path):
+    _head, worker = _damaged_copy(tmp_path)  # e.g. the head's kit: its files are a download's hard links
+    checked = _check_for_real(worker)
+    assert checked.returncode != 0 and (worker / "bad.bin").read_bytes() == b"dat!" * 100
+
+
+def test_only_files_inside_the_folder_are_removed_whatever_the_list_names(tmp_path):
+    _head, worker = _damaged_copy(tmp_path)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "kept").write_bytes(b"kept")
+    (worker / "sub").symlink_to(outside)
+    (worker / "link.bin").symlink_to(worker / "good.bin")
+    hostile = ["sub/kept", "../outside/kept", str(outside / "kept"), "link.bin", "./good.bin"]
+    with open(worker / "SHA256SUMS", "a") as sums:  # the list crossed the cable: wrong sums for files not its own
+        sums.writelines(f"{'0' * 64}  {name}\n" for name in hostile)
+    checked = _check_for_real(worker, all_present=True, remove_failed=True)
+    assert checked.returncode != 0 and not (worker / "bad.bin").exists()
+    assert (outside / "kept").read_bytes() == b"kept" and (worker / "sub").is_symlink()
+    assert (worker / "link.bin").is_symlink() and (worker / "good.bin").exists()
+
+
 def test_kit_missing_only_generated_files_says_so():
     names = ["cubins/linear.cubin", "rope-plain-cos.f32", "vision/gate_bias_vl.safetensors"]
     files = {"cubins/linear.cubin": [5, 1], "MANIFEST": [9, 1]}
@@ -311,7 +482,7 @@ def test_folder_to_peer_copies_differences_resumably():
     assert head[:3] == ["python3", "-", "/d/engram"] and "def start_daemon" in copy  # link_copy.py, on stdin
     assert head[head.index("--target") + 1] == "nvidia@10.0.0.2" and head[head.index("--dest") + 1] == "/w/engram"
     options = [w.split("=", 1)[1] for w in head if w.startswith("--rsync-option=")]
-    assert options[:2] == ["-a", "--partial"] and "--exclude=/.cache/" in options
+    assert options[:2] == ["-a", "--partial-dir=.sparkfold-partial"] and "--exclude=/.cache/" in options
 
 
 def test_folder_to_peer_checks_worker_space_and_reachability():
@@ -479,6 +650,7 @@ def recorded(monkeypatch):
     monkeypatch.setattr(model_data, "_plan", lambda args: {"complete": False, "missing": [["f", 2**30]],
                                                            "missing_bytes": 2**30, "commit": COMMIT,
                                                            "total_bytes": 2**31})
+    monkeypatch.setattr(model_data, "_hub_versions", lambda python: {"hub": "2.3.1", "xet": "1.8.0"})
     return calls
 
 
@@ -489,16 +661,24 @@ def streams_of(recorded) -> dict:
 def test_deploy_head_starts_the_long_work_in_the_background(recorded):
     DEPLOY(settings())
     ops = [c[0] for c in recorded]
-    assert ops[:3] == ["hf_python_ready", "hf_token_file", ("background", "engram")]
+    # the token and the variables first: pip needs the proxies too; then the downloads start in the background
+    assert ops[:4] == ["private_file", "private_file", "hf_hub_installed", ("background", "engram")]
+    hub = recorded[2][1]
+    assert hub == {"name": "huggingface_hub 2.3.1 → 2.4.0 on the head", "python": "/home/n/.local/state/sparkfold/venv/"
+                   "bin/python", "version": "2.4.0", "venv": "/home/n/.local/state/sparkfold/venv",
+                   "env_file": "/home/n/.local/state/sparkfold/hf-env"}
+    assert recorded[1][1]["path"] == "/home/n/.local/state/sparkfold/hf-env" and recorded[1][1]["content"] == ""
     streams = streams_of(recorded)
     assert list(streams) == ["engram", "engram-sums", "engram-to-worker", "engram-checked", "checkpoint",
                              "kit-to-worker", "kit-checked", "token-map", "rank1", "rank1-sums", "rank0",
                              "rank1-to-worker", "rank1-checked", "token-map-to-worker"]
     assert streams["checkpoint"]["name"] == (f"Checkpoint: fetch 1 files, 1.0 GiB of Org/M@{COMMIT[:12]} into "
-                                             "/home/n/.cache/huggingface/hub (in the background)")
+                                             "/home/n/.cache/huggingface/hub")
     # the downloads one after the other, each the hub operation's own work
     assert streams["checkpoint"]["stream"].after == ("engram",)
-    assert streams["checkpoint"]["work"][0][1]["expect_model_type"] == "deepseek_v41"
+    fetch = streams["checkpoint"]["work"][0][1]
+    assert fetch["expect_model_type"] == "deepseek_v41"
+    assert fetch["env_file"] == "/home/n/.local/state/sparkfold/hf-env" and fetch["max_workers"] == 8
     # the kit is small: placed and checked here, between the downloads' start and its copy
     kit = [op for op in ops if op in ("hf_snapshot", "folder_placed", "folder_verified")]
     assert kit == ["hf_snapshot", "folder_placed", "folder_verified"]
@@ -560,6 +740,7 @@ def test_deploy_worker_only_verifies(recorded):
     CHECKED(settings(is_head=False))
     assert [c[0] for c in recorded] == ["both_sparks_reached"] + ["folder_verified"] * 3
     assert recorded[3][1]["folder"] == "/home/n/.cache/sparkfold/rank-cache/active-rank1"
+    assert all(c[1]["remove_failed"] for c in recorded[1:])  # all copies: a damaged file goes, the next run copies it
 
 
 def test_a_complete_plan_is_read_once_per_run_an_incomplete_one_every_time():

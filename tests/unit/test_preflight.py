@@ -1,16 +1,18 @@
 """Preflight: the host facts parse real outputs; each check passes silently or fails naming problem and fix."""
 
 import functools
+import shlex
 from pathlib import Path
 
 import harness
 import pytest
-from harness import parse_fact, run_fact, with_args
+from harness import parse_fact, refused, run_fact, with_args
+from pyinfra.api.exceptions import OperationError
 
 from operations import preflight
 from operations.facts.docker import DockerMemoryUse, DockerRuntimeInfo, RunningContainers, parse_size
-from operations.facts.files import DiskFree, DiskSpace, PathUsage
-from operations.facts.host import HostTools, MemInfo, OsRelease, SshReachable
+from operations.facts.files import DiskFree, DiskSpace, PathUsage, ResolvedPaths
+from operations.facts.host import HostTools, MemInfo, OsRelease, SshReachable, SudoWithoutPassword
 
 # the checks judged as a run judges them; test_a_problem_while_planning_is_a_warning covers --dry
 run_op = functools.partial(harness.run_op, executing=True)
@@ -286,10 +288,15 @@ def test_ssh_fact_command_is_batch_mode_with_timeout():
 def test_preflight_passes_settings(monkeypatch):
     from settings_factory import make_settings
     calls = []
-    for name in ("platform_supported", "memory_available", "disk_free", "tools_present", "peer_reachable"):
+    for name in ("sudo_without_password", "platform_supported", "paths_placed", "memory_available", "disk_free",
+                 "tools_present", "peer_reachable"):
         monkeypatch.setattr(preflight, name, lambda _n=name, **kw: calls.append((_n, kw)))
+    monkeypatch.setattr(preflight, "peer_host", lambda s: f"the host of {s.the_peer.role}")
     preflight.preflight._inner(make_settings("head"))
     got = dict(calls)
+    assert calls[0] == ("sudo_without_password", {"name": "sudo without a password", "user": "nvidia",
+                                                  "peer": "the host of worker", "peer_user": "nvidia"})
+    assert got["paths_placed"]["paths"]["hub"] == "/home/nvidia/.cache/huggingface/hub"
     assert got["platform_supported"]["allowed_arch"] == ["aarch64"]
     assert got["memory_available"]["own_containers"] == ["dsv41-1017-exl3-tf"]
     assert got["memory_available"]["restart"] is False
@@ -299,7 +306,7 @@ def test_preflight_passes_settings(monkeypatch):
     assert got["peer_reachable"]["target"]
     calls.clear()
     preflight.preflight._inner(make_settings("worker"))
-    assert "peer_reachable" not in dict(calls)
+    assert "peer_reachable" not in dict(calls) and dict(calls)["sudo_without_password"]["peer"] is None
 
 
 def test_a_problem_while_planning_is_a_warning_naming_the_spark_check_and_fix(caplog):
@@ -311,3 +318,157 @@ def test_a_problem_while_planning_is_a_warning_naming_the_spark_check_and_fix(ca
                for r in caplog.records), caplog.text
     cmds, _ = run_op(preflight.memory_available, facts, min_avail_gib=112)
     assert len(cmds) == 1 and "exit 1" in cmds[0] and "only 40.0 GiB MemAvailable" in cmds[0]
+
+
+# --- sudo without a password ---------------------------------------------------------------------------------
+
+SUDO_LINE = ("run `sudo visudo -f /etc/sudoers.d/sparkfold`, add the line `nvidia ALL=(ALL) NOPASSWD: ALL` and save "
+             "(visudo refuses a broken line, which would stop sudo altogether)")
+
+
+def test_the_sudo_fact_asks_sudo_without_a_prompt_and_keeps_its_answer():
+    assert SudoWithoutPassword().command() == (
+        "out=$(sudo -n true 2>&1 </dev/null); rc=$?; echo \"rc=$rc\"; printf '%s\\n' \"$out\" | tail -n 3")
+    assert parse_fact(SudoWithoutPassword, "rc=1\nsudo: a password is required\n") == {
+        "ok": False, "rc": 1, "detail": "sudo: a password is required"}
+    assert parse_fact(SudoWithoutPassword, "rc=0\n")["ok"] is True
+
+
+def test_sudo_without_a_password_passes_quietly():
+    cmds, spark = run_op(preflight.sudo_without_password, {SudoWithoutPassword: {"ok": True, "rc": 0, "detail": ""}},
+                         user="nvidia")
+    assert cmds == [] and spark.noops == ["nvidia uses sudo without a password"]
+
+
+@pytest.mark.parametrize("executing", [False, True])
+def test_sudo_that_asks_for_a_password_stops_the_plan_with_the_sudoers_line(executing):
+    facts = {SudoWithoutPassword: {"ok": False, "rc": 1, "detail": "sudo: a password is required"}}
+    with pytest.raises(OperationError) as exc:
+        harness.run_op(preflight.sudo_without_password, facts, executing=executing, user="nvidia")
+    assert str(exc.value) == (
+        "spark: sudo: nvidia cannot use sudo without a password (`sudo -n true` gave rc 1: sudo: a password is "
+        "required); every step after the preflight runs as root through sudo, which must not ask. Fix: on this "
+        f"Spark, {SUDO_LINE}")
+
+
+def test_a_spark_without_sudo_is_told_to_install_it_first():
+    facts = {SudoWithoutPassword: {"ok": False, "rc": 127, "detail": "sh: 1: sudo: not found"}}
+    with pytest.raises(OperationError) as exc:
+        run_op(preflight.sudo_without_password, facts, user="nvidia")
+    assert str(exc.value) == (
+        "spark: sudo: sudo is not installed on this Spark (`sudo -n true` gave rc 127: sh: 1: sudo: not found); "
+        "every step after the preflight runs as root through sudo. Fix: as root, apt-get install sudo; then, as "
+        f"nvidia, {SUDO_LINE}")
+
+
+def test_the_head_asks_for_the_worker_too_whose_facts_its_plan_reads_as_root():
+    worked = {"ok": True, "rc": 0, "detail": ""}
+    worker = harness.FakeHost({SudoWithoutPassword: {"ok": False, "rc": 1, "detail": "sudo: a password is required"}},
+                              name="spark-b")
+    with pytest.raises(OperationError) as exc:
+        run_op(preflight.sudo_without_password, {SudoWithoutPassword: worked}, user="nvidia", peer=worker,
+               peer_user="dgx")
+    assert str(exc.value).startswith("spark-b: sudo: dgx cannot use sudo without a password (`sudo -n true` gave rc 1")
+    assert str(exc.value).endswith("add the line `dgx ALL=(ALL) NOPASSWD: ALL` and save (visudo refuses a broken "
+                                   "line, which would stop sudo altogether)")
+    worker = harness.FakeHost({SudoWithoutPassword: worked}, name="spark-b")
+    cmds, head = run_op(preflight.sudo_without_password, {SudoWithoutPassword: worked}, user="nvidia", peer=worker,
+                        peer_user="dgx")
+    assert cmds == [] and head.noops == ["nvidia uses sudo without a password, and dgx on spark-b"]
+
+
+def test_a_run_given_a_sudo_password_goes_on():
+    from pyinfra.context import ctx_host, ctx_state
+    spark = harness.FakeHost({SudoWithoutPassword: {"ok": False, "rc": 1, "detail": "sudo: a password is required"}})
+    spark.current_op_global_arguments = {"_sudo_password": "pw"}  # pyinfra's --same-sudo-password
+    with ctx_state.use(harness._State(False)), ctx_host.use(spark):
+        assert list(preflight.sudo_without_password._inner(user="nvidia")) == []
+    assert spark.noops == ["sudo asks spark for the password this run was given"]
+
+
+# --- where the folders lead, symlinks followed ----------------------------------------------------------------
+
+def placed(**changes) -> dict[str, str]:
+    from settings_factory import make_settings
+
+    from operations.settings import placed_paths
+    return placed_paths(make_settings("head", hf_cache="/srv/hf", data_dir="/srv/sf/data", state_dir="/srv/sf/state",
+                                      **changes))
+
+
+def resolved_fact(paths: dict[str, str], leads: dict[str, str]) -> dict:
+    """The ResolvedPaths fact as a Spark answers it: each path where it leads (`leads` overrides, else itself)."""
+    asked = tuple(sorted(set(paths.values())))
+    return {ResolvedPaths: with_args({f"paths={asked}": {p: leads.get(p, p) for p in asked}})}
+
+
+def test_the_resolved_paths_fact_follows_symlinks_and_takes_missing_parts_as_written(tmp_path):
+    (tmp_path / "real").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "real")
+    got = run_fact(ResolvedPaths, paths=(str(tmp_path / "link" / "not" / "yet"), str(tmp_path / "x" / ".." / "y")))
+    assert got == {str(tmp_path / "link" / "not" / "yet"): str(tmp_path / "real" / "not" / "yet"),
+                   str(tmp_path / "x" / ".." / "y"): str(tmp_path / "y")}
+    assert parse_fact(ResolvedPaths, "/a\t/b\nnoise\n/c\trelative\n") == {"/a": "/b"}
+
+
+def test_folders_that_lead_where_their_text_says_pass():
+    paths = placed()
+    cmds, spark = run_op(preflight.paths_placed, resolved_fact(paths, {}), paths=paths)
+    assert cmds == [] and spark.noops == ["the folders and files lead where the settings say"]
+
+
+def test_a_state_folder_that_a_symlink_leads_into_the_exported_hub_is_refused(caplog):
+    paths = placed()  # the text passes: /srv/sf/state is not below /srv/hf/hub
+    facts = resolved_fact(paths, {"/srv/sf/state": "/home/nvidia/.cache/huggingface/hub/state",
+                                  "/srv/hf/hub": "/home/nvidia/.cache/huggingface/hub"})
+    command, warnings = refused(caplog, preflight.paths_placed, facts, paths=paths)
+    line = ("where the folders lead: state_dir = '/srv/sf/state' resolves to "
+            "/home/nvidia/.cache/huggingface/hub/state on this Spark (symlinks followed), inside hf_cache's hub folder "
+            "/home/nvidia/.cache/huggingface/hub, which the head exports over NFS (its hf token and API key folder "
+            "would be exported): point state_dir at a folder outside /home/nvidia/.cache/huggingface/hub, or hf_cache "
+            "elsewhere (`realpath -m /srv/sf/state /srv/hf/hub` on the Spark shows where each leads)")
+    assert warnings == f"spark: will fail: {line}"
+    assert shlex.split(command)[:2] == ["echo", f"sparkfold: {line}"]  # what a run fails with
+
+
+def test_a_hub_that_a_symlink_leads_over_the_data_folder_is_refused():
+    from operations.settings import resolved_path_problems
+    paths = placed()
+    assert resolved_path_problems(paths, {**paths, "hub": "/srv/sf"}) == [
+        "state_dir = '/srv/sf/state' resolves to /srv/sf/state on this Spark (symlinks followed), inside hf_cache's "
+        "hub folder /srv/sf, which the head exports over NFS (its hf token and API key folder would be exported): "
+        "point state_dir at a folder outside /srv/sf, or hf_cache elsewhere (`realpath -m /srv/sf/state /srv/hf/hub` "
+        "on the Spark shows where each leads)",
+        "data_dir = '/srv/sf/data' resolves to /srv/sf/data on this Spark (symlinks followed), inside hf_cache's hub "
+        "folder /srv/sf, which the head exports over NFS (its hf token and API key folder would be exported): point "
+        "data_dir at a folder outside /srv/sf, or hf_cache elsewhere (`realpath -m /srv/sf/data /srv/hf/hub` on the "
+        "Spark shows where each leads)"]
+
+
+def test_a_data_folder_that_resolves_to_root_is_refused():
+    from operations.settings import resolved_path_problems
+    paths = placed()
+    assert resolved_path_problems(paths, {**paths, "data_dir": "/"}) == [
+        "data_dir = '/srv/sf/data' resolves to / on this Spark (symlinks followed): sparkfold writes below data_dir, "
+        "so it must be a folder of its own; point data_dir at one (`realpath -m /srv/sf/data` on the Spark shows "
+        "where it leads)"]
+
+
+def test_an_owned_file_that_is_a_symlink_to_elsewhere_is_refused_but_a_moved_folder_is_fine():
+    from operations.settings import resolved_path_problems
+    paths = placed()
+    netplan = paths["link_netplan_file"]
+    assert resolved_path_problems(paths, {**paths, "link_netplan_file": "/home/nvidia/net.yaml"}) == [
+        f"link_netplan_file = {netplan!r} leads to /home/nvidia/net.yaml on this Spark (a symlink): sparkfold owns "
+        "that file and writes it in /etc/netplan/ itself, never through a symlink to elsewhere; remove the symlink, "
+        "or set link_netplan_file to a free name in /etc/netplan/"]
+    moved = {**paths, "link_netplan_file": "/lib/netplan/" + netplan.rsplit("/", 1)[1],
+             "link_netplan_file folder": "/lib/netplan"}
+    assert resolved_path_problems(paths, moved) == []
+
+
+def test_a_path_the_spark_could_not_resolve_is_not_judged():
+    from operations.settings import resolved_path_problems
+    only_data = resolved_path_problems(placed(), {"data_dir": "/"})  # nothing else answered
+    assert [p.split(" on this Spark")[0] for p in only_data] == ["data_dir = '/srv/sf/data' resolves to /"]
+    assert resolved_path_problems(placed(), {}) == []

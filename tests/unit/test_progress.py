@@ -81,6 +81,23 @@ def test_an_interrupted_run_takes_its_work_down(tmp_path):
         assert not marker.exists(), f"{interrupt}: the command went on after the run was gone"
 
 
+def test_an_interrupted_run_leaves_no_log_behind(tmp_path, monkeypatch):
+    monkeypatch.setenv("TMPDIR", str(tmp_path))  # where the runner keeps the command's output while it runs
+    for interrupt in ("reader gone", "hangup"):
+        run = start(progress_command("copy", "sleep 60", every=0.3))
+        assert run.stdout is not None and run.stdout.readline().startswith("copy: started")
+        assert [p.name.startswith("sparkfold-progress-") for p in tmp_path.iterdir()] == [True]
+        if interrupt == "reader gone":
+            run.stdout.close()
+        else:
+            os.killpg(run.pid, signal.SIGHUP)
+        deadline = time.monotonic() + 30
+        while any(tmp_path.iterdir()):  # the runner's last act: it may outlive the shell that started it
+            assert time.monotonic() < deadline, f"{interrupt}: the log was left behind"
+            time.sleep(0.05)
+        run.wait(timeout=30)
+
+
 def test_the_wrapper_names_what_it_runs():
     wrapped = progress_command("kit", "rsync -a a/ b:c/", probe="du -sb c").get_raw_value()
     label, inner, options = unwrap_progress(wrapped)

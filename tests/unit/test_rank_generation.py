@@ -7,11 +7,11 @@ import json
 
 import pytest
 from harness import FakeHost, run_op
-from rank_inputs import IMAGE, TEMPLATE, container, found
+from rank_inputs import DAEMON_DRIFTED, IMAGE, TEMPLATE, container, docker_facts, found, rank_facts
 from settings_factory import make_pair
 
 from operations import ranks
-from operations.facts.rank import PruneInputs, RankInputs, parse_generation_files
+from operations.facts.rank import PruneInputs, parse_generation_files
 from operations.rank import generation as gen
 from operations.rank.plan import pair_plan
 
@@ -154,8 +154,8 @@ EARLIER = NEW  # another generation, recorded before it
 
 
 def kept_op(mine, theirs, prune_inputs=None, executing=True, s=HS):
-    facts = {RankInputs: mine, PruneInputs: prune_inputs or {"images": [], "in_use": [], "entries": {}}}
-    peer = FakeHost({RankInputs: theirs}, name="peer")
+    facts = rank_facts(mine, {PruneInputs: prune_inputs or {"images": [], "in_use": [], "entries": {}}})
+    peer = FakeHost(rank_facts(theirs), name="peer")
     return run_op(ranks.generations_kept, facts, executing=executing, s=s, peer=peer, image=IMAGE, template=TEMPLATE)
 
 
@@ -202,8 +202,8 @@ def test_the_switch_is_said_while_planning(caplog):
     caplog.set_level("INFO")
     mine = inputs_with_records(HS, container(EARLIER.specs[0].spec_hash()), good(EARLIER, 1), last_good=EARLIER.id)
     theirs = inputs_with_records(WS, container(EARLIER.specs[1].spec_hash()))
-    peer = FakeHost({RankInputs: theirs}, name="peer")
-    run_op(ranks.pair_checked, {RankInputs: mine}, executing=False, s=HS, peer=peer, image=IMAGE, template=TEMPLATE)
+    peer = FakeHost(rank_facts(theirs), name="peer")
+    run_op(ranks.pair_checked, rank_facts(mine), executing=False, s=HS, peer=peer, image=IMAGE, template=TEMPLATE)
     assert f"generation {EARLIER.id} → {SERVING.id}: image, model revision, weight files" in caplog.text
     assert f"rollback to {EARLIER.id}" in caplog.text
 
@@ -213,22 +213,35 @@ def test_the_old_pair_is_recorded_for_the_exact_gate_only_when_it_serves():
     serving_old = (inputs_with_records(HS, container(EARLIER.specs[0].spec_hash()), good(EARLIER, 1),
                                        last_good=EARLIER.id),
                    inputs_with_records(WS, container(EARLIER.specs[1].spec_hash())))
-    peer = FakeHost({RankInputs: serving_old[1]}, name="peer")
-    cmds, _ = run_op(ranks.old_pair_replayed, {RankInputs: serving_old[0]}, executing=True, s=HS, peer=peer,
+    peer = FakeHost(rank_facts(serving_old[1]), name="peer")
+    cmds, _ = run_op(ranks.old_pair_replayed, rank_facts(serving_old[0]), executing=True, s=HS, peer=peer,
                      image=IMAGE, template=TEMPLATE, notes=notes)
     assert len(cmds) == 1 and "_old_pair_recorded" in cmds[0]
-    first_run = FakeHost({RankInputs: found(WS)}, name="peer")
-    cmds, host = run_op(ranks.old_pair_replayed, {RankInputs: found(HS)}, executing=True, s=HS, peer=first_run,
+    first_run = FakeHost(rank_facts(found(WS)), name="peer")
+    cmds, host = run_op(ranks.old_pair_replayed, rank_facts(found(HS)), executing=True, s=HS, peer=first_run,
                         image=IMAGE, template=TEMPLATE, notes=notes)
     assert cmds == [] and "nothing to record" in host.noops[0]
+
+
+def test_no_exact_gate_record_of_a_pair_that_dockers_restart_stops_first():
+    """A Docker restart earlier in the run (daemon.json drifted on the worker) stops the serving pair before the
+    switch: --dry does not plan to record its replies, as the executing run finds nothing serving."""
+    serving_old = (inputs_with_records(HS, container(EARLIER.specs[0].spec_hash()), good(EARLIER, 1),
+                                       last_good=EARLIER.id),
+                   inputs_with_records(WS, container(EARLIER.specs[1].spec_hash())))
+    peer = FakeHost(rank_facts(serving_old[1], docker_facts(DAEMON_DRIFTED)), name="peer")
+    cmds, host = run_op(ranks.old_pair_replayed, rank_facts(serving_old[0]), executing=False, s=HS, peer=peer,
+                        image=IMAGE, template=TEMPLATE, notes=ranks.SwitchNotes())
+    assert cmds == [] and host.noops == [
+        "Docker's restart stops the serving pair before the switch: nothing to record for the exact gate"]
 
 
 # --- rollback.py ------------------------------------------------------------------------------------------------------
 
 def rollback_op(mine, theirs, ready_head, ready_worker, executing=True):
     from operations.facts.rank import StartReady
-    peer = FakeHost({RankInputs: theirs, StartReady: ready_worker}, name="peer")
-    return run_op(ranks.previous_generation_served, {RankInputs: mine, StartReady: ready_head}, executing=executing,
+    peer = FakeHost(rank_facts(theirs, {StartReady: ready_worker}), name="peer")
+    return run_op(ranks.previous_generation_served, rank_facts(mine, {StartReady: ready_head}), executing=executing,
                   s=HS, worker=peer, image=IMAGE, template=TEMPLATE)
 
 
@@ -263,15 +276,15 @@ def test_nothing_started_since_the_check_asks_nothing():
     from types import SimpleNamespace
     checked = ranks.CheckedPlan()
     recorded = good(SERVING, 3)
-    _cmds, _host = run_op(ranks.pair_checked, {RankInputs: running_pair(HS, recorded, last_good=SERVING.id)},
-                          executing=True, s=HS, peer=FakeHost({RankInputs: running_pair(WS)}, name="peer"),
+    _cmds, _host = run_op(ranks.pair_checked, rank_facts(running_pair(HS, recorded, last_good=SERVING.id)),
+                          executing=True, s=HS, peer=FakeHost(rank_facts(running_pair(WS)), name="peer"),
                           image=IMAGE, template=TEMPLATE, handoff=checked)
     idle = SimpleNamespace(is_complete=lambda: True, did_change=lambda: False, will_change=False)
     cmds, host = run_op(ranks.generations_kept, {}, executing=True, s=HS, peer=FakeHost({}, name="peer"),
                         image=IMAGE, template=TEMPLATE, started=idle, handoff=checked)
     assert cmds == [] and host.fact_calls == [] and host.noops == ["this rank runs the last good generation"]
     started = SimpleNamespace(is_complete=lambda: True, did_change=lambda: True, will_change=True)
-    facts = {RankInputs: running_pair(HS, recorded, last_good=SERVING.id)}
+    facts = rank_facts(running_pair(HS, recorded, last_good=SERVING.id))
     cmds, host = run_op(ranks.generations_kept, facts, executing=True, s=HS, peer=FakeHost({}, name="peer"),
                         image=IMAGE, template=TEMPLATE, started=started, handoff=checked)
     assert host.fact_calls  # started in this run: this Spark is asked again

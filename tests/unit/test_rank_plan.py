@@ -41,6 +41,7 @@ class Case:
     head_set: dict[str, Any] = field(default_factory=dict)  # settings changes (as --data)
     worker_set: dict[str, Any] = field(default_factory=dict)
     force: bool = False
+    docker: tuple[str, str] = ("", "")  # why this run restarts Docker on the head, the worker ("": it does not)
     image: str = IMAGE
     reasons: list[str] = field(default_factory=list)
     actions: tuple[str, str] = (KEEP, KEEP)
@@ -128,6 +129,27 @@ CASES = [
          reasons=["rank 1 is not running (exited, exit code 2)"], actions=(RECREATE, RECREATE)),
     Case("a spec not known yet does not judge a running rank", head_in={**running(H0), "caps": {}},
          worker_in=running(H1), settled=False, problems=(["the image's capabilities missing"], [])),
+    # a Docker restart earlier in the run stops the rank on that Spark: the pair starts again, said with the cause
+    Case("Docker restarts on the worker: the pair restarts", **CONVERGED, docker=("", "daemon.json changes"),
+         reasons=["rank 1 restarts: Docker restarts on the worker (daemon.json changes)"],
+         actions=(RECREATE, RECREATE)),
+    Case("Docker restarts on the head: the pair restarts", **CONVERGED,
+         docker=("its default runtime is runc, not nvidia", ""),
+         reasons=["rank 0 restarts: Docker restarts on the head (its default runtime is runc, not nvidia)"],
+         actions=(RECREATE, RECREATE)),
+    Case("Docker restarts on both Sparks", **CONVERGED, docker=("daemon.json changes", "daemon.json changes"),
+         reasons=["rank 0 restarts: Docker restarts on the head (daemon.json changes)",
+                  "rank 1 restarts: Docker restarts on the worker (daemon.json changes)"],
+         actions=(RECREATE, RECREATE)),
+    Case("Docker restarts and rank 1's settings changed: both said", **CONVERGED, worker_set={"nccl_debug": "INFO"},
+         docker=("", "daemon.json changes"),
+         reasons=["rank 1 restarts: Docker restarts on the worker (daemon.json changes)",
+                  "rank 1's settings or image changed"], actions=(RECREATE, RECREATE)),
+    Case("Docker restarts where no rank runs: the missing rank is the reason", head_in=running(H0),
+         docker=("", "Docker does not answer"), reasons=["rank 1 has no container"], actions=(RECREATE, START)),
+    Case("Docker restarts where the rank already stopped: said as stopped", head_in=running(H0),
+         worker_in=running(H1, running=False, exit_code=1), docker=("", "daemon.json changes"),
+         reasons=["rank 1 is not running (exited, exit code 1)"], actions=(RECREATE, RECREATE)),
 ]
 
 
@@ -135,8 +157,8 @@ CASES = [
 def test_pair_plan(case: Case):
     hs, ws = settings(case.head_set, case.worker_set)
     plan = pair_plan(hs, ws, found(hs, **case.head_in), found(ws, **case.worker_in), image=case.image,
-                     template_digest=TEMPLATE, force=case.force)
-    assert list(plan.reasons) == case.reasons
+                     template_digest=TEMPLATE, force=case.force, docker_restarts=case.docker)
+    assert list(plan.reasons) == case.reasons and plan.docker_restarts == case.docker
     assert (plan.rank(0).action, plan.rank(1).action) == case.actions
     assert len(plan.refusals) == len(case.refusals)
     for refusal, expected in zip(plan.refusals, case.refusals, strict=True):
@@ -152,7 +174,8 @@ def test_pair_plan(case: Case):
 
 def test_the_scenarios_cover_every_reason_and_action():
     reasons = " ".join(r for c in CASES for r in c.reasons)
-    for kind in ("restart", "has no container", "is not running", "OOM killer", "settings or image changed"):
+    for kind in ("restart", "has no container", "is not running", "OOM killer", "settings or image changed",
+                 "Docker restarts on the"):
         assert kind in reasons
     assert {a for c in CASES for a in c.actions} == {KEEP, RECREATE, START, REFUSED}
     assert len(CASES) >= 20

@@ -16,7 +16,6 @@ from validate_fake import serving as validate_serving
 
 from operations import ranks
 from operations.facts.docker import RankContainer
-from operations.facts.rank import RankInputs
 from operations.rank import serving as health
 from operations.rank import switch
 
@@ -261,7 +260,7 @@ def pair_serving(url, executing, restarted=False, worker_state=UP, judged=True):
     """pair_serving on the head; judged: the running pair is the recorded last good generation."""
     import json as json_
 
-    from rank_inputs import container, found
+    from rank_inputs import container, found, rank_facts
 
     from operations.rank.generation import Generation
     from operations.rank.plan import pair_plan
@@ -270,9 +269,9 @@ def pair_serving(url, executing, restarted=False, worker_state=UP, judged=True):
     good = Generation(wanted.id, wanted.specs, good_at=1.0)
     records = {"files": {f"{good.id}.json": json_.dumps(good.record())}, "last_good": good.id if judged else ""}
     head_inputs = found(s, container(wanted.specs[0].spec_hash()), generations=records)
-    worker = Spark({RankContainer: worker_state, RankInputs: found(WS)}, "worker")
+    worker = Spark(rank_facts(found(WS), {RankContainer: worker_state}), "worker")
     rank0 = SimpleNamespace(is_complete=lambda: executing, did_change=lambda: restarted, will_change=restarted)
-    return run_op(ranks.pair_serving, {RankContainer: UP, RankInputs: head_inputs}, executing=executing, s=s,
+    return run_op(ranks.pair_serving, rank_facts(head_inputs, {RankContainer: UP}), executing=executing, s=s,
                   worker=worker, image="img", template="t", rank0=rank0, notes=switch.SwitchNotes())
 
 

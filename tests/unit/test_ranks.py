@@ -10,8 +10,17 @@ import subprocess
 from types import SimpleNamespace
 
 import pytest
-from harness import FakeHost, parse_fact, run_fact, run_op
-from rank_inputs import IMAGE, TEMPLATE, container, found
+from harness import FakeHost, first_planned, parse_fact, run_fact, run_op
+from rank_inputs import (
+    DAEMON_DRIFTED,
+    DAEMON_OK,
+    IMAGE,
+    TEMPLATE,
+    container,
+    docker_facts,
+    found,
+    rank_facts,
+)
 from settings_factory import make_pair
 
 from operations import ranks
@@ -30,11 +39,12 @@ NAME = HS.container_name
 SUPERVISOR = "sparkfold-supervise.service"
 
 
-def run(op, s, mine: dict, theirs: dict, executing: bool = True, extra: dict | None = None, **kwargs):
-    """op on Spark `s`, its RankInputs `mine`, the peer's `theirs`."""
-    peer = FakeHost({RankInputs: theirs}, name="peer")
-    return run_op(op, {RankInputs: mine, **(extra or {})}, executing=executing, s=s, peer=peer, image=IMAGE,
-                  template=TEMPLATE, **kwargs)
+def run(op, s, mine: dict, theirs: dict, executing: bool = True, extra: dict | None = None,
+        daemon: tuple[dict, dict] = (DAEMON_OK, DAEMON_OK), **kwargs):
+    """op on Spark `s`, its RankInputs `mine`, the peer's `theirs`; daemon: daemon.json here, on the peer."""
+    peer = FakeHost({RankInputs: theirs, **docker_facts(daemon[1])}, name="peer")
+    return run_op(op, {RankInputs: mine, **docker_facts(daemon[0]), **(extra or {})}, executing=executing, s=s,
+                  peer=peer, image=IMAGE, template=TEMPLATE, **kwargs)
 
 
 # --- the composite fact -------------------------------------------------------------------------------------------
@@ -180,6 +190,71 @@ def test_restart_recreates_a_converged_pair():
     hs, ws = HS.replace(restart=True), WS
     cmds, _ = run(ranks.stale_pair_stopped, hs, found(hs, container(H0)), found(ws, container(H1)))
     assert len(cmds) == 3 and cmds[-1] == f"docker rm -f {NAME} >/dev/null"
+
+
+# --- a Docker restart earlier in the run --------------------------------------------------------------------------
+
+WORKER_RESTARTS = "the pair restarts: rank 1 restarts: Docker restarts on the worker (daemon.json changes)"
+
+
+def test_dry_plans_the_pairs_restart_when_docker_restarts_on_the_worker(caplog):
+    """--dry: daemon.json drifted on the worker, both ranks run the wanted spec. The docker step's restart will stop
+    rank 1, so both Sparks plan the removal and the start, and say why."""
+    caplog.set_level("INFO")
+    head, worker = found(HS, container(H0)), found(WS, container(H1))
+    for s, mine, theirs, daemon in ((HS, head, worker, (DAEMON_OK, DAEMON_DRIFTED)),
+                                    (WS, worker, head, (DAEMON_DRIFTED, DAEMON_OK))):
+        caplog.clear()
+        cmds, _ = run(ranks.stale_pair_stopped, s, mine, theirs, executing=False, daemon=daemon)
+        assert cmds[-1] == f"docker rm -f {NAME} >/dev/null" and f"spark: {WORKER_RESTARTS}" in caplog.text
+        cmds, host = run(ranks.rank_started, s, mine, theirs, executing=False, daemon=daemon)
+        assert cmds[-1].startswith(f"docker run -d --name {NAME}") and host.noops == []
+    # the head says the switch too (the checks pass: a restart is no launch problem)
+    caplog.clear()
+    cmds, host = run(ranks.pair_checked, HS, head, worker, executing=False, daemon=(DAEMON_OK, DAEMON_DRIFTED))
+    assert cmds == [] and host.noops == ["the head's launch checks pass"]
+    assert f"spark: generation {_CONVERGED.wanted.id}:" in caplog.text
+    # the same pair with Docker left alone: nothing planned
+    assert run(ranks.rank_started, WS, worker, head, executing=False)[0] == []
+
+
+def test_after_the_restart_this_run_starts_the_pair_again():
+    """Executing: the docker step has restarted Docker (its facts read converged again) and rank 1 stopped with it;
+    the plan finds it stopped and both Sparks recreate the pair."""
+    stopped = container(H1, running=False, exit_code=143)
+    cmds, _ = run(ranks.stale_pair_stopped, HS, found(HS, container(H0)), found(WS, stopped))
+    assert cmds[-1] == f"docker rm -f {NAME} >/dev/null"
+    cmds, _ = run(ranks.rank_started, WS, found(WS, stopped), found(HS, container(H0)))
+    assert "tf-dsv41-lanes" in cmds[-1] and f"sparkfold.spec-hash={H1}" in cmds[-1]
+
+
+def test_the_restart_line_comes_before_the_supervisors_pause(caplog):
+    """--dry stops an operation at its first command: with the supervisor running, that is its pause, so the line
+    saying why the pair restarts is logged before it."""
+    caplog.set_level("INFO")
+    extra = {UnitState: {"enabled": "enabled", "active": "active", "sha256": "x"}}
+    peer = FakeHost(rank_facts(found(WS, container(H1)), docker_facts(DAEMON_DRIFTED)), name="peer")
+    first, _ = first_planned(ranks.stale_pair_stopped, rank_facts(found(HS, container(H0)), extra), s=HS, peer=peer,
+                             image=IMAGE, template=TEMPLATE, pause_units=(SUPERVISOR,))
+    assert first == f"systemctl stop {SUPERVISOR}" and WORKER_RESTARTS in caplog.text
+
+
+def test_a_converged_run_asks_docker_no_more_than_the_docker_step_did():
+    """The rank step asks the docker step's own answers (fact_until_change, as root): nothing more in a converged
+    run."""
+    from harness import _State
+    from pyinfra.context import ctx_host, ctx_state
+
+    from operations import docker_runtime
+    peer = FakeHost(rank_facts(found(WS, container(H1))), name="peer")
+    host = FakeHost(rank_facts(found(HS, container(H0))), name="head")
+    with ctx_state.use(_State(False)), ctx_host.use(host):
+        host.current_op_global_arguments = {"_sudo": True}  # deploy.py gives the docker step _sudo=True
+        assert list(docker_runtime.daemon_uses_nvidia._inner()) == []
+        host.current_op_global_arguments = {}
+        assert list(ranks.rank_started._inner(s=HS, peer=peer, image=IMAGE, template=TEMPLATE)) == []
+    asked = [name.rsplit(".", 1)[1] for name, _kwargs in host.fact_calls]
+    assert asked.count("DaemonJson") == 1 and asked.count("DockerRuntimeInfo") == 1, asked
 
 
 # --- rank_started ------------------------------------------------------------------------------------------------

@@ -238,12 +238,21 @@ def test_pyinfra_data_strings_are_coerced():
     ({"host": "not a host!"}, "host = 'not a host!'"),
     ({"max_tokens": 0}, "max_tokens = 0"),
     ({"log_lines": 0}, "log_lines = 0"),
+    ({"status_watch": -1}, "status_watch = -1 is outside 0..3600: 0 prints the table once"),
     ({"api_url": "spark-a:8888"}, "api_url = 'spark-a:8888'"),
     ({"extra_serve_args": [5]}, "extra_serve_args: argument 1 is not a string"),
 ])
 def test_each_rule_names_the_setting(overrides, fragment):
     found = problems(**overrides)
     assert any(fragment in p for p in found), found
+
+
+def test_status_is_quick_unless_asked_for_more():
+    # status.py reads facts and the API; the deploy's plan (seconds more) and the refreshes only when asked
+    s = make_settings()
+    assert (s.status_plan, s.status_watch) == (False, 0)
+    s = make_settings(environ={"SPARKFOLD_STATUS_WATCH": "5", "SPARKFOLD_STATUS_PLAN": "1"})
+    assert (s.status_plan, s.status_watch) == (True, 5)
 
 
 def test_a_pinned_prebuilt_image_is_accepted():
@@ -317,7 +326,8 @@ def test_link_prefix_min_widens_the_range_and_the_link_step_warns(caplog):
 
     from operations import link
     calls = []
-    ops = ("rails_safe", "netplan_link", "link_addresses", "link_ping", "roce_gids", "link_recorded")
+    ops = ("rails_safe", "netplan_applies_settled", "netplan_link", "link_addresses", "link_ping", "roce_gids",
+           "link_recorded")
     with pytest.MonkeyPatch.context() as mp, ctx_host.use(FakeHost({}, name="spark-a")), \
             caplog.at_level("WARNING", logger="pyinfra"):
         for op in ops:

@@ -322,6 +322,51 @@ def test_api_key_file_is_re_read_when_it_changes(pair, tmp_path):
     assert requests.get(f"{p.url}/v1/models", headers=bearer("new-key"), timeout=5).status_code == 401
 
 
+METRICS_TYPE = "text/plain; version=0.0.4; charset=utf-8"  # the engine's (engine-facts 3.2)
+
+
+def test_metrics_count_the_requests_as_prometheus_text(pair):
+    from operations.util import prometheus
+
+    p = pair()
+    p.start_rank1()
+    p.wait_ready()
+    first = requests.get(f"{p.url}/metrics", timeout=5)
+    assert first.status_code == 200 and first.headers["Content-Type"] == METRICS_TYPE
+    label = f'{{model="{NAME}"}}'
+    assert first.text.splitlines()[:3] == ["# HELP tensorfold_requests_total Completion requests received.",
+                                           "# TYPE tensorfold_requests_total counter",
+                                           f"tensorfold_requests_total{label} 0"]
+    usage = chat(p.url).json()["usage"]
+    assert chat(p.url, messages=[]).status_code == 400  # counted, as an error
+    after = requests.get(f"{p.url}/v1/metrics", timeout=5)  # the engine's second route
+    values = prometheus.totals(prometheus.parse(after.text))
+    assert values == {"tensorfold_requests_total": 2.0, "tensorfold_request_errors_total": 1.0,
+                      "tensorfold_prompt_tokens_total": usage["prompt_tokens"],
+                      "tensorfold_completion_tokens_total": usage["completion_tokens"],
+                      "tensorfold_requests_inflight": 0.0}
+    assert prometheus.parse(after.text).types["tensorfold_requests_inflight"] == "gauge"
+
+
+def test_metrics_need_the_key_unless_metrics_open(pair, tmp_path):
+    key = tmp_path / "api-key"
+    key.write_text("secret-key\n")
+    key.chmod(0o600)
+    p = pair(rank0_args=("--api-key-file", str(key)))
+    p.start_rank1()
+    p.wait_ready()
+    denied = requests.get(f"{p.url}/metrics", timeout=5)
+    assert denied.status_code == 401 and denied.json()["error"]["code"] == "invalid_api_key"
+    ok = requests.get(f"{p.url}/metrics", headers={"Authorization": "Bearer secret-key"}, timeout=5)
+    assert ok.status_code == 200 and "tensorfold_requests_total" in ok.text
+    p.close()
+    p = pair(rank0_args=("--api-key-file", str(key), "--metrics-open"))
+    p.start_rank1()
+    p.wait_ready()
+    assert requests.get(f"{p.url}/metrics", timeout=5).status_code == 200
+    assert requests.get(f"{p.url}/v1/models", timeout=5).status_code == 401  # only the metrics routes open
+
+
 def test_a_broken_template_fails_visibly(pair, tmp_path):
     bad = tmp_path / "bad.jinja"
     bad.write_text("{% for m in messages %}{{ m.content }")

@@ -4,8 +4,11 @@ the facts gathered through a Spark's Host."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 from datetime import UTC, datetime
+from types import SimpleNamespace
+from typing import NamedTuple
 
 import pytest
 from harness import FakeHost
@@ -119,6 +122,9 @@ def nothing_facts(s) -> st.SparkFacts:
 
 
 API_OK: st.ApiProbe = {"problem": None, "latency_ms": 12.4, "key_on": False, "key_read": False}
+METRICS_URL = "http://spark-a.local:8888/metrics"
+METRICS_NONE: st.MetricsProbe = {"url": METRICS_URL, "problem": "not served by this engine (404)", "values": {},
+                                 "kinds": {}, "read_at": None}
 API_DOWN: st.ApiProbe = {"problem": "no answer from http://spark-a.local:8888/v1/models (ConnectionError)",
                          "latency_ms": 3.0, "key_on": False, "key_read": False}
 
@@ -227,7 +233,9 @@ def test_nothing_deployed_yet():
     assert by_item(rows, "head", "weight file").state == "missing"
     assert by_item(rows, "worker", "sparkfold-memguard").ok is False  # memguard = true, not installed
     assert by_item(rows, "head", "memory").ok is True  # enough to start
-    assert {r.ok for r in rows if r.item not in ("memory", "sparkfold-supervise", "generations")} == {False}
+    informational = ("memory", "sparkfold-supervise", "generations", "metrics")
+    assert {r.ok for r in rows if r.item not in informational} == {False}
+    assert (by_item(rows, "head", "metrics").state, by_item(rows, "head", "metrics").ok) == ("not read", None)
     assert by_item(rows, "head", "generations").state == "none"  # information: nothing has served yet
     assert st.not_serving({0: {}, 1: {}}, API_DOWN) == ("rank 0 has no container; rank 1 has no container; "
                                                         + API_DOWN["problem"])
@@ -292,6 +300,158 @@ def test_unit_wanted_off_but_running():
     row = st.unit_row("head", SUPERVISOR_UNIT, UNIT_ON, "supervise", False)
     assert (row.item, row.state, row.ok) == ("sparkfold-supervise", "active", False)
     assert row.detail == "enabled: enabled; supervise = false"
+
+
+def test_memory_is_shown_against_the_memguard_floor_while_the_rank_runs():
+    mem = by_item(rows_of(up_facts, up_facts), "head", "memory")
+    assert st.render_table([mem]).splitlines()[1] == ("· head   memory  8.0 GiB  MemAvailable of 119.0 GiB; 5.5 GiB "
+                                                      "above the memguard floor of 2.5 GiB")
+    assert mem.ok is None and mem.facts == {"mem_available_gib": 8.0, "mem_total_gib": 119.0, "rank_running": True,
+                                            "min_avail_gib": 112.0, "memguard": True, "memguard_floor_gib": 2.5}
+    low = st.memory_row("worker", {"MemTotal": 119 * GIB, "MemAvailable": 2 * GIB}, 112, True, True, 2.5)
+    assert (low.state, low.detail, low.ok) == ("2.0 GiB", "MemAvailable of 119.0 GiB; below the memguard floor of "
+                                               "2.5 GiB: memguard kills the rank", False)
+    off = st.memory_row("worker", {"MemTotal": 119 * GIB, "MemAvailable": 2 * GIB}, 112, True, False, 2.5)
+    assert (off.detail, off.ok) == ("MemAvailable of 119.0 GiB; memguard off (memguard = false)", None)
+    # no rank: the floor a start needs, as before
+    idle = st.memory_row("worker", {"MemTotal": 119 * GIB, "MemAvailable": 117 * GIB}, 112, False, True, 2.5)
+    assert (idle.detail, idle.ok) == ("MemAvailable of 119.0 GiB; a rank needs min_avail_gib = 112 GiB to start", True)
+
+
+METRIC_KINDS = {"tensorfold_requests_total": "counter", "tensorfold_completion_tokens_total": "counter",
+                "tensorfold_requests_inflight": "gauge", "tensorfold_decode_seconds_total": "counter"}
+METRICS_1: st.MetricsProbe = {"url": METRICS_URL, "problem": None, "kinds": METRIC_KINDS, "read_at": 1000.0,
+                              "values": {"tensorfold_requests_total": 12.0, "tensorfold_completion_tokens_total": 789.0,
+                                         "tensorfold_requests_inflight": 1.0, "tensorfold_decode_seconds_total": 3.25}}
+METRICS_2: st.MetricsProbe = {**METRICS_1, "read_at": 1005.0,  # type: ignore[typeddict-item]
+                              "values": {"tensorfold_requests_total": 14.0, "tensorfold_completion_tokens_total": 909.0,
+                                         "tensorfold_requests_inflight": 0.0, "tensorfold_decode_seconds_total": 1.5}}
+
+
+def test_metric_rows_show_each_metric_then_each_counters_rise_since_the_last_refresh():
+    assert st.render_table(st.metric_rows(METRICS_1, None)).splitlines()[1:] == [
+        "· head   requests_total           12     counter",
+        "· head   completion_tokens_total  789    counter",
+        "· head   requests_inflight        1      gauge",
+        "· head   decode_seconds_total     3.25   counter",
+    ]
+    rows = st.metric_rows(METRICS_2, METRICS_1)
+    assert st.render_table(rows).splitlines()[1:] == [
+        "· head   requests_total           14     counter, +2 in 5 s (0.4/s)",
+        "· head   completion_tokens_total  909    counter, +120 in 5 s (24.0/s)",
+        "· head   requests_inflight        0      gauge",
+        "· head   decode_seconds_total     1.50   counter, reset since the last refresh (was 3.25)",
+    ]
+    assert rows[1].facts == {"metric": "tensorfold_completion_tokens_total", "kind": "counter", "value": 909.0,
+                             "rise": 120.0, "per_s": 24.0}
+    assert {r.ok for r in rows} == {None}  # information: an engine without /metrics serves all the same
+
+
+def test_metrics_that_were_not_read_give_one_row_saying_why():
+    assert st.render_table(st.metric_rows(None, None)).splitlines()[1] == (
+        "· head   metrics  not read  the API does not answer")
+    assert st.render_table(st.metric_rows(METRICS_NONE, METRICS_1)).splitlines()[1] == (
+        "· head   metrics  not read  http://spark-a.local:8888/metrics: not served by this engine (404)")
+    empty = {**METRICS_1, "values": {}, "kinds": {}}
+    assert st.render_table(st.metric_rows(empty, None)).splitlines()[1] == (  # type: ignore[arg-type]
+        "· head   metrics  none   http://spark-a.local:8888/metrics lists no counter or gauge")
+
+
+def test_the_metric_rows_follow_the_api_row():
+    hs, ws = make_pair()
+    rows = st.build_rows(hs, ws, up_facts(hs), up_facts(ws), API_OK, None, NOW, None, METRICS_2, METRICS_1)
+    assert [r.item for r in rows[:7]] == ["rank 0", "rank 1", "API", "requests_total", "completion_tokens_total",
+                                          "requests_inflight", "decode_seconds_total"]
+    assert rows[3].detail == "counter, +2 in 5 s (0.4/s)"
+
+
+def serving_report(head_facts=up_facts, worker_facts=up_facts, api=API_OK, verdict=None, ssh=None):
+    hs, ws = make_pair()
+    hosts = {"head": "spark-a", "worker": "spark-b"}
+    rows = st.build_rows(hs, ws, head_facts(hs), worker_facts(ws), api, None, NOW, hosts, METRICS_1, None)
+    return hs, st.Report(rows, verdict, hosts, ssh or {"head": True, "worker": True}, METRICS_1, NOW)
+
+
+def test_the_json_document_holds_every_row_with_its_facts():
+    hs, report = serving_report()
+    text = st.render_json(report, hs, [])
+    assert "\n" not in text  # one document, one line
+    doc = json.loads(text)
+    assert {k: doc[k] for k in ("time", "serving", "verdict", "api", "settings_problems", "sparks")} == {
+        "time": "2026-03-01T12:00:00+00:00", "serving": True, "verdict": None,
+        "api": {"url": "http://spark-a.local:8888/v1", "model": "DeepSeek-V4.1-Flash-1017"},
+        "settings_problems": [],
+        "sparks": {"head": {"host": "spark-a", "ssh": True}, "worker": {"host": "spark-b", "ssh": True}}}
+    # the same rows as the table, in its order
+    assert [(r["spark"], r["item"], r["state"], r["ok"], r["detail"]) for r in doc["rows"]] == [
+        (r.spark, r.item, r.state, r.ok, r.detail) for r in report.rows]
+    facts = {(r["spark"], r["item"]): r["facts"] for r in doc["rows"]}
+    assert facts[("worker", "rank 1")] == {
+        "rank": 1, "container": "dsv41-1017-exl3-tf", "exists": True, "running": True, "status": "running",
+        "exit_code": 0, "oom_killed": False, "started_at": "2026-03-01T09:30:00.123456+00:00", "finished_at": None,
+        "image": IMAGE, "spec": "current", "spec_note": ""}
+    assert facts[("head", "API")] == {"base_url": "http://spark-a.local:8888", "model": "DeepSeek-V4.1-Flash-1017",
+                                      "answers": True, "problem": None, "latency_ms": 12.4, "key_on": False,
+                                      "key_read": False}
+    assert facts[("worker", "memory")] == {"mem_available_gib": 8.0, "mem_total_gib": 119.0, "rank_running": True,
+                                           "min_avail_gib": 112.0, "memguard": True, "memguard_floor_gib": 2.5}
+    assert facts[("worker", "GPU clock")] == {"state": "locked", "ceiling_mhz": 2200, "period_s": 300,
+                                              "timer_active": True, "applied_s_ago": 180, "clocks_sm_mhz": {"0": 2171}}
+    assert facts[("head", "link rail 0")] == {
+        "rail": 0, "netdev": "enp1s0f0np0", "address": "192.168.100.1/24", "present": True, "on_netdev": True,
+        "mtu": 9000, "want_mtu": 9000, "ibdev": "rocep0", "gid_index": 3, "peer": "192.168.100.2",
+        "peer_answers": True, "problems": []}
+    assert facts[("head", "generations")] == {"kept": [], "last_good": None, "keep_generations": 2}
+    assert facts[("head", "sparkfold-memguard")] == {"unit": "sparkfold-memguard.service", "enabled": "enabled",
+                                                     "active": "active", "setting": "memguard", "wanted": True}
+    assert facts[("head", "requests_total")] == {"metric": "tensorfold_requests_total", "kind": "counter",
+                                                 "value": 12.0, "rise": None, "per_s": None}
+
+
+def test_the_json_document_of_a_pair_that_is_not_serving():
+    hs, report = serving_report(worker_facts=lambda s: {"unreachable": "spark-b did not answer over ssh"},
+                                api=API_DOWN, verdict="rank 1's Spark does not answer over ssh",
+                                ssh={"head": True, "worker": False})
+    doc = json.loads(st.render_json(report, hs, ["context = 3 must be a power of two"]))
+    assert (doc["serving"], doc["verdict"]) == (False, "rank 1's Spark does not answer over ssh")
+    assert doc["settings_problems"] == ["context = 3 must be a power of two"]
+    assert doc["sparks"]["worker"] == {"host": "spark-b", "ssh": False}
+    ssh = next(r for r in doc["rows"] if r["item"] == "ssh")
+    assert ssh == {"spark": "worker", "item": "ssh", "state": "no answer", "ok": False,
+                   "detail": "spark-b did not answer over ssh; nothing else of this Spark is known",
+                   "facts": {"answers": False, "problem": "spark-b did not answer over ssh"}}
+    assert [r["spark"] for r in doc["rows"] if r["item"] not in ("ssh", "API", "requests_total",
+                                                                "completion_tokens_total", "requests_inflight",
+                                                                "decode_seconds_total")] == ["head"] * 12
+
+
+def test_the_watched_table_says_when_it_was_read_and_how_often():
+    hs, report = serving_report()
+    lines = st.render_text(report, hs, [], every_s=5).splitlines()
+    assert lines[0] == ("sparkfold status: head spark-a, worker spark-b; 2026-03-01 12:00:00 UTC, again every 5 s "
+                        "(Ctrl-C stops)")
+    assert st.render_text(report, hs, []).splitlines()[0] == "sparkfold status: head spark-a, worker spark-b"
+    assert lines[-1] == "serving: DeepSeek-V4.1-Flash-1017 at http://spark-a.local:8888/v1"
+
+
+def test_each_refresh_replaces_the_last_on_a_terminal_and_follows_it_elsewhere():
+    assert st.watch_frame("table", terminal=True, as_json=False) == "\x1b[H\x1b[2Jtable"
+    assert st.watch_frame("table", terminal=False, as_json=False) == "table\n"  # a blank line between refreshes
+    assert st.watch_frame('{"serving": true}', terminal=True, as_json=True) == '{"serving": true}'  # a line each
+
+
+def test_watch_reads_again_every_interval_from_the_start_of_each_read():
+    ticks = iter([100.0, 101.5, 105.0, 112.0, 112.0])  # the second read takes 7 s, longer than the interval
+    reads, shown, sleeps = [], [], []
+
+    def read(previous):
+        reads.append(previous)
+        return f"report {len(reads)}"
+
+    st.watch(read, shown.append, 5, sleep=sleeps.append, clock=lambda: next(ticks), frames=3)
+    assert shown == ["report 1", "report 2", "report 3"]
+    assert reads == [None, "report 1", "report 2"]  # each read gets the last one: the counters' rates
+    assert sleeps == [3.5, 0.0]  # none after the last frame
 
 
 def test_time_parsing():
@@ -402,16 +562,29 @@ def test_wanted_hashes_come_from_the_pair_plan_of_both_sparks(monkeypatch):
 
 # --- the deploy file ----------------------------------------------------------------------------------------------
 
-def _run_status_py(monkeypatch, capsys, api_problem, unreachable: str = "", run_on: str = "head"):
-    """status.py's run on `run_on` ("head" or "worker"); `unreachable` names a Spark pyinfra could not connect to.
-    (output, the DeployError's message or None, the head's FakeHost, the worker's)"""
+class StatusRun(NamedTuple):
+    out: str
+    error: str | None  # the DeployError's message
+    head: FakeHost
+    worker: FakeHost
+    exit_code: int | None = None  # a SystemExit's code (--json ends the run itself)
+
+
+STATUS_ARGV = ("/x/.venv/bin/pyinfra", "inventory.py", "status.py", "-y")
+
+
+def _run_status_py(monkeypatch, capsys, api_problem, unreachable: str = "", run_on: str = "head",
+                   argv: tuple[str, ...] = STATUS_ARGV, settings: dict | None = None,
+                   metrics: st.MetricsProbe | None = None) -> StatusRun:
+    """status.py's run on `run_on` ("head" or "worker") with the default settings (and `settings`); `unreachable`
+    names a Spark pyinfra could not connect to; `metrics`: what /metrics gives (none by default)."""
     from pyinfra.api.exceptions import DeployError
-    from pyinfra.context import ctx_host
+    from pyinfra.context import ctx_host, ctx_state
     from settings_factory import ROOT
 
     import operations.settings.context as context
 
-    hs, ws = make_pair(head={"status_plan": False}, worker={"status_plan": False})
+    hs, ws = make_pair(head=settings, worker=settings)
     facts = {GpuClockState: GPU_LOCKED, "pyinfra.facts.files.File": None, IpAddresses: {}, RoceDevices: {},
              PingOk: False, MemInfo: {}, FolderCheck: None, LinkTarget: None, RankFolder: RankFolder.default(),
              UnitState: UNIT_NONE, HfPlan: HfPlan.default(), DockerVolumeInfo: None}
@@ -423,18 +596,26 @@ def _run_status_py(monkeypatch, capsys, api_problem, unreachable: str = "", run_
     monkeypatch.setattr(context, "pair_settings", lambda: (hs, ws, ["context = 3 must be a power of two"]))
     monkeypatch.setattr(context, "pair_hosts", lambda: (head, worker))
     monkeypatch.setattr(st, "models_listed", lambda url, name, key: api_problem)
+    monkeypatch.setattr(st, "probe_metrics", lambda url, key: metrics or METRICS_NONE)
+    monkeypatch.setattr(sys, "argv", list(argv))
+    monkeypatch.setenv("PYINFRA_PROGRESS", "on")  # restored after the test: status.py turns it off
     source = (ROOT / "status.py").read_text()
-    error = None
-    with ctx_host.use(hosts[run_on]):
+    error, code = None, None
+    # pyinfra's run: the hosts it could not connect to are its failed hosts
+    run_state = SimpleNamespace(failed_hosts={hosts[unreachable]} if unreachable else set())
+    with ctx_host.use(hosts[run_on]), ctx_state.use(run_state):
         try:
             exec(compile(source, "status.py", "exec"), {"__name__": "status"})
         except DeployError as e:
             error = str(e)
-    return capsys.readouterr().out, error, head, worker
+        except SystemExit as e:
+            code = e.code
+    return StatusRun(capsys.readouterr().out, error, head, worker, code)
 
 
 def test_status_py_prints_one_table_then_fails_when_not_serving(monkeypatch, capsys):
-    out, error, head, _worker = _run_status_py(monkeypatch, capsys, "no answer from http://spark-a.local:8888/v1/models")
+    out, error, head, _worker, _ = _run_status_py(monkeypatch, capsys,
+                                                  "no answer from http://spark-a.local:8888/v1/models")
     lines = out.splitlines()
     assert lines[0] == "sparkfold status: head spark-a, worker spark-b"
     assert lines[1] == "  settings problem (deploy.py stops on it): context = 3 must be a power of two"
@@ -448,14 +629,16 @@ def test_status_py_prints_one_table_then_fails_when_not_serving(monkeypatch, cap
 
 
 def test_status_py_exits_quietly_while_serving(monkeypatch, capsys):
-    out, error, _, _ = _run_status_py(monkeypatch, capsys, None)
+    out, error, _, _, code = _run_status_py(monkeypatch, capsys, None)
+    assert code is None  # pyinfra ends the run
     assert error is None and out.splitlines()[-1] == ("serving: DeepSeek-V4.1-Flash-1017 at "
                                                       "http://spark-a.local:8888/v1")
 
 
 def test_status_py_shows_the_head_when_the_worker_does_not_answer(monkeypatch, capsys):
-    out, error, head, worker = _run_status_py(monkeypatch, capsys, "no answer from http://spark-a.local:8888/v1/models",
-                                              unreachable="worker")
+    out, error, head, worker, _ = _run_status_py(monkeypatch, capsys,
+                                                 "no answer from http://spark-a.local:8888/v1/models",
+                                                 unreachable="worker")
     assert "✘ worker  ssh" in out and "spark-b did not answer over ssh" in out
     assert "✔ head    rank 0" in out and "head    GPU clock" in out
     assert [r for r in out.splitlines() if r[2:].startswith("worker") and "ssh" not in r] == []
@@ -465,8 +648,8 @@ def test_status_py_shows_the_head_when_the_worker_does_not_answer(monkeypatch, c
 
 
 def test_status_py_is_printed_by_the_worker_when_the_head_does_not_answer(monkeypatch, capsys):
-    out, error, head, worker = _run_status_py(monkeypatch, capsys, "401 Unauthorized", unreachable="head",
-                                              run_on="worker")
+    out, error, head, worker, _ = _run_status_py(monkeypatch, capsys, "401 Unauthorized", unreachable="head",
+                                                 run_on="worker")
     assert out.count("sparkfold status: head spark-a, worker spark-b") == 1
     assert "✘ head    ssh" in out and "spark-a did not answer over ssh" in out and "worker  rank 1" in out
     assert head.fact_calls == [] and worker.fact_calls != []
@@ -474,7 +657,7 @@ def test_status_py_is_printed_by_the_worker_when_the_head_does_not_answer(monkey
 
 
 def test_status_py_prints_nothing_on_the_worker_while_the_head_answers(monkeypatch, capsys):
-    out, error, head, worker = _run_status_py(monkeypatch, capsys, None, run_on="worker")
+    out, error, head, worker, _ = _run_status_py(monkeypatch, capsys, None, run_on="worker")
     assert out == "" and error is None and head.fact_calls == worker.fact_calls == []
 
 
@@ -484,7 +667,7 @@ def test_the_api_is_asked_without_a_key_the_head_could_not_give(monkeypatch):
     head.connected = False
     asked = []
     monkeypatch.setattr(st, "models_listed", lambda url, name, key: asked.append(key) or "401 Unauthorized")
-    api = st.probe_api(head, hs)
+    api = st.probe_api(hs, st.api_key_for(head, hs))
     assert asked == [""] and api["key_on"] and api["key_read"] is None and head.fact_calls == []
     assert "key on, but the head did not answer" in st.api_row(hs.api_base_url, hs.served_name, api).detail
 
@@ -500,3 +683,123 @@ def test_deploy_plan_counts_a_real_dry_run(tmp_path):
                                         "raise DeployError('the settings need fixing')\n")
     failed = st.deploy_plan(["pyinfra", "@local", str(tmp_path / "status.py")])
     assert failed["error"] is not None and failed["error"].endswith("the settings need fixing")
+
+
+def test_status_py_with_json_prints_one_document_and_ends_the_run(monkeypatch, capsys):
+    run = _run_status_py(monkeypatch, capsys, None, argv=(*STATUS_ARGV, "--json"), metrics=METRICS_1)
+    assert run.out.count("\n") == 1 and run.exit_code == 0 and run.error is None  # nothing of pyinfra's after it
+    doc = json.loads(run.out)
+    assert doc["serving"] is True and doc["settings_problems"] == ["context = 3 must be a power of two"]
+    items = [(r["spark"], r["item"], r["state"]) for r in doc["rows"]]
+    assert items[:4] == [("head", "rank 0", "running"), ("worker", "rank 1", "absent"), ("head", "API", "answers"),
+                         ("head", "requests_total", "12")]
+    assert "sparkfold status" not in run.out
+
+
+def test_status_py_with_json_exits_1_when_not_serving_or_a_spark_did_not_answer(monkeypatch, capsys):
+    run = _run_status_py(monkeypatch, capsys, "no answer from http://spark-a.local:8888/v1/models",
+                         argv=(*STATUS_ARGV, "--json"))
+    assert run.out.count("\n") == 1 and json.loads(run.out)["serving"] is False
+    assert run.error == ("the pair is not serving: rank 1 has no container; no answer from "
+                         "http://spark-a.local:8888/v1/models")
+    # serving, but pyinfra could not reach the worker: its exit status, as without --json
+    run = _run_status_py(monkeypatch, capsys, None, unreachable="worker", argv=(*STATUS_ARGV, "--json"))
+    assert json.loads(run.out)["sparks"]["worker"] == {"host": "spark-b", "ssh": False} and run.exit_code == 1
+
+
+def test_status_py_counts_the_deploy_plan_only_with_status_plan(monkeypatch, capsys):
+    asked = []
+    monkeypatch.setattr(st, "deploy_plan", lambda argv: asked.append(list(argv)) or
+                        {"changes": {}, "conditional": {}, "error": None})
+    out = _run_status_py(monkeypatch, capsys, None).out
+    assert asked == [] and not [line for line in out.splitlines() if line[2:].startswith("pair")]
+    out = _run_status_py(monkeypatch, capsys, None, settings={"status_plan": True}).out
+    assert asked == [list(STATUS_ARGV)]
+    assert [line.split()[:4] for line in out.splitlines() if line[2:].startswith("pair")] == [
+        ["✔", "pair", "deploy", "converged"]]
+
+
+def test_status_py_turns_pyinfras_spinner_off(monkeypatch, capsys):
+    _run_status_py(monkeypatch, capsys, None)
+    assert os.environ["PYINFRA_PROGRESS"] == "off"
+
+
+def test_status_py_with_status_watch_shows_the_table_again_until_stopped(monkeypatch, capsys):
+    real_watch, intervals, sleeps = st.watch, [], []
+
+    def two_frames(read, show, every_s):  # the real loop, stopped after two refreshes
+        intervals.append(every_s)
+        real_watch(read, show, every_s, sleep=sleeps.append, frames=2)
+
+    monkeypatch.setattr(st, "watch", two_frames)
+    run = _run_status_py(monkeypatch, capsys, "no answer from http://spark-a.local:8888/v1/models",
+                         settings={"status_watch": 5})
+    titles = [line for line in run.out.splitlines() if line.startswith("sparkfold status: ")]
+    assert len(titles) == 2 and all(t.endswith(" UTC, again every 5 s (Ctrl-C stops)") for t in titles)
+    assert intervals == [5] and len(sleeps) == 1 and 0 <= sleeps[0] <= 5
+    assert run.out.count("\nNOT serving: rank 1 has no container") == 2
+    assert run.error is None and run.exit_code is None  # it runs until Ctrl-C, whatever it shows
+
+
+# --- /metrics from this machine --------------------------------------------------------------------------------
+
+EXPOSITION = (
+    "# HELP tensorfold_requests_total Completion requests received.\n"
+    "# TYPE tensorfold_requests_total counter\n"
+    'tensorfold_requests_total{model="DeepSeek-V4.1-Flash-1017"} 3\n'
+    "# TYPE tensorfold_requests_inflight gauge\n"
+    'tensorfold_requests_inflight{model="DeepSeek-V4.1-Flash-1017"} 1\n'
+    "# TYPE tensorfold_ttft_seconds histogram\n"
+    'tensorfold_ttft_seconds_bucket{le="1"} 2\n'
+    "tensorfold_ttft_seconds_count 3\n"
+)
+
+
+@pytest.fixture
+def metrics_server():
+    """An engine's /metrics on 127.0.0.1: the key "k" when `key` is set, 404 when `served` is false."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def do_GET(self):
+            server = self.server
+            if self.path != "/metrics" or not server.served:  # type: ignore[attr-defined]
+                code, body = 404, b"{}"
+            elif server.key and self.headers.get("Authorization") != "Bearer k":  # type: ignore[attr-defined]
+                code, body = 401, b"{}"
+            else:
+                code, body = 200, EXPOSITION.encode()
+            self.send_response(code)
+            self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    httpd.key, httpd.served = False, True  # type: ignore[attr-defined]
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    yield httpd
+    httpd.shutdown()
+    httpd.server_close()
+
+
+def test_probe_metrics_reads_the_engines_counters_with_the_key(metrics_server):
+    base = f"http://127.0.0.1:{metrics_server.server_address[1]}"
+    probe = st.probe_metrics(base, "")
+    assert probe["problem"] is None and probe["url"] == f"{base}/metrics" and probe["read_at"] is not None
+    # the histogram's series are left out: its buckets do not add up
+    assert probe["values"] == {"tensorfold_requests_total": 3.0, "tensorfold_requests_inflight": 1.0}
+    assert probe["kinds"] == {"tensorfold_requests_total": "counter", "tensorfold_requests_inflight": "gauge"}
+    metrics_server.key = True
+    assert st.probe_metrics(base, "")["problem"] == "refused the API key (401)"
+    assert st.probe_metrics(base, "k")["values"]["tensorfold_requests_total"] == 3.0
+    metrics_server.served = False
+    assert st.probe_metrics(base, "k")["problem"] == "not served by this engine (404)"
+    port = metrics_server.server_address[1]
+    metrics_server.shutdown()
+    metrics_server.server_close()
+    assert st.probe_metrics(f"http://127.0.0.1:{port}", "", timeout=2)["problem"] == "no answer (ConnectionError)"
