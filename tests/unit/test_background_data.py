@@ -105,6 +105,7 @@ def test_the_check_on_the_worker_leaves_it_verified_and_a_bad_copy_fails(tmp_pat
                                                               f"{os.environ['PATH']}"})
     assert bad.returncode != 0 and "does not match SHA256SUMS" in bad.stderr  # the stream runs with sh -e
     assert (folder / data_copy.MARKER).read_text() == marker  # no marker for a copy that failed its check
+    assert not (folder / names[0]).exists() and (folder / names[1]).exists()  # the next run copies it again
 
 
 def test_a_copy_never_sends_a_list_being_written():
