@@ -5,6 +5,7 @@ operations both ways."""
 from __future__ import annotations
 
 import io
+import re
 import shutil
 import subprocess
 import time
@@ -52,15 +53,15 @@ def read(root: Path, name: str, what: str) -> str:
 def test_a_stream_runs_in_the_background_and_records_how_it_ended(tmp_path):
     root = tmp_path / "streams"
     t0 = time.monotonic()
-    started = launch(root, "one", ["echo working", "sleep 1", "echo done"])
+    started = launch(root, "one", ["echo working", "sleep 4", "echo done"])
     assert started.returncode == 0, started.stderr
-    assert time.monotonic() - t0 < 1  # the launcher returns while the work runs
+    assert time.monotonic() - t0 < 3  # the launcher returns while the work runs
     assert "the one work: started in the background" in started.stdout
     assert stream_status(state(root, "one")) == "running"
     settle(root, "one")
     got = state(root, "one")
     assert got["rc"] == 0 and got["run"] == RUN and got["lane"] == "test" and got["label"] == "the one work"
-    assert got["queued"] <= got["began"] <= got["ended"] and got["ended"] - got["began"] >= 1
+    assert got["queued"] <= got["began"] <= got["ended"] and got["ended"] - got["began"] >= 4
     assert read(root, "one", "log").splitlines() == ["working", "done"]
     assert oct((root / "one").stat().st_mode & 0o777) == "0o700" and oct(root.stat().st_mode & 0o777) == "0o700"
 
@@ -224,7 +225,7 @@ def test_the_waiter_follows_streams_that_run(tmp_path):
     out = io.StringIO()
     assert stream_wait.wait(str(root), RUN, poll=0.05, out=out) == 0
     assert out.getvalue().splitlines()[:2] == ["one", "two"]
-    assert "background test: the slow work: 1 s" in out.getvalue()
+    assert re.search(r"background test: the slow work: [1-3] s\n", out.getvalue()), out.getvalue()
 
 
 def test_a_lane_is_busy_while_any_of_its_streams_runs():
