@@ -9,10 +9,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+import gevent
 from pyinfra import host
 from pyinfra.api import deploy, operation
 from pyinfra.api.exceptions import OperationError
 from pyinfra.api.host import Host
+from pyinfra.context import ctx_config, ctx_host
 
 from operations.facts.docker import DockerMemoryUse, DockerMemoryUseDict, DockerRuntimeInfo, RunningContainers
 from operations.facts.files import DiskSpace, ResolvedPaths
@@ -135,6 +137,11 @@ def _sudo_works(answer: CommandStatusDict) -> bool:
     return answer["ok"]
 
 
+def _sudo_answer(spark: Host, config: Any) -> CommandStatusDict:
+    with ctx_host.use(spark), ctx_config.use(config):  # a greenlet of its own starts with no pyinfra context
+        return fact_once(spark, SudoWithoutPassword, _sudo_works, _sudo=False)
+
+
 @operation()
 def sudo_without_password(user: str, peer: Host | None = None, peer_user: str = ""):
     """Stop the run while planning unless sudo works for the ssh user without a password: the root steps read root
@@ -145,8 +152,13 @@ def sudo_without_password(user: str, peer: Host | None = None, peer_user: str = 
     arguments = host.current_op_global_arguments
     given = arguments.get("_sudo_password") if arguments else None
     asking = []
-    for spark, login in ((host, user), (peer, peer_user)) if peer is not None else ((host, user),):
-        sudo: CommandStatusDict = fact_once(spark, SudoWithoutPassword, _sudo_works, _sudo=False)
+    # the peer's answer is read at the same time (its own connection), so the check costs one round trip
+    theirs = gevent.spawn(_sudo_answer, peer, ctx_config.get()) if peer is not None else None
+    answers: list[tuple[Any, str, CommandStatusDict]] = [
+        (host, user, fact_once(host, SudoWithoutPassword, _sudo_works, _sudo=False))]
+    if theirs is not None:
+        answers.append((peer, peer_user, theirs.get()))
+    for spark, login, sudo in answers:
         if not sudo["ok"] and not given:
             raise OperationError(f"{spark.name}: sudo: {sudo_problem(login, sudo)}")
         asking += [] if sudo["ok"] else [spark.name]

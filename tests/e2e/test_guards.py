@@ -61,3 +61,15 @@ def test_supervisor_restarts_the_pair_in_order_and_is_removed_from_service_when_
     assert sim_exec("head", f"systemctl is-active {SUPERVISOR}").stdout.strip() != "active"
     assert sim_exec("head", f"systemctl is-enabled {SUPERVISOR}").stdout.strip() != "enabled"
     assert chat()["choices"][0]["message"]["content"]
+
+
+@pytest.mark.parametrize("script", ["deploy.py", "stop.py", "restart.py"])
+def test_a_limit_to_one_spark_is_refused_for_what_changes_the_pair(run_pyinfra, sim_exec, script):
+    before = pair_ids(sim_exec)
+    run = run_pyinfra("inventory.py", script, "-y", "--limit", "worker")
+    assert run.returncode != 0
+    said = run.stderr + run.stdout
+    line = f"--limit is not used with {script}: the two Sparks are one server; run it without --limit"
+    assert line in said, said[-3000:]
+    assert changed_ops(run) == {}
+    assert pair_ids(sim_exec) == before and serving()  # nothing stopped or recreated
