@@ -61,9 +61,17 @@ def clock(seconds: float) -> str:
         f"{seconds // 60} min {seconds % 60:02d} s" if seconds >= 60 else f"{seconds} s"
 
 
+def of_total(done: int, total: int) -> int:
+    """The total to show beside `done`: none when it is short of what is there (the folder holds more than was
+    planned, e.g. a file the plan does not name), as "24 MiB of 19 KiB" would mean nothing. A few bytes over it
+    (a folder's own entries) still read "24 MiB of 24 MiB"."""
+    return total if done <= total or size(done) == size(total) else 0
+
+
 def amount_line(label: str, done: int, total: int, start_bytes: int, elapsed: float) -> str:
     """'<label>: 12.3 of 196.0 GiB (6 %), 250 MiB/s, about 12 min left, 3 min 10 s elapsed'."""
-    parts = [size(done) + (f" of {size(total)} ({100 * done // total} %)" if total else "")]
+    total = of_total(done, total)
+    parts = [size(done) + (f" of {size(total)} ({min(100 * done // total, 100)} %)" if total else "")]
     rate = (done - start_bytes) / elapsed if elapsed > 0 else 0
     if rate > 0:
         parts.append(f"{rate / 1024**2:.0f} MiB/s")
@@ -209,7 +217,8 @@ def watch(args: argparse.Namespace, relay: Relay | None, proc: subprocess.Popen 
     measuring = bool(relay or args.size_of or args.probe)
     start_bytes = first or 0
     if first:
-        say(f"{args.label}: {size(first)} already there" + (f" of {size(args.total)}" if args.total else ""))
+        total = of_total(first, args.total)
+        say(f"{args.label}: {size(first)} already there" + (f" of {size(total)}" if total else ""))
     else:
         say(f"{args.label}: started")
     next_line = start + args.every
@@ -242,8 +251,9 @@ def watch(args: argparse.Namespace, relay: Relay | None, proc: subprocess.Popen 
         print(f"{args.label}: failed after {clock(elapsed)}; its last output:", file=sys.stderr)
         print("\n".join(tail), file=sys.stderr)
         return rc
-    # a probe over ssh would cost the run one more round trip: a command that succeeded has all of --total there
-    done = args.total if args.probe and args.total else measure()
+    # a probe over ssh would cost the run one more round trip: a command that succeeded has all of --total there,
+    # and what was there before (more than the total when the folder holds more than was planned)
+    done = max(args.total, first or 0) if args.probe and args.total else measure()
     say(f"{args.label}: done in {clock(elapsed)}" + (f", {size(done)}" if done else ""))
     return 0
 

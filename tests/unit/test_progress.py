@@ -39,6 +39,21 @@ def test_lines_arrive_while_the_command_runs_and_say_what_was_there(tmp_path):
     assert lines[-1].startswith("copy: done in ") and lines[-1].endswith("8 MiB")
 
 
+def test_a_total_short_of_what_is_there_is_not_shown(tmp_path):
+    # a folder holding more than was planned (a file the plan does not name): never "3 MiB already there of 1 MiB",
+    # nor a last line below what was there
+    amount = tmp_path / "bytes"
+    amount.write_text(f"{3 * 2**20}\n")
+    grow = f"sleep 1.2; echo {4 * 2**20} > {amount}"
+    run = start(progress_command("copy", grow, probe=f"cat {amount}", total=2**20, every=0.5))
+    out, err = run.communicate()
+    lines = out.splitlines()
+    assert run.returncode == 0, err
+    assert lines[0] == "copy: 3 MiB already there"
+    assert len(lines) >= 3 and all(" of " not in line for line in lines), lines
+    assert lines[-1].startswith("copy: done in ") and lines[-1].endswith(", 3 MiB"), lines  # at least what was there
+
+
 def test_a_failure_shows_the_commands_own_output_and_its_status():
     run = start(progress_command("fetch", "echo resolving; echo 'HTTP 403: gated' >&2; exit 3", every=0.5))
     out, err = run.communicate()
@@ -119,6 +134,13 @@ def test_sizes_below_a_mib_are_in_kib():
     assert (size(20 * 1024), size(3 * 1024**2), size(1.5 * 1024**3)) == ("20 KiB", "3 MiB", "1.5 GiB")
 
 
+def test_a_folders_own_entries_over_the_total_still_read_as_all_of_it():
+    from operations.remote.progress import amount_line
+    # du counts a folder's own entries: a few KiB over the files' total is still "24 MiB of 24 MiB"
+    assert amount_line("copy", 24 * 2**20 + 8192, 24 * 2**20, 0, 10).startswith("copy: 24 MiB of 24 MiB (100 %), ")
+    assert amount_line("copy", 24 * 2**20, 19 * 1024, 0, 10).startswith("copy: 24 MiB, ")  # never "of 19 KiB"
+
+
 SLOW_SHA256SUM = '''#!/usr/bin/env python3
 """sha256sum as a large folder makes it look: it reads in small steps, slowly (its reads are its own, as the
 runner's probe expects). Knows `-- FILES` and `-c --quiet LIST`."""
@@ -143,6 +165,13 @@ for name in args[1:]:
 '''
 
 
+def read_kib(line: str) -> float:
+    """The first amount of a progress line ('tables: hashing: 3 MiB of ...'), in KiB."""
+    m = re.search(r": ([\d.]+) ([KMG]iB)", line)
+    assert m, line
+    return float(m.group(1)) * {"KiB": 1, "MiB": 1024, "GiB": 1024**2}[m.group(2)]
+
+
 def test_hashing_reports_the_bytes_read_and_a_failed_check_says_so(tmp_path, monkeypatch):
     from operations.data.copy import hashing_command
 
@@ -161,8 +190,10 @@ def test_hashing_reports_the_bytes_read_and_a_failed_check_says_so(tmp_path, mon
     out, _ = run.communicate()
     lines = out.decode().splitlines()
     assert run.returncode == 0 and lines[0] == "tables: hashing: started"  # nothing "already there"
-    middle = [line for line in lines if " of 2 MiB (" in line]
-    assert middle and all(0 < float(line.split(": ")[2].split(" ")[0]) < 2048 for line in middle), lines
+    # the bytes read so far (the stand-in's own reads of its interpreter count too: past 2 MiB the total is left out)
+    middle = [line for line in lines[1:-1] if re.search(r": [\d.]+ [KMG]iB", line)]
+    assert middle and all(0 < read_kib(line) for line in middle), lines
+    assert all(read_kib(line) <= 2048 for line in middle if " of 2 MiB (" in line), lines
     assert lines[-1].startswith("tables: hashing: done in ") and (data / "SUMS").read_text().count("\n") == 2
     assert not [p for p in tmp_path.iterdir() if p.name.startswith("sparkfold-private-")]  # removed at the end
     # a file that changed: the check fails with the complaint and the failing name
