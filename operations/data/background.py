@@ -97,10 +97,12 @@ def sums_commands(folder: str, what: str, total: int, names: Iterable[str] = (),
             marker_command(folder, SUMS_STATE, names, glob=glob), "fi"]
 
 
-def copy_commands(src: str, target: str, dest: str, what: str, total: int, extra_rsync: tuple = ()) -> list[str]:
+def copy_commands(src: str, target: str, dest: str, what: str, total: int, extra_rsync: tuple = (),
+                  label: str = "") -> list[str]:
     """The folder src copied into dest on the worker, resumably, with progress lines (data/copy.peer_copy_commands),
     leaving out the files a hashing writes meanwhile."""
-    return [_text(c) for c in peer_copy_commands(src, target, dest, what, total, (*extra_rsync, *IN_PROGRESS))]
+    return [_text(c) for c in peer_copy_commands(src, target, dest, what, total, (*extra_rsync, *IN_PROGRESS),
+                                                 label)]
 
 
 def verified_on_worker(target: str, folder: str, sums: str, what: str, total: int) -> list[str]:
@@ -132,9 +134,11 @@ def token_map_current(out_dir: str, commit: str) -> str:
 def checked_stream(s, name: str, what: str, src: str, dest: str, sums: str, total: int, after: tuple[str, ...],
                    upstream: Iterable[OperationMeta], extra_rsync: tuple = ()) -> OperationMeta:
     """The stream that brings the worker's copy of `src` level with the head's (its list included) and verifies it
-    there, once the copy and the list are done; started when either starts in this run."""
+    there, once the copy and the list are done; started when either starts in this run. Its copy has lines of its
+    own ('<what>: <sums> to the worker: ...'), never the copy's: it sends the list and what changed since, and knows
+    no total (the folder may hold more than was planned)."""
     target = s.worker_link_ssh
-    commands = copy_commands(src, target, dest, what, total, extra_rsync)
+    commands = copy_commands(src, target, dest, what, 0, extra_rsync, label=f"{what}: {sums} to the worker")
     commands += verified_on_worker(target, dest, sums, what, total)
     return background(Stream(f"{name}-checked", "to worker", f"{what} checked on the worker", s.layout.streams,
                              after=after, commands=tuple(commands)),

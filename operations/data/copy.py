@@ -183,15 +183,18 @@ def versions_dir(dest: str) -> str:
     return f"{dest}.d"
 
 
-def peer_copy_commands(src: str, target: str, dest: str, what: str, total: int, extra_rsync=()) -> list:
-    """The commands that copy the folder src (on the head) into dest on the worker, resumably, with progress lines:
-    rsync through a transient daemon on the worker's link address (operations/remote/link_copy.py), unencrypted on
-    the cable at the link's speed (the benchmark tests/bench/deploy_speed.py times these)."""
+def peer_copy_commands(src: str, target: str, dest: str, what: str, total: int, extra_rsync=(),
+                       label: str = "") -> list:
+    """The commands that copy the folder src (on the head) into dest on the worker, resumably, with progress lines
+    ('<label>: ...', by default '<what> to the worker: ...'; total 0: none is known): rsync through a transient
+    daemon on the worker's link address (operations/remote/link_copy.py), unencrypted on the cable at the link's
+    speed (the benchmark tests/bench/deploy_speed.py times these)."""
     # a part waits in PARTIAL_DIR, never at the file's name: only a whole file there can look complete
     options = ["-a", f"--partial-dir={PARTIAL_DIR}", *extra_rsync] + [f"--exclude={e}" for e in COPY_EXCLUDES]
     words = [src, "--target", target, "--dest", dest, "--ssh", SSH] + [f"--rsync-option={o}" for o in options]
     # progress: the worker's copy measured over ssh (its size at the start says how much a resume keeps)
-    return [progress_command(f"{what} to the worker", heredoc_command(f"python3 - {shlex.join(words)}", "link_copy"),
+    copy = heredoc_command(f"python3 - {shlex.join(words)}", "link_copy")
+    return [progress_command(label or f"{what} to the worker", copy,
                              probe=f"{SSH} {quote(target)} {quote(f'du -sb {quote(dest)} 2>/dev/null | cut -f1')}",
                              total=total)]
 

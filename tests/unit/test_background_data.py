@@ -11,7 +11,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from harness import run_fact, run_op, with_args
+from harness import run_fact, run_op, unwrap_progress, with_args
 from settings_factory import make_settings
 
 from operations.data import background as bg
@@ -159,6 +159,17 @@ def test_the_weight_files_of_a_commit(declared):
     assert any("checking SHA256SUMS" in c and f"rank-cache/{commit}/rank1" in c for c in checked)
     op, arguments = declared["rank1-sums"]["work"][0]
     assert op is bg.rank_sums_written and (arguments["rank"], arguments["ablit_tag"]) == (1, "")
+
+
+def test_the_checked_streams_copy_has_lines_of_its_own(declared):
+    # the copy's lines are the copy's: the second pass (the list, and what changed since) says what it sends and
+    # names no total, as the folder may hold more than was planned ("24 MiB already there of 19 KiB")
+    bg.engram_streams(settings(), "engram", 19 * 1024)
+    label, _, options = unwrap_progress(declared["engram-to-worker"]["stream"].commands[0])
+    assert label == "the Engram tables to the worker" and options[options.index("--total") + 1] == str(19 * 1024)
+    label, _, options = unwrap_progress(declared["engram-checked"]["stream"].commands[0])
+    assert label == "the Engram tables: SHA256SUMS to the worker" and "--total" not in options
+    assert any("the Engram tables: checking SHA256SUMS" in c for c in declared["engram-checked"]["stream"].commands)
 
 
 @pytest.mark.parametrize("files, current", [
