@@ -17,9 +17,12 @@ from test_deploy import changed_ops, deploy, start_deploy
 ENGRAM = "/home/nvidia/.cache/sparkfold/engram"
 PROBE = f"{ENGRAM}/progress-probe.bin"
 RAIL0 = "enp1s0f0np0"  # the head's side of rail 0, which the copies to the worker take
-STEP = "Engram tables to the worker:"
+# the copy's own lines ("[sim-head]   the Engram tables to the worker: 6 MiB already there of 24 MiB"), not the
+# summary's ("background to worker: the Engram tables to the worker: 39 s") nor the check's second pass's
+STEP = re.compile(r"^\s*\[sim-head\]\s+the Engram tables to the worker: ")
 AMOUNT = re.compile(r"(\d+(?:\.\d+)?) (KiB|MiB|GiB)")  # the runner's units (operations/remote/progress.size)
 UNIT_MIB = {"KiB": 1 / 1024, "MiB": 1, "GiB": 1024}
+PART_OF = re.compile(AMOUNT.pattern + r"(?: already there)? of " + AMOUNT.pattern)  # "6 MiB already there of 24 MiB"
 
 pytestmark = pytest.mark.usefixtures("converged_pair")
 
@@ -29,6 +32,16 @@ def mib(line: str) -> float:
     m = AMOUNT.search(line)
     assert m, line
     return float(m.group(1)) * UNIT_MIB[m.group(2)]
+
+
+def short_totals(lines: list[str]) -> list[str]:
+    """The Engram tables' lines whose total is smaller than the amount beside it ("24 MiB already there of 19 KiB")."""
+    short = []
+    for text in lines:
+        m = PART_OF.search(text) if "Engram tables" in text else None
+        if m and float(m.group(1)) * UNIT_MIB[m.group(2)] > float(m.group(3)) * UNIT_MIB[m.group(4)]:
+            short.append(text)
+    return short
 
 
 def slow_link(sim_exec, on: bool):
@@ -51,15 +64,15 @@ def test_a_slow_copy_reports_while_it_runs_and_a_resumed_copy_says_what_was_ther
         assert run.stderr is not None
         for line in run.stderr:
             seen.append((time.monotonic(), line.rstrip("\n")))
-            if sum(STEP in text and " of " in text for _, text in seen) >= 2:
+            if sum(bool(STEP.search(text)) and " of " in text for _, text in seen) >= 2:
                 break
         os.killpg(run.pid, signal.SIGKILL)
         run.wait()
-        progress = [(t, text) for t, text in seen if STEP in text and " of " in text]
+        progress = [(t, text) for t, text in seen if STEP.search(text) and " of " in text]
         assert len(progress) >= 2, "\n".join(text for _, text in seen[-40:])
         assert progress[1][0] - progress[0][0] >= 5  # they came while the copy ran, not at its end
         assert all("\r" not in text for _, text in seen)
-        first = next(text for _, text in seen if STEP in text)
+        first = next(text for _, text in seen if STEP.search(text))
         before = mib(first) if "already there" in first else 0.0  # the worker's folder before this copy
         # the runner notices its reader is gone at its next line and ends the copy; the part stays in
         # .sparkfold-partial/
@@ -72,12 +85,13 @@ def test_a_slow_copy_reports_while_it_runs_and_a_resumed_copy_says_what_was_ther
         assert run.wait() == 0, "\n".join(lines[-60:])
     finally:
         slow_link(sim_exec, False)
-    mine = [text for text in lines if STEP in text]
+    mine = [text for text in lines if STEP.search(text)]
     assert any("is now LIVE! on port 8888" in text for text in lines), "\n".join(lines[-40:])  # finished the job
     assert "already there" in mine[0], mine
     # the interrupted copy's part was kept (rsync --partial-dir, the stream's part) and the resumed copy starts from it
     assert mib(mine[0]) >= before + 4, (before, mine[0])
     assert "done in" in mine[-1], mine
+    assert short_totals([text for _, text in seen] + lines) == []  # no total below what is there
     assert sim_exec("worker", f"test $(stat -c %s {PROBE}) -eq {24 * 1024 * 1024}").returncode == 0  # all of it
     assert sim_exec("worker", ["test", "-e", f"{ENGRAM}/.sparkfold-partial"]).returncode != 0  # the part served
     # back to the pair's own files (the probe is not one of the Engram tables)
