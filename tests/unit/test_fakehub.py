@@ -502,3 +502,61 @@ def test_the_hub_client_fetches_a_padded_pack_at_the_server_rate(slow_hub, tmp_p
     status, headers, body = get(f"{slow_hub}/{repos.EAQ_V1}/resolve/main/model-00002-of-00003.safetensors",
                                 {"Range": f"bytes={big.files['model-00002-of-00003.safetensors'].size - 4}-"})
     assert status == 206 and body == b"".join(big.files["model-00002-of-00003.safetensors"].read())[-4:]
+
+
+# --------------------------------------------------------------- slow as a real slow server (tests/e2e/test_overlap.py)
+
+CRAWL = 1024  # bytes/s, all connections together: the e2e overlap test's rate
+
+
+@pytest.fixture(scope="module")
+def crawling_hub(tmp_path_factory):
+    log = tmp_path_factory.mktemp("crawlhub") / "fakehub.log"
+    with running_fakehub(log, "--rate", str(CRAWL)) as url:
+        yield url
+
+
+def _open(url: str, path: str):
+    """A GET of `path` on a connection of its own, its status line and headers read; (connection, response,
+    seconds to the headers)."""
+    import http.client
+    from urllib.parse import urlsplit
+
+    where = urlsplit(url)
+    conn = http.client.HTTPConnection(where.hostname, where.port, timeout=30)
+    t0 = time.monotonic()
+    conn.request("GET", path)
+    response = conn.getresponse()
+    return conn, response, time.monotonic() - t0
+
+
+def _first_bytes(response) -> tuple[bytes, float]:
+    t0 = time.monotonic()
+    return response.read1(64), time.monotonic() - t0
+
+
+def test_a_slow_hub_answers_every_connection_at_once_and_trickles_each_body(crawling_hub):
+    # huggingface_hub opens up to hf_max_workers connections at once, and reads each with a 10 s timeout
+    # (HF_HUB_DOWNLOAD_TIMEOUT): a slow server must answer a new one while another is mid-body, and send each some
+    # bytes every few seconds, not one file's time of silence and then all of it
+    files = repos.build_repos()[repos.ENGRAM].files
+    base = f"/{repos.ENGRAM}/resolve/main/"
+    big, small = "model-00048-of-00048.safetensors", "model-00047-of-00048.safetensors"
+    first, a, a_headers = _open(crawling_hub, base + big)
+    second = None
+    try:
+        assert a.status == 200 and int(a.headers["Content-Length"]) == files[big].size and a_headers < 2
+        got, wait = _first_bytes(a)
+        assert got and wait < 3, wait  # before: the whole file's time at the rate (over 10 s) before its first byte
+        assert len(got) < files[big].size  # mid-body
+        second, b, b_headers = _open(crawling_hub, base + small)
+        assert b.status == 200 and b_headers < 2, b_headers  # a second connection answered promptly
+        got_b, wait_b = _first_bytes(b)
+        assert got_b and wait_b < 3, wait_b  # and its body flows beside the first one's
+        more, wait = _first_bytes(a)
+        assert more and wait < 3, wait  # the first one goes on
+        assert (got + more) == files[big].data[:len(got) + len(more)]
+    finally:
+        first.close()
+        if second is not None:
+            second.close()

@@ -14,7 +14,8 @@ Serves the repositories built by repos.py with the routes and headers huggingfac
 Files are served directly (200/206, no CDN redirect) and no Xet headers are ever sent, so the client always
 takes its plain HTTP path. For a benchmark (tests/bench/first_run.py) the packs can be scaled up (--pad,
 $FAKEHUB_PAD: a padding tensor in matching shards, served without being held whole) and the server slowed down
-like a slow link to the Hub (--rate, $FAKEHUB_RATE: bytes/s for all connections together). Gated repos answer
+like a slow link to the Hub (--rate, $FAKEHUB_RATE: bytes/s for all connections together; each connection is
+answered at once and its body trickles at its share, as from a real slow server). Gated repos answer
 their files and auth-check with 401 (no token), 403 (a token without access) or the content (an accepted token);
 their metadata stays public, as on the Hub.
 Standard library only.
@@ -39,6 +40,8 @@ import repos as repo_data  # noqa: E402
 TEXT_TYPES = {".json": "application/json", ".md": "text/markdown", ".jinja": "text/plain", ".py": "text/x-python",
               ".sh": "text/x-sh", "": "text/plain"}
 _log_lock = threading.Lock()
+SLICE_S = 0.1  # --rate: a body goes out in slices of this many seconds at the rate...
+MIN_SLICE, MAX_SLICE = 256, 1 << 16  # ...bytes, within these bounds
 
 
 class HubError(Exception):
@@ -49,12 +52,17 @@ class HubError(Exception):
 
 class Throttle:
     """One rate for every file byte the server sends, on all connections together: a slow link to the Hub (what
-    parallel downloads share). Each chunk takes the next slot of the link and goes once its slot has passed."""
+    parallel downloads share). A body goes out in slices of about a tenth of a second at the rate; each slice takes
+    the next slot of the link and goes once its slot has passed, so every connection's bytes trickle at its share,
+    as through a slow link, and none waits a whole chunk's time for its first byte (a client reading with a timeout
+    would give up). Status lines, headers and API answers are never held back: each connection has its own thread,
+    so a slow body never delays another connection."""
 
     def __init__(self, rate: float = 0):
         self.rate = rate
         self.lock = threading.Lock()
         self.free_at = 0.0
+        self.slice = max(MIN_SLICE, min(MAX_SLICE, int(rate * SLICE_S))) if rate > 0 else MAX_SLICE
 
     def take(self, n: int) -> None:
         if self.rate <= 0:
@@ -63,6 +71,13 @@ class Throttle:
             self.free_at = max(time.monotonic(), self.free_at) + n / self.rate
             until = self.free_at
         time.sleep(max(until - time.monotonic(), 0))
+
+    def send(self, piece: bytes, write) -> None:
+        """`piece` written with `write`, slice by slice, each at the rate."""
+        for at in range(0, len(piece), self.slice):
+            part = piece[at:at + self.slice]
+            self.take(len(part))
+            write(part)
 
 
 class Hub:
@@ -353,8 +368,7 @@ class Handler(BaseHTTPRequestHandler):
         sent = 0
         if self.command != "HEAD":
             for piece in f.read(start, end):
-                self.hub.throttle.take(len(piece))
-                self.wfile.write(piece)
+                self.hub.throttle.send(piece, self.wfile.write)
                 sent += len(piece)
         self._log(status, sent)
 
