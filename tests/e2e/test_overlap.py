@@ -3,9 +3,9 @@ build, the checkpoint download, the Engram tables' copy and check) leaves what i
 and the next run resumes every stream, goes LIVE and the one after changes nothing.
 
 The overlap is made from a converged pair: the Engram tables (both Sparks) and the checkpoint (head) removed, the
-fake hub slowed on the head's loopback (as test_resume.py does) and a new image whose build takes a minute (the
-stand-in's bench-build-s knob, tests/sim/engine/faults/README.md). Starts from a converged pair (converged_pair)
-and leaves one, serving on the fault-free engine.
+fake hub slowed down (its own rate, FAKEHUB_RATE) and a new image whose build takes a minute (the stand-in's
+bench-build-s knob, tests/sim/engine/faults/README.md). Starts from a converged pair (converged_pair) and leaves
+one, serving on the fault-free engine.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ CHECKPOINT = "/home/nvidia/.cache/huggingface/hub/models--" + REPO.replace("/", 
 ENGRAM = "/home/nvidia/.cache/sparkfold/engram"
 STREAMS = "/home/nvidia/.local/state/sparkfold/streams"
 HUB_LOG = "/var/log/fakehub.log"
+HUB_PID = "/run/fakehub.pid"  # tests/sim/fakehub/start.sh's
 ENGRAM_SHARD = re.compile(r" GET /deepseek-ai/DeepSeek-V4\.1-Flash-1017/resolve/\w+/(model-0004[78]-of-00048\S*) 200")
 CHECKPOINT_LINE = re.compile(r"Checkpoint download: .* of ")  # a progress line: the checkpoint is downloading
 
@@ -43,12 +44,15 @@ def streams(sim_exec) -> dict:
 
 
 def slow_hub(sim_exec, on: bool) -> None:
-    # 1 KiB/s on the head's loopback, where the fake hub answers: the Engram tables take ~20 s, the checkpoint ~1 min
-    if on:
-        assert sim_exec("head", "ip link set lo mtu 1500 && tc qdisc add dev lo root tbf rate 8kbit burst 1600 "
-                                "latency 120s").returncode == 0
-    else:
-        sim_exec("head", "tc qdisc del dev lo root; ip link set lo mtu 65536")
+    """The fake hub started again at 1 KiB/s for all its connections together (FAKEHUB_RATE), or at full speed: the
+    Engram tables take ~20 s, the checkpoint ~1 min. Like a real slow server it answers every connection at once and
+    trickles each body. (Not tc on the head's loopback: that holds every packet there, the handshakes and requests of
+    the parallel downloads too, behind tens of seconds of their bytes, past huggingface_hub's 10 s timeouts.)"""
+    rate = "FAKEHUB_RATE=1024 " if on else ""
+    done = sim_exec("head", f"old=$(cat {HUB_PID}); kill $old; for i in $(seq 50); do kill -0 $old 2>/dev/null || "
+                            "break; sleep 0.1; done; ! kill -0 $old 2>/dev/null && "
+                            f"{rate}sh /opt/sim/fakehub/start.sh")
+    assert done.returncode == 0, done.stdout + done.stderr  # a hub that did not stop would keep its old rate
 
 
 def slow_build(tmp_path: Path) -> dict[str, str]:
