@@ -35,6 +35,7 @@ from operations.data.copy import (
 from operations.data.hub import (
     checkpoint_plan_args,
     hub_change,
+    hub_current,
     hub_env_name,
     hub_env_text,
     hub_python,
@@ -51,6 +52,7 @@ from operations.streams import Stream, background
 from operations.util import check_failed
 from operations.util.barrier import both_sparks_reached
 from operations.util.commands import source_env_file
+from operations.util.fact_reuse import fact_until_change
 from operations.util.hf_cache import repo_folder_name
 
 MODEL_TYPE = "deepseek_v41"
@@ -68,9 +70,9 @@ def hf_hub_installed(python: str, version: str, venv: str = "", env_file: str = 
     """huggingface_hub `version`, with hf_xet, for the python that runs the downloads: the deploy's venv is made,
     or installed into until it has exactly that version (up or down); a python the user gave (hf_python, venv "")
     is checked, never changed. pip gets the proxies of `env_file`."""
-    have = host.get_fact(HfHubPython, python=python)
-    hub, xet = hub_versions(have)
-    if hub == version and (xet or not venv):
+    have = _hub_versions(python)
+    hub = hub_versions(have)[0]
+    if hub_current(have, version, venv):
         host.noop(hub_change(have, version, venv))
         return
     if not venv:
@@ -171,7 +173,8 @@ def _plan(args: dict) -> HfPlanDict:
 
 
 def _hub_versions(python: str):
-    return host.get_fact(HfHubPython, python=python)
+    """Read once for the plan's line and the operation (nothing runs between them)."""
+    return fact_until_change(host, HfHubPython, python=python)
 
 
 # ---- the deploy ----

@@ -243,9 +243,9 @@ def pair_serving(s: Settings, worker: Host, image: str, template: str, rank0: An
     A pair that runs but was never judged (no record says it passed) is judged the same way. Otherwise one quick
     check of the API and the LIVE line. Asking the API is this machine's request, not
     a fact: while planning, only executing can say whether it answers (hence the one is_executing branch)."""
-    judged = handoff.runs_last_good(0) if handoff is not None and handoff.plan is not None else _runs_last_good(
-        0, host.get_fact(RankInputs, **rank_inputs_args(s, image)))
-    if op_changed(rank0) or not judged:
+    if op_changed(rank0) or not (  # a pair started now needs no read to say it was never judged
+            handoff.runs_last_good(0) if handoff is not None and handoff.plan is not None
+            else _runs_last_good(0, host.get_fact(RankInputs, **rank_inputs_args(s, image)))):
         # started now, or running but never judged (a run cut short after the start, an older sparkfold): judged
         # like any new pair before it may become the last good one
         plan = read_pair_plan(s, worker, image, template)

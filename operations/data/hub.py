@@ -49,6 +49,13 @@ def hub_versions(have: HubPythonDict | None) -> tuple[str, str]:
     return (have["hub"], have["xet"]) if have else ("", "")
 
 
+def hub_current(have: HubPythonDict | None, version: str, venv: str) -> bool:
+    """The python has exactly `version`, and hf_xet where the venv is the deploy's own (a user's python is only
+    checked for the version)."""
+    hub, xet = hub_versions(have)
+    return hub == version and bool(xet or not venv)
+
+
 def hub_change(have: HubPythonDict | None, version: str, venv: str) -> str:
     """The plan's line for the head's huggingface_hub: what the python has, and what it will have.
 
@@ -56,7 +63,7 @@ def hub_change(have: HubPythonDict | None, version: str, venv: str) -> str:
     hub, xet = hub_versions(have)
     if have is None and venv:
         return f"huggingface_hub {version} on the head (a new venv, {venv})"
-    if hub == version and (xet or not venv):
+    if hub_current(have, version, venv):
         return f"huggingface_hub {version} on the head" + (f" (hf_xet {xet})" if xet else " (no hf_xet)")
     if not venv:
         return f"huggingface_hub {hub or 'none'} on the head (hf_python), hf_hub_version is {version}"

@@ -232,12 +232,14 @@ rsync --daemon --no-detach --address={address} --port={port} --config="$d/conf" 
 daemon=$!
 pids=$daemon
 python3 -c {receiver} {address} {dest} "$d/secrets" "${{SSH_CONNECTION%% *}}" "$d/port" {partial} &
-pids="$daemon $!"
+receiver=$!
+pids="$daemon $receiver"
 # "started" only once the daemon listens (a port another program holds ends it: the head then tries another)
 if python3 -c {listens} $daemon {port}; then
-  # the receiver writes its port, or nothing when it cannot listen (rsync then carries every file)
+  # the receiver writes its port, or nothing when it cannot listen (rsync then carries every file); a receiver
+  # that died before writing it leaves rsync to carry every file at once
   n=0
-  while [ ! -e "$d/port" ] && [ $n -lt 3000 ]; do sleep 0.02; n=$((n + 1)); done
+  while [ ! -e "$d/port" ] && [ $n -lt 3000 ]; do kill -0 $receiver 2>/dev/null || break; sleep 0.02; n=$((n + 1)); done
   echo "started $(cat "$d/port" 2>/dev/null)"
 else
   echo "not-listening"

@@ -21,6 +21,7 @@ ROLLBACK_S = 90  # the shortest window the settings take (longer than the confir
 ROLLBACK = {"SPARKFOLD_LINK_ROLLBACK_S": str(ROLLBACK_S)}
 RAIL, ADDRESS = "enP2p1s0f0np0", "192.168.101.2/24"
 NETPLAN = "/etc/netplan/60-sparkfold-cx7.yaml"
+RUN_LOCK = "/var/lib/sparkfold/run.lock"
 
 pytestmark = pytest.mark.usefixtures("converged_pair")
 
@@ -76,6 +77,11 @@ def test_an_apply_that_cuts_ssh_is_reverted_by_the_spark_and_the_next_run_conver
     assert "# edited by hand" in sim_exec("worker", f"cat {NETPLAN}").stdout  # the file as it was before the apply
     assert addresses(sim_exec, "worker", RAIL) == [ADDRESS]  # and applied again
     wait_until(lambda: ssh_answers(sim, "worker"), 30, "ssh to the worker")
+    # the failed run's ssh session on the worker outlives the cut until TCP gives up on it (it had output in
+    # flight), and its run lock is rightly held until then: wait for it as the refusal tells a user to
+    wait_until(lambda: sim_exec("worker", f"! pid=$(sed -n 's/^pid=//p' {RUN_LOCK} 2>/dev/null) || "
+                                          "[ -z \"$pid\" ] || ! kill -0 \"$pid\"").returncode == 0,
+               300, "the failed run's session on the worker to end")
 
     # no fault: the next run applies, confirms over a new connection, and serves; the one after changes nothing
     deploy(run_pyinfra, env=ROLLBACK)
