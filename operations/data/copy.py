@@ -187,8 +187,9 @@ def peer_copy_commands(src: str, target: str, dest: str, what: str, total: int, 
                        label: str = "") -> list:
     """The commands that copy the folder src (on the head) into dest on the worker, resumably, with progress lines
     ('<label>: ...', by default '<what> to the worker: ...'; total 0: none is known): rsync through a transient
-    daemon on the worker's link address (operations/remote/link_copy.py), unencrypted on the cable at the link's
-    speed (the benchmark tests/bench/deploy_speed.py times these)."""
+    daemon on the worker's link address (operations/remote/link_copy.py: up to 4 clients at once for the files the
+    worker lacks, then one pass over everything), unencrypted on the cable at the link's speed (the benchmark
+    tests/bench/deploy_speed.py times these)."""
     # a part waits in PARTIAL_DIR, never at the file's name: only a whole file there can look complete
     options = ["-a", f"--partial-dir={PARTIAL_DIR}", *extra_rsync] + [f"--exclude={e}" for e in COPY_EXCLUDES]
     words = [src, "--target", target, "--dest", dest, "--ssh", SSH] + [f"--rsync-option={o}" for o in options]

@@ -1,13 +1,15 @@
 """The copy to the worker, measured three ways side by side on the simulated pair (deploy_speed.py's copy section).
 
-The same generated file set, head to worker over rail 0, into the worker's data folder, each way once per round:
-- raw TCP: the files split among up to CLIENTS connections, each sending its files back to back with sendfile; the
-  receiver writes them out. The ceiling the link and the disks allow.
-- the streamer: sparkfold's own copy (operations/data/copy.peer_copy_commands: link_copy's streams, then rsync's
-  pass through its transient daemon).
-- rsync's daemon alone (no ssh, so no cipher): the same split among up to CLIENTS concurrent `rsync rsync://`
-  clients, `-a --whole-file`, into a plain daemon on the worker's link address. What sparkfold would be without the
-  receiver (docs/testing.md, "The copy to the worker: streamer or rsync daemon").
+The same generated file set, head to worker over rail 0, into the worker's data folder, each way once per round,
+split the way link_copy splits it (split_among: at most its CLIENTS, 4, groups of about equal bytes):
+- raw TCP: one connection a group, each sending its files back to back with sendfile; the receiver writes them
+  out. The ceiling the link and the disks allow.
+- sparkfold's copy, as the deploy runs it (operations/data/copy.peer_copy_commands: link_copy's rsync clients, one
+  a group, through its transient daemon, then its last pass over everything).
+- rsync's daemon alone (no ssh, so no cipher): one `rsync rsync://` client a group, `-a --whole-file`, into a plain
+  daemon on the worker's link address. The figure that decided the removal of sparkfold's own file receiver
+  (docs/testing.md, "The copy to the worker: streamer or rsync daemon"); sparkfold's copy is this plus its setup
+  (ssh, the secret, the daemon's start) and its last pass.
 
 The file set has the shape of what sparkfold copies (a 98 GiB weight file beside the Engram tables' files): one big
 file of half the total and six of a twelfth each.
@@ -23,13 +25,13 @@ import time
 from collections.abc import Callable
 
 from operations.data.copy import peer_copy_commands
+from operations.remote.link_copy import split_among
 from tests.sim import sim
 
 USER_HOME = "/home/nvidia"
 DATA = f"{USER_HOME}/.cache/sparkfold"  # the default data_dir on both simulated Sparks
 HEAD_LINK_IP, WORKER_LINK_IP = "192.168.100.1", "192.168.100.2"  # rail 0's ends (tests/sim/sim.py RAILS)
 RAW_PORT, RSYNC_PORT = 47011, 47013
-CLIENTS = 4  # connections / rsync clients at once: the streamer's STREAMS
 SRC = f"{DATA}/bench-copy-files"  # the file set on the head, kept between runs (made again when a size differs)
 OLD_SRC = f"{DATA}/bench-copy-src"  # the single file of earlier versions of this benchmark
 RSYNC_LISTS = "/tmp/bench-rsync-client"  # on the head: <prefix>-<n>.list, one client's files
@@ -39,15 +41,6 @@ RSYNC_PID = f"{USER_HOME}/.cache/bench-rsyncd.pid"  # on the worker
 def bench_files(total: int) -> list[tuple[str, int]]:
     """(name, bytes): one big file of half of `total`, six of a twelfth each."""
     return [("big.bin", total // 2)] + [(f"part-{i}.bin", total // 12) for i in range(1, 7)]
-
-
-def split_among(files: list[tuple[str, int]], clients: int = CLIENTS) -> list[list[str]]:
-    """The names in at most `clients` groups of about equal bytes (biggest first, each to the lightest group)."""
-    groups: list[tuple[int, list[str]]] = [(0, []) for _ in range(min(clients, len(files)))]
-    for name, size in sorted(files, key=lambda item: -item[1]):
-        lightest = min(range(len(groups)), key=lambda i: groups[i][0])
-        groups[lightest] = (groups[lightest][0] + size, groups[lightest][1] + [name])
-    return [names for _, names in groups if names]
 
 
 def on_head(command: str, check: bool = True) -> float:
@@ -148,7 +141,7 @@ def raw_copy(groups: list[list[str]], dest: str) -> float:
     return seconds
 
 
-def streamer_copy(dest: str, total: int) -> float:
+def sparkfold_copy(dest: str, total: int) -> float:
     sim.exec_in("worker", f"rm -rf {dest}; sync", check=True)  # link_copy makes the folder itself
     commands = peer_copy_commands(SRC, f"nvidia@{WORKER_LINK_IP}", dest, "the benchmark files", total)
     return on_head(" && ".join(c if isinstance(c, str) else c.get_raw_value() for c in commands))
@@ -204,13 +197,13 @@ def measure(runs: int, copy_gib: float, rotate) -> dict:
     with RsyncDaemon(f"{DATA}/bench-rsync"):
         medians = rotate(f"copy of {copy_gib:g} GiB in {len(files)} files, {len(groups)} at once", {
             "raw TCP": lambda: raw_copy(groups, f"{DATA}/bench-raw"),
-            "streamer": lambda: streamer_copy(f"{DATA}/bench-copy", total),
+            "sparkfold": lambda: sparkfold_copy(f"{DATA}/bench-copy", total),
             "rsync daemon": lambda: rsync_daemon_copy(groups, f"{DATA}/bench-rsync"),
         }, runs)
     sim.exec_in("worker", f"rm -rf {DATA}/bench-copy {DATA}/bench-raw {DATA}/bench-rsync")
     on_head(f"rm -f {RSYNC_LISTS}-*.list")
-    raw, streamer, daemon = medians["raw TCP"], medians["streamer"], medians["rsync daemon"]
-    return {"copy_ratio": round(raw / streamer, 2), "rsync_daemon_raw_ratio": round(raw / daemon, 2),
-            "copy_s": round(streamer, 2), "raw_s": round(raw, 2), "rsync_daemon_s": round(daemon, 2),
-            "copy_mb_s": round(total / streamer / 1e6), "raw_mb_s": round(total / raw / 1e6),
+    raw, ours, daemon = medians["raw TCP"], medians["sparkfold"], medians["rsync daemon"]
+    return {"copy_ratio": round(raw / ours, 2), "rsync_daemon_raw_ratio": round(raw / daemon, 2),
+            "copy_s": round(ours, 2), "raw_s": round(raw, 2), "rsync_daemon_s": round(daemon, 2),
+            "copy_mb_s": round(total / ours / 1e6), "raw_mb_s": round(total / raw / 1e6),
             "rsync_daemon_mb_s": round(total / daemon / 1e6)}

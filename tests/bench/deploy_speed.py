@@ -5,10 +5,10 @@
 Brings the pair up (fresh unless this checkout brought it up last), converges it, then measures, in turn:
 1. a converged `deploy.py -y` against a bare `exec -y -- true`, 2. a converged `deploy.py --dry` against the same
 bare run, 3. the copy to the worker three ways over the same link address into the worker's data folder
-(tests/bench/copy_speed.py): raw TCP, sparkfold's streamer (operations/data/copy.peer_copy_commands) and rsync's
-daemon alone with up to 4 clients. One line per measure, then one JSON line: converged_ratio and dry_ratio (deploy
-time / bare time), copy_ratio (raw time / streamer time) and rsync_daemon_raw_ratio (raw time / rsync daemon time):
-1.0 is as fast as raw TCP.
+(tests/bench/copy_speed.py): raw TCP, sparkfold's copy (operations/data/copy.peer_copy_commands: up to 4 rsync
+clients, then a last pass) and rsync's daemon alone with up to 4 clients. One line per measure, then one JSON line:
+converged_ratio and dry_ratio (deploy time / bare time), copy_ratio (raw time / sparkfold's copy time) and
+rsync_daemon_raw_ratio (raw time / rsync daemon time): 1.0 is as fast as raw TCP.
 """
 
 from __future__ import annotations

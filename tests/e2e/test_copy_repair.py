@@ -23,7 +23,7 @@ FLIP = ("import os, sys; p = sys.argv[1]; st = os.stat(p); assert st.st_size >= 
         "    f.seek(st.st_size // 2); old = f.read(8); f.seek(st.st_size // 2); f.write(bytes(b ^ 0xFF for b in old))\n"
         "os.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns))")
 # what a copy must not leave: its secrets file (the line "sparkfold:<48 hex>"), the progress runner's log, the
-# worker's rsync daemon or receiver
+# worker's rsync daemon (or anything else that names the parts' folder)
 LEFT_FILES = ("grep -rlsE '^sparkfold:[0-9a-f]{48}$' /tmp /var/tmp; "
               "find /tmp /var/tmp -maxdepth 1 -name 'sparkfold-progress-*'; true")
 # (the brackets keep the pattern from matching the shell that runs pgrep)
@@ -75,7 +75,7 @@ def test_a_damaged_worker_copy_with_its_size_and_mtime_is_removed_then_copied_ag
 def test_a_copy_leaves_no_temporary_folder_secret_or_listener_on_either_spark(run_pyinfra, sim_exec):
     if not (serving(sim_exec, "head") and serving(sim_exec, "worker")):
         deploy(run_pyinfra)
-    # a file the worker lacks, so that this run copies the Engram tables (streamer, rsync's daemon and all)
+    # a file the worker lacks, so that this run copies the Engram tables (rsync's daemon, its clients and all)
     probe = f"{ENGRAM}/copy-probe.bin"
     assert sim_exec("head", f"head -c 3M /dev/urandom > {probe} && chown nvidia: {probe}").returncode == 0
     try:

@@ -1,9 +1,11 @@
-"""The copy benchmark's file set and its split among clients (tests/bench/copy_speed.py); the copies themselves
-need the simulated pair and run only in the benchmark."""
+"""The copy benchmark's file set (tests/bench/copy_speed.py) and its split among clients, the copy's own
+(operations/remote/link_copy.split_among); the copies themselves need the simulated pair and run only in the
+benchmark."""
 
 from __future__ import annotations
 
-from tests.bench.copy_speed import CLIENTS, bench_files, split_among
+from operations.remote.link_copy import CLIENTS, split_among
+from tests.bench.copy_speed import bench_files
 
 
 def test_the_file_set_is_one_big_file_and_six_smaller_ones():
@@ -21,6 +23,3 @@ def test_every_file_goes_to_one_client_of_at_most_four_and_the_bytes_are_shared_
     assert ["big.bin"] in groups  # half the bytes: alone on its client
     assert sorted(sum(sizes[n] for n in group) for group in groups) == [2 * 2**30] * 3 + [6 * 2**30]
 
-
-def test_fewer_files_than_clients_use_fewer_clients():
-    assert split_among([("a", 5), ("b", 1)]) == [["a"], ["b"]]

@@ -1,18 +1,16 @@
 """The head-to-worker copy (operations/remote/link_copy.py) run for real: a transient rsync daemon started through a
 stand-in ssh (which runs the worker's part in a local shell of its own session, as sshd would, with SSH_CONNECTION
-set), on 127.0.0.1: the files arrive, symlinks intact, an interrupted copy resumes from its part, a file is at its
-name only once whole, and nothing of the copy (temporary folder, secret, daemon, receiver) outlives it, however
-it ends.
+set), on 127.0.0.1: the files arrive through up to 4 rsync clients at once (each given its share as a NUL-separated
+list), symlinks intact, any name, excluded files never sent, an interrupted copy resumed from its part with rsync's
+delta, a failing client failing the copy, and nothing of the copy (temporary folder, secret, daemon) outliving it,
+however it ends.
 
-Every wait here is on the thing itself (a port file written once the receiver listens, a connection the receiver
-closes, a session that has ended); the receiver's ports are the OS's, so a busy machine cannot take them."""
+Every wait here is on the thing itself (a file a stand-in rsync writes, a session that has ended)."""
 
 from __future__ import annotations
 
-import hashlib
-import hmac
-import json
 import os
+import random
 import re
 import shlex
 import shutil
@@ -25,8 +23,8 @@ from pathlib import Path
 
 import pytest
 
-from operations.data.copy import SSH, peer_copy_commands
-from operations.remote.link_copy import PARTIAL_DIR, RECEIVER
+from operations.data.copy import COPY_EXCLUDES, SSH, peer_copy_commands
+from operations.remote.link_copy import CLIENTS, PARTIAL_DIR, split_among
 
 pytestmark = pytest.mark.skipif(shutil.which("rsync") is None or shutil.which("setsid") is None,
                                 reason="needs rsync and setsid")
@@ -78,8 +76,8 @@ def wait_for(done, what: str, timeout: float = 60) -> None:
 
 def leftovers(tmp_path: Path) -> list[str]:
     """What a copy must not leave once its worker sessions have ended: anything in either side's temporary folder,
-    a file holding a secret, or a process whose command line names this test's folder (the rsync daemon's config,
-    the receiver's secrets file)."""
+    a file holding a secret, or a process whose command line names this test's folder (the rsync daemon's
+    config)."""
     left = [str(p) for side in ("head-tmp", "worker-tmp") for p in (tmp_path / side).iterdir()]
     left += [str(p) for p in tmp_path.rglob("*") if p.is_file() and SECRET.search(p.read_bytes())]
     ps = subprocess.run(["ps", "-eo", "pid=,args="], capture_output=True, text=True).stdout.splitlines()
@@ -104,7 +102,7 @@ def test_a_folder_arrives_whole_with_its_links(tmp_path):
 
 def held_rsync(tmp_path: Path) -> str:
     """A folder for the head's PATH whose rsync says it started (rsync-started) and waits while `hold` exists, then
-    runs the real one: a copy caught after its streams, with the worker's daemon and receiver up."""
+    runs the real one: a copy caught at its first rsync client, with the worker's daemon up."""
     folder = tmp_path / "head-bin"
     folder.mkdir()
     (folder / "rsync").write_text(f"#!/bin/sh\ntouch {tmp_path}/rsync-started\n"
@@ -125,7 +123,8 @@ def daemon_session(tmp_path: Path) -> int:
 def test_nothing_of_the_copy_is_left_on_either_side(tmp_path, end):
     src, dest = tmp_path / "src", tmp_path / "dest"
     src.mkdir()
-    (src / "f").write_bytes(os.urandom(200_000))
+    for i in range(CLIENTS + 2):  # every client has files to send
+        (src / f"f{i}").write_bytes(os.urandom(100_000))
     (tmp_path / "head-tmp").mkdir()
     env = dict(os.environ, TMPDIR=str(tmp_path / "head-tmp"))
     caught = end in ("run killed", "worker hung up")
@@ -136,7 +135,7 @@ def test_nothing_of_the_copy_is_left_on_either_side(tmp_path, end):
     run = subprocess.Popen(["sh", "-c", script], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                            start_new_session=True)
     if caught:
-        wait_for((tmp_path / "rsync-started").exists, "the copy's rsync pass")
+        wait_for((tmp_path / "rsync-started").exists, "the copy's rsync clients")
         # the run's connection to the head is gone (the progress runner ends its work), or the worker's session is
         os.killpg(run.pid if end == "run killed" else daemon_session(tmp_path), signal.SIGHUP)
         (tmp_path / "hold").unlink()
@@ -175,173 +174,6 @@ def test_an_interrupted_copy_resumes_from_its_part(tmp_path):
     assert not (dest / PARTIAL_DIR).exists()  # rsync removes the part once it served
 
 
-# --- the receiver the worker runs for the streamed files ------------------------------------------------------
-
-@pytest.fixture
-def receiver(tmp_path):
-    """RECEIVER on 127.0.0.1 as the worker's daemon script starts it: (port, dest); stopped afterwards. `prelude`:
-    python run before it, in the same process."""
-
-    def start(client: str = "127.0.0.1", secret: str = "s3cret", prelude: str = "", env: dict | None = None):
-        dest = tmp_path / "worker-dest"
-        dest.mkdir(exist_ok=True)
-        (tmp_path / "secrets").write_text(f"sparkfold:{secret}\n")
-        port_file = tmp_path / "port"
-        port_file.unlink(missing_ok=True)
-        proc = subprocess.Popen([sys.executable, "-c", prelude + RECEIVER, "127.0.0.1", str(dest),
-                                 str(tmp_path / "secrets"), client, str(port_file), PARTIAL_DIR],
-                                env=dict(os.environ, **(env or {})))
-        started.append(proc)
-        wait_for(lambda: port_file.exists() or proc.poll() is not None, "the receiver to listen")
-        assert proc.poll() is None, "the receiver did not start"
-        return int(port_file.read_text()), dest
-
-    started: list[subprocess.Popen] = []
-    yield start
-    for proc in started:
-        proc.kill()
-        proc.wait()
-
-
-def handshake(port: int, secret: bytes = b"s3cret") -> socket.socket:
-    sock = socket.create_connection(("127.0.0.1", port), timeout=30)
-    nonce = b""
-    while not nonce.endswith(b"\n"):
-        nonce += sock.recv(1)
-    sock.sendall(hmac.new(secret, nonce.strip(), hashlib.sha256).hexdigest().encode() + b"\n")
-    return sock
-
-
-def closed_by_the_receiver(sock: socket.socket) -> bytes:
-    """What the receiver still says once the head has sent everything, up to its close (when its handler is done)."""
-    sock.shutdown(socket.SHUT_WR)
-    said = b""
-    while chunk := sock.recv(100):
-        said += chunk
-    sock.close()
-    return said
-
-
-def test_streamed_files_arrive_with_their_mode_and_time(tmp_path, receiver):
-    from operations.remote.link_copy import stream_missing
-    port, dest = receiver()
-    src = tmp_path / "src"
-    (src / "blobs").mkdir(parents=True)
-    big, small = os.urandom(3_000_000), b"tok"
-    (src / "blobs" / "big").write_bytes(big)
-    (src / "run.sh").write_bytes(small)
-    (src / "run.sh").chmod(0o750)
-    (src / "link").symlink_to("blobs/big")  # rsync's to copy: links stay links
-    (src / "x.incomplete").write_bytes(b"partial download")
-    (src / ".cache").mkdir()
-    (src / ".cache" / "meta").write_text("hub metadata")
-    assert stream_missing(str(src), "127.0.0.1", port, "s3cret", ["/.cache/", "*.incomplete"])
-    assert (dest / "blobs" / "big").read_bytes() == big and (dest / "run.sh").read_bytes() == small
-    assert (dest / "run.sh").stat().st_mode & 0o777 == 0o750
-    assert (dest / "blobs" / "big").stat().st_mtime_ns == (src / "blobs" / "big").stat().st_mtime_ns
-    assert not (dest / "link").exists() and not (dest / "x.incomplete").exists() and not (dest / ".cache").exists()
-    assert not (dest / PARTIAL_DIR).exists() and not (dest / "blobs" / PARTIAL_DIR).exists()
-    (dest / "run.sh").write_bytes(b"t")  # a file the worker has (any size) is left for rsync's delta
-    assert stream_missing(str(src), "127.0.0.1", port, "s3cret", [])
-    assert (dest / "run.sh").read_bytes() == b"t"
-
-
-def test_the_receiver_writes_nothing_without_the_secret_or_from_another_address(tmp_path, receiver):
-    from operations.remote.link_copy import send_file
-    src = tmp_path / "f"
-    src.write_bytes(b"data")
-    port, dest = receiver()
-    with pytest.raises(ConnectionError):
-        send_file("127.0.0.1", port, "wrong", "f", str(src))
-    port, dest = receiver(client="10.9.9.9")  # only the address the head's ssh came from
-    with pytest.raises(ConnectionError):
-        send_file("127.0.0.1", port, "s3cret", "f", str(src))
-    assert not (dest / "f").exists()
-
-
-@pytest.mark.parametrize("rel", ["../escape", "/etc/escape", "a/../../escape", "a//b", "./x", "a\u0000b",
-                                 f"{PARTIAL_DIR}/x", f"a/{PARTIAL_DIR}/x"])
-def test_the_receiver_keeps_every_path_inside_the_destination(tmp_path, receiver, rel):
-    from operations.remote.link_copy import send_file
-    src = tmp_path / "f"
-    src.write_bytes(b"data")
-    port, dest = receiver()
-    with pytest.raises(ConnectionError):
-        send_file("127.0.0.1", port, "s3cret", rel, str(src))
-    assert not (tmp_path / "escape").exists() and list(dest.iterdir()) == []
-
-
-def test_the_receiver_does_not_follow_a_link_out_of_the_destination(tmp_path, receiver):
-    from operations.remote.link_copy import send_file
-    src, outside = tmp_path / "f", tmp_path / "outside"
-    src.write_bytes(b"data")
-    outside.mkdir()
-    port, dest = receiver()
-    (dest / "sub").symlink_to(outside)
-    with pytest.raises(ConnectionError):
-        send_file("127.0.0.1", port, "s3cret", "sub/f", str(src))
-    assert list(outside.iterdir()) == []
-
-
-# In the receiver's process: just before the first open a stream makes, the folder PARENT is swapped for a symlink
-# to OUTSIDE (a path checked by name before that open would now lead out of the destination).
-SWAP_PARENT = """
-import os as _os, threading as _threading
-_real_open, _swapped = _os.open, []
-def _swapping_open(path, *args, **kwargs):
-    if _threading.current_thread() is not _threading.main_thread() and not _swapped:
-        _swapped.append(path)
-        _os.rename(_os.environ["PARENT"], _os.environ["PARENT"] + ".moved")
-        _os.symlink(_os.environ["OUTSIDE"], _os.environ["PARENT"])
-    return _real_open(path, *args, **kwargs)
-_os.open = _swapping_open
-"""
-
-
-def test_a_folder_swapped_for_a_link_during_the_stream_is_not_followed(tmp_path, receiver):
-    from operations.remote.link_copy import send_file
-    src, outside, dest = tmp_path / "f", tmp_path / "outside", tmp_path / "worker-dest"
-    src.write_bytes(b"data")
-    outside.mkdir()
-    (dest / "sub").mkdir(parents=True)  # a real folder when the stream starts
-    port, _ = receiver(prelude=SWAP_PARENT, env={"PARENT": str(dest / "sub"), "OUTSIDE": str(outside)})
-    with pytest.raises(ConnectionError):
-        send_file("127.0.0.1", port, "s3cret", "sub/f", str(src))
-    assert os.readlink(dest / "sub") == str(outside)  # the swap happened
-    assert list(outside.iterdir()) == []
-
-
-def test_a_stream_is_at_its_name_only_once_whole(tmp_path, receiver):
-    port, dest = receiver()
-    data = os.urandom(2_000_000)
-    with handshake(port) as sock:
-        sock.sendall(json.dumps({"path": "big.bin", "size": len(data), "mode": 0o644, "mtime_ns": 10**18})
-                     .encode() + b"\n")
-        assert sock.recv(3) == b"go\n"
-        sock.sendall(data[:1_500_000])
-        wait_for(lambda: (dest / PARTIAL_DIR / "big.bin").exists(), "the part")
-        assert not (dest / "big.bin").exists()  # not whole yet: not at its name
-        sock.sendall(data[1_500_000:])
-        assert closed_by_the_receiver(sock) == b"ok\n"
-    assert (dest / "big.bin").read_bytes() == data and (dest / "big.bin").stat().st_mtime_ns == 10**18
-    assert not (dest / PARTIAL_DIR).exists()
-
-
-def test_an_interrupted_stream_leaves_its_part_aside_for_rsync(tmp_path, receiver):
-    port, dest = receiver()
-    sock = handshake(port)
-    sock.sendall(json.dumps({"path": "big.bin", "size": 4_000_000, "mode": 0o644, "mtime_ns": 0}).encode() + b"\n")
-    assert sock.recv(3) == b"go\n"
-    sock.sendall(b"x" * 1_000_000)  # then the head is gone
-    assert closed_by_the_receiver(sock) == b""
-    assert not (dest / "big.bin").exists()  # nothing at its name looks complete
-    assert (dest / PARTIAL_DIR / "big.bin").stat().st_size == 1_000_000  # rsync --partial-dir resumes from it
-    with handshake(port) as again:  # a later stream leaves the part to rsync
-        again.sendall(json.dumps({"path": "big.bin", "size": 4_000_000, "mode": 0o644, "mtime_ns": 0}).encode()
-                      + b"\n")
-        assert closed_by_the_receiver(again) == b"skip\n"
-
-
 def test_excludes_read_like_rsyncs():
     from operations.remote.link_copy import excluded
     patterns = ["/.cache/", ".sparkfold-verified", "*.incomplete"]
@@ -351,90 +183,151 @@ def test_excludes_read_like_rsyncs():
     assert excluded("a/tmp/x", ["tmp/"]) and not excluded("tmp", ["tmp/"])
 
 
-def test_idle_connections_cannot_hold_every_slot_for_long(tmp_path, receiver):
-    from operations.remote.link_copy import send_file
-    src = tmp_path / "f"
-    src.write_bytes(b"data")
-    port, dest = receiver()
-    idle = [socket.create_connection(("127.0.0.1", port)) for _ in range(8)]  # no secret: they only wait
-    extra = socket.create_connection(("127.0.0.1", port))
-    extra.settimeout(10)
-    assert extra.recv(100) == b""  # every slot taken: closed at once, not queued behind them
-    for sock in idle + [extra]:
-        sock.close()
+# --- the clients: each its share of the files the worker lacks ------------------------------------------------
 
-    def sent() -> bool:
-        try:
-            return send_file("127.0.0.1", port, "s3cret", "f", str(src))
-        except ConnectionError:  # no slot yet
-            return False
-
-    wait_for(sent, "the idle handlers to end with their connections and give their slots back")
-    assert (dest / "f").read_bytes() == b"data"
+def loads(groups: list[list[str]], sizes: dict[str, int]) -> list[int]:
+    return [sum(sizes[name] for name in group) for group in groups]
 
 
-def test_an_unreachable_receiver_is_tried_once_then_rsync_carries_everything(tmp_path, monkeypatch):
-    from operations.remote import link_copy
-    src = tmp_path / "src"
-    src.mkdir()
-    for i in range(6):
-        (src / f"f{i}").write_bytes(b"x" * (i + 1))
-    tried = []
-    real = link_copy.send_file
-    monkeypatch.setattr(link_copy, "send_file", lambda *a: tried.append(a[3]) or real(*a))
-    with socket.socket() as bound:  # bound, never listening: its port refuses, and no other program can take it
-        bound.bind(("127.0.0.1", 0))
-        assert link_copy.stream_missing(str(src), "127.0.0.1", bound.getsockname()[1], "s", [], streams=1) is False
-    assert len(tried) == 1  # refused: the other five go straight to rsync
+def test_the_files_are_split_into_at_most_four_groups_of_about_equal_bytes():
+    rng = random.Random(7)
+    for count in (1, 3, 4, 5, 9, 40):
+        sizes = {f"f{i}": rng.randint(0, 10**9) for i in range(count)}
+        groups = split_among(list(sizes.items()))
+        assert len(groups) == min(count, CLIENTS) and all(groups)
+        assert sorted(name for group in groups for name in group) == sorted(sizes)  # every file exactly once
+        # biggest first, each to the lightest: no group is heavier than another by more than one file
+        assert max(loads(groups, sizes)) - min(loads(groups, sizes)) <= max(sizes.values())
+    assert split_among([("a", 5), ("b", 1)]) == [["a"], ["b"]]  # fewer files than clients: fewer clients
+    assert len(split_among([(f"empty{i}", 0) for i in range(8)])) == CLIENTS  # empty files spread too
+    assert split_among([]) == []
 
 
-def _main(src: Path, dest: Path, ssh: str) -> int:
+def recording_rsync(tmp_path: Path, failing: str = "") -> str:
+    """A folder for the head's PATH whose rsync records each call under calls/ (its arguments one a line; the list
+    it got on stdin, for a client) and runs the real one; a client whose list names `failing` exits 23 at once."""
+    calls, folder = tmp_path / "calls", tmp_path / "head-bin"
+    calls.mkdir()
+    folder.mkdir()
+    fail = f"if grep -qaF {shlex.quote(failing)} \"$call.list\"; then exit 23; fi\n" if failing else ""
+    (folder / "rsync").write_text(
+        "#!/bin/sh\n"
+        f"call=$(mktemp {calls}/$(date +%s%N).XXXXXX)\n"  # in the order they started
+        "printf '%s\\n' \"$@\" > \"$call.args\"\n"
+        "for a; do [ \"$a\" != --files-from=- ] || listed=1; done\n"
+        f"[ -n \"$listed\" ] || exec {shutil.which('rsync')} \"$@\"\n"
+        "cat > \"$call.list\"\n"
+        f"{fail}"
+        f"exec {shutil.which('rsync')} \"$@\" < \"$call.list\"\n")
+    (folder / "rsync").chmod(0o755)
+    return str(folder)
+
+
+def recorded(tmp_path: Path) -> list[tuple[list[str], list[str] | None]]:
+    """Each call of recording_rsync's in the order they started: (its arguments, the names its list held or None
+    for the last pass)."""
+    found = []
+    for args in sorted((tmp_path / "calls").glob("*.args")):
+        listed = args.with_suffix(".list")
+        names = listed.read_bytes().decode().split("\0") if listed.exists() else None
+        found.append((args.read_text().splitlines(), names))
+    return found
+
+
+def _main(src: Path, dest: Path, ssh: str, *options: str) -> int:
     from operations.remote import link_copy
     return link_copy.main([str(src), "--target", "nvidia@127.0.0.1", "--dest", str(dest), "--ssh", ssh,
-                           "--rsync-option=-a", f"--rsync-option=--partial-dir={PARTIAL_DIR}"])
+                           "--rsync-option=-a", f"--rsync-option=--partial-dir={PARTIAL_DIR}",
+                           *(f"--rsync-option={o}" for o in options)])
 
 
-def test_the_copy_streams_what_the_worker_lacks_then_rsync_adds_the_links(tmp_path, monkeypatch):
-    from operations.remote import link_copy
+def test_the_clients_share_what_the_worker_lacks_then_one_rsync_adds_the_links(tmp_path, monkeypatch):
     src, dest = tmp_path / "src", tmp_path / "dest"
     (src / "blobs").mkdir(parents=True)
-    (src / "blobs" / "abc").write_bytes(os.urandom(500_000))
-    (src / "model.safetensors").symlink_to("blobs/abc")
-    streamed, real = [], link_copy.send_file
-    monkeypatch.setattr(link_copy, "send_file", lambda *a: streamed.append(a[3]) or real(*a))
-    assert _main(src, dest, fake_ssh(tmp_path)) == 0
-    assert streamed == ["blobs/abc"]  # the file went by the stream, the link by rsync
-    assert (dest / "blobs" / "abc").read_bytes() == (src / "blobs" / "abc").read_bytes()
-    assert os.readlink(dest / "model.safetensors") == "blobs/abc"
+    for i in range(6):
+        (src / "blobs" / f"b{i}").write_bytes(os.urandom(100_000 * (i + 1)))
+    (src / "model.safetensors").symlink_to("blobs/b5")
+    (src / ".cache").mkdir()
+    (src / ".cache" / "meta").write_text("the hub's metadata")
+    (src / "x.incomplete").write_text("a download in progress")
+    ssh = fake_ssh(tmp_path)  # the worker's PATH: the real rsync for the daemon
+    monkeypatch.setenv("PATH", f"{recording_rsync(tmp_path)}:{os.environ['PATH']}")
+    excludes = [f"--exclude={e}" for e in COPY_EXCLUDES]
+    assert _main(src, dest, ssh, *excludes) == 0
+    calls = recorded(tmp_path)
+    clients = [(args, names) for args, names in calls if names is not None]
+    assert len(clients) == CLIENTS and len(calls) == CLIENTS + 1  # then the last pass, over everything
+    for args, names in clients:
+        assert names[-1] == "" and all(names[:-1])  # each name ends with a NUL, none is empty
+        assert {"--files-from=-", "--from0", "--ignore-existing", *excludes} <= set(args)
+        assert "--whole-file" not in args and "-W" not in args  # a part left aside is resumed with the delta
+    assert sorted(n for _, names in clients for n in names if n) == [f"blobs/b{i}" for i in range(6)]
+    last = calls[-1][0]
+    assert "--ignore-existing" not in last and "--whole-file" not in last and set(excludes) <= set(last)
+    for i in range(6):
+        assert (dest / "blobs" / f"b{i}").read_bytes() == (src / "blobs" / f"b{i}").read_bytes()
+    assert os.readlink(dest / "model.safetensors") == "blobs/b5"  # the link, by the last pass
+    assert not (dest / ".cache").exists() and not (dest / "x.incomplete").exists()
 
 
-def test_a_stream_cut_half_way_is_finished_by_rsync(tmp_path, monkeypatch):
+def test_any_file_name_arrives(tmp_path, monkeypatch):
+    src, dest = tmp_path / "src", tmp_path / "dest"
+    names = ["a name with spaces.bin", "new\nline", "tab\there", " leading", "-dash", "back\\slash", "star*[?]",
+             "sub dir/in\nside"]
+    for name in names:
+        (src / name).parent.mkdir(parents=True, exist_ok=True)
+        (src / name).write_bytes(name.encode() * 1000)
+    ssh = fake_ssh(tmp_path)
+    monkeypatch.setenv("PATH", f"{recording_rsync(tmp_path)}:{os.environ['PATH']}")
+    assert _main(src, dest, ssh) == 0
+    assert sorted(n for _, listed in recorded(tmp_path) if listed for n in listed if n) == sorted(names)
+    for name in names:
+        assert (dest / name).read_bytes() == name.encode() * 1000
+
+
+def test_a_failing_client_fails_the_copy_once_every_client_has_ended(tmp_path, monkeypatch):
     src, dest = tmp_path / "src", tmp_path / "dest"
     src.mkdir()
-    data = os.urandom(2_000_000)
-    (src / "big.bin").write_bytes(data)
-    real_sendfile = socket.socket.sendfile
-
-    def half_then_gone(self, file, offset=0, count=None):
-        real_sendfile(self, file, offset, len(data) // 2)
-        raise ConnectionResetError("the cable was pulled")
-
-    monkeypatch.setattr(socket.socket, "sendfile", half_then_gone)
-    assert _main(src, dest, fake_ssh(tmp_path)) == 0
-    assert (dest / "big.bin").read_bytes() == data  # rsync's delta completed the half the stream left
-    assert not (dest / PARTIAL_DIR).exists()
+    for name in ("a", "b", "c"):
+        (src / name).write_bytes(os.urandom(2_000_000))
+    (src / "bad").write_bytes(b"x")  # the smallest: a group of its own
+    ssh = fake_ssh(tmp_path)
+    monkeypatch.setenv("PATH", f"{recording_rsync(tmp_path, failing='bad')}:{os.environ['PATH']}")
+    assert _main(src, dest, ssh) == 23
+    for name in ("a", "b", "c"):  # the others went on to the end
+        assert (dest / name).read_bytes() == (src / name).read_bytes()
+    assert not (dest / "bad").exists()
 
 
-def test_a_file_gone_before_it_is_streamed_is_left_to_rsync(tmp_path):
-    from operations.remote.link_copy import files_to_stream
+def test_an_interrupted_copy_resumes_from_its_part_with_rsyncs_delta(tmp_path, capfd):
+    src, dest = tmp_path / "src", tmp_path / "dest"
+    (src / "sub").mkdir(parents=True)
+    data = os.urandom(4_000_000)
+    (src / "sub" / "big.bin").write_bytes(data)
+    (src / "other").write_bytes(os.urandom(1000))
+    (dest / "sub" / PARTIAL_DIR).mkdir(parents=True)
+    (dest / "sub" / PARTIAL_DIR / "big.bin").write_bytes(data[:2_000_000])  # half: what an interrupted copy kept
+    assert _main(src, dest, fake_ssh(tmp_path), "--stats") == 0
+    assert (dest / "sub" / "big.bin").read_bytes() == data
+    assert not (dest / "sub" / PARTIAL_DIR).exists()  # rsync removes the part once it served
+    # rsync's own count: the part's bytes matched (not sent again), only the rest went as literal data
+    matched = [int(n.replace(",", "")) for n in re.findall(r"Matched data: ([\d,]+) bytes", capfd.readouterr().out)]
+    assert max(matched) >= 1_900_000
+
+
+def test_a_file_gone_or_not_a_file_is_left_to_the_last_pass(tmp_path):
+    from operations.remote.link_copy import files_to_send
     src = tmp_path / "src"
     src.mkdir()
     (src / "kept").write_bytes(b"12")
+    (src / "big").write_bytes(b"1234")
     (src / "dangling").symlink_to("nowhere")
-    assert files_to_stream(str(src), []) == [("kept", str(src / "kept"), 2)]
+    (src / "link").symlink_to("kept")
+    assert files_to_send(str(src), []) == [("big", 4), ("kept", 2)]  # biggest first
+    assert files_to_send(str(src), ["big"]) == [("kept", 2)]
 
 
-def test_a_port_another_program_listens_on_is_left_for_another_before_anything_is_streamed(tmp_path, monkeypatch):
+def test_a_port_another_program_listens_on_is_left_for_another_before_anything_is_sent(tmp_path, monkeypatch):
     from operations.remote import link_copy
     src, dest = tmp_path / "src", tmp_path / "dest"
     src.mkdir()
@@ -442,15 +335,17 @@ def test_a_port_another_program_listens_on_is_left_for_another_before_anything_i
     held = socket.socket()
     held.bind(("127.0.0.1", 0))
     held.listen()  # it never answers: an rsync client sent here would wait forever
-    first, randint = [held.getsockname()[1]], link_copy.random.randint
+    port = held.getsockname()[1]
+    first, randint = [port], link_copy.random.randint
     monkeypatch.setattr(link_copy.random, "randint", lambda *a: first.pop() if first else randint(*a))
-    streamed, real = [], link_copy.send_file
-    monkeypatch.setattr(link_copy, "send_file", lambda *a: streamed.append(a[3]) or real(*a))
+    ssh = fake_ssh(tmp_path)
+    monkeypatch.setenv("PATH", f"{recording_rsync(tmp_path)}:{os.environ['PATH']}")
     try:
-        assert _main(src, dest, fake_ssh(tmp_path)) == 0
+        assert _main(src, dest, ssh) == 0
     finally:
         held.close()
-    assert streamed == ["f"] and (dest / "f").read_bytes() == (src / "f").read_bytes()
+    assert (dest / "f").read_bytes() == (src / "f").read_bytes()
+    assert not any(f":{port}/" in arg for args, _ in recorded(tmp_path) for arg in args)  # no rsync sent there
     started = (tmp_path / "ssh.log").read_text().count("rsync --daemon")
     assert started >= 2  # the held port, then another (one more if a random pick was taken meanwhile)
 
