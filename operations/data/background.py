@@ -46,6 +46,7 @@ from operations.data.weights import (
     token_map_written,
 )
 from operations.remote import heredoc_command
+from operations.remote.stream_runner import step
 from operations.streams import Stream, background
 from operations.util.checks import failing_shell
 from operations.util.peer_ssh import ssh_prefix
@@ -76,9 +77,15 @@ def marker_command(folder: str, marker: str, names: Iterable[str] = (), sums: st
 
 
 def unless(test: str, note: str, commands: list[str]) -> list[str]:
-    """`commands`, skipped with `note` when the shell `test` (its last line may open a heredoc) finds the work done
-    where it runs: a stream started again after its run was interrupted redoes only what is not whole."""
-    return [f"if {test}; then echo {quote(note)}; else", *commands, "fi"]
+    """`commands`, skipped with `note` when the shell `test` finds the work done where it runs: a stream started
+    again after its run was interrupted redoes only what is not whole. One command (a stream's step), each of
+    `commands` a step of its own, so a failing one ends the stream."""
+    return [_opened_unless(f"if {test}; then echo {quote(note)}; else", commands)]
+
+
+def _opened_unless(opening: str, commands: list[str]) -> str:
+    """`opening` (`if ...; else`, whose last line may open a heredoc), `commands` as steps, then `fi`."""
+    return "\n".join([opening, *(step(c) for c in commands), "fi"])
 
 
 def _current_marker(folder: str, marker: str, note: str, **which) -> str:
@@ -92,9 +99,9 @@ def sums_commands(folder: str, what: str, total: int, names: Iterable[str] = (),
     names = sorted(names)
     files = " ".join([*(quote(n) for n in names), *([glob] if glob else [])])
     hashing = hashing_command(f"{what}: hashing for {SUMS}", folder, f"sha256sum -- {files} > {SUMS}.tmp", total)
-    return [_current_marker(folder, SUMS_STATE, f"{what}: {SUMS} is current", names=names, glob=glob),
-            _text(hashing), f"( cd {quote(folder)} && mv {SUMS}.tmp {SUMS} )",
-            marker_command(folder, SUMS_STATE, names, glob=glob), "fi"]
+    return [_opened_unless(_current_marker(folder, SUMS_STATE, f"{what}: {SUMS} is current", names=names, glob=glob),
+                           [_text(hashing), f"cd {quote(folder)} && mv {SUMS}.tmp {SUMS}",
+                            marker_command(folder, SUMS_STATE, names, glob=glob)])]
 
 
 def copy_commands(src: str, target: str, dest: str, what: str, total: int, extra_rsync: tuple = (),

@@ -79,9 +79,18 @@ def inputs_digest(commands: list[str], after: tuple[str, ...]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+def step(command: str) -> str:
+    """`command` as one step of a stream's script: run as pyinfra runs a command (a shell of its own, no -e inside,
+    so its own checks speak; its status is its last command's), and the script ends with that status when it fails.
+    `sh -e` alone passes over a failure inside a list (`cd x && mv a b`) on any line but the last. The command may
+    end with a heredoc."""
+    return f"( set +e\n{command}\n) || exit $?"
+
+
 def script_text(commands: list[str]) -> str:
-    """The stream's work as a script for `sh -e`: one command after the other, the first failure ends it."""
-    text = "\n".join(commands) + "\n"
+    """The stream's work as a script: each command a `step` (a whole command: an `if` opened in one is closed in
+    it), the first failure ends it."""
+    text = "\n".join(step(c) for c in commands) + "\n"
     if _SCRIPT_EOF in text:
         raise ValueError(f"a stream's command holds {_SCRIPT_EOF}")
     return text

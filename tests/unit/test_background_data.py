@@ -19,6 +19,7 @@ from operations.data import copy as data_copy
 from operations.facts.files import FolderCheck
 from operations.facts.model import RankFolder
 from operations.remote.folder_marker import marker_digest
+from operations.remote.stream_runner import script_text
 from operations.util.listing import listing_digest
 
 STUB_SSH = """#!/bin/sh
@@ -108,6 +109,18 @@ def test_the_check_on_the_worker_leaves_it_verified_and_a_bad_copy_fails(tmp_pat
     assert not (folder / names[0]).exists() and (folder / names[1]).exists()  # the next run copies it again
 
 
+def test_a_step_that_fails_inside_a_list_ends_the_stream(tmp_path):
+    """unless's and sums_commands's steps are whole commands of the stream's script: one failing inside a list
+    (`cd x && ...`) ends the stream, as it ends a pyinfra operation."""
+    script = script_text([*bg.unless("false", "done already", ["cd /nonexistent && true", "echo never"]), "echo after"])
+    done = subprocess.run(["sh", "-e", "-c", script], capture_output=True, text=True, timeout=30)
+    assert done.returncode != 0 and "never" not in done.stdout and "after" not in done.stdout
+    folder = tmp_path / "gone"
+    script = script_text([*bg.sums_commands(str(folder), "the tables", 0, names=["a"]), "echo after"])
+    done = subprocess.run(["sh", "-e", "-c", script], capture_output=True, text=True, timeout=30)
+    assert done.returncode != 0 and "after" not in done.stdout
+
+
 def test_a_copy_never_sends_a_list_being_written():
     commands = bg.copy_commands("/d/engram", "nvidia@w", "/w/engram", "the Engram tables", 10)
     assert len(commands) == 1
@@ -148,11 +161,13 @@ def test_the_weight_files_fail_plainly_without_a_commit(declared):
 def test_the_weight_files_of_a_commit(declared):
     commit = "c" * 40
     bg.weight_streams(settings(), "checkpoint", {"commit": commit, "total_bytes": 2 * 10**9}, "img:1")
-    rank1 = declared["rank1"]["stream"].commands
+    (rank1,) = declared["rank1"]["stream"].commands  # one step: the `if`, each command a step of its own, `fi`
+    lines = rank1.splitlines()
     folder = f"/home/n/.cache/sparkfold/rank-cache/{commit}/rank1"
-    assert rank1[0].startswith("if ") and rank1[0].endswith("then echo 'rank 1'\"'\"'s weight file is current'; else")
-    assert rank1[1].startswith(f"mkdir -p {folder} && rm -f {folder}/rank1of2-*.bin")
-    assert rank1[-2:] == (f"printf '%s\\n' {commit} > {folder}/.sparkfold-source", "fi")
+    assert lines[0].startswith("if ") and lines[0].endswith("then echo 'rank 1'\"'\"'s weight file is current'; else")
+    assert lines[1:3] == ["( set +e", f"mkdir -p {folder} && rm -f {folder}/rank1of2-*.bin {folder}/.rank1of2.partial "
+                          f"{folder}/.sparkfold-source {folder}/SHA256SUMS {folder}/.sparkfold-sums.state"]
+    assert lines[-4:] == ["( set +e", f"printf '%s\\n' {commit} > {folder}/.sparkfold-source", ") || exit $?", "fi"]
     copy = declared["rank1-to-worker"]["stream"].commands
     assert copy[-1].endswith(f"'ln -sfn {commit}/rank1 /home/n/.cache/sparkfold/rank-cache/active-rank1'")
     checked = declared["rank1-checked"]["stream"].commands

@@ -74,6 +74,19 @@ def test_the_first_failing_command_ends_a_stream(tmp_path):
     assert read(root, "bad", "log").splitlines() == ["before"]
 
 
+def test_a_command_that_fails_ends_a_stream_however_it_is_written(tmp_path):
+    """Each command runs as pyinfra runs it (no -e inside, so its own checks speak) and its failure ends the stream:
+    under sh -e alone, `a && b` failing on a line that is not the last is passed over."""
+    root = tmp_path / "streams"
+    launch(root, "list", ["echo before", "cd /nonexistent && echo inside", "echo never"])
+    launch(root, "own", ["w=$(false); [ -n \"$w\" ] || { echo 'the worker lacks it: rerun'; exit 4; }", "echo never"])
+    launch(root, "doc", ["cat <<'EOF'\nfrom a heredoc\nEOF", "exit 3", "echo never"])
+    settle(root, "list", "own", "doc")
+    assert state(root, "list")["rc"] == 2 and "never" not in read(root, "list", "log")
+    assert state(root, "own")["rc"] == 4 and read(root, "own", "log").splitlines() == ["the worker lacks it: rerun"]
+    assert state(root, "doc")["rc"] == 3 and read(root, "doc", "log").splitlines() == ["from a heredoc"]
+
+
 def test_a_stream_waits_for_the_streams_it_reads(tmp_path):
     root = tmp_path / "streams"
     launch(root, "first", ["sleep 1.5"])
@@ -281,7 +294,8 @@ def started(states: dict, upstream=(), work=()) -> list[str]:
 def test_a_stream_starts_with_what_its_work_yields_and_not_when_it_is_converged():
     assert started({}, work=[(converge_op([]), {})]) == []  # converged: no stream, no fact read
     commands = started({}, work=[(converge_op(["rsync a b", "echo checked"]), {})])
-    assert len(commands) == 1 and "rsync a b\necho checked\n" in commands[0] and "setsid sh -c" in commands[0]
+    steps = "( set +e\nrsync a b\n) || exit $?\n( set +e\necho checked\n) || exit $?\n"  # each a step of its own
+    assert len(commands) == 1 and steps in commands[0] and "setsid sh -c" in commands[0]
 
 
 def test_a_stream_runs_a_fresh_start_when_what_it_reads_starts_in_this_run():
