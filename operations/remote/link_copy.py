@@ -93,12 +93,13 @@ cat >> "$d/conf" <<EOF
 use chroot = no
 munge symlinks = no
 [{module}]
-path = {dest}
 read only = no
 auth users = {module}
 secrets file = $d/secrets
 hosts allow = ${{SSH_CONNECTION%% *}}
 EOF
+# the folder as printf's argument: in the heredoc above, the shell would expand what its quotes protect
+printf 'path = %s\n' {dest} >> "$d/conf"
 rsync --daemon --no-detach --address={address} --port={port} --config="$d/conf" --log-file=/dev/null &
 daemon=$!
 # "started" only once the daemon listens (a port another program holds ends it: the head then tries another)
@@ -217,6 +218,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ssh", default="ssh -o BatchMode=yes -o StrictHostKeyChecking=accept-new")
     parser.add_argument("--rsync-option", action="append", default=[], dest="options")
     args = parser.parse_args(argv)
+    if "\n" in args.dest or "%" in args.dest:  # one line of the daemon's config, where %VAR% is expanded
+        print(f"sparkfold: the worker's folder {args.dest!r} holds a line break or %: the rsync daemon cannot "
+              "serve it", file=sys.stderr)
+        return 2
     address = args.target.rsplit("@", 1)[-1]
     rc = 1
     for _ in range(TRIES):

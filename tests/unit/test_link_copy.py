@@ -285,6 +285,17 @@ def test_any_file_name_arrives(tmp_path, monkeypatch):
         assert (dest / name).read_bytes() == name.encode() * 1000
 
 
+def test_any_destination_path_is_the_daemons_folder(tmp_path):
+    """The worker's folder reaches the daemon's config as it is: no shell quotes kept, nothing expanded."""
+    src, dest = tmp_path / "src", tmp_path / "wor ker" / "d$HOME'x`id`"
+    src.mkdir()
+    (src / "a").write_bytes(os.urandom(1000))
+    assert _main(src, dest, fake_ssh(tmp_path)) == 0
+    assert (dest / "a").read_bytes() == (src / "a").read_bytes()
+    for odd in ("new\nline", "%HOME%"):  # what the daemon's config cannot hold as it is
+        assert _main(src, tmp_path / odd, fake_ssh(tmp_path)) == 2 and not (tmp_path / odd).exists()
+
+
 def test_a_failing_client_fails_the_copy_once_every_client_has_ended(tmp_path, monkeypatch):
     src, dest = tmp_path / "src", tmp_path / "dest"
     src.mkdir()
