@@ -107,6 +107,8 @@ def launch_command(root: str, name: str, lane: str, label: str, after: tuple[str
     q = shlex.quote
     inputs = inputs_digest(commands, after)
     fields = {"lane": lane, "label": label, "after": "\n".join(after), "inputs": inputs}
+    unfollowed = (f"sparkfold: {label}: running already, but {d} cannot be written: this run cannot follow it "
+                  "(disk full?)")
     write_fields = " && ".join(f"printf '%s\\n' {q(v)} > \"$d\"/{k}" for k, v in fields.items())
     return (
         STAT_FUNCTIONS + ALIVE + FIND_SESSION + "; "
@@ -114,7 +116,8 @@ def launch_command(root: str, name: str, lane: str, label: str, after: tuple[str
         f"if alive \"$d\" && [ \"$(cat \"$d/inputs\" 2>/dev/null)\" = {q(inputs)} ]; then "
         f"printf '%s\\n' \"$p $(start_of $p)\" > \"$d/watch.tmp\" && mv -f \"$d/watch.tmp\" \"$d/watch\" && "
         f"printf '%s\\n' {q(run)} > \"$d/run.tmp\" && mv -f \"$d/run.tmp\" \"$d/run\" && "
-        f"echo {q(f'sparkfold: {label}: running already, followed by this run')}; exit 0; fi; "
+        f"echo {q(f'sparkfold: {label}: running already, followed by this run')} && exit 0; "
+        f"echo {q(unfollowed)} >&2; exit 1; fi; "
         "if alive \"$d\"; then kill -TERM -\"$(cat \"$d/pid\")\"; i=0; "
         "while alive \"$d\" && [ $i -lt 100 ]; do sleep 0.1; i=$((i + 1)); done; "
         "! alive \"$d\" || kill -KILL -\"$(cat \"$d/pid\")\"; fi; "

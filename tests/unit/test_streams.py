@@ -169,6 +169,20 @@ def test_the_same_work_running_is_adopted_and_other_work_restarts_it(tmp_path):
     assert sh(f"kill -0 {pid.strip()}").returncode != 0  # the old runner was stopped
 
 
+def test_a_stream_that_cannot_be_followed_fails_its_start(tmp_path):
+    """Adopting writes the stream's watch and run; when that fails, the start fails (the stream stays the earlier
+    run's, which the waiter would never see)."""
+    root = tmp_path / "streams"
+    launch(root, "w", ["sleep 30"], run="earlier1")
+    try:
+        (root / "w" / "watch.tmp").mkdir()  # no file can be written there, not even by root
+        adopted = launch(root, "w", ["sleep 30"])
+        assert adopted.returncode != 0 and "this run cannot follow it" in adopted.stderr
+        assert read(root, "w", "run").strip() == "earlier1"
+    finally:
+        sh(f"kill -TERM -$(cat {root}/w/pid)")
+
+
 def test_the_inputs_leave_the_run_token_out():
     mine = inputs_digest([f"ssh -o ControlPath=x-{RUN_TOKEN}-%C w"], ())
     assert mine == inputs_digest(["ssh -o ControlPath=x-<run>-%C w"], ())
