@@ -17,7 +17,7 @@ from pyinfra.api.host import Host
 from pyinfra.context import ctx_config, ctx_host
 
 from operations.facts.docker import DockerMemoryUse, DockerMemoryUseDict, DockerRuntimeInfo, RunningContainers
-from operations.facts.files import DiskSpace, ResolvedPaths
+from operations.facts.files import DiskSpace, DiskSpaceDict
 from operations.facts.host import (
     KNOWN_TOOLS,
     CommandStatusDict,
@@ -189,12 +189,24 @@ def counted_meminfo(meminfo: Mapping[str, int], docker_use: Mapping[str, Any], o
     return {**meminfo, "MemAvailable": max(total - others, meminfo["MemAvailable"])}
 
 
+def _folders_answer(placed: Mapping[str, str], data_paths, held_paths, docker_root: str) -> tuple[str, DiskSpaceDict]:
+    """(the Docker root dir, the DiskSpace answer): paths_placed's question (where `placed` leads) and disk_free's
+    (free disk at the data paths and the Docker root dir, what `held_paths` hold) in one round trip. Both operations
+    ask it with the same arguments, and the second takes the first's answer: nothing between them changes a Spark.
+    docker_root "" = ask docker (DEFAULT_DOCKER_ROOT when it cannot be asked yet)."""
+    # root: docker info as root (the ssh user may not be in group docker yet); the docker step asks the same
+    root = docker_root or fact_until_change(host, DockerRuntimeInfo, _sudo=True)["root_dir"] or DEFAULT_DOCKER_ROOT
+    return root, fact_until_change(host, DiskSpace, paths=(*data_paths, root), held=tuple(held_paths),
+                                   resolve=tuple(sorted(set(placed.values()))))
+
+
 @operation()
-def paths_placed(paths: Mapping[str, str]):
+def paths_placed(paths: Mapping[str, str], data_paths=(), held_paths=(), docker_root: str = ""):
     """Fail when a folder or file of the settings (placed_paths) leads, once this Spark follows its symlinks, where
     the settings' rules refuse: state_dir or data_dir inside the exported hub, a root folder at /, an owned file
-    through a symlink. The settings judged the text; a symlink such as /srv/hf -> ~/.cache/... only shows here."""
-    real = host.get_fact(ResolvedPaths, paths=tuple(sorted(set(paths.values()))))
+    through a symlink. The settings judged the text; a symlink such as /srv/hf -> ~/.cache/... only shows here.
+    data_paths, held_paths, docker_root: disk_free's, whose answer comes in the same round trip."""
+    real = _folders_answer(paths, data_paths, held_paths, docker_root)[1]["real"]
     problems = resolved_path_problems(paths, {name: real[path] for name, path in paths.items() if path in real})
     if not (yield from check_failed("where the folders lead", problems)):
         host.noop("the folders and files lead where the settings say")
@@ -231,13 +243,13 @@ def memory_available(min_avail_gib: float, own_containers=(), restart: bool = Fa
 
 
 @operation()
-def disk_free(need_gb: float, data_paths, image_gb: float, held_paths=(), docker_root: str = ""):
+def disk_free(need_gb: float, data_paths, image_gb: float, held_paths=(), docker_root: str = "",
+              placed: Mapping[str, str] | None = None):
     """Fail unless the data paths have need_gb free (less what `held_paths` already hold) and the Docker root dir has
     image_gb free; the two are summed when they share a filesystem. Missing paths are measured at their nearest
-    existing parent. docker_root "" = ask docker (DEFAULT_DOCKER_ROOT when it cannot be asked yet)."""
-    # root: docker info as root (the ssh user may not be in group docker yet); the docker step asks the same
-    root = docker_root or fact_until_change(host, DockerRuntimeInfo, _sudo=True)["root_dir"] or DEFAULT_DOCKER_ROOT
-    space = host.get_fact(DiskSpace, paths=(*data_paths, root), held=tuple(held_paths))
+    existing parent. docker_root "" = ask docker (DEFAULT_DOCKER_ROOT when it cannot be asked yet). placed:
+    paths_placed's paths, whose answer comes in the same round trip."""
+    root, space = _folders_answer(placed or {}, data_paths, held_paths, docker_root)
     unmeasured = [f"cannot measure free disk at {path} (df failed); check the path and the mount"
                   for path, d in zip((*data_paths, root), space["free"], strict=False) if d is None]
     if len(space["free"]) != len(data_paths) + 1:
@@ -300,7 +312,10 @@ def preflight(s: Settings) -> None:
         allowed_arch=list(s.allowed_arch),
         allowed_os_ids=list(s.allowed_os),
     )
-    paths_placed(name="the folders lead where the settings say", paths=placed_paths(s))
+    # paths_placed and disk_free are given each other's folders: they read them in one round trip (_folders_answer)
+    placed, data_paths, held_paths = placed_paths(s), [s.hf_cache, s.data_dir], _held_paths(s)
+    paths_placed(name="the folders lead where the settings say", paths=placed, data_paths=data_paths,
+                 held_paths=held_paths)
     memory_available(
         name=f"{s.min_avail_gib:g} GiB memory available",
         min_avail_gib=s.min_avail_gib,
@@ -310,9 +325,10 @@ def preflight(s: Settings) -> None:
     disk_free(
         name="free disk for data and the image",
         need_gb=s.disk_need_gb,
-        data_paths=[s.hf_cache, s.data_dir],
+        data_paths=data_paths,
         image_gb=s.image_free_gb,
-        held_paths=_held_paths(s),
+        held_paths=held_paths,
+        placed=placed,
     )
     tools_present(
         name="docker, git, python3, rsync present",

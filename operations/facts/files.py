@@ -320,33 +320,60 @@ class PathUsage(FactBase[int]):
         return 0
 
 
+class ResolvedPaths(FactBase[dict[str, str]]):
+    """{path: where it leads} for each of `paths`, every symlink followed (`realpath -m`: a part that does not exist
+    yet is taken as it is written, so a folder not made yet resolves through its parents). Read as the ssh user; a
+    path that cannot be resolved is left out. Paths hold no tab or newline (the settings refuse them)."""
+
+    default = dict
+
+    def command(self, paths: tuple[str, ...] = ()) -> str:
+        each = ("for p in \"$@\"; do if r=$(realpath -m -- \"$p\" 2>/dev/null); then "
+                "printf '%s\\t%s\\n' \"$p\" \"$r\"; fi; done")
+        return f"sh -c {shlex.quote(each)} sh {' '.join(shlex.quote(p) for p in paths)}"
+
+    def process(self, output: list[str]) -> dict[str, str]:
+        found = {}
+        for line in output:
+            path, tab, real = line.partition("\t")
+            if tab and real.startswith("/"):
+                found[path] = real
+        return found
+
+
 class DiskSpaceDict(TypedDict):
     free: list[DiskFreeDict | None]  # DiskFree of each of `paths`, in order
     held: int  # PathUsage summed over `held`
+    real: dict[str, str]  # ResolvedPaths of `resolve`
 
 
 class DiskSpace(FactBase[DiskSpaceDict]):
-    """DiskFree of each of `paths` and the bytes `held` already hold, in one round trip (the preflight's
-    question, asked about several folders)."""
+    """DiskFree of each of `paths`, the bytes `held` already hold and where each of `resolve` leads (ResolvedPaths),
+    in one round trip: the preflight's questions about the folders, asked of each Spark once (paths_placed and
+    disk_free share the answer)."""
 
     @staticmethod
     def default() -> DiskSpaceDict:
-        return {"free": [], "held": 0}
+        return {"free": [], "held": 0, "real": {}}
 
-    def command(self, paths: tuple[str, ...], held: tuple[str, ...] = ()) -> str:
+    def command(self, paths: tuple[str, ...], held: tuple[str, ...] = (), resolve: tuple[str, ...] = ()) -> str:
         parts = [f"echo '#FREE'; ( {DiskFree().command(p)} )" for p in paths]
         parts += [f"echo '#HELD'; ( {PathUsage().command(p)} )" for p in held]
+        parts += [f"echo '#REAL'; {ResolvedPaths().command(resolve)}"] if resolve else []
         return "; ".join(parts) or "true"
 
     def process(self, output: list[str]) -> DiskSpaceDict:
         sections: list[tuple[str, list[str]]] = []
         for line in output:
-            if line in ("#FREE", "#HELD"):
+            if line in ("#FREE", "#HELD", "#REAL"):
                 sections.append((line, []))
             elif sections:
                 sections[-1][1].append(line)
-        return {"free": [DiskFree().process(lines) for kind, lines in sections if kind == "#FREE"],
-                "held": sum(PathUsage().process(lines) for kind, lines in sections if kind == "#HELD")}
+        def each(tag: str) -> list[list[str]]:
+            return [lines for kind, lines in sections if kind == tag]
+        return {"free": [DiskFree().process(lines) for lines in each("#FREE")],
+                "held": sum(PathUsage().process(lines) for lines in each("#HELD")),
+                "real": ResolvedPaths().process([line for lines in each("#REAL") for line in lines])}
 
 
 class FolderSizes(FactBase[dict[str, int]]):
@@ -392,24 +419,4 @@ class FolderStates(FactBase[dict[str, FolderStateDict]]):
             if len(words) == 4 and words[0] in ("#FOLDER", "#OTHER", "#MISSING"):
                 kind = {"#FOLDER": "folder", "#OTHER": "other"}.get(words[0], "missing")
                 found[words[3]] = {"kind": kind, "user": words[1], "mode": words[2]}
-        return found
-
-
-class ResolvedPaths(FactBase[dict[str, str]]):
-    """{path: where it leads} for each of `paths`, every symlink followed (`realpath -m`: a part that does not exist
-    yet is taken as it is written, so a folder not made yet resolves through its parents). Read as the ssh user; a
-    path that cannot be resolved is left out. Paths hold no tab or newline (the settings refuse them)."""
-
-    default = dict
-
-    def command(self, paths: tuple[str, ...] = ()) -> str:
-        each = "for p in \"$@\"; do r=$(realpath -m -- \"$p\" 2>/dev/null) && printf '%s\\t%s\\n' \"$p\" \"$r\"; done"
-        return f"sh -c {shlex.quote(each)} sh {' '.join(shlex.quote(p) for p in paths)}"
-
-    def process(self, output: list[str]) -> dict[str, str]:
-        found = {}
-        for line in output:
-            path, tab, real = line.partition("\t")
-            if tab and real.startswith("/"):
-                found[path] = real
         return found

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ast
 import difflib
+import functools
 import io
 import json
 import math
@@ -240,14 +241,32 @@ def hub_env(environ: Mapping[str, str]) -> dict[str, str]:
     return {name: environ[name] for name in HUB_ENV if environ.get(name)}
 
 
+# what huggingface_hub's get_token() reads from the environment besides the token file (HF_OIDC_*: a token exchange)
+_TOKEN_INPUTS = ("HF_OIDC_RESOURCE", "HF_OIDC_ID_TOKEN", *TOKEN_ENV)
+
+
 def saved_hf_token() -> str | None:
     """The token huggingface_hub's get_token() finds on this machine (HF_TOKEN, else the file `hf auth login`
-    wrote, at HF_TOKEN_PATH or under HF_HOME); None without one, or without huggingface_hub."""
+    wrote, at HF_TOKEN_PATH or under HF_HOME); None without one, or without huggingface_hub. Asked once per process
+    for what it reads (the variables and the file's path): a run loads the settings up to six times."""
     try:
-        from huggingface_hub import get_token
+        from huggingface_hub import constants
     except ImportError:
         return None
+    return _get_token(tuple(os.environ.get(name) for name in _TOKEN_INPUTS), constants.HF_TOKEN_PATH)
+
+
+@functools.lru_cache(maxsize=4)
+def _get_token(inputs: tuple[str | None, ...], token_path: str) -> str | None:
+    # the arguments only key the cache: get_token() reads them itself (a failed exchange raises: not kept)
+    from huggingface_hub import get_token
     return get_token()
+
+
+def forget_local_reads() -> None:
+    """Let the next settings load read the saved token and the API key file again (tests that change them)."""
+    _get_token.cache_clear()
+    _read_api_key.cache_clear()
 
 
 def hf_token_of(environ: Mapping[str, str],
@@ -268,10 +287,14 @@ def hf_token_of(environ: Mapping[str, str],
 
 
 def api_key_from_file(path: str) -> tuple[str, list[str]]:
-    """(the key in api_key_file, problems reading it): the file is on this machine; the key is never shown."""
-    if not path:
-        return "", []
-    where = os.path.expanduser(path)
+    """(the key in api_key_file, problems reading it): the file is on this machine; the key is never shown. Read once
+    per process for each path as it expands: a run loads the head's settings three times."""
+    key, problems = _read_api_key(path, os.path.expanduser(path)) if path else ("", [])
+    return key, list(problems)  # a copy: the cache keeps its own
+
+
+@functools.lru_cache(maxsize=4)
+def _read_api_key(path: str, where: str) -> tuple[str, list[str]]:
     name = f"api_key_file = {shown(path)}"
     fix = ("write your key into it, alone on one line, or set api_key_file to \"\" (sparkfold then makes a key on the "
            "head)")

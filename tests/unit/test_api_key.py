@@ -339,6 +339,30 @@ def test_an_unreadable_key_file_is_named_whoever_runs(tmp_path, monkeypatch):
                      "(chmod 600 the file as the user who runs the deploy)"]
 
 
+def test_the_key_file_is_read_once_per_process_and_again_for_another_path(tmp_path, monkeypatch):
+    """A run loads the head's settings three times: the file is read once; another path (or `~` under another
+    home) is read on its own, and forget_local_reads lets a changed file be read again."""
+    key_file, other = tmp_path / "key", tmp_path / "other"
+    key_file.write_text(OWN)
+    other.write_text(OWN + "-2")
+    reads = []
+    read_text = Path.read_text
+    monkeypatch.setattr(Path, "read_text", lambda self, *a, **kw: reads.append(str(self)) or read_text(self, *a, **kw))
+    for _ in range(3):
+        assert key_problems(key_file)[0].own_api_key == OWN
+    assert key_problems(other)[0].own_api_key == OWN + "-2"
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert key_problems("~/key")[0].own_api_key == OWN
+    assert [r for r in reads if r.startswith(str(tmp_path))] == [str(key_file), str(other), str(key_file)]
+    key_file.write_text(OWN + "-3")
+    assert key_problems(key_file)[0].own_api_key == OWN  # kept for the process
+    sources.forget_local_reads()
+    assert key_problems(key_file)[0].own_api_key == OWN + "-3"
+    missing = sources.api_key_from_file(str(tmp_path / "absent"))[1]
+    missing.append("changed by a caller")
+    assert sources.api_key_from_file(str(tmp_path / "absent"))[1] == missing[:1]  # each caller gets its own list
+
+
 def test_api_key_file_needs_api_key_and_no_rotation(tmp_path):
     key_file = tmp_path / "key"
     key_file.write_text(OWN)

@@ -109,6 +109,39 @@ def test_saved_hf_token_asks_huggingface_hub(monkeypatch, tmp_path):
     assert sources.saved_hf_token() == "hf_from_login"
 
 
+def test_the_saved_token_is_asked_once_per_process_and_again_when_what_it_reads_changes(monkeypatch, tmp_path):
+    """A run loads the settings up to six times; huggingface_hub's get_token() (a file, maybe a token exchange) is
+    asked once, and again for another token file or other variables. A lookup that fails is not kept."""
+    import huggingface_hub
+    from huggingface_hub import constants
+
+    asked = []
+    monkeypatch.setattr(huggingface_hub, "get_token", lambda: asked.append(constants.HF_TOKEN_PATH) or "hf_saved")
+    for name in ("HF_OIDC_RESOURCE", "HF_OIDC_ID_TOKEN", *sources.TOKEN_ENV):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(constants, "HF_TOKEN_PATH", str(tmp_path / "token"))
+    for role in ("head", "worker", "head", "worker", "head", "worker"):
+        s, found = load({}, saved=sources.saved_hf_token, role=role)
+        assert (s.hf_token, s.hf_token_source, found) == ("hf_saved", sources.SAVED_TOKEN, [])
+    assert asked == [str(tmp_path / "token")]
+    monkeypatch.setattr(constants, "HF_TOKEN_PATH", str(tmp_path / "other"))
+    assert sources.saved_hf_token() == "hf_saved" and len(asked) == 2
+    monkeypatch.setenv("HF_OIDC_RESOURCE", "models/me/m")
+    assert sources.saved_hf_token() == "hf_saved" and sources.saved_hf_token() == "hf_saved" and len(asked) == 3
+    sources.forget_local_reads()
+    assert sources.saved_hf_token() == "hf_saved" and len(asked) == 4
+
+    def broken():
+        asked.append("broken")
+        raise RuntimeError("OIDC exchange failed")
+
+    monkeypatch.setattr(huggingface_hub, "get_token", broken)
+    monkeypatch.setenv("HF_OIDC_RESOURCE", "models/me/other")
+    for _ in range(2):
+        assert "hf auth login" in load({}, saved=sources.saved_hf_token)[1][0]
+    assert asked[-2:] == ["broken", "broken"]
+
+
 def test_a_real_run_reads_the_saved_token(monkeypatch):
     """context._load, the one place a run reads settings, passes huggingface_hub's lookup."""
     seen = {}

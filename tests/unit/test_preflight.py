@@ -8,6 +8,7 @@ import harness
 import pytest
 from harness import parse_fact, refused, run_fact, with_args
 from pyinfra.api.exceptions import OperationError
+from pyinfra.context import ctx_host, ctx_state
 
 from operations import preflight
 from operations.facts.docker import DockerMemoryUse, DockerRuntimeInfo, RunningContainers, parse_size
@@ -203,7 +204,7 @@ DISK_ARGS = dict(need_gb=505, data_paths=["/home/nvidia/.cache/huggingface", "/h
 def _disk_facts(hf, data, docker, root="/var/lib/docker", usage=0, asked_root=None):
     """The one DiskSpace read (data paths, then the docker root) and docker info; asked_root: what docker says."""
     paths = (*DISK_ARGS["data_paths"], root)
-    key = f"held={tuple(DISK_ARGS['held_paths'])}, paths={paths}"
+    key = f"held={tuple(DISK_ARGS['held_paths'])}, paths={paths}, resolve=()"
     info = {"reachable": True, "default_runtime": "nvidia", "runtimes": ["nvidia", "runc"],
             "root_dir": root if asked_root is None else asked_root}
     return {DiskSpace: with_args({key: {"free": [hf, data, docker], "held": usage}}), DockerRuntimeInfo: info}
@@ -257,6 +258,20 @@ def test_disk_space_fact_measures_every_path_at_once(tmp_path):
                    held=(str(tmp_path / "held"), str(tmp_path / "nope")))
     assert [d["measured"] for d in got["free"]] == [str(tmp_path), str(tmp_path)]
     assert all(d["free_bytes"] > 0 for d in got["free"]) and got["held"] >= 300_000
+    assert got["real"] == {}  # nothing asked to resolve
+
+
+def test_disk_space_fact_also_says_where_paths_lead(tmp_path):
+    (tmp_path / "real").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "real")
+    got = run_fact(DiskSpace, paths=(str(tmp_path),), held=(str(tmp_path / "real"),),
+                   resolve=(str(tmp_path / "link" / "state"), str(tmp_path / "plain")))
+    assert got["real"] == {str(tmp_path / "link" / "state"): str(tmp_path / "real" / "state"),
+                           str(tmp_path / "plain"): str(tmp_path / "plain")}
+    assert [d["measured"] for d in got["free"]] == [str(tmp_path)] and got["held"] >= 0
+    assert parse_fact(DiskSpace, "#REAL\n/a\t/b\n#FREE\nmeasured=/\n#HELD\n4 /x\n") == {
+        "free": [None], "held": 4096, "real": {"/a": "/b"}}
+    assert parse_fact(DiskSpace, "") == {"free": [], "held": 0, "real": {}}
 
 
 def test_tools_missing_and_installed_later():
@@ -297,6 +312,10 @@ def test_preflight_passes_settings(monkeypatch):
     assert calls[0] == ("sudo_without_password", {"name": "sudo without a password", "user": "nvidia",
                                                   "peer": "the host of worker", "peer_user": "nvidia"})
     assert got["paths_placed"]["paths"]["hub"] == "/home/nvidia/.cache/huggingface/hub"
+    # the two ask one question together: each is given the other's folders
+    assert got["disk_free"]["placed"] == got["paths_placed"]["paths"]
+    assert {k: got["paths_placed"][k] for k in ("data_paths", "held_paths")} == {
+        k: got["disk_free"][k] for k in ("data_paths", "held_paths")}
     assert got["platform_supported"]["allowed_arch"] == ["aarch64"]
     assert got["memory_available"]["own_containers"] == ["dsv41-1017-exl3-tf"]
     assert got["memory_available"]["restart"] is False
@@ -378,7 +397,6 @@ def test_the_head_asks_for_the_worker_too_whose_facts_its_plan_reads_as_root():
 
 
 def test_a_run_given_a_sudo_password_goes_on():
-    from pyinfra.context import ctx_host, ctx_state
     spark = harness.FakeHost({SudoWithoutPassword: {"ok": False, "rc": 1, "detail": "sudo: a password is required"}})
     spark.current_op_global_arguments = {"_sudo_password": "pw"}  # pyinfra's --same-sudo-password
     with ctx_state.use(harness._State(False)), ctx_host.use(spark):
@@ -397,9 +415,12 @@ def placed(**changes) -> dict[str, str]:
 
 
 def resolved_fact(paths: dict[str, str], leads: dict[str, str]) -> dict:
-    """The ResolvedPaths fact as a Spark answers it: each path where it leads (`leads` overrides, else itself)."""
+    """The DiskSpace fact as a Spark answers paths_placed (asked alone: the docker root dir's free disk besides):
+    each path where it leads (`leads` overrides, else itself)."""
     asked = tuple(sorted(set(paths.values())))
-    return {ResolvedPaths: with_args({f"paths={asked}": {p: leads.get(p, p) for p in asked}})}
+    answer = {"free": [_df("/", 900)], "held": 0, "real": {p: leads.get(p, p) for p in asked}}
+    return {DiskSpace: with_args({f"held=(), paths=('/var/lib/docker',), resolve={asked}": answer}),
+            DockerRuntimeInfo: {"root_dir": "/var/lib/docker"}}
 
 
 def test_the_resolved_paths_fact_follows_symlinks_and_takes_missing_parts_as_written(tmp_path):
@@ -409,6 +430,7 @@ def test_the_resolved_paths_fact_follows_symlinks_and_takes_missing_parts_as_wri
     assert got == {str(tmp_path / "link" / "not" / "yet"): str(tmp_path / "real" / "not" / "yet"),
                    str(tmp_path / "x" / ".." / "y"): str(tmp_path / "y")}
     assert parse_fact(ResolvedPaths, "/a\t/b\nnoise\n/c\trelative\n") == {"/a": "/b"}
+    assert run_fact(ResolvedPaths, paths=("/", "")) == {"/": "/"}  # realpath fails on "": left out, exit 0
 
 
 def test_folders_that_lead_where_their_text_says_pass():
@@ -465,6 +487,52 @@ def test_an_owned_file_that_is_a_symlink_to_elsewhere_is_refused_but_a_moved_fol
     moved = {**paths, "link_netplan_file": "/lib/netplan/" + netplan.rsplit("/", 1)[1],
              "link_netplan_file folder": "/lib/netplan"}
     assert resolved_path_problems(paths, moved) == []
+
+
+def _paths_placed_here(paths: dict[str, str], root: str) -> list[str]:
+    """paths_placed in a run on this machine: its facts read by a local shell (Docker root dir `root` given)."""
+
+    class Here(harness.FakeHost):
+        def get_fact(self, cls, *args, **kwargs):
+            return run_fact(cls, **{k: v for k, v in kwargs.items() if not k.startswith("_")})
+
+    with ctx_state.use(harness._State(True)), ctx_host.use(Here({})):
+        return [harness._render(c) for c in preflight.paths_placed._inner(paths=paths, docker_root=root)]
+
+
+def test_the_folders_are_followed_on_the_spark_itself(tmp_path):
+    """The round trip shared with disk_free still follows symlinks: a state folder led into the hub is refused, a
+    plain layout passes."""
+    (tmp_path / "hf" / "hub").mkdir(parents=True)
+    plain = {"hf_cache": f"{tmp_path}/hf", "hub": f"{tmp_path}/hf/hub", "data_dir": f"{tmp_path}/sf/data",
+             "state_dir": f"{tmp_path}/sf/state"}  # placed_paths' root folders and hub
+    assert _paths_placed_here(plain, str(tmp_path)) == []
+    (tmp_path / "elsewhere").symlink_to(tmp_path / "hf" / "hub")
+    linked = {**plain, "state_dir": str(tmp_path / "elsewhere" / "state")}
+    commands = _paths_placed_here(linked, str(tmp_path))
+    assert len(commands) == 1 and commands[0].endswith("exit 1")
+    assert shlex.split(commands[0])[1].startswith(
+        f"sparkfold: where the folders lead: state_dir = '{tmp_path}/elsewhere/state' resolves to "
+        f"{tmp_path}/hf/hub/state on this Spark (symlinks followed), inside hf_cache's hub folder {tmp_path}/hf/hub")
+
+
+def test_the_placed_folders_and_free_disk_are_read_in_one_round_trip():
+    """paths_placed asks disk_free's question too, and disk_free takes that answer (no operation changed a Spark
+    between them): one DiskSpace and one docker info per Spark."""
+    paths = placed()
+    asked = {"held": tuple(DISK_ARGS["held_paths"]), "paths": (*DISK_ARGS["data_paths"], "/var/lib/docker"),
+             "resolve": tuple(sorted(set(paths.values())))}
+    root = _df("/", 900)
+    answer = {"free": [root, root, root], "held": 0, "real": {p: p for p in paths.values()}}
+    facts = {DiskSpace: with_args({harness._kwargs_key(asked): answer}),
+             DockerRuntimeInfo: {"root_dir": "/var/lib/docker"}}
+    spark = harness.FakeHost(facts)
+    with ctx_state.use(harness._State(True)), ctx_host.use(spark):
+        assert list(preflight.paths_placed._inner(paths=paths, data_paths=DISK_ARGS["data_paths"],
+                                                  held_paths=DISK_ARGS["held_paths"])) == []
+        assert list(preflight.disk_free._inner(placed=paths, **{**DISK_ARGS, "need_gb": 1})) == []
+    assert [n.rsplit(".", 1)[1] for n, _ in spark.fact_calls] == ["DockerRuntimeInfo", "DiskSpace"]
+    assert spark.noops == ["the folders and files lead where the settings say", "enough free disk"]
 
 
 def test_a_path_the_spark_could_not_resolve_is_not_judged():
