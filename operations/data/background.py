@@ -52,8 +52,6 @@ from operations.util.checks import failing_shell
 from operations.util.peer_ssh import ssh_prefix
 
 SUMS = "SHA256SUMS"
-# written while a copy may run: never sent (the "checked" stream sends the finished list)
-IN_PROGRESS = (f"--exclude={SUMS}.tmp", f"--exclude={SUMS_STATE}.tmp")
 
 
 def _text(command) -> str:
@@ -107,9 +105,8 @@ def sums_commands(folder: str, what: str, total: int, names: Iterable[str] = (),
 def copy_commands(src: str, target: str, dest: str, what: str, total: int, extra_rsync: tuple = (),
                   label: str = "") -> list[str]:
     """The folder src copied into dest on the worker, resumably, with progress lines (data/copy.peer_copy_commands),
-    leaving out the files a hashing writes meanwhile."""
-    return [_text(c) for c in peer_copy_commands(src, target, dest, what, total, (*extra_rsync, *IN_PROGRESS),
-                                                 label)]
+    leaving out the files a hashing writes meanwhile (data/copy.IN_PROGRESS: every copy leaves them out)."""
+    return [_text(c) for c in peer_copy_commands(src, target, dest, what, total, extra_rsync, label)]
 
 
 def verified_on_worker(target: str, folder: str, sums: str, what: str, total: int) -> list[str]:

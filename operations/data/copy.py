@@ -26,10 +26,13 @@ from operations.util.listing import listing_digest
 from operations.util.peer_ssh import ssh_prefix
 
 MARKER = ".sparkfold-verified"
-# never copied to the worker: huggingface_hub's local_dir metadata, the head's own verification, partial downloads,
-# the parts of an interrupted copy
-COPY_EXCLUDES = ("/.cache/", MARKER, f"*{PARTIAL_SUFFIX}", f"{PARTIAL_DIR}/")
 SUMS_STATE = ".sparkfold-sums.state"
+# written beside a folder's files while a hashing or a marker is under way, renamed when done: a copy running at the
+# same time must not send them (they vanish mid-copy)
+IN_PROGRESS = ("SHA256SUMS.tmp", f"{SUMS_STATE}.tmp", f"{MARKER}.tmp")
+# never copied to the worker: huggingface_hub's local_dir metadata, the head's own verification, partial downloads,
+# the parts of an interrupted copy, files being written
+COPY_EXCLUDES = ("/.cache/", MARKER, f"*{PARTIAL_SUFFIX}", f"{PARTIAL_DIR}/", *IN_PROGRESS)
 SSH = ssh_prefix()  # the head's ssh to the worker (operations/util/peer_ssh.py)
 _KIT_GENERATED = re.compile(r"rope-[^/]*\.f32|vision/gate_bias_vl\.safetensors")
 

@@ -49,8 +49,10 @@ def need_commit(plan_args: dict, what: str) -> Generator[StringCommand, None, st
 
 
 def tool_run(image_ref: str, mounts: list, entrypoint: str, *args: str) -> str:
-    """docker run of one of the image's tools: no network, our uid (files stay ours), given mounts."""
-    words = ["docker run --rm --network none --user \"$(id -u):$(id -g)\" -e HOME=/tmp"]
+    """docker run of one of the image's tools: no network, our uid (files stay ours), given mounts. --init: the
+    tool is not PID 1, so the TERM that docker run passes on when its stream is stopped ends it (PID 1 ignores a
+    signal it has no handler for, and would go on writing into the folder the next run starts over)."""
+    words = ["docker run --rm --init --network none --user \"$(id -u):$(id -g)\" -e HOME=/tmp"]
     words += [f"-v {quote(src + ':' + dst + (':ro' if ro else ''))}" for src, dst, ro in mounts]
     words += [f"--entrypoint {quote(entrypoint)}", quote(image_ref), *(quote(a) for a in args)]
     return " ".join(words)

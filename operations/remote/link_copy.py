@@ -36,6 +36,7 @@ PARTIAL_DIR = ".sparkfold-partial"  # rsync's --partial-dir, relative: a folder 
 TRIES = 5  # ports tried (another program may hold one)
 REFUSED = 10  # rsync: "error in socket IO", i.e. the daemon is not listening (yet)
 CLIENTS = 4  # rsync clients at once for the files the worker lacks: one is held to one core's rate on each end
+LEFT_TO_LAST = (23, 24)  # rsync: some files not sent (gone, unreadable) / vanished meanwhile; the rest arrived
 RSYNC_TIMEOUT_S = 600  # rsync that moves nothing this long (keep-alives included) has lost the worker's daemon
 
 # Exit 0 once process PID holds a listening TCP socket on PORT; 1 once it has ended (a zombie too: its shell has
@@ -194,8 +195,10 @@ def rsync(src: str, url: str, secret: str, options: list[str], names: list[str] 
 
 
 def copy(src: str, address: str, port: int, secret: str, options: list[str]) -> int:
-    """The files the worker lacks by up to CLIENTS rsync clients at once, then one rsync over everything. A failing
-    client fails the copy with its exit status, once every client has ended."""
+    """The files the worker lacks by up to CLIENTS rsync clients at once, then one rsync over everything. A client
+    that failed fails the copy with its exit status, once every client has ended; one that left files out because
+    they vanished or could not be read meanwhile (LEFT_TO_LAST) leaves them to the last pass, which reads the
+    folder again and fails on what still fails."""
     url = f"rsync://{MODULE}@{url_host(address)}:{port}/{MODULE}/"
     # an excluded file is never listed: rsync sends a listed name even when an exclude names its folder ("/.cache/")
     patterns = [o.split("=", 1)[1] for o in options if o.startswith("--exclude=")]
@@ -204,7 +207,7 @@ def copy(src: str, address: str, port: int, secret: str, options: list[str]) -> 
         with ThreadPoolExecutor(len(groups)) as pool:
             codes = list(pool.map(lambda names: rsync(src, url, secret, [*options, "--ignore-existing"], names),
                                   groups))
-        failed = [rc for rc in codes if rc]
+        failed = [rc for rc in codes if rc and rc not in LEFT_TO_LAST]
         if failed:
             return failed[0]
     return rsync(src, url, secret, options)
@@ -237,8 +240,8 @@ def main(argv: list[str] | None = None) -> int:
             return daemon.returncode or 255
         if rc != REFUSED:  # copied, or failed for good
             break
-        print(f"sparkfold: the worker's rsync daemon did not listen on port {port}; trying another",
-              file=sys.stderr)
+        why = "did not listen on" if state != "started" else "stopped answering (the link?) on"
+        print(f"sparkfold: the worker's rsync daemon {why} port {port}; trying another", file=sys.stderr)
     return rc
 
 

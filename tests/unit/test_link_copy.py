@@ -203,13 +203,14 @@ def test_the_files_are_split_into_at_most_four_groups_of_about_equal_bytes():
     assert split_among([]) == []
 
 
-def recording_rsync(tmp_path: Path, failing: str = "") -> str:
+def recording_rsync(tmp_path: Path, failing: str = "", code: int = 23) -> str:
     """A folder for the head's PATH whose rsync records each call under calls/ (its arguments one a line; the list
-    it got on stdin, for a client) and runs the real one; a client whose list names `failing` exits 23 at once."""
+    it got on stdin, for a client) and runs the real one; a client whose list names `failing` exits `code` at
+    once."""
     calls, folder = tmp_path / "calls", tmp_path / "head-bin"
     calls.mkdir()
     folder.mkdir()
-    fail = f"if grep -qaF {shlex.quote(failing)} \"$call.list\"; then exit 23; fi\n" if failing else ""
+    fail = f"if grep -qaF {shlex.quote(failing)} \"$call.list\"; then exit {code}; fi\n" if failing else ""
     (folder / "rsync").write_text(
         "#!/bin/sh\n"
         f"call=$(mktemp {calls}/$(date +%s%N).XXXXXX)\n"  # in the order they started
@@ -250,6 +251,7 @@ def test_the_clients_share_what_the_worker_lacks_then_one_rsync_adds_the_links(t
     (src / ".cache").mkdir()
     (src / ".cache" / "meta").write_text("the hub's metadata")
     (src / "x.incomplete").write_text("a download in progress")
+    (src / "SHA256SUMS.tmp").write_text("a hashing in progress")
     ssh = fake_ssh(tmp_path)  # the worker's PATH: the real rsync for the daemon
     monkeypatch.setenv("PATH", f"{recording_rsync(tmp_path)}:{os.environ['PATH']}")
     excludes = [f"--exclude={e}" for e in COPY_EXCLUDES]
@@ -268,6 +270,7 @@ def test_the_clients_share_what_the_worker_lacks_then_one_rsync_adds_the_links(t
         assert (dest / "blobs" / f"b{i}").read_bytes() == (src / "blobs" / f"b{i}").read_bytes()
     assert os.readlink(dest / "model.safetensors") == "blobs/b5"  # the link, by the last pass
     assert not (dest / ".cache").exists() and not (dest / "x.incomplete").exists()
+    assert not (dest / "SHA256SUMS.tmp").exists()  # renamed on the head while a copy may run
 
 
 def test_any_file_name_arrives(tmp_path, monkeypatch):
@@ -303,11 +306,28 @@ def test_a_failing_client_fails_the_copy_once_every_client_has_ended(tmp_path, m
         (src / name).write_bytes(os.urandom(2_000_000))
     (src / "bad").write_bytes(b"x")  # the smallest: a group of its own
     ssh = fake_ssh(tmp_path)
-    monkeypatch.setenv("PATH", f"{recording_rsync(tmp_path, failing='bad')}:{os.environ['PATH']}")
-    assert _main(src, dest, ssh) == 23
+    monkeypatch.setenv("PATH", f"{recording_rsync(tmp_path, failing='bad', code=12)}:{os.environ['PATH']}")
+    assert _main(src, dest, ssh) == 12  # a broken stream: the last pass would meet it again
     for name in ("a", "b", "c"):  # the others went on to the end
         assert (dest / name).read_bytes() == (src / name).read_bytes()
     assert not (dest / "bad").exists()
+    assert all(names is not None for _, names in recorded(tmp_path))  # no last pass
+
+
+@pytest.mark.parametrize("code", [23, 24])
+def test_files_a_client_left_out_are_left_to_the_last_pass(tmp_path, monkeypatch, code):
+    """A file gone or unreadable meanwhile (23) or vanished (24) is not the copy's failure: the last pass reads the
+    folder again, carries what is there, and fails on what still fails."""
+    src, dest = tmp_path / "src", tmp_path / "dest"
+    src.mkdir()
+    for name in ("a", "b", "c", "bad"):
+        (src / name).write_bytes(os.urandom(1000))
+    ssh = fake_ssh(tmp_path)
+    monkeypatch.setenv("PATH", f"{recording_rsync(tmp_path, failing='bad', code=code)}:{os.environ['PATH']}")
+    assert _main(src, dest, ssh) == 0
+    assert recorded(tmp_path)[-1][1] is None  # the last pass ran
+    for name in ("a", "b", "c", "bad"):
+        assert (dest / name).read_bytes() == (src / name).read_bytes()
 
 
 def test_an_interrupted_copy_resumes_from_its_part_with_rsyncs_delta(tmp_path, capfd):

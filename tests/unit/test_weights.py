@@ -59,7 +59,8 @@ def test_token_map_rewritten_when_commit_changed():
     facts = {HfPlan: plan(), FileText: "c" * 40, DirFiles: {"dsv41_token_map.json": [900, 1]}}
     cmds, _ = run_op(weights.token_map_written, facts, image_ref="img", plan_args=PLAN, hf_cache="/h",
                      out_dir="/d/token-map")
-    assert "docker run --rm --network none" in cmds[0] and "-v /h:/hf:ro" in cmds[0]
+    # --init: a stopped stream's TERM reaches the tool (as PID 1 it would ignore it and write on)
+    assert "docker run --rm --init --network none" in cmds[0] and "-v /h:/hf:ro" in cmds[0]
     assert f"/hf/hub/models--Org--M/snapshots/{COMMIT} /out/dsv41_token_map.json" in cmds[0]
     assert cmds[0].endswith(f"printf '%s\\n' {COMMIT} > /d/token-map/dsv41_token_map.json.commit")
 
