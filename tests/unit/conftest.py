@@ -19,3 +19,14 @@ def _settings_read_afresh():
     forget_local_reads()
     yield
     forget_local_reads()
+
+
+@pytest.fixture(autouse=True)
+def _pyinfra_context_as_found():
+    """pyinfra's ctx_*.use() sets nothing back when its block raises: a test whose operation raised would leave its
+    state (and the facts kept per state, operations/util/fact_reuse.py) to the tests after it."""
+    from pyinfra.context import ctx_config, ctx_host, ctx_inventory, ctx_state
+    found = [(ctx, ctx.get()) for ctx in (ctx_state, ctx_inventory, ctx_config, ctx_host)]
+    yield
+    for ctx, value in found:
+        ctx.set(value)
