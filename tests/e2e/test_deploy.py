@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import re
 import shlex
+import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -120,6 +123,26 @@ def start_deploy(site_file, stdout=subprocess.DEVNULL) -> subprocess.Popen:
         if getattr(run, name) is not None:
             setattr(run, name, io.TextIOWrapper(getattr(run, name), encoding="utf-8", errors="replace", newline=""))
     return run
+
+
+def deploy_killed_at(site_file, reached, limit_s: float) -> list[str]:
+    """A deploy in the background, killed (its whole process group) at the first stderr line `reached` accepts, or
+    after `limit_s` seconds whatever it printed, so the shared pair is never held forever: the lines it printed."""
+    run = start_deploy(site_file)
+    assert run.stderr is not None
+    seen: list[str] = []
+    stuck = threading.Timer(limit_s, os.killpg, (run.pid, signal.SIGKILL))
+    stuck.start()
+    try:
+        for line in run.stderr:
+            seen.append(line.rstrip("\n"))
+            if reached(line):
+                break
+    finally:
+        stuck.cancel()
+    os.killpg(run.pid, signal.SIGKILL)
+    run.wait()
+    return seen
 
 
 def spark_time(sim_exec, role: str) -> int:

@@ -13,13 +13,11 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import signal
-import threading
 import time
 from pathlib import Path
 
 import pytest
-from test_deploy import changed_ops, chat, deploy, start_deploy
+from test_deploy import changed_ops, chat, deploy, deploy_killed_at
 
 from operations.facts.streams import StreamStates, stream_status
 from operations.remote.stream_runner import STOPPED_RC
@@ -78,18 +76,7 @@ def test_a_run_killed_during_the_overlap_is_resumed_by_the_next(site_file, run_p
     try:
         # 1. a run killed once the checkpoint downloads while the image still builds (the Engram tables, fetched
         # first, are whole by then and on their way to the worker)
-        run = start_deploy(site_file)
-        seen: list[str] = []
-        assert run.stderr is not None
-        stuck = threading.Timer(420, os.killpg, (run.pid, signal.SIGKILL))  # never hold the shared pair forever
-        stuck.start()
-        for line in run.stderr:
-            seen.append(line.rstrip("\n"))
-            if CHECKPOINT_LINE.search(line):
-                break
-        stuck.cancel()
-        os.killpg(run.pid, signal.SIGKILL)
-        run.wait()
+        seen = deploy_killed_at(site_file, CHECKPOINT_LINE.search, 420)
         assert any(CHECKPOINT_LINE.search(text) for text in seen), "\n".join(seen[-60:])
         assert not any(re.search(r"build \S+: done in", text) for text in seen), "the build ended before the kill"
         # every stream of the killed run ends with it (its watchdog), the ones that ran at the kill as stopped

@@ -9,14 +9,11 @@ Starts from a converged pair (converged_pair) and leaves one.
 
 from __future__ import annotations
 
-import os
 import re
-import signal
-import threading
 import time
 
 import pytest
-from test_deploy import chat, start_deploy
+from test_deploy import chat, deploy_killed_at, start_deploy
 
 REPO = "Mia-AiLab/DeepSeek-V4.1-Flash-1017-EXL3-EAQ-v1-2.9-bpw"  # model_repo's default: the checkpoint
 FOLDER = "/home/nvidia/.cache/huggingface/hub/models--" + REPO.replace("/", "--")
@@ -54,6 +51,12 @@ def slow_hub(sim_exec, on: bool):
         sim_exec("head", "tc qdisc del dev lo root; ip link set lo mtu 65536")
 
 
+
+def some_files_whole(line: str) -> bool:
+    """A download line that counts whole files (bytes alone may all be in unfinished files)."""
+    got = FETCHED.search(line)
+    return bool(got) and int(got.group(1)) > 0
+
 def test_an_interrupted_download_resumes_without_fetching_again_what_it_had(site_file, run_pyinfra, sim_exec):
     sizes = {name: size for name, size in file_sizes(sim_exec).items() if name != ".sparkfold-complete.json"}
     assert sim_exec("head", f"rm -rf {FOLDER}").returncode == 0  # the checkpoint must be fetched again
@@ -61,19 +64,7 @@ def test_an_interrupted_download_resumes_without_fetching_again_what_it_had(site
     try:
         # 1. a run killed once the download has run a while
         mark1 = hub_lines(sim_exec)
-        run = start_deploy(site_file)
-        seen: list[str] = []
-        assert run.stderr is not None
-        stuck = threading.Timer(240, os.killpg, (run.pid, signal.SIGKILL))  # never hold the shared pair forever
-        stuck.start()
-        for line in run.stderr:
-            seen.append(line.rstrip("\n"))
-            got = FETCHED.search(line)
-            if got and int(got.group(1)) > 0:  # some files are whole (bytes alone may all be in unfinished files)
-                break
-        stuck.cancel()
-        os.killpg(run.pid, signal.SIGKILL)
-        run.wait()
+        seen = deploy_killed_at(site_file, some_files_whole, 240)
         assert any(STEP in text for text in seen), "\n".join(seen[-40:])
         # the runner ends the download at its next line once its reader is gone
         deadline = time.monotonic() + 40
