@@ -25,6 +25,7 @@ from operations.build.image_hash import image_ref
 from operations.data import ablit, weights
 from operations.data import background as background_data
 from operations.data.copy import (
+    SUMS,
     folder_placed,
     folder_to_peer,
     folder_verified,
@@ -293,12 +294,12 @@ def _head_checked(s, image_ref: str) -> None:
 def _worker(s) -> None:
     layout = s.layout
     # every folder here is a copy from the head: a file that fails is removed, and the next run copies it again
-    folder_verified(name="Engram tables verified (worker)", folder=layout.engram, sums="SHA256SUMS",
+    folder_verified(name="Engram tables verified (worker)", folder=layout.engram, sums=SUMS,
                     what="the Engram tables", remove_failed=True)
     folder_verified(name="Kit matches its MANIFEST (worker)", folder=layout.kit, sums="MANIFEST", what="the kit",
                     generated_fix=KIT_GENERATED_FIX, remove_failed=True)
     folder_verified(name="Rank 1's weight file verified (worker)", folder=layout.active_rank_link(1),
-                    sums="SHA256SUMS", what="rank 1's weight file", remove_failed=True)
+                    sums=SUMS, what="rank 1's weight file", remove_failed=True)
     if s.worker_weights == "copy":
         folder_verified(name="Checkpoint copy verified (worker)", folder=layout.model_folder, sums=BLOB_SUMS,
                         what="the checkpoint copy", remove_failed=True)

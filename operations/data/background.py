@@ -24,6 +24,7 @@ from pyinfra.api.operation import OperationMeta
 from operations.build.image_hash import IMAGE_STREAM
 from operations.data.copy import (
     MARKER,
+    SUMS,
     SUMS_STATE,
     check_command,
     checksums_written,
@@ -50,8 +51,6 @@ from operations.remote.stream_runner import step
 from operations.streams import Stream, background
 from operations.util.checks import failing_shell
 from operations.util.peer_ssh import ssh_prefix
-
-SUMS = "SHA256SUMS"
 
 
 def _text(command) -> str:

@@ -26,10 +26,11 @@ from operations.util.listing import listing_digest
 from operations.util.peer_ssh import ssh_prefix
 
 MARKER = ".sparkfold-verified"
+SUMS = "SHA256SUMS"  # the list a folder's files are checked against
 SUMS_STATE = ".sparkfold-sums.state"
 # written beside a folder's files while a hashing or a marker is under way, renamed when done: a copy running at the
 # same time must not send them (they vanish mid-copy)
-IN_PROGRESS = ("SHA256SUMS.tmp", f"{SUMS_STATE}.tmp", f"{MARKER}.tmp")
+IN_PROGRESS = (f"{SUMS}.tmp", f"{SUMS_STATE}.tmp", f"{MARKER}.tmp")
 # never copied to the worker: huggingface_hub's local_dir metadata, the head's own verification, partial downloads,
 # the parts of an interrupted copy, files being written
 COPY_EXCLUDES = ("/.cache/", MARKER, f"*{PARTIAL_SUFFIX}", f"{PARTIAL_DIR}/", *IN_PROGRESS)
@@ -80,7 +81,7 @@ def hashing_command(label: str, folder: str, hashing: str, total: int, complaint
 
 
 @operation()
-def checksums_written(folder: str, files: list, sums: str = "SHA256SUMS", what: str = "the files"):
+def checksums_written(folder: str, files: list, sums: str = SUMS, what: str = "the files"):
     """Write <folder>/<sums> (sha256sum format) for `files` once; redo only when their sizes/mtimes changed."""
     check = host.get_fact(FolderCheck, path=folder, sums=sums, marker=SUMS_STATE)
     have = check.get("files", {}) if check else {}
