@@ -239,9 +239,15 @@ def test_second_run_changes_nothing_and_is_fast(run_pyinfra, sim_exec):
 def test_gpu_lock_reset_on_the_idle_worker_is_put_back_by_the_timer(run_pyinfra, sim_exec):
     # an idle GPU clocks far below the ceiling, locked or not: the reset cannot be seen from clocks.sm
     assert gpu_locked(sim_exec, "worker") == [0, 2200] and sm_clock(sim_exec, "worker") < 2200
-    assert sim_exec("worker", "nvidia-smi -rgc").returncode == 0
-    reset_at = spark_time(sim_exec, "worker")
-    assert gpu_locked(sim_exec, "worker") is None and sm_clock(sim_exec, "worker") < 2200
+    # reset right after one of the timer's runs, and look in the same command: its next run cannot come in between
+    last = int(lock_record(sim_exec, "worker")["applied"])
+    wait_until(lambda: int(lock_record(sim_exec, "worker").get("applied", 0)) > last, 3 * GPU_CLOCK_PERIOD_S,
+               "the timer's next run")
+    reset = sim_exec("worker", f"nvidia-smi -rgc >/dev/null && date +%s && cat {SMI_STATE}")
+    assert reset.returncode == 0, reset.stderr
+    reset_at, state = reset.stdout.split("\n", 1)
+    reset_at = int(reset_at)
+    assert json.loads(state)["locked"] is None and sm_clock(sim_exec, "worker") < 2200
     # no deploy: the timer applies the lock again within a period and records it
     wait_until(lambda: gpu_locked(sim_exec, "worker") == [0, 2200], 3 * GPU_CLOCK_PERIOD_S, "the timer's lock")
     record = wait_until(lambda: (r := lock_record(sim_exec, "worker")) and int(r.get("applied", 0)) >= reset_at and r,
