@@ -45,7 +45,7 @@ from operations.data.hub import (
     token_name,
 )
 from operations.facts.files import FolderCheck
-from operations.facts.model import HfHubPython, HfPlanDict, hf_plan
+from operations.facts.model import HfHubPython, HfPlanDict, hf_plan, hf_plans_kept
 from operations.remote import heredoc_command
 from operations.remote.progress_command import TICK_S, progress_command
 from operations.settings import Settings
@@ -201,10 +201,23 @@ def model_data_checked(s: Settings) -> None:
         _worker(s)
 
 
-def _fetch(s, label, repo, revision, **where):
+def _downloads(s) -> dict[str, dict]:
+    """Each of the head's downloads, by label: its HfPlan arguments (the same for every operation that asks)."""
+    layout = s.layout
+    found = {"Engram tables": plan_args(s, s.engram_repo, s.engram_revision, local_dir=layout.engram,
+                                        include=s.engram_files),
+             "Checkpoint": checkpoint_plan_args(s),
+             "Kernel kit": plan_args(s, s.kit_repo, s.kit_revision, local_dir=layout.kit_src, include=["kit/*"])}
+    if s.ablit:
+        found["ABLIT overlay"] = plan_args(s, s.ablit_repo, s.ablit_revision, local_dir=layout.overlay,
+                                           include=[s.ablit_file, ablit.APPLY_SCRIPT])
+    return found
+
+
+def _fetch(s, label, downloads: dict[str, dict]):
     """Plan-time summary for the op's name (the --dry table shows it), and the op's arguments."""
-    args = plan_args(s, repo, revision, **where)
-    name = fetch_summary(label, _plan(args), repo, revision, args["local_dir"] or args["cache_dir"])
+    args = downloads[label]
+    name = fetch_summary(label, _plan(args), args["repo"], args["revision"], args["local_dir"] or args["cache_dir"])
     return name, dict(args, label=label, has_token=bool(s.hf_token))
 
 
@@ -223,22 +236,23 @@ def _hub_installed(s) -> None:
 def _head(s, image_ref: str) -> None:
     layout, root = s.layout, s.layout.streams
     _hub_installed(s)
+    downloads = _downloads(s)
+    hf_plans_kept(host, list(downloads.values()))  # a converged run: every plan in one round trip
 
     # the downloads one after the other, each with the whole of the link to the Hub: the Engram tables first, so
     # their copy to the worker runs while the checkpoint downloads
-    name, args = _fetch(s, "Engram tables", s.engram_repo, s.engram_revision, local_dir=layout.engram,
-                        include=s.engram_files)
+    name, args = _fetch(s, "Engram tables", downloads)
     engram = background(Stream("engram", "download", "the Engram tables download", root),
                         name=name, work=[(hf_snapshot, args)])
     background_data.engram_streams(s, engram, _plan(_plan_args(args)).get("total_bytes") or 0)
-    name, args = _fetch(s, "Checkpoint", s.active_model_repo, s.active_model_revision, cache_dir=layout.hub)
+    name, args = _fetch(s, "Checkpoint", downloads)
     checkpoint = background(Stream("checkpoint", "download", "the checkpoint download", root, after=("engram",)),
                             name=name,
                             work=[(hf_snapshot, dict(args, expect_model_type=MODEL_TYPE))])
     plan = _plan(_plan_args(args))
 
     # the kit is small: here, placed and checked before it is copied
-    name, args = _fetch(s, "Kernel kit", s.kit_repo, s.kit_revision, local_dir=layout.kit_src, include=["kit/*"])
+    name, args = _fetch(s, "Kernel kit", downloads)
     hf_snapshot(name=name, **args)
     folder_placed(name="Kit at data_dir/kit", src=f"{layout.kit_src}/kit", dest=layout.kit, what="the kit")
     folder_verified(name="Kit matches its MANIFEST (head)", folder=layout.kit, sums="MANIFEST", what="the kit",
@@ -279,8 +293,7 @@ def _plan_args(args: dict) -> dict:
 def _head_checked(s, image_ref: str) -> None:
     weights.served_symlink(s)
     if s.ablit:
-        name, args = _fetch(s, "ABLIT overlay", s.ablit_repo, s.ablit_revision, local_dir=s.layout.overlay,
-                            include=[s.ablit_file, ablit.APPLY_SCRIPT])
+        name, args = _fetch(s, "ABLIT overlay", _downloads(s))
         hf_snapshot(name=name, require_token=True, **args)
         ablit.deploy_ablit(s, image_ref)
         weights.deploy_weights(s, image_ref)

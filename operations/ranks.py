@@ -2,8 +2,9 @@
 
 Each operation reads `RankInputs` of both Sparks (one round trip each, operations/facts/rank.py) and asks the pure
 `pair_plan` (operations/rank/plan.py) what to do, the way pyinfra's docker.container reads its container and diffs
-a spec. Reading afresh in each operation is what lets the executing run see what the earlier operations of the
-same run made (the link record, the image, the weight files); both Sparks read the same data and so reach the same
+a spec. The answers are kept only until an operation of this run changes a Spark (fact_until_change): the executing
+run sees what its earlier operations made (the link record, the image, the weight files, a rank started), while a
+converged run reads each Spark once for the whole step. Both Sparks read the same data and so reach the same
 verdict, and both ranks are removed and started again together. Each plan also takes whether this run's docker step
 restarts Docker on either Spark (operations/docker/daemon.py, from that step's own answers): the restart stops the
 rank there, so --dry shows the pair's restart that follows.
@@ -52,7 +53,7 @@ def _holders_named(spark: Host, found: RankInputsDict) -> RankInputsDict:
     held = [port for port, holders in found["port_holders"].items() if holders]
     if not held:
         return found
-    named = {port: spark.get_fact(PortListeners, port=port, _sudo=True) or found["port_holders"][port]
+    named = {port: fact_until_change(spark, PortListeners, port=port, _sudo=True) or found["port_holders"][port]
              for port in held}
     return {**found, "port_holders": {**found["port_holders"], **named}}
 
@@ -65,8 +66,13 @@ def _docker_restart(spark: Host) -> str:
     return docker_restart(daemon, fact_until_change(spark, DockerRuntimeInfo, _sudo=True))
 
 
+def _rank_inputs(spark: Host, args: dict[str, Any]) -> RankInputsDict:
+    """RankInputs of `spark`, read again once an operation of this run has changed a Spark."""
+    return fact_until_change(spark, RankInputs, **args)
+
+
 def _read_side(spark: Host, args: dict[str, Any]) -> tuple[RankInputsDict, str]:
-    return _holders_named(spark, spark.get_fact(RankInputs, **args)), _docker_restart(spark)
+    return _holders_named(spark, _rank_inputs(spark, args)), _docker_restart(spark)
 
 
 def _read_on(spark: Host, config: Any, args: dict[str, Any]) -> tuple[RankInputsDict, str]:
@@ -245,7 +251,7 @@ def pair_serving(s: Settings, worker: Host, image: str, template: str, rank0: An
     a fact: while planning, only executing can say whether it answers (hence the one is_executing branch)."""
     if op_changed(rank0) or not (  # a pair started now needs no read to say it was never judged
             handoff.runs_last_good(0) if handoff is not None and handoff.plan is not None
-            else _runs_last_good(0, host.get_fact(RankInputs, **rank_inputs_args(s, image)))):
+            else _runs_last_good(0, _rank_inputs(host, rank_inputs_args(s, image)))):
         # started now, or running but never judged (a run cut short after the start, an older sparkfold): judged
         # like any new pair before it may become the last good one
         plan = read_pair_plan(s, worker, image, template)
@@ -299,7 +305,7 @@ def generations_kept(s: Settings, peer: Host, image: str, template: str, started
     if started is not None and not op_changed(started) and handoff is not None and handoff.runs_last_good(s.rank):
         host.noop("this rank runs the last good generation")  # nothing started since the check: asked nothing
         return
-    mine = host.get_fact(RankInputs, **rank_inputs_args(s, image))
+    mine = _rank_inputs(host, rank_inputs_args(s, image))
     if _runs_last_good(s.rank, mine):  # a run that switched nothing: the peer need not be asked
         host.noop("this rank runs the last good generation")
         return

@@ -6,13 +6,14 @@ from __future__ import annotations
 import json
 import re
 import shlex
+from collections.abc import Mapping
 from typing import TypedDict
 
 from pyinfra.api import FactBase
 
 from operations.remote import heredoc_command
 from operations.util.commands import source_env_file
-from operations.util.fact_reuse import fact_once
+from operations.util.fact_reuse import fact_once, keep, kept
 
 _RANK_FILE = re.compile(r"^(?:rank(\d)of2-[0-9a-f]+\.bin|\.rank(\d)of2\.partial)$")
 
@@ -70,11 +71,53 @@ class HfPlan(FactBase[HfPlanDict]):
         return self.default()
 
 
+def _settled(plan: Mapping[str, object]) -> bool:
+    return bool(plan.get("complete") and plan.get("manifest"))
+
+
 def hf_plan(spark, **args) -> HfPlanDict:
     """HfPlan on the host `spark`, read once per run once the download is complete (its manifest written): the
     checkpoint's plan is asked by several operations, and a complete download stays complete for the rest of the
     run."""
-    return fact_once(spark, HfPlan, lambda plan: bool(plan.get("complete") and plan.get("manifest")), **args)
+    return fact_once(spark, HfPlan, _settled, **args)
+
+
+_OFFLINE_KEYS = ("repo", "revision", "cache_dir", "local_dir", "include")
+
+
+class HfPlansOffline(FactBase[list]):
+    """hf_plan.py's offline answers for several downloads in one python (standard library only, no Hub): per
+    request, in order, the answer for a complete manifest-covered download, None for one that needs the Hub.
+    `requests`: a tuple of (repo, revision, cache_dir, local_dir, include) tuples. [] when the answer is not whole."""
+
+    @staticmethod
+    def default() -> list:
+        return []
+
+    def command(self, requests: tuple) -> str:
+        body = json.dumps([dict(zip(_OFFLINE_KEYS, (*r[:4], list(r[4])), strict=True)) for r in requests])
+        return heredoc_command(f"python3 - --offline {shlex.quote(body)}", "hf_plan", "2>/dev/null || true")
+
+    def process(self, output: list[str]) -> list:
+        try:
+            return [json.loads(line) for line in output if line.strip()]
+        except ValueError:
+            return []
+
+
+def hf_plans_kept(spark, requests: list[dict]) -> None:
+    """Every complete download among `requests` (hf_plan's arguments) read in one round trip and kept for
+    hf_plan: a converged run asks one python for all its downloads' plans, not one each. One that is not complete
+    is left to hf_plan (which asks the Hub), so a first run pays one short offline read more."""
+    wanted = [args for args in requests if not kept(spark, HfPlan, **args)]
+    if not wanted:
+        return
+    answers = spark.get_fact(HfPlansOffline, requests=tuple(tuple(args[k] for k in _OFFLINE_KEYS) for args in wanted))
+    if len(answers) != len(wanted):
+        return
+    for args, answer in zip(wanted, answers, strict=True):
+        if isinstance(answer, dict) and _settled(answer):
+            keep(spark, HfPlan, answer, **args)
 
 
 class HubPythonDict(TypedDict):

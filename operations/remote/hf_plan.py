@@ -2,12 +2,15 @@
 
     hf_plan.py --repo ORG/NAME --revision REV (--cache-dir HUB | --local-dir DIR) [--include PATTERN ...]
                [--max-workers N]
+    hf_plan.py --offline '[{"repo": ..., "revision": ..., "cache_dir": ..., "local_dir": ..., "include": [...]}]'
 
 Output: {"complete": bool, "missing": [[path, size]], "missing_bytes": N, "commit": sha, "total_bytes": N,
 "offline": bool, "model_type": str|null, "manifest": bool, "error": str|null}.
 
 - A folder whose .sparkfold-complete.json (written by hf_fetch) covers the request and matches the files on disk is
   answered offline, with the standard library only: a converged run asks neither the Hub nor huggingface_hub.
+  --offline answers several requests that way in one python, one line each in order (null for one that needs the
+  Hub): a converged run reads every download's plan in one round trip.
 - Otherwise huggingface_hub plans it: the revision is resolved to its commit, then snapshot_download(dry_run=True)
   says, file by file, whether a download would fetch it and how large it is (a blob another revision already holds
   is not fetched again; a partial file of a killed download is, since huggingface_hub 2 never resumes one). The dry
@@ -167,8 +170,28 @@ def plan(args):
     return offline_plan(args) or hub_plan(args)
 
 
+def offline_answers(requests):
+    """--offline: each request's offline answer, or None where the Hub must be asked (or the request is not one)."""
+    answers = []
+    for request in requests:
+        try:
+            args = argparse.Namespace(repo=request["repo"], revision=request["revision"],
+                                      cache_dir=request.get("cache_dir") or None,
+                                      local_dir=request.get("local_dir") or None,
+                                      include=list(request.get("include") or []))
+            answers.append(offline_plan(args))
+        except (KeyError, TypeError, AttributeError, OSError, ValueError):
+            answers.append(None)
+    return answers
+
+
 def main(argv=None):
-    args = parse_args(sys.argv[1:] if argv is None else argv)
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--offline"]:
+        for answer in offline_answers(json.loads(argv[1]) if len(argv) > 1 else []):
+            print(json.dumps(answer, sort_keys=True))
+        return 0
+    args = parse_args(argv)
     print(json.dumps(plan(args), sort_keys=True))
     return 0
 

@@ -11,9 +11,9 @@ several operations (the addresses, the link record, an image, a unit). Two rules
 
 Worth its rule, measured (tests/bench/deploy_speed.py --runs 3 --skip copy, simulated pair, 2026-12-04): a converged
 deploy.py took 3.76 s with every answer read again and 3.26 s with these rules (bare pyinfra 0.62 s: converged_ratio
-6.05 against 5.16). Used by the link, image, GPU clock, preflight and docker steps, unit_service and the
-checkpoint's plan (facts/model.hf_plan); the rank path reads one composite fact per Spark afresh, and takes only the
-docker step's answers (daemon.json, docker info) through fact_until_change.
+6.05 against 5.16). Used by the link, image, GPU clock, preflight and docker steps, unit_service, the
+downloads' plans (facts/model.hf_plan, with hf_plans_kept reading the complete ones in one round trip) and the rank
+path (its composite fact of each Spark, the holders of a held port, the docker step's answers).
 """
 
 from __future__ import annotations
@@ -45,6 +45,17 @@ def fact_once(spark: Any, cls: type, settled: Callable[[Any], bool], **kwargs: A
     if settled(value):
         kept[key] = value
     return value
+
+
+def kept(spark: Any, cls: type, **kwargs: Any) -> bool:
+    """fact_once would answer `cls(**kwargs)` on `spark` without asking."""
+    return _key(spark, cls, kwargs) in _KEPT.setdefault(spark.state, {})
+
+
+def keep(spark: Any, cls: type, value: Any, **kwargs: Any) -> None:
+    """Keep `value` as fact_once's answer for `cls(**kwargs)` on `spark`: an answer read together with others (one
+    round trip for several questions), which must be one `settled` would accept."""
+    _KEPT.setdefault(spark.state, {})[_key(spark, cls, kwargs)] = value
 
 
 def _generation(spark: Any) -> tuple[int, bool]:

@@ -6,6 +6,7 @@ run_op(op, facts, executing=False, **kwargs) -> (commands as strings, host)
 first_planned(op, facts, diff=False, **kwargs) -> (the first command or None, host): what --dry (--diff) runs of an
   operation: pyinfra's change check stops at its first command, so only what is printed before it is seen.
 refused(caplog, op, facts, **kwargs) -> (the failing command a run yields, the warnings --dry logs instead)
+ran(state, host, op_hash, ...): an operation of the run ended on host (executed or not), as fact_reuse counts it.
 parse_fact(FactClass, output_lines, **kwargs) -> what process() returns (default() for empty output).
 run_fact(FactClass, **kwargs) -> the fact run in a local shell as pyinfra runs it (requires_command guard included).
 """
@@ -13,6 +14,7 @@ run_fact(FactClass, **kwargs) -> the fact run in a local shell as pyinfra runs i
 from __future__ import annotations
 
 import subprocess
+from types import SimpleNamespace
 from typing import Any
 
 from pyinfra import logger
@@ -155,3 +157,25 @@ def unwrap_progress(text: str) -> tuple[str, str, list[str]]:
     rest = words[3:]
     inner = rest.pop(0) if rest and not rest[0].startswith("--") else ""
     return words[2], inner, rest
+
+
+class Meta:
+    """An OperationMeta as far as fact_reuse reads it."""
+
+    def __init__(self, complete: bool, changed: bool, failed: bool = False):
+        self.complete, self.changed, self.failed = complete, changed, failed
+
+    def is_complete(self):
+        return self.complete
+
+    @property
+    def executed(self):  # commands ran, whether or not the operation then succeeded
+        return self.changed
+
+    def did_change(self):
+        return self.complete and self.changed and not self.failed
+
+
+def ran(state, host, op_hash, complete=True, changed=True, failed=False):
+    """An operation of the run has ended on `host` (changing it or not)."""
+    state.ops.setdefault(host, {})[op_hash] = SimpleNamespace(operation_meta=Meta(complete, changed, failed))

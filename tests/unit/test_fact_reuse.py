@@ -1,34 +1,10 @@
 """operations/util/fact_reuse.py: an answer is kept exactly as long as nothing in the run can have changed it."""
 
-from types import SimpleNamespace
-
-from harness import FakeHost, _State
+from harness import FakeHost, _State, ran
 from pyinfra.context import ctx_state
 
 from operations.facts.network import IpAddresses
 from operations.util.fact_reuse import fact_once, fact_until_change
-
-
-class Meta:
-    """An OperationMeta as far as run_memo reads it."""
-
-    def __init__(self, complete: bool, changed: bool, failed: bool = False):
-        self.complete, self.changed, self.failed = complete, changed, failed
-
-    def is_complete(self):
-        return self.complete
-
-    @property
-    def executed(self):  # commands ran, whether or not the operation then succeeded
-        return self.changed
-
-    def did_change(self):
-        return self.complete and self.changed and not self.failed
-
-
-def ran(state, host, op_hash, complete=True, changed=True, failed=False):
-    """An operation of the run has ended on `host` (changing it or not)."""
-    state.ops.setdefault(host, {})[op_hash] = SimpleNamespace(operation_meta=Meta(complete, changed, failed))
 
 
 def reads(host):

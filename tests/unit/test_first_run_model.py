@@ -46,6 +46,7 @@ def test_the_model_has_the_deploys_streams_and_waits(monkeypatch):
     for module in (image, model_data, background_data):
         monkeypatch.setattr(module, "background", background)
     monkeypatch.setattr(model_data, "_plan", lambda args: {"commit": "c" * 40, "total_bytes": 10})
+    monkeypatch.setattr(model_data, "hf_plans_kept", lambda spark, requests: None)
     monkeypatch.setattr(model_data, "_hub_installed", lambda s: None)
     for op in ("engine_context_uploaded", "hf_snapshot", "folder_placed", "folder_verified"):
         for module in (image, model_data):

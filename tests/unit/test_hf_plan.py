@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 from fakehub_proc import FAKEHUB, running_fakehub
 
-from operations.facts.model import HfPlan
+from operations.facts.model import HfPlan, HfPlansOffline, hf_plans_kept
+from operations.facts.model import hf_plan as kept_plan
 from operations.remote import hf_plan
 from operations.util import hf_cache
 
@@ -218,3 +219,58 @@ def test_the_answer_is_one_json_line(hub, tmp_path):
     out = subprocess.run(["sh", "-c", command], capture_output=True, text=True, env=head_env(tmp_path), timeout=60)
     lines = [line for line in out.stdout.splitlines() if line.strip()]
     assert len(lines) == 1 and json.loads(lines[0])["commit"] == COMMIT
+
+
+def test_offline_batch_answers_each_complete_download_as_its_own_plan_does_and_asks_no_hub(hub, tmp_path):
+    """HfPlansOffline: one python answers several downloads, in order; a complete manifest-covered one exactly as
+    HfPlan answers it, one that needs the Hub (not downloaded, another revision) with None; no request to the Hub."""
+    cache = tmp_path / "hub"
+    snapshot = Path(download(hub, repo_id=CHECKPOINT, cache_dir=cache))
+    hf_cache.write_manifest(str(snapshot), hf_cache.manifest_record(CHECKPOINT, "main", COMMIT, (), SIZES))
+    complete = {"repo": CHECKPOINT, "revision": "main", "cache_dir": str(cache), "local_dir": "", "include": ()}
+    elsewhere = dict(complete, cache_dir=str(tmp_path / "empty"))
+    other_revision = dict(complete, revision="f" * 40)
+    requests = tuple(tuple(r[k] for k in ("repo", "revision", "cache_dir", "local_dir", "include"))
+                     for r in (complete, elsewhere, other_revision))
+    start = mark(hub)
+    done = subprocess.run(["sh", "-c", HfPlansOffline().command(requests=requests)], capture_output=True, text=True,
+                          timeout=60, env=head_env(tmp_path))
+    assert done.returncode == 0, done.stderr
+    got = HfPlansOffline().process(done.stdout.splitlines())
+    assert got[1:] == [None, None]
+    assert got[0] == plan(hub, tmp_path, cache_dir=str(cache), endpoint="http://127.0.0.1:9")
+    assert got[0]["complete"] and got[0]["manifest"]
+    assert requests_since(hub, start) == []
+
+
+def test_the_batch_keeps_only_complete_plans_and_hf_plan_then_asks_nothing_more():
+    from harness import FakeHost, _State
+    from pyinfra.context import ctx_state
+
+    base = {"python": "python3", "revision": "main", "cache_dir": "/hf/hub", "local_dir": "", "include": (),
+            "token_path": "/s/t", "endpoint": "", "env_file": "/s/e", "max_workers": 8}
+    done, needed = dict(base, repo="a/done"), dict(base, repo="b/needed")
+    complete = {"complete": True, "manifest": True, "commit": "c" * 40}
+    spark = FakeHost({HfPlansOffline: [complete, None], HfPlan: {"complete": False}}, name="head")
+    with ctx_state.use(_State(False)):
+        hf_plans_kept(spark, [done, needed])
+        assert kept_plan(spark, **done) == complete
+        assert kept_plan(spark, **needed) == {"complete": False}  # asked on its own (the Hub)
+        hf_plans_kept(spark, [done])  # nothing left to batch: not asked again
+    asked = [name.rsplit(".", 1)[1] for name, _ in spark.fact_calls]
+    assert asked == ["HfPlansOffline", "HfPlan"], asked
+    assert spark.fact_calls[0][1]["requests"] == (("a/done", "main", "/hf/hub", "", ()),
+                                                  ("b/needed", "main", "/hf/hub", "", ()))
+
+
+def test_a_batch_answer_of_the_wrong_length_keeps_nothing():
+    from harness import FakeHost, _State
+    from pyinfra.context import ctx_state
+
+    args = {"python": "python3", "repo": "a/b", "revision": "main", "cache_dir": "/hf/hub", "local_dir": "",
+            "include": (), "token_path": "", "endpoint": "", "env_file": "", "max_workers": 8}
+    spark = FakeHost({HfPlansOffline: [], HfPlan: {"complete": False}}, name="head")
+    with ctx_state.use(_State(False)):
+        hf_plans_kept(spark, [args])
+        assert kept_plan(spark, **args) == {"complete": False}
+    assert HfPlansOffline().process(["not json"]) == []

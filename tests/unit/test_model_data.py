@@ -651,6 +651,7 @@ def recorded(monkeypatch):
                                                            "missing_bytes": 2**30, "commit": COMMIT,
                                                            "total_bytes": 2**31})
     monkeypatch.setattr(model_data, "_hub_versions", lambda python: {"hub": "2.3.1", "xet": "1.8.0"})
+    monkeypatch.setattr(model_data, "hf_plans_kept", lambda spark, requests: None)  # test_every_plan_is_batched
     return calls
 
 
@@ -709,6 +710,23 @@ def test_deploy_head_copy_mode_copies_the_checkpoint_once_listed(recorded):
     assert streams["checkpoint-to-worker"]["upstream"] == ["checkpoint", "blob-list"]
     assert "--copy-unsafe-links" in " ".join(streams["checkpoint-to-worker"]["stream"].commands)
     assert streams["checkpoint-checked"]["upstream"] == ["checkpoint-to-worker"]
+
+
+@pytest.mark.parametrize("ablit", [False, True])
+def test_every_plan_the_deploy_asks_is_read_in_the_one_batch(recorded, monkeypatch, ablit):
+    """hf_plans_kept is given every download the step plans, with the same arguments, before the first plan is
+    asked: a converged run then reads all of them in one round trip."""
+    batched, asked = [], []
+    monkeypatch.setattr(model_data, "hf_plans_kept", lambda spark, requests: batched.append(list(requests)))
+    monkeypatch.setattr(model_data, "_plan", lambda args: asked.append((len(batched), args)) or {"commit": COMMIT})
+    s = settings(ablit=ablit, hf_token="t" if ablit else "")
+    DEPLOY(s)
+    CHECKED(s)
+    assert len(batched) == 1 and asked
+    assert {len(batched) for _, _ in asked} == {1}  # every plan asked after the batch
+    missing = [args["repo"] for _, args in asked if args not in batched[0]]
+    assert not missing, missing
+    assert ("d/ablit" in [r["repo"] for r in batched[0]]) == ablit
 
 
 def test_deploy_head_ablit_writes_the_weight_files_after_the_background_work(recorded):

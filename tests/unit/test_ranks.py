@@ -257,6 +257,27 @@ def test_a_converged_run_asks_docker_no_more_than_the_docker_step_did():
     assert asked.count("DaemonJson") == 1 and asked.count("DockerRuntimeInfo") == 1, asked
 
 
+def test_a_converged_step_reads_each_spark_once_and_again_after_a_change():
+    """pair_checked, then both starts: each Spark's RankInputs is read once while no operation changes a Spark, and
+    again once one has (a rank started), so a start sees what an earlier operation of the run made."""
+    from harness import _State, ran
+    from pyinfra.context import ctx_host, ctx_state
+
+    state = _State(True)
+    peer = FakeHost(rank_facts(found(WS, container(H1))), name="worker")
+    host = FakeHost(rank_facts(found(HS, container(H0))), name="head")
+    pair = dict(s=HS, peer=peer, image=IMAGE, template=TEMPLATE)
+
+    def reads():
+        return [sum(n.endswith(".RankInputs") for n, _ in spark.fact_calls) for spark in (host, peer)]
+
+    with ctx_state.use(state), ctx_host.use(host):
+        assert list(ranks.pair_checked._inner(**pair)) == []
+        assert list(ranks.rank_started._inner(**pair)) == [] and reads() == [1, 1]
+        ran(state, peer, "rank 1 started")  # an operation of the run changed the worker
+        assert list(ranks.rank_started._inner(**pair)) == [] and reads() == [2, 2]
+
+
 # --- rank_started ------------------------------------------------------------------------------------------------
 
 RELOCK = (f"sh /usr/local/lib/sparkfold/gpu_clock_lock.sh {WS.nvidia_smi_path} {WS.gpu_clock_mhz} "
