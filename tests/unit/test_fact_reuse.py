@@ -1,5 +1,6 @@
 """operations/util/fact_reuse.py: an answer is kept exactly as long as nothing in the run can have changed it."""
 
+import gevent
 from harness import FakeHost, _State, ran
 from pyinfra.context import ctx_state
 
@@ -97,3 +98,48 @@ def test_pyinfras_host_proxy_keeps_each_host_apart():
             with ctx_host.use(h):
                 assert fact_until_change(proxy, IpAddresses) == want
                 assert fact_once(proxy, IpAddresses, lambda value: True) == want
+
+
+class SlowHost(FakeHost):
+    """A Spark whose answer takes a while, as a round trip does: other greenlets run meanwhile."""
+
+    def __init__(self, facts, fail: bool = False, **kwargs):
+        super().__init__(facts, **kwargs)
+        self.fail = fail
+
+    def get_fact(self, cls, *args, **kwargs):
+        value = super().get_fact(cls, *args, **kwargs)
+        gevent.sleep(0.05)
+        if self.fail:
+            raise RuntimeError("the Spark did not answer")
+        return value
+
+
+def test_a_read_in_flight_is_waited_for_not_repeated():
+    state, h = _State(True), SlowHost({IpAddresses: {"a": 1}}, name="head")
+    with ctx_state.use(state):
+        both = [gevent.spawn(fact_until_change, h, IpAddresses) for _ in range(2)]
+        gevent.joinall(both, raise_error=True)
+        assert [g.value for g in both] == [{"a": 1}, {"a": 1}]
+        assert reads(h) == 1
+        ran(state, h, "apply")  # after a change, a new read
+        gevent.joinall([gevent.spawn(fact_until_change, h, IpAddresses) for _ in range(2)], raise_error=True)
+        assert reads(h) == 2
+
+
+def test_a_failed_read_fails_every_waiter_and_is_not_kept():
+    state, h = _State(True), SlowHost({IpAddresses: {"a": 1}}, fail=True, name="head")
+    with ctx_state.use(state):
+        both = [gevent.spawn(fact_until_change, h, IpAddresses) for _ in range(2)]
+        gevent.joinall(both)
+        assert [type(g.exception) for g in both] == [RuntimeError, RuntimeError] and reads(h) == 1
+        h.fail = False
+        assert fact_until_change(h, IpAddresses) == {"a": 1} and reads(h) == 2
+
+
+def test_fact_once_waits_for_a_read_in_flight_too():
+    state, h = _State(False), SlowHost({IpAddresses: {"a": 1}}, name="worker")
+    with ctx_state.use(state):
+        both = [gevent.spawn(fact_once, h, IpAddresses, bool) for _ in range(2)]
+        gevent.joinall(both, raise_error=True)
+    assert [g.value for g in both] == [{"a": 1}, {"a": 1}] and reads(h) == 1
