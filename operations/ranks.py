@@ -161,10 +161,13 @@ def stale_pair_stopped(s: Settings, peer: Host, image: str, template: str, pause
 
 
 @operation()
-def rank_started(s: Settings, peer: Host, image: str, template: str):
+def rank_started(s: Settings, peer: Host, image: str, template: str, notes: SwitchNotes | None = None):
     """Start this rank's container unless it runs the wanted spec: mounts checked, memory waited for, the GPU clock
     lock applied again, then `docker run`. Planned before the stale pair is stopped, a rank to recreate is shown
-    with the start it will get."""
+    with the start it will get. Rank 0 is not started when rank 1 did not start (its start ran just before): the
+    pair step judges the switch failed and starts the last good pair again (pair_serving). Called with
+    _ignore_errors, so that a start that fails on either Spark reaches that judgement instead of ending the run with
+    no rank serving."""
     plan = read_pair_plan(s, peer, image, template)
     mine = plan.rank(s.rank)
     if mine.action in (KEEP, REFUSED):
@@ -178,7 +181,21 @@ def rank_started(s: Settings, peer: Host, image: str, template: str):
         yield StringCommand("docker", "run", "...", f"(rank {s.rank}; its spec is complete once the steps before "
                             "it have run)")
         return
+    theirs = plan.rank(1 - s.rank)
+    if s.is_head and state.is_executing and theirs.spec is not None and not theirs.runs_wanted:
+        problem = (f"rank 1 did not start on the worker ({_container_state(theirs.container)}; its error is above), "
+                   "so rank 0 is not started")
+        if notes is not None:
+            notes.start_problem = problem
+        yield from check_failed("the switch", [problem])
+        return
     yield from start_commands(mine.spec, s.min_avail_gib, s.gpu_clock_mhz, s.nvidia_smi_path)
+
+
+def _container_state(container: Mapping[str, Any]) -> str:
+    if not container:
+        return "no container"
+    return f"its container is {container.get('status') or '?'}, exit code {container.get('exit_code')}"
 
 
 def _stop_noted(state: Any, host: Any, notes: SwitchNotes) -> bool:
@@ -207,9 +224,10 @@ def old_pair_replayed(s: Settings, peer: Host, image: str, template: str, notes:
 
 
 def _new_pair_served(state: Any, host: Any, worker: Any, s: Settings, change: Switch | None,
-                     notes: SwitchNotes) -> bool:
-    """The new pair judged (health, smoke, the exact gate); when it fails, the last good generation again."""
-    problem = switch.pair_problem(s, host, worker, s.wait_timeout)
+                     notes: SwitchNotes, failed_start: str | None = None) -> bool:
+    """The new pair judged (health, smoke, the exact gate); when it fails, the last good generation again.
+    failed_start: why a rank did not start (the pair is failed without a wait)."""
+    problem = failed_start or switch.pair_problem(s, host, worker, s.wait_timeout)
     if problem is None and s.upgrade_gate == "exact":
         if notes.replay is None:
             host.log("exact gate: no record of the old pair (none served before this run, or it did not answer): "
@@ -248,7 +266,14 @@ def pair_serving(s: Settings, worker: Host, image: str, template: str, rank0: An
     with the API's downtime; when it fails, the last good generation started again (operations/rank/switch.py).
     A pair that runs but was never judged (no record says it passed) is judged the same way. Otherwise one quick
     check of the API and the LIVE line. Asking the API is this machine's request, not
-    a fact: while planning, only executing can say whether it answers (hence the one is_executing branch)."""
+    a fact: while planning, only executing can say whether it answers (hence the one is_executing branch).
+    A start that failed on either Spark (rank_started ignores its errors) is judged failed at once, without the
+    health wait: the last good pair is started again."""
+    if rank0.is_complete() and not rank0.did_succeed():
+        failed = notes.start_problem or "rank 0 did not start on the head (its error is above)"
+        plan = read_pair_plan(s, worker, image, template)
+        yield FunctionCommand(_new_pair_served, (worker, s, plan.switch, notes, failed), {})
+        return
     if op_changed(rank0) or not (  # a pair started now needs no read to say it was never judged
             handoff.runs_last_good(0) if handoff is not None and handoff.plan is not None
             else _runs_last_good(0, _rank_inputs(host, rank_inputs_args(s, image)))):
@@ -362,10 +387,11 @@ def ranks_serving(s: Settings) -> None:
     pause = (SUPERVISOR_UNIT,) if s.is_head and s.supervise else ()
     stale_pair_stopped(name="Stop the stale pair (logs saved first)", pause_units=pause,
                        notes=notes if s.is_head else None, handoff=handoff, **pair)
+    # a failed start is judged by pair_serving (the last good pair started again), not left to end the run
     if not s.is_head:
-        started = rank_started(name="Start rank 1 (worker)", **pair)
+        started = rank_started(name="Start rank 1 (worker)", _ignore_errors=True, **pair)
     if s.is_head:
-        started = rank_started(name="Start rank 0 (head)", **pair)
+        started = rank_started(name="Start rank 0 (head)", notes=notes, _ignore_errors=True, **pair)
         pair_serving(name="Rank 0's API: wait, smoke test through both ranks, LIVE (or roll back)", s=s, worker=peer,
                      image=pair["image"], template=pair["template"], rank0=started, notes=notes, handoff=handoff)
     generations_kept(name="The serving generation recorded; old generations pruned", started=started,

@@ -54,6 +54,12 @@ class RankPlan:
     def running(self) -> bool:
         return bool(self.container.get("running"))
 
+    @property
+    def runs_wanted(self) -> bool:
+        """Its container runs the wanted spec (whatever the action: a restart asked for recreates it anyway)."""
+        return (self.running and self.spec is not None
+                and (self.container.get("labels") or {}).get(LABEL_HASH) == self.spec.spec_hash())
+
 
 @dataclass(frozen=True)
 class PairPlan:

@@ -33,6 +33,7 @@ class SwitchNotes:
 
     stopped_at: float | None = None  # when the serving pair was stopped (this machine's clock)
     replay: dict[str, Any] | None = None  # the exact gate's record of the old pair
+    start_problem: str | None = None  # why the head did not start rank 0 (the worker's rank 1 did not start)
 
 
 def _client(s: Any, head: Any) -> Client:

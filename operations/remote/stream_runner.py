@@ -5,7 +5,8 @@ A stream's folder, <root>/<name> (root: Layout.streams, the ssh user's, 0700), h
     script   the work, run with `sh -e`          lane, label, after   how it is shown, what it waits for
     inputs   digest of the work (RUN_TOKEN masked)   run     the run it belongs to (peer_ssh.RUN_TOKEN)
     watch    "<pid> <start time>" of that run's session process (operations/util/session.py)
-    pid, boot, pstart   the runner, a session leader (its process group is the stream's)
+    pid, boot, pstart   the runner, a session leader (its process group holds the runner and its watchdog)
+    work     the work's process group (the script runs in a session of its own)
     queued, began, ended   epoch seconds (began: its waits are over)   rc   its exit status (143: stopped)
     log      everything it printed (the progress runner's lines)
 
@@ -13,6 +14,10 @@ The runner waits for each stream named in `after` that belongs to the same run (
 run's work), then runs the script. A watchdog ends the stream when the run's session process is gone (the run was
 killed or lost its connection), so no work outlives its run unseen; what is whole stays, and each command resumes
 (docker's build cache, the hub client's partial files, rsync's --partial), so the next run starts it again.
+
+A stopped runner passes the TERM on to the work's process group and waits (up to WORK_STOP_S, then KILL) until
+nothing of it runs before it records rc 143 and exits: a restart then never starts new work beside old work still stopping (a
+tool's container shutting down, a download's last write).
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from operations.util.session import FIND_SESSION, STAT_FUNCTIONS
 
 STATE_FILES = ("run", "inputs", "lane", "label", "after", "queued", "began", "ended", "rc")  # what the fact reads
 STOPPED_RC = 143  # the runner's status when it was stopped (SIGTERM: its run is gone, or a new run restarts it)
+WORK_STOP_S = 30  # how long a stopped runner waits for its work to end before it kills what is left
 _SCRIPT_EOF = "SPARKFOLD_STREAM_EOF"
 
 # alive DIR: the stream in DIR has a runner that still runs (same boot, same start time: not a reused pid)
@@ -40,8 +46,15 @@ d=$1; root=${d%/*}
 now() { date +%s.%N; }
 put() { printf '%s\n' "$2" > "$d/$1.tmp" && mv -f "$d/$1.tmp" "$d/$1"; }
 finish() { trap '' TERM HUP INT; put ended "$(now)"; put rc "$1"; exit "$1"; }
+work=
+stop_work() {
+  [ -n "$work" ] || return 0
+  kill -TERM -"$work" 2>/dev/null; i=0
+  while kill -0 -"$work" 2>/dev/null && [ $i -lt ''' + str(WORK_STOP_S * 10) + r''' ]; do sleep 0.1; i=$((i + 1)); done
+  ! kill -0 -"$work" 2>/dev/null || { echo "sparkfold: $(cat "$d/label"): killed"; kill -KILL -"$work"; }
+}
 put boot "$(cat ''' + BOOT_ID + r''')"; put pstart "$(start_of $$)"; put pid $$
-trap 'echo "sparkfold: $(cat "$d/label"): stopped"; finish ''' + str(STOPPED_RC) + r'''' TERM HUP INT
+trap 'echo "sparkfold: $(cat "$d/label"): stopped"; stop_work; finish ''' + str(STOPPED_RC) + r'''' TERM HUP INT
 ( while [ ! -f "$d/rc" ]; do
     read -r wp ws < "$d/watch" || ws=
     if [ -z "$ws" ] || [ "$(start_of "$wp")" != "$ws" ]; then
@@ -63,7 +76,9 @@ for a in $(cat "$d/after"); do
   fi
 done
 put began "$(now)"
-sh -e "$d/script" & wait $!
+# a session of its own (setsid: the child is no group leader, so setsid does not fork and $! is its group)
+setsid sh -e "$d/script" & work=$!; put work "$work"
+wait "$work"
 finish $?
 ''')
 
@@ -119,8 +134,9 @@ def launch_command(root: str, name: str, lane: str, label: str, after: tuple[str
         f"echo {q(f'sparkfold: {label}: running already, followed by this run')} && exit 0; "
         f"echo {q(unfollowed)} >&2; exit 1; fi; "
         "if alive \"$d\"; then kill -TERM -\"$(cat \"$d/pid\")\"; i=0; "
-        "while alive \"$d\" && [ $i -lt 100 ]; do sleep 0.1; i=$((i + 1)); done; "
-        "! alive \"$d\" || kill -KILL -\"$(cat \"$d/pid\")\"; fi; "
+        f"while alive \"$d\" && [ $i -lt {(WORK_STOP_S + 5) * 10} ]; do sleep 0.1; i=$((i + 1)); done; "
+        "w=$(cat \"$d/work\" 2>/dev/null); ! alive \"$d\" || kill -KILL -\"$(cat \"$d/pid\")\" "
+        "${w:+-\"$w\"}; fi; "
         "rm -rf \"$d\" && mkdir -m 0700 \"$d\" && "
         f"{write_fields} && printf '%s\\n' {q(run)} > \"$d/run\" && "
         "printf '%s\\n' \"$p $(start_of $p)\" > \"$d/watch\" && date +%s.%N > \"$d/queued\" && "

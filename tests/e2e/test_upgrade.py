@@ -89,6 +89,20 @@ def test_a_new_engine_that_crashes_while_loading_is_rolled_back(run_pyinfra, sim
     assert changed_ops(deploy(run_pyinfra)) == {}  # the old settings: nothing to do
 
 
+def test_a_new_engine_whose_rank_cannot_start_is_rolled_back(run_pyinfra, sim_exec, tmp_path):
+    """rank 1's `docker run` fails (the new image lacks its program): rank 0 is not started, and the last good pair
+    serves again, instead of the run ending with no rank serving."""
+    before, old = spec_hashes(sim_exec), last_good(sim_exec)
+    run = failing_deploy(run_pyinfra, env=faulty_engine(tmp_path, "no-rank1-program"))
+    assert "Traceback" not in run.stderr
+    assert "executable file not found" in run.stderr  # Docker's own error, shown where it happened
+    assert "rank 1 did not start on the worker (its container is created" in run.stderr
+    assert f"Generation {old} serves again (rolled back)" in run.stderr
+    assert spec_hashes(sim_exec) == before and last_good(sim_exec) == old  # the old pair, as it was
+    assert "Both ranks answered" in chat()["choices"][0]["message"]["content"]
+    assert changed_ops(deploy(run_pyinfra)) == {}  # the old settings: nothing to do
+
+
 def test_the_exact_gate_refuses_different_replies_and_smoke_accepts_them(run_pyinfra, sim_exec, tmp_path):
     old = last_good(sim_exec)
     env = faulty_engine(tmp_path, "replies-differ")

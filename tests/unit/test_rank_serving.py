@@ -256,7 +256,7 @@ def test_load_status_shows_memory_and_the_newest_log_text_of_each_rank():
 
 # --- the operation (operations/ranks.py pair_serving) ---------------------------------------------------------------
 
-def pair_serving(url, executing, restarted=False, worker_state=UP, judged=True):
+def pair_serving(url, executing, restarted=False, worker_state=UP, judged=True, start_failed=False, notes=None):
     """pair_serving on the head; judged: the running pair is the recorded last good generation."""
     import json as json_
 
@@ -270,9 +270,21 @@ def pair_serving(url, executing, restarted=False, worker_state=UP, judged=True):
     records = {"files": {f"{good.id}.json": json_.dumps(good.record())}, "last_good": good.id if judged else ""}
     head_inputs = found(s, container(wanted.specs[0].spec_hash()), generations=records)
     worker = Spark(rank_facts(found(WS), {RankContainer: worker_state}), "worker")
-    rank0 = SimpleNamespace(is_complete=lambda: executing, did_change=lambda: restarted, will_change=restarted)
+    rank0 = SimpleNamespace(is_complete=lambda: executing, did_change=lambda: restarted and not start_failed,
+                            did_succeed=lambda: not start_failed, will_change=restarted)
     return run_op(ranks.pair_serving, rank_facts(head_inputs, {RankContainer: UP}), executing=executing, s=s,
-                  worker=worker, image="img", template="t", rank0=rank0, notes=switch.SwitchNotes())
+                  worker=worker, image="img", template="t", rank0=rank0, notes=notes or switch.SwitchNotes())
+
+
+def test_a_start_that_failed_is_judged_failed_without_a_wait(api):
+    """rank_started ignores its errors: its failure reaches pair_serving, which fails the switch at once (the last
+    good pair started again) with the reason the head noted, or rank 0's own failure."""
+    cmds, _ = pair_serving(api().url, True, restarted=True, start_failed=True)
+    assert len(cmds) == 1 and cmds[0].startswith("FunctionCommand(_new_pair_served")
+    assert "'rank 0 did not start on the head (its error is above)'" in cmds[0]
+    noted = switch.SwitchNotes(start_problem="rank 1 did not start on the worker (no container; its error is above)")
+    cmds, _ = pair_serving(api().url, True, start_failed=True, notes=noted)  # even a pair judged before the check
+    assert "'rank 1 did not start on the worker" in cmds[0]
 
 
 def test_a_running_pair_never_judged_is_judged_before_it_becomes_the_last_good(api):

@@ -83,9 +83,9 @@ def test_the_downtime_is_said_only_when_a_serving_pair_was_stopped():
     assert switch.downtime_line(switch.SwitchNotes(), 183.0) == ""
 
 
-def serve(monkeypatch, problem=None, gate=None, replay=None, back=None, upgrade_gate="smoke"):
+def serve(monkeypatch, problem=None, gate=None, replay=None, back=None, upgrade_gate="smoke", failed_start=None):
     calls = []
-    monkeypatch.setattr(switch, "pair_problem", lambda s, head, worker, timeout: problem)
+    monkeypatch.setattr(switch, "pair_problem", lambda s, head, worker, timeout: calls.append("wait") or problem)
     monkeypatch.setattr(switch, "gate_problem", lambda s, head, before: calls.append("gate") or gate)
     monkeypatch.setattr(switch, "switched_to", lambda s, head, worker, target: calls.append(target.id) or back)
     monkeypatch.setattr(switch, "clock", lambda: 200.0)
@@ -94,31 +94,39 @@ def serve(monkeypatch, problem=None, gate=None, replay=None, back=None, upgrade_
     change = switch_of(SERVING.specs, SERVING.specs[0].image,
                        SimpleNamespace(get=lambda gid: good(EARLIER, 1), last_good=EARLIER.id))
     ok = ranks._new_pair_served(None, head, worker, HS.replace(upgrade_gate=upgrade_gate), change,
-                                switch.SwitchNotes(stopped_at=170.0, replay=replay))
+                                switch.SwitchNotes(stopped_at=170.0, replay=replay), failed_start)
     return ok, head.logged, calls
 
 
 def test_a_new_pair_that_serves_says_live_and_the_downtime(monkeypatch):
     ok, logged, calls = serve(monkeypatch)
-    assert ok and logged[0].startswith("✔ DeepSeek-V4.1-Flash-1017 is now LIVE!") and calls == []
+    assert ok and logged[0].startswith("✔ DeepSeek-V4.1-Flash-1017 is now LIVE!") and calls == ["wait"]
     assert logged[-1] == "  the API was down 30 s during the switch"
 
 
 def test_a_new_pair_that_fails_rolls_back_and_fails_the_run(monkeypatch):
     ok, logged, calls = serve(monkeypatch, problem="rank 0 exited with code 1")
-    assert not ok and calls == [EARLIER.id]
+    assert not ok and calls == ["wait", EARLIER.id]
     assert logged[-1].startswith(f"sparkfold: the new pair (generation {SERVING.id}) failed: rank 0 exited")
+    assert f"Generation {EARLIER.id} serves again (rolled back)" in logged[-1]
+
+
+def test_a_start_that_failed_rolls_back_at_once_without_a_wait_or_a_gate(monkeypatch):
+    ok, logged, calls = serve(monkeypatch, failed_start="rank 0 did not start on the head (its error is above)",
+                              replay={"prompts": {}}, upgrade_gate="exact")
+    assert not ok and calls == [EARLIER.id]  # neither the health wait nor the gate: straight back
+    assert logged[-1].startswith(f"sparkfold: the new pair (generation {SERVING.id}) failed: rank 0 did not start")
     assert f"Generation {EARLIER.id} serves again (rolled back)" in logged[-1]
 
 
 def test_the_exact_gate_judges_only_with_a_record_of_the_old_pair(monkeypatch):
     ok, logged, calls = serve(monkeypatch, gate="the exact gate found a difference: 1 of 3 prompts differ: prose",
                               replay={"prompts": {}}, upgrade_gate="exact")
-    assert not ok and calls == ["gate", EARLIER.id] and "exact gate found a difference" in logged[-1]
+    assert not ok and calls == ["wait", "gate", EARLIER.id] and "exact gate found a difference" in logged[-1]
     ok, logged, calls = serve(monkeypatch, replay=None, upgrade_gate="exact")
-    assert ok and calls == [] and any("no record of the old pair" in line for line in logged)
+    assert ok and calls == ["wait"] and any("no record of the old pair" in line for line in logged)
     ok, _logged, calls = serve(monkeypatch, gate="differs", replay={"prompts": {}}, upgrade_gate="smoke")
-    assert ok and calls == []  # smoke: the replies are not compared
+    assert ok and calls == ["wait"]  # smoke: the replies are not compared
 
 
 def test_a_rollback_is_judged_where_the_old_pair_answers():

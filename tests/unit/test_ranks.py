@@ -309,6 +309,24 @@ def test_rank_0_starts_once_rank_1_runs():
     assert "tensorfold-native serve" in cmds[-1] and f"sparkfold.spec-hash={H0}" in cmds[-1]
 
 
+def test_rank_0_is_not_started_when_rank_1_did_not_start():
+    """Executing, after the worker's start: rank 1 not running its wanted spec (a `docker run` that failed leaves a
+    created container, or none) stops rank 0's start, noted for pair_serving; planning shows the start."""
+    from operations.rank.switch import SwitchNotes
+
+    created = dict(container(H1), running=False, status="created", exit_code=127)
+    for theirs, said in ((created, "its container is created, exit code 127"), ({}, "no container"),
+                         (container("old"), "its container is running")):
+        notes = SwitchNotes()
+        cmds, _ = run(ranks.rank_started, HS, found(HS), found(WS, theirs), notes=notes)
+        assert len(cmds) == 1 and "exit 1" in cmds[0] and "rank 0 is not started" in cmds[0]
+        assert notes.start_problem.startswith(f"rank 1 did not start on the worker ({said}")
+    cmds, _ = run(ranks.rank_started, HS, found(HS), found(WS, created), executing=False)
+    assert "tensorfold-native serve" in cmds[-1]
+    cmds, _ = run(ranks.rank_started, WS, found(WS), found(HS))  # the worker starts whatever the head runs
+    assert "tf-dsv41-lanes" in cmds[-1]
+
+
 def test_rank_started_needs_a_spec_at_execute():
     cmds, _ = run(ranks.rank_started, HS, found(HS, caps={}), found(WS))
     assert len(cmds) == 1 and "exit 1" in cmds[0] and "capabilities missing" in cmds[0]
@@ -414,6 +432,8 @@ def test_the_pair_step_on_each_spark(monkeypatch):
     serving_ = calls[4][1]
     assert serving_["worker"] is worker_host and serving_["rank0"].did_change() is True
     assert serving_["notes"] is calls[2][1]["notes"]  # the stop's time reaches the LIVE line
+    # a failed start reaches pair_serving's judgement (the last good pair again) instead of ending the run
+    assert start["_ignore_errors"] is True and start["notes"] is serving_["notes"]
     calls.clear()
     with ctx_host.use(head_host):
         ranks.ranks_serving._inner(HS.replace(upgrade_gate="exact"))
@@ -423,6 +443,7 @@ def test_the_pair_step_on_each_spark(monkeypatch):
         ranks.ranks_serving._inner(WS)
     assert [k for k, _ in calls] == ["pair_checked", "stale_pair_stopped", "rank_started", "generations_kept"]
     assert calls[2][1]["name"] == "Start rank 1 (worker)" and calls[2][1]["peer"] is head_host
+    assert calls[2][1]["_ignore_errors"] is True
     assert calls[1][1]["notes"] is None
 
 

@@ -140,6 +140,7 @@ def test_a_stream_ends_with_the_run_that_started_it(tmp_path):
     assert "the run that started it is gone" in read(root, "long", "log")
     time.sleep(0.2)
     assert running_in_group(int(read(root, "long", "pid"))) == []  # its whole process group ended
+    assert running_in_group(int(read(root, "long", "work"))) == []  # and the work's
 
 
 def running_in_group(pgid: int) -> list[int]:
@@ -153,6 +154,66 @@ def running_in_group(pgid: int) -> list[int]:
         if fields[2] == str(pgid) and fields[0] != "Z":
             found.append(int(entry.name))
     return found
+
+
+# work whose step ends at once when told to stop, while a process it started takes a second more (a tool's
+# container shutting down after its client left): that process says when it is done
+SLOW_TO_STOP = ("( trap 'sleep 1; date +%s.%N > {marker}; exit 0' TERM; while :; do sleep 0.1; done ) & "
+                "echo working; while :; do sleep 0.1; done")
+
+
+def test_a_stopped_stream_records_its_end_only_once_its_work_has_stopped(tmp_path):
+    root, marker = tmp_path / "streams", tmp_path / "stopped-at"
+    session = fake_session(tmp_path, launch_command(str(root), "slow", "test", "the slow work", (),
+                                                   [SLOW_TO_STOP.format(marker=marker)], run=RUN))
+    try:
+        assert session.stdout is not None and "started in the background" in session.stdout.readline()
+        deadline = time.monotonic() + 10
+        while "working" not in read(root, "slow", "log"):
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        session.kill()  # the run is gone: the watchdog stops the stream
+        session.wait()
+        settle(root, "slow", timeout=15)
+    finally:
+        session.kill()
+    got = state(root, "slow")
+    assert got["rc"] == STOPPED_RC and marker.exists()
+    assert float(read(root, "slow", "ended")) >= float(marker.read_text())  # recorded after the work ended
+    assert float(read(root, "slow", "ended")) - float(marker.read_text()) < 2  # and not long after
+    assert running_in_group(int(read(root, "slow", "work"))) == []
+
+
+def test_a_restart_starts_the_new_work_only_once_the_old_has_stopped(tmp_path):
+    root, marker = tmp_path / "streams", tmp_path / "stopped-at"
+    launch(root, "w", [SLOW_TO_STOP.format(marker=marker)], run="earlier1")
+    deadline = time.monotonic() + 10
+    while "working" not in read(root, "w", "log"):
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    restarted = launch(root, "w", ["echo other work"])
+    assert "started in the background" in restarted.stdout
+    assert marker.exists() and float(read(root, "w", "queued")) >= float(marker.read_text())
+    settle(root, "w")
+    assert state(root, "w")["rc"] == 0
+
+
+def test_work_that_will_not_stop_is_killed_after_the_wait(tmp_path, monkeypatch):
+    from operations.remote import stream_runner
+    monkeypatch.setattr(stream_runner, "RUNNER", stream_runner.RUNNER.replace(
+        f"$i -lt {stream_runner.WORK_STOP_S * 10} ]", "$i -lt 10 ]"))  # a one-second wait, for the test
+    root = tmp_path / "streams"
+    launch(root, "stubborn", ["trap '' TERM; echo working; while :; do sleep 0.1; done"])
+    deadline = time.monotonic() + 10
+    while "working" not in read(root, "stubborn", "log"):
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    work = int(read(root, "stubborn", "work"))
+    sh(f"kill -TERM -$(cat {root}/stubborn/pid)")
+    settle(root, "stubborn", timeout=10)
+    assert "the stubborn work: killed" in read(root, "stubborn", "log") and state(root, "stubborn")["rc"] == STOPPED_RC
+    time.sleep(0.2)
+    assert running_in_group(work) == []
 
 
 def test_the_same_work_running_is_adopted_and_other_work_restarts_it(tmp_path):
