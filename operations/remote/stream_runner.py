@@ -16,8 +16,8 @@ killed or lost its connection), so no work outlives its run unseen; what is whol
 (docker's build cache, the hub client's partial files, rsync's --partial), so the next run starts it again.
 
 A stopped runner passes the TERM on to the work's process group and waits (up to WORK_STOP_S, then KILL) until
-nothing of it runs before it records rc 143 and exits: a restart then never starts new work beside old work still stopping (a
-tool's container shutting down, a download's last write).
+nothing of it runs before it records rc 143 and exits: a restart then never starts new work beside old work still
+stopping (a tool's container shutting down, a download's last write).
 """
 
 from __future__ import annotations
