@@ -9,11 +9,13 @@ that started it is gone, the session ends and so does the daemon.
 
 One rsync client is held to about one core's rate on each end, so the files the worker lacks go first through up to
 CLIENTS clients at once, each given a share of about equal bytes (--ignore-existing: what the worker has is left to
-the last pass). They run without --whole-file: what an interrupted copy left under PARTIAL_DIR resumes with rsync's
-delta from that part (never at the file's name: only a whole file there can look complete), and a file with no part
-goes as literal data all the same. One rsync then goes over everything: it finishes a file the worker has but that
-differs, and makes symlinks, modes and times exact. The worker checks the files against their SHA256SUMS afterwards
-(operations/data/copy.folder_verified, which removes a file that fails so that the next run copies it again).
+the last pass). A file whose part an interrupted copy left under PARTIAL_DIR on the worker (the daemon's start lists
+them) resumes with rsync's delta from that part (never at the file's name: only a whole file there can look
+complete); every other file goes with --whole-file, which skips the delta machinery a file with no basis does not
+need (a third of a copy's time on the simulated pair). One rsync then goes over everything: it finishes a file the
+worker has but that differs, and makes symlinks, modes and times exact. The worker checks the files against their
+SHA256SUMS afterwards (operations/data/copy.folder_verified, which removes a file that fails so that the next run
+copies it again).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import fnmatch
+import json
 import os
 import random
 import secrets
@@ -41,10 +44,18 @@ RSYNC_TIMEOUT_S = 600  # rsync that moves nothing this long (keep-alives include
 
 # Exit 0 once process PID holds a listening TCP socket on PORT; 1 once it has ended (a zombie too: its shell has
 # not waited for it yet) or after a minute. Its own socket, not just the port: another program's listener on it
-# would take the rsync client's connection.
+# would take the rsync client's connection. First it prints `parts <JSON>`: the names (relative to DEST) of the files
+# whose part an interrupted copy left under PARTIAL_DIR (those resume with rsync's delta; the rest go whole).
 LISTENS = r"""
-import os, sys, time
-pid, port = sys.argv[1], int(sys.argv[2])
+import json, os, sys, time
+pid, port, dest, partial = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
+parts = []
+for folder, dirs, names in os.walk(dest):
+    if os.path.basename(folder) == partial:
+        parent = os.path.relpath(os.path.dirname(folder), dest)
+        parts += [os.path.normpath(os.path.join(parent, name)) for name in names]
+        dirs[:] = []
+print("parts " + json.dumps(sorted(parts)), flush=True)
 deadline = time.monotonic() + 60
 while time.monotonic() < deadline:
     try:
@@ -104,7 +115,7 @@ printf 'path = %s\n' {dest} >> "$d/conf"
 rsync --daemon --no-detach --address={address} --port={port} --config="$d/conf" --log-file=/dev/null &
 daemon=$!
 # "started" only once the daemon listens (a port another program holds ends it: the head then tries another)
-if python3 -c {listens} $daemon {port}; then echo started; else echo not-listening; fi
+if python3 -c {listens} $daemon {port} {dest} {partial}; then echo started; else echo not-listening; fi
 cat > /dev/null
 """
 
@@ -114,11 +125,11 @@ def url_host(address: str) -> str:
 
 
 def start_daemon(ssh: list[str], target: str, address: str, port: int, dest: str,
-                 secret: str) -> tuple[subprocess.Popen, str]:
+                 secret: str) -> tuple[subprocess.Popen, str, set[str]]:
     """The worker's rsync daemon on `port`: (its ssh session, "started" / "not-listening" / "" when ssh itself
-    failed)."""
+    failed, the files whose part an interrupted copy left on the worker)."""
     script = DAEMON.format(dest=shlex.quote(dest), module=MODULE, address=shlex.quote(address), port=port,
-                           listens=shlex.quote(LISTENS))
+                           listens=shlex.quote(LISTENS), partial=shlex.quote(PARTIAL_DIR))
     proc = subprocess.Popen([*ssh, target, script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     assert proc.stdin and proc.stdout
     try:
@@ -127,8 +138,13 @@ def start_daemon(ssh: list[str], target: str, address: str, port: int, dest: str
     except BrokenPipeError:  # ssh has ended already (it said why): nothing started
         with contextlib.suppress(BrokenPipeError):
             proc.stdin.close()  # drops the unsent secret (the close's own flush raises again), so the file is closed
-        return proc, ""
-    return proc, proc.stdout.readline().strip()
+        return proc, "", set()
+    line, parts = proc.stdout.readline(), set()
+    if line.startswith("parts "):
+        with contextlib.suppress(ValueError, TypeError):
+            parts = set(json.loads(line[len("parts "):]))
+        line = proc.stdout.readline()
+    return proc, line.strip(), parts
 
 
 def excluded(rel: str, patterns: list[str]) -> bool:
@@ -194,19 +210,32 @@ def rsync(src: str, url: str, secret: str, options: list[str], names: list[str] 
     return rc
 
 
-def copy(src: str, address: str, port: int, secret: str, options: list[str]) -> int:
-    """The files the worker lacks by up to CLIENTS rsync clients at once, then one rsync over everything. A client
-    that failed fails the copy with its exit status, once every client has ended; one that left files out because
-    they vanished or could not be read meanwhile (LEFT_TO_LAST) leaves them to the last pass, which reads the
-    folder again and fails on what still fails."""
+def client_groups(files: list[tuple[str, int]], parts: set[str]) -> list[tuple[list[str], bool]]:
+    """(names, whole) per rsync client: the files with a part on the worker resume with rsync's delta, the others go
+    whole (--whole-file: the delta machinery costs time on a file that has no basis, a third of a copy measured on
+    the simulated pair, tests/bench/deploy_speed.py). Each set split into at most CLIENTS groups of about equal
+    bytes."""
+    fresh = [f for f in files if f[0] not in parts]
+    resumed = [f for f in files if f[0] in parts]
+    return [(g, True) for g in split_among(fresh)] + [(g, False) for g in split_among(resumed)]
+
+
+def copy(src: str, address: str, port: int, secret: str, options: list[str], parts: frozenset[str] = frozenset()
+         ) -> int:
+    """The files the worker lacks by up to CLIENTS rsync clients at once (client_groups: a file with a part on the
+    worker by the delta, the rest whole), then one rsync over everything. A client that failed fails the copy with
+    its exit status, once every client has ended; one that left files out because they vanished or could not be
+    read meanwhile (LEFT_TO_LAST) leaves them to the last pass, which reads the folder again and fails on what still
+    fails."""
     url = f"rsync://{MODULE}@{url_host(address)}:{port}/{MODULE}/"
     # an excluded file is never listed: rsync sends a listed name even when an exclude names its folder ("/.cache/")
     patterns = [o.split("=", 1)[1] for o in options if o.startswith("--exclude=")]
-    groups = split_among(files_to_send(src, patterns))
+    groups = client_groups(files_to_send(src, patterns), set(parts))
     if groups:
-        with ThreadPoolExecutor(len(groups)) as pool:
-            codes = list(pool.map(lambda names: rsync(src, url, secret, [*options, "--ignore-existing"], names),
-                                  groups))
+        with ThreadPoolExecutor(min(len(groups), CLIENTS)) as pool:
+            codes = list(pool.map(lambda group: rsync(src, url, secret, [*options, "--ignore-existing",
+                                                                         *(["--whole-file"] if group[1] else [])],
+                                                      group[0]), groups))
         failed = [rc for rc in codes if rc and rc not in LEFT_TO_LAST]
         if failed:
             return failed[0]
@@ -229,9 +258,10 @@ def main(argv: list[str] | None = None) -> int:
     rc = 1
     for _ in range(TRIES):
         secret, port = secrets.token_hex(24), random.randint(20000, 59998)  # docs/security.md
-        daemon, state = start_daemon(shlex.split(args.ssh), args.target, address, port, args.dest, secret)
+        daemon, state, parts = start_daemon(shlex.split(args.ssh), args.target, address, port, args.dest, secret)
         try:
-            rc = copy(args.src, address, port, secret, args.options) if state == "started" else REFUSED
+            rc = copy(args.src, address, port, secret, args.options, frozenset(parts)) if state == "started" \
+                else REFUSED
         finally:
             if daemon.stdin:
                 daemon.stdin.close()  # the session ends, and the daemon with it

@@ -262,7 +262,7 @@ def test_the_clients_share_what_the_worker_lacks_then_one_rsync_adds_the_links(t
     for args, names in clients:
         assert names[-1] == "" and all(names[:-1])  # each name ends with a NUL, none is empty
         assert {"--files-from=-", "--from0", "--ignore-existing", *excludes} <= set(args)
-        assert "--whole-file" not in args and "-W" not in args  # a part left aside is resumed with the delta
+        assert "--whole-file" in args  # no part of it on the worker: no delta machinery
     assert sorted(n for _, names in clients for n in names if n) == [f"blobs/b{i}" for i in range(6)]
     last = calls[-1][0]
     assert "--ignore-existing" not in last and "--whole-file" not in last and set(excludes) <= set(last)
@@ -344,6 +344,38 @@ def test_an_interrupted_copy_resumes_from_its_part_with_rsyncs_delta(tmp_path, c
     # rsync's own count: the part's bytes matched (not sent again), only the rest went as literal data
     matched = [int(n.replace(",", "")) for n in re.findall(r"Matched data: ([\d,]+) bytes", capfd.readouterr().out)]
     assert max(matched) >= 1_900_000
+
+
+def test_a_file_with_a_part_on_the_worker_resumes_by_the_delta_and_the_rest_go_whole(tmp_path, monkeypatch):
+    """The daemon's start lists the parts an interrupted copy left (any folder, any name); their files go to
+    clients without --whole-file, every other file to clients with it."""
+    src, dest = tmp_path / "src", tmp_path / "dest"
+    names = ["sub/big.bin", "odd dir/new\nline", "fresh-a", "fresh-b"]
+    for name in names:
+        (src / name).parent.mkdir(parents=True, exist_ok=True)
+        (src / name).write_bytes(os.urandom(200_000))
+    for name in names[:2]:  # what an interrupted copy kept aside
+        part = dest / os.path.dirname(name) / PARTIAL_DIR / os.path.basename(name)
+        part.parent.mkdir(parents=True, exist_ok=True)
+        part.write_bytes((src / name).read_bytes()[:100_000])
+    monkeypatch.setenv("PATH", f"{recording_rsync(tmp_path)}:{os.environ['PATH']}")
+    assert _main(src, dest, fake_ssh(tmp_path)) == 0
+    clients = [(args, {n for n in listed if n}) for args, listed in recorded(tmp_path) if listed is not None]
+    delta = set().union(*(listed for args, listed in clients if "--whole-file" not in args))
+    whole = set().union(*(listed for args, listed in clients if "--whole-file" in args))
+    assert delta == set(names[:2]) and whole == set(names[2:])
+    for name in names:
+        assert (dest / name).read_bytes() == (src / name).read_bytes()
+
+
+def test_the_client_groups_keep_parts_apart_and_each_set_balanced():
+    from operations.remote.link_copy import client_groups
+    files = [(f"f{i}", 100 * (i + 1)) for i in range(8)]
+    groups = client_groups(files, {"f0", "f7"})
+    assert [whole for _, whole in groups] == [True] * CLIENTS + [False, False]
+    assert sorted(n for g, whole in groups if not whole for n in g) == ["f0", "f7"]
+    assert sorted(n for g, _ in groups for n in g) == sorted(n for n, _ in files)
+    assert client_groups(files, set()) == [(g, True) for g in split_among(files)]
 
 
 def test_a_file_gone_or_not_a_file_is_left_to_the_last_pass(tmp_path):
