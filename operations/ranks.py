@@ -46,6 +46,10 @@ from operations.util import check_failed
 from operations.util.checks import op_changed
 from operations.util.fact_reuse import fact_until_change
 
+# the starts run with _ignore_errors (a failed start is pair_serving's to judge), and a fact read inside an operation
+# takes the operation's arguments: a read that fails must still fail, never stand in its default answer
+_STRICT: dict[str, Any] = {"_ignore_errors": False}
+
 
 def _holders_named(spark: Host, found: RankInputsDict) -> RankInputsDict:
     """A held port's holders named as root (`ss -p` names other users' processes only for root): asked only when a
@@ -53,7 +57,8 @@ def _holders_named(spark: Host, found: RankInputsDict) -> RankInputsDict:
     held = [port for port, holders in found["port_holders"].items() if holders]
     if not held:
         return found
-    named = {port: fact_until_change(spark, PortListeners, port=port, _sudo=True) or found["port_holders"][port]
+    named = {port: fact_until_change(spark, PortListeners, port=port, _sudo=True, **_STRICT)
+             or found["port_holders"][port]
              for port in held}
     return {**found, "port_holders": {**found["port_holders"], **named}}
 
@@ -62,13 +67,13 @@ def _docker_restart(spark: Host) -> str:
     """Why this run's docker step restarts Docker on `spark` ("" when it does not), from that step's own answers,
     kept until an operation changes a Spark (read as root, as that step reads them): a converged run asks nothing
     more, and once the restart has run the answer is read again and is ""."""
-    daemon = fact_until_change(spark, DaemonJson, path=DOCKER_DAEMON_JSON, _sudo=True)
-    return docker_restart(daemon, fact_until_change(spark, DockerRuntimeInfo, _sudo=True))
+    daemon = fact_until_change(spark, DaemonJson, path=DOCKER_DAEMON_JSON, _sudo=True, **_STRICT)
+    return docker_restart(daemon, fact_until_change(spark, DockerRuntimeInfo, _sudo=True, **_STRICT))
 
 
 def _rank_inputs(spark: Host, args: dict[str, Any]) -> RankInputsDict:
     """RankInputs of `spark`, read again once an operation of this run has changed a Spark."""
-    return fact_until_change(spark, RankInputs, **args)
+    return fact_until_change(spark, RankInputs, **args, **_STRICT)
 
 
 def _read_side(spark: Host, args: dict[str, Any]) -> tuple[RankInputsDict, str]:
@@ -182,7 +187,7 @@ def rank_started(s: Settings, peer: Host, image: str, template: str, notes: Swit
                             "it have run)")
         return
     theirs = plan.rank(1 - s.rank)
-    if s.is_head and state.is_executing and theirs.spec is not None and not theirs.runs_wanted:
+    if s.is_head and state.is_executing and not theirs.runs_wanted:  # an unknown spec did not start either
         problem = (f"rank 1 did not start on the worker ({_container_state(theirs.container)}; its error is above), "
                    "so rank 0 is not started")
         if notes is not None:

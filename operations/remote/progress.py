@@ -14,6 +14,7 @@ The first line says how much was already there, so a resumed download or copy sa
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import re
 import shutil
@@ -26,6 +27,7 @@ import time
 
 GIB = 1024**3
 PRIVATE_DIR_ENV = "SPARKFOLD_PRIVATE_DIR"
+STOP_GRACE_S = 25  # a stopped command's group ends within this, or is killed (stream_runner.WORK_STOP_S is longer)
 
 
 def folder_bytes(path: str) -> int:
@@ -92,13 +94,34 @@ def say(line: str) -> None:
         raise Gone() from None
 
 
-def stop_group(proc: subprocess.Popen | None) -> None:
-    """End a command and everything it started (rsync and its ssh, docker save, ...)."""
-    if proc is not None and proc.poll() is None:
-        try:
+def _group_runs(proc: subprocess.Popen) -> bool:
+    proc.poll()  # reaps the group's leader once it has ended: a zombie is no work
+    try:
+        os.killpg(proc.pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def stop_group(*procs: subprocess.Popen | None) -> None:
+    """End commands and everything they started (rsync and its ssh, docker save, a tool's `docker run`): TERM to
+    each one's process group, then wait until nothing of them runs, KILL after STOP_GRACE_S. Returns only then, so
+    a stream stopped for a restart never leaves a tool finishing beside the new one (stream_runner waits for this
+    program in turn)."""
+    groups = [proc for proc in procs if proc is not None]
+    for proc in groups:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(proc.pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
+    deadline = time.monotonic() + STOP_GRACE_S
+    while running := [proc for proc in groups if _group_runs(proc)]:
+        if time.monotonic() >= deadline:
+            for proc in running:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+            return
+        time.sleep(0.1)
 
 
 class Relay:
@@ -122,8 +145,7 @@ class Relay:
             stop_group(self.src)
 
     def stop(self) -> None:
-        stop_group(self.src)
-        stop_group(self.dst)
+        stop_group(self.src, self.dst)
 
     def poll(self) -> int | None:
         if self.thread.is_alive() or self.dst.poll() is None or self.src.poll() is None:
@@ -169,6 +191,8 @@ def run(args: argparse.Namespace) -> int:
                                                start_new_session=True)
 
     def stop(*_: object) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # one stop at a time: a second TERM does not cut the wait
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
         if relay:
             relay.stop()
         stop_group(proc)

@@ -8,6 +8,7 @@ A stream's folder, <root>/<name> (root: Layout.streams, the ssh user's, 0700), h
     pid, boot, pstart   the runner, a session leader (its process group holds the runner and its watchdog)
     work     the work's process group (the script runs in a session of its own)
     queued, began, ended   epoch seconds (began: its waits are over)   rc   its exit status (143: stopped)
+    stopping   when it was told to stop (it waits for its work to end, then writes rc)
     log      everything it printed (the progress runner's lines)
 
 The runner waits for each stream named in `after` that belongs to the same run (one of another run is not this
@@ -48,13 +49,19 @@ put() { printf '%s\n' "$2" > "$d/$1.tmp" && mv -f "$d/$1.tmp" "$d/$1"; }
 finish() { trap '' TERM HUP INT; put ended "$(now)"; put rc "$1"; exit "$1"; }
 work=
 stop_work() {
-  [ -n "$work" ] || return 0
+  # a TERM between the work's start and `work=$!`: $! is already the work's (before `began`, there is none)
+  [ -n "$work" ] || { [ -f "$d/began" ] && work=$!; } || return 0
   kill -TERM -"$work" 2>/dev/null; i=0
   while kill -0 -"$work" 2>/dev/null && [ $i -lt ''' + str(WORK_STOP_S * 10) + r''' ]; do sleep 0.1; i=$((i + 1)); done
   ! kill -0 -"$work" 2>/dev/null || { echo "sparkfold: $(cat "$d/label"): killed"; kill -KILL -"$work"; }
 }
 put boot "$(cat ''' + BOOT_ID + r''')"; put pstart "$(start_of $$)"; put pid $$
-trap 'echo "sparkfold: $(cat "$d/label"): stopped"; stop_work; finish ''' + str(STOPPED_RC) + r'''' TERM HUP INT
+# once stopping, it is not adopted (launch_command) and a second TERM does not start the wait over
+stopped() {
+  trap '' TERM HUP INT; put stopping "$(now)"; echo "sparkfold: $(cat "$d/label"): stopped"
+  stop_work; finish ''' + str(STOPPED_RC) + r'''
+}
+trap stopped TERM HUP INT
 ( while [ ! -f "$d/rc" ]; do
     read -r wp ws < "$d/watch" || ws=
     if [ -z "$ws" ] || [ "$(start_of "$wp")" != "$ws" ]; then
@@ -116,8 +123,8 @@ def launch_command(root: str, name: str, lane: str, label: str, after: tuple[str
     """The command that starts the stream `name` in the background and returns once its runner runs.
 
     The same work already running (an earlier run's stream its watchdog has not ended yet) is adopted: it now
-    belongs to this run and watches this run's session. Other work of that name still running is stopped first
-    (what it made is kept: the new one resumes it)."""
+    belongs to this run and watches this run's session. Other work of that name still running, or work that is
+    stopping already, is stopped first and waited for (what it made is kept: the new one resumes it)."""
     d = stream_dir(root, name)
     q = shlex.quote
     inputs = inputs_digest(commands, after)
@@ -128,7 +135,7 @@ def launch_command(root: str, name: str, lane: str, label: str, after: tuple[str
     return (
         STAT_FUNCTIONS + ALIVE + FIND_SESSION + "; "
         f"root={q(root)}; d={q(d)}; mkdir -p \"$root\" && chmod 0700 \"$root\" || exit 1; "
-        f"if alive \"$d\" && [ \"$(cat \"$d/inputs\" 2>/dev/null)\" = {q(inputs)} ]; then "
+        f"if alive \"$d\" && [ ! -e \"$d/stopping\" ] && [ \"$(cat \"$d/inputs\" 2>/dev/null)\" = {q(inputs)} ]; then "
         f"printf '%s\\n' \"$p $(start_of $p)\" > \"$d/watch.tmp\" && mv -f \"$d/watch.tmp\" \"$d/watch\" && "
         f"printf '%s\\n' {q(run)} > \"$d/run.tmp\" && mv -f \"$d/run.tmp\" \"$d/run\" && "
         f"echo {q(f'sparkfold: {label}: running already, followed by this run')} && exit 0; "

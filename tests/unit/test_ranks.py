@@ -323,8 +323,34 @@ def test_rank_0_is_not_started_when_rank_1_did_not_start():
         assert notes.start_problem.startswith(f"rank 1 did not start on the worker ({said}")
     cmds, _ = run(ranks.rank_started, HS, found(HS), found(WS, created), executing=False)
     assert "tensorfold-native serve" in cmds[-1]
+    notes = SwitchNotes()  # rank 1's spec not known (its inputs missing): it did not start either
+    cmds, _ = run(ranks.rank_started, HS, found(HS), found(WS, linked=False), notes=notes)
+    assert len(cmds) == 1 and "rank 0 is not started" in cmds[0] and notes.start_problem
     cmds, _ = run(ranks.rank_started, WS, found(WS), found(HS))  # the worker starts whatever the head runs
     assert "tf-dsv41-lanes" in cmds[-1]
+
+
+def test_the_rank_path_reads_its_facts_failing_on_error_whatever_the_operation_ignores():
+    """rank_started runs with _ignore_errors, and a fact read inside it takes the operation's arguments: each read
+    says _ignore_errors=False, so a failed read fails instead of answering its default."""
+    from harness import _State
+    from pyinfra.context import ctx_host, ctx_state
+
+    class Strict(FakeHost):
+        def get_fact(self, cls, *args, **kwargs):
+            self.raw = getattr(self, "raw", []) + [(cls.__name__, kwargs.get("_ignore_errors"))]
+            return super().get_fact(cls, *args, **kwargs)
+
+    held = {8888: ["docker-proxy (pid 7)"]}  # a held port: its holders are read as root too
+    host = Strict(rank_facts(found(HS, container(H0), holders=held), {PortListeners: held[8888]}), name="head")
+    peer = Strict(rank_facts(found(WS, container(H1))), name="worker")
+    for spark in (host, peer):
+        spark.current_op_global_arguments = {"_ignore_errors": True}
+    with ctx_state.use(_State(True)), ctx_host.use(host):
+        assert list(ranks.rank_started._inner(s=HS, peer=peer, image=IMAGE, template=TEMPLATE)) == []
+    reads = host.raw + peer.raw
+    assert {name for name, _ in reads} >= {"RankInputs", "PortListeners", "DaemonJson", "DockerRuntimeInfo"}
+    assert all(strict is False for _, strict in reads), reads
 
 
 def test_rank_started_needs_a_spec_at_execute():

@@ -198,6 +198,50 @@ def test_a_restart_starts_the_new_work_only_once_the_old_has_stopped(tmp_path):
     assert state(root, "w")["rc"] == 0
 
 
+def wait_for(check, timeout: float = 10) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+
+
+def test_a_tool_run_through_the_progress_runner_is_waited_for_too(tmp_path):
+    """Nearly every stream's work is a progress_command, which runs its tool in a session of its own: stopped, it
+    passes the TERM on and waits for the tool's whole group before it exits, so the stream's end comes after the
+    tool's."""
+    from operations.remote.progress_command import progress_command
+    root, marker = tmp_path / "streams", tmp_path / "stopped-at"
+    tool = f"trap 'sleep 2; date +%s.%N > {marker}; exit 0' TERM; echo working; while :; do sleep 0.1; done"
+    launch(root, "tool", [progress_command("the tool", tool, every=1).get_raw_value()])
+    wait_for(lambda: "the tool: " in read(root, "tool", "log"))
+    time.sleep(0.5)
+    sh(f"kill -TERM -$(cat {root}/tool/pid)")
+    settle(root, "tool", timeout=15)
+    assert marker.exists() and float(read(root, "tool", "ended")) >= float(marker.read_text())
+
+
+def test_a_stream_that_is_stopping_is_not_adopted_but_waited_for(tmp_path):
+    """A run started again while the stream of the run just lost is still stopping (its work ending) does not take
+    over a runner about to record 143: it waits for it and starts the work afresh."""
+    root, marker = tmp_path / "streams", tmp_path / "stopped-at"
+    work = [SLOW_TO_STOP.format(marker=marker)]
+    session = fake_session(tmp_path, launch_command(str(root), "s", "test", "the s work", (), work, run="earlier1"))
+    try:
+        assert session.stdout is not None and "started in the background" in session.stdout.readline()
+        wait_for(lambda: "working" in read(root, "s", "log"))
+        session.kill()  # the run is lost: its watchdog stops the stream (within its 2 s poll)
+        session.wait()
+        wait_for(lambda: (root / "s" / "stopping").exists())
+        again = launch(root, "s", work)  # the same work, by the next run
+    finally:
+        session.kill()
+    assert "running already" not in again.stdout and "started in the background" in again.stdout
+    assert float(read(root, "s", "queued")) >= float(marker.read_text())  # after the old work ended
+    assert read(root, "s", "run").strip() == RUN
+    sh(f"kill -TERM -$(cat {root}/s/pid)")
+    settle(root, "s")
+
+
 def test_work_that_will_not_stop_is_killed_after_the_wait(tmp_path, monkeypatch):
     from operations.remote import stream_runner
     monkeypatch.setattr(stream_runner, "RUNNER", stream_runner.RUNNER.replace(
