@@ -30,6 +30,16 @@ class HfPlanDict(TypedDict, total=False):
     error: str | None
 
 
+def plan_words(repo: str, revision: str, cache_dir: str = "", local_dir: str = "", include: tuple[str, ...] = (),
+               max_workers: int = 8) -> list[str]:
+    """hf_plan.py's arguments for one download: HfPlan's, and each request of HfPlansOffline."""
+    words = ["--repo", repo, "--revision", revision, "--max-workers", str(max_workers)]
+    words += ["--cache-dir", cache_dir] if cache_dir else ["--local-dir", local_dir]
+    for pattern in include or ():
+        words += ["--include", pattern]
+    return words
+
+
 class HfPlan(FactBase[HfPlanDict]):
     """hf_plan.py's answer for one repo/revision in a cache (cache_dir = <hf_cache>/hub) or a local_dir: what is
     still to download, and the commit the revision names (huggingface_hub's dry run; offline for a complete one).
@@ -48,10 +58,7 @@ class HfPlan(FactBase[HfPlanDict]):
     def command(self, python: str, repo: str, revision: str, cache_dir: str = "", local_dir: str = "",
                 include: tuple[str, ...] = (), token_path: str = "", endpoint: str = "", env_file: str = "",
                 max_workers: int = 8) -> str:
-        args = ["--repo", repo, "--revision", revision, "--max-workers", str(max_workers)]
-        args += ["--cache-dir", cache_dir] if cache_dir else ["--local-dir", local_dir]
-        for pattern in include or ():
-            args += ["--include", pattern]
+        args = plan_words(repo, revision, cache_dir, local_dir, include, max_workers)
         env = []
         if endpoint:
             env.append(f"HF_ENDPOINT={shlex.quote(endpoint)}")
@@ -82,20 +89,17 @@ def hf_plan(spark, **args) -> HfPlanDict:
     return fact_once(spark, HfPlan, _settled, **args)
 
 
-_OFFLINE_KEYS = ("repo", "revision", "cache_dir", "local_dir", "include")
-
-
 class HfPlansOffline(FactBase[list]):
     """hf_plan.py's offline answers for several downloads in one python (standard library only, no Hub): per
     request, in order, the answer for a complete manifest-covered download, None for one that needs the Hub.
-    `requests`: a tuple of (repo, revision, cache_dir, local_dir, include) tuples. [] when the answer is not whole."""
+    `requests`: a tuple of plan_words tuples. [] when the answer is not whole."""
 
     @staticmethod
     def default() -> list:
         return []
 
     def command(self, requests: tuple) -> str:
-        body = json.dumps([dict(zip(_OFFLINE_KEYS, (*r[:4], list(r[4])), strict=True)) for r in requests])
+        body = json.dumps([list(words) for words in requests])
         return heredoc_command(f"python3 - --offline {shlex.quote(body)}", "hf_plan", "2>/dev/null || true")
 
     def process(self, output: list[str]) -> list:
@@ -112,7 +116,9 @@ def hf_plans_kept(spark, requests: list[dict]) -> None:
     wanted = [args for args in requests if not kept(spark, HfPlan, **args)]
     if not wanted:
         return
-    answers = spark.get_fact(HfPlansOffline, requests=tuple(tuple(args[k] for k in _OFFLINE_KEYS) for args in wanted))
+    words = tuple(tuple(plan_words(args["repo"], args["revision"], args["cache_dir"], args["local_dir"],
+                                   args["include"], args["max_workers"])) for args in wanted)
+    answers = spark.get_fact(HfPlansOffline, requests=words)
     if len(answers) != len(wanted):
         return
     for args, answer in zip(wanted, answers, strict=True):

@@ -2,7 +2,7 @@
 
     hf_plan.py --repo ORG/NAME --revision REV (--cache-dir HUB | --local-dir DIR) [--include PATTERN ...]
                [--max-workers N]
-    hf_plan.py --offline '[{"repo": ..., "revision": ..., "cache_dir": ..., "local_dir": ..., "include": [...]}]'
+    hf_plan.py --offline '[["--repo", "ORG/NAME", ...], ...]'   (a JSON list of the arguments above, per request)
 
 Output: {"complete": bool, "missing": [[path, size]], "missing_bytes": N, "commit": sha, "total_bytes": N,
 "offline": bool, "model_type": str|null, "manifest": bool, "error": str|null}.
@@ -171,16 +171,13 @@ def plan(args):
 
 
 def offline_answers(requests):
-    """--offline: each request's offline answer, or None where the Hub must be asked (or the request is not one)."""
+    """--offline: each request's offline answer (a request: the arguments above), or None where the Hub must be
+    asked (or the request is not one: argparse says why on stderr)."""
     answers = []
-    for request in requests:
+    for words in requests:
         try:
-            args = argparse.Namespace(repo=request["repo"], revision=request["revision"],
-                                      cache_dir=request.get("cache_dir") or None,
-                                      local_dir=request.get("local_dir") or None,
-                                      include=list(request.get("include") or []))
-            answers.append(offline_plan(args))
-        except (KeyError, TypeError, AttributeError, OSError, ValueError):
+            answers.append(offline_plan(parse_args(words)))
+        except (SystemExit, TypeError, OSError, ValueError):
             answers.append(None)
     return answers
 

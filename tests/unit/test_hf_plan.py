@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from fakehub_proc import FAKEHUB, running_fakehub
 
-from operations.facts.model import HfPlan, HfPlansOffline, hf_plans_kept
+from operations.facts.model import HfPlan, HfPlansOffline, hf_plans_kept, plan_words
 from operations.facts.model import hf_plan as kept_plan
 from operations.remote import hf_plan
 from operations.util import hf_cache
@@ -230,14 +230,13 @@ def test_offline_batch_answers_each_complete_download_as_its_own_plan_does_and_a
     complete = {"repo": CHECKPOINT, "revision": "main", "cache_dir": str(cache), "local_dir": "", "include": ()}
     elsewhere = dict(complete, cache_dir=str(tmp_path / "empty"))
     other_revision = dict(complete, revision="f" * 40)
-    requests = tuple(tuple(r[k] for k in ("repo", "revision", "cache_dir", "local_dir", "include"))
-                     for r in (complete, elsewhere, other_revision))
+    requests = tuple(tuple(plan_words(**r)) for r in (complete, elsewhere, other_revision)) + (("--bogus",),)
     start = mark(hub)
     done = subprocess.run(["sh", "-c", HfPlansOffline().command(requests=requests)], capture_output=True, text=True,
                           timeout=60, env=head_env(tmp_path))
     assert done.returncode == 0, done.stderr
     got = HfPlansOffline().process(done.stdout.splitlines())
-    assert got[1:] == [None, None]
+    assert got[1:] == [None, None, None]  # the Hub must be asked; and a request that is not one
     assert got[0] == plan(hub, tmp_path, cache_dir=str(cache), endpoint="http://127.0.0.1:9")
     assert got[0]["complete"] and got[0]["manifest"]
     assert requests_since(hub, start) == []
@@ -259,8 +258,9 @@ def test_the_batch_keeps_only_complete_plans_and_hf_plan_then_asks_nothing_more(
         hf_plans_kept(spark, [done])  # nothing left to batch: not asked again
     asked = [name.rsplit(".", 1)[1] for name, _ in spark.fact_calls]
     assert asked == ["HfPlansOffline", "HfPlan"], asked
-    assert spark.fact_calls[0][1]["requests"] == (("a/done", "main", "/hf/hub", "", ()),
-                                                  ("b/needed", "main", "/hf/hub", "", ()))
+    assert spark.fact_calls[0][1]["requests"] == tuple(
+        ("--repo", repo, "--revision", "main", "--max-workers", "8", "--cache-dir", "/hf/hub")
+        for repo in ("a/done", "b/needed"))
 
 
 def test_a_batch_answer_of_the_wrong_length_keeps_nothing():
