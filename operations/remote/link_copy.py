@@ -32,6 +32,7 @@ import stat
 import subprocess
 import sys
 import time
+from collections.abc import Set as AbstractSet
 from concurrent.futures import ThreadPoolExecutor
 
 MODULE = "sparkfold"
@@ -125,7 +126,7 @@ def url_host(address: str) -> str:
 
 
 def start_daemon(ssh: list[str], target: str, address: str, port: int, dest: str,
-                 secret: str) -> tuple[subprocess.Popen, str, set[str]]:
+                 secret: str) -> tuple[subprocess.Popen, str, frozenset[str]]:
     """The worker's rsync daemon on `port`: (its ssh session, "started" / "not-listening" / "" when ssh itself
     failed, the files whose part an interrupted copy left on the worker)."""
     script = DAEMON.format(dest=shlex.quote(dest), module=MODULE, address=shlex.quote(address), port=port,
@@ -138,11 +139,12 @@ def start_daemon(ssh: list[str], target: str, address: str, port: int, dest: str
     except BrokenPipeError:  # ssh has ended already (it said why): nothing started
         with contextlib.suppress(BrokenPipeError):
             proc.stdin.close()  # drops the unsent secret (the close's own flush raises again), so the file is closed
-        return proc, "", set()
-    line, parts = proc.stdout.readline(), set()
+        return proc, "", frozenset()
+    line = proc.stdout.readline()
+    parts: frozenset[str] = frozenset()
     if line.startswith("parts "):
         with contextlib.suppress(ValueError, TypeError):
-            parts = set(json.loads(line[len("parts "):]))
+            parts = frozenset(json.loads(line[len("parts "):]))
         line = proc.stdout.readline()
     return proc, line.strip(), parts
 
@@ -210,7 +212,7 @@ def rsync(src: str, url: str, secret: str, options: list[str], names: list[str] 
     return rc
 
 
-def client_groups(files: list[tuple[str, int]], parts: set[str]) -> list[tuple[list[str], bool]]:
+def client_groups(files: list[tuple[str, int]], parts: AbstractSet[str]) -> list[tuple[list[str], bool]]:
     """(names, whole) per rsync client: the files with a part on the worker resume with rsync's delta, the others go
     whole (--whole-file: the delta machinery costs time on a file that has no basis, a third of a copy measured on
     the simulated pair, tests/bench/deploy_speed.py). Each set split into at most CLIENTS groups of about equal
@@ -220,7 +222,7 @@ def client_groups(files: list[tuple[str, int]], parts: set[str]) -> list[tuple[l
     return [(g, True) for g in split_among(fresh)] + [(g, False) for g in split_among(resumed)]
 
 
-def copy(src: str, address: str, port: int, secret: str, options: list[str], parts: frozenset[str] = frozenset()
+def copy(src: str, address: str, port: int, secret: str, options: list[str], parts: AbstractSet[str] = frozenset()
          ) -> int:
     """The files the worker lacks by up to CLIENTS rsync clients at once (client_groups: a file with a part on the
     worker by the delta, the rest whole), then one rsync over everything. A client that failed fails the copy with
@@ -230,7 +232,7 @@ def copy(src: str, address: str, port: int, secret: str, options: list[str], par
     url = f"rsync://{MODULE}@{url_host(address)}:{port}/{MODULE}/"
     # an excluded file is never listed: rsync sends a listed name even when an exclude names its folder ("/.cache/")
     patterns = [o.split("=", 1)[1] for o in options if o.startswith("--exclude=")]
-    groups = client_groups(files_to_send(src, patterns), set(parts))
+    groups = client_groups(files_to_send(src, patterns), parts)
     if groups:
         with ThreadPoolExecutor(min(len(groups), CLIENTS)) as pool:
             codes = list(pool.map(lambda group: rsync(src, url, secret, [*options, "--ignore-existing",
@@ -260,8 +262,7 @@ def main(argv: list[str] | None = None) -> int:
         secret, port = secrets.token_hex(24), random.randint(20000, 59998)  # docs/security.md
         daemon, state, parts = start_daemon(shlex.split(args.ssh), args.target, address, port, args.dest, secret)
         try:
-            rc = copy(args.src, address, port, secret, args.options, frozenset(parts)) if state == "started" \
-                else REFUSED
+            rc = copy(args.src, address, port, secret, args.options, parts) if state == "started" else REFUSED
         finally:
             if daemon.stdin:
                 daemon.stdin.close()  # the session ends, and the daemon with it
