@@ -126,22 +126,26 @@ def start_deploy(site_file, stdout=subprocess.DEVNULL) -> subprocess.Popen:
 
 
 def deploy_killed_at(site_file, reached, limit_s: float) -> list[str]:
-    """A deploy in the background, killed (its whole process group) at the first stderr line `reached` accepts, or
-    after `limit_s` seconds whatever it printed, so the shared pair is never held forever: the lines it printed."""
+    """A deploy in the background, killed (its whole process group) at the first stderr line `reached` accepts: the
+    lines it printed. Past `limit_s` seconds it is killed all the same, so the shared pair is never held forever, and
+    the test fails there, naming the limit (a kill at another point would test something else)."""
     run = start_deploy(site_file)
     assert run.stderr is not None
     seen: list[str] = []
     stuck = threading.Timer(limit_s, os.killpg, (run.pid, signal.SIGKILL))
     stuck.start()
+    hit = False
     try:
         for line in run.stderr:
             seen.append(line.rstrip("\n"))
             if reached(line):
+                hit = True
                 break
     finally:
         stuck.cancel()
     os.killpg(run.pid, signal.SIGKILL)
     run.wait()
+    assert hit, f"no line the test waits for within {limit_s:.0f} s; the last lines:\n" + "\n".join(seen[-40:])
     return seen
 
 
