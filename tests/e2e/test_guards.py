@@ -5,13 +5,12 @@ Starts from a converged pair (converged_pair) and leaves one.
 
 from __future__ import annotations
 
-import time
-
 import pytest
 import requests
 from test_deploy import API, NAME, START0, START1, changed_ops, chat, deploy, pair_ids, wait_until
 
 SUPERVISOR = "sparkfold-supervise.service"
+SUPERVISOR_LOG = f"/var/log/sim-systemd/{SUPERVISOR}.log"  # the stand-in systemctl's output file
 
 pytestmark = pytest.mark.usefixtures("converged_pair")
 
@@ -49,7 +48,9 @@ def test_supervisor_restarts_the_pair_in_order_and_is_removed_from_service_when_
     assert sim_exec("head", f"systemctl is-active {SUPERVISOR}").stdout.strip() == "active"
     assert sim_exec("worker", f"test -e /etc/systemd/system/{SUPERVISOR}").returncode != 0  # head only
     before = pair_ids(sim_exec)
-    time.sleep(6)  # the supervisor arms once it has seen both ranks running
+    # the supervisor arms once it has seen both ranks running (a look every 5 s): until then an exit is not its to mend
+    wait_until(lambda: "supervising the pair" in sim_exec("head", f"cat {SUPERVISOR_LOG}").stdout.rsplit(
+        "supervise: watching", 1)[-1], 60, "the supervisor to arm")
     assert sim_exec("worker", ["docker", "kill", NAME]).returncode == 0
     wait_until(lambda: running(sim_exec, "worker") and running(sim_exec, "head") and serving(), 90,
                "the supervisor to restart the pair")

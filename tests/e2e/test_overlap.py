@@ -20,7 +20,7 @@ import pytest
 from test_deploy import changed_ops, chat, deploy, deploy_killed_at
 
 from operations.facts.streams import StreamStates, stream_status
-from operations.remote.stream_runner import STOPPED_RC
+from operations.remote.stream_runner import STOPPED_RC, WORK_STOP_S
 
 ROOT = Path(__file__).resolve().parents[2]
 REPO = "Mia-AiLab/DeepSeek-V4.1-Flash-1017-EXL3-EAQ-v1-2.9-bpw"
@@ -80,7 +80,8 @@ def test_a_run_killed_during_the_overlap_is_resumed_by_the_next(site_file, run_p
         assert any(CHECKPOINT_LINE.search(text) for text in seen), "\n".join(seen[-60:])
         assert not any(re.search(r"build \S+: done in", text) for text in seen), "the build ended before the kill"
         # every stream of the killed run ends with it (its watchdog), the ones that ran at the kill as stopped
-        deadline = time.monotonic() + 30
+        # (a stopped stream waits up to WORK_STOP_S for its work to end before it records its end)
+        deadline = time.monotonic() + WORK_STOP_S + 30
         while any(stream_status(s) == "running" for s in streams(sim_exec).values()):
             assert time.monotonic() < deadline, streams(sim_exec)
             time.sleep(1)

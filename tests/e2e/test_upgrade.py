@@ -135,12 +135,16 @@ def test_keep_generations_1_keeps_only_what_serves(run_pyinfra, sim_exec, tmp_pa
     assert len(records(sim_exec)) == 2  # keep_generations = 2 again: the one before is kept
 
 
-def test_an_interrupted_switch_converges_on_the_next_run(run_pyinfra, sim_exec, site_file):
+def test_an_interrupted_switch_converges_on_the_next_run(run_pyinfra, sim_exec, site_file, sim):
     env_before = os.environ.get("SPARKFOLD_CONTEXT")
     os.environ["SPARKFOLD_CONTEXT"] = "524288"  # a changed setting: the pair is switched
+    # the old pair's memory comes back slowly, so the run waits a while between the stop and the start (a loaded
+    # machine's polls would miss a window of a few seconds); still well within the start's wait of a minute
+    sim.set_rank_memory("worker", release_s=30)
     try:
         run = start_deploy(site_file)
         wait_until(lambda: pair_ids(sim_exec) == ("", "") or run.poll() is not None, 600, "the old pair stopped")
+        assert run.poll() is None, "the run ended before the old pair was seen stopped"
         os.killpg(run.pid, signal.SIGKILL)  # between the stop and the start
         run.wait(timeout=30)
         assert container_id(sim_exec, "head") == ""
@@ -150,6 +154,7 @@ def test_an_interrupted_switch_converges_on_the_next_run(run_pyinfra, sim_exec, 
         assert "524288" in sim_exec("head", ["docker", "inspect", "-f", "{{json .Args}}",
                                             "dsv41-1017-exl3-tf"]).stdout
     finally:
+        sim.set_rank_memory("worker", release_s=sim.RANK_MEMORY["release_s"])
         if env_before is None:
             os.environ.pop("SPARKFOLD_CONTEXT", None)
         else:
