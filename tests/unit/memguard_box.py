@@ -61,13 +61,28 @@ class Box:
         return ["--container", "rank", "--floor-gib", "2.5", "--interval", "0.5", "--meminfo", str(self.meminfo),
                 "--state-file", str(self.low_file), "--proc", str(self.proc)]
 
-    def run_script(self, seconds: float) -> tuple[int, str]:
-        """The script run for real (its own clock, every 0.05 s) for `seconds`: exit code and stderr."""
+    def run_script(self, more_s: float = 0.3) -> tuple[int, str]:
+        """The script run for real (its own clock, every 0.05 s) until its first look is over (it has written the low
+        file: its TERM handler is in place by then), then `more_s` seconds of further looks: exit code and stderr.
+        Waiting for the look, not for a fixed time, keeps a loaded machine from stopping it before it looked."""
         args = self.args()
         args[args.index("--interval") + 1] = "0.05"
-        proc = subprocess.Popen([sys.executable, guard.__file__, *args], stderr=subprocess.PIPE, text=True,
-                                env=dict(os.environ, PATH=f"{self.bin}:{os.environ['PATH']}"))
-        time.sleep(seconds)
-        proc.send_signal(signal.SIGTERM)
-        _, stderr = proc.communicate(timeout=5)
-        return proc.returncode, stderr
+        self.low_file.unlink(missing_ok=True)
+        said = self.tmp / "memguard.stderr"
+        with open(said, "w") as sink:
+            proc = subprocess.Popen([sys.executable, guard.__file__, *args], stderr=sink,
+                                    env=dict(os.environ, PATH=f"{self.bin}:{os.environ['PATH']}"))
+        try:
+            deadline = time.monotonic() + 30
+            while not self.low_file.exists():
+                assert proc.poll() is None, said.read_text()
+                assert time.monotonic() < deadline, "memguard made no first look in 30 s: " + said.read_text()
+                time.sleep(0.02)
+            time.sleep(more_s)
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=30)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        return proc.returncode, said.read_text()

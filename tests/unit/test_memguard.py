@@ -79,7 +79,7 @@ def box(tmp_path):
 def test_script_kills_once_and_records_the_low(box):
     cgroup = box.container("c" * 64, 4242)
     box.mem(2)
-    rc, stderr = box.run_script(0.4)
+    rc, stderr = box.run_script()
     assert rc == 0
     assert (cgroup / "cgroup.kill").read_text() == "1" and not any(c.startswith("kill") for c in box.calls())
     assert stderr.count("memguard: killed rank cccccccccccc via cgroup.kill") == 1
@@ -91,12 +91,12 @@ def test_script_kills_once_and_records_the_low(box):
 def test_script_leaves_a_stopped_container_and_ample_memory_alone(box):
     box.answer.write_text("cid123 false 0 1\n")
     box.mem(2)
-    box.run_script(0.3)
+    box.run_script()
     assert box.calls() and not any(c.startswith("kill") for c in box.calls())
     box.log.unlink()
     cgroup = box.container("c" * 64, 4242)
     box.mem(50)
-    box.run_script(0.3)
+    box.run_script()
     calls = box.calls()
     assert len(calls) == 1 and calls[0].startswith("inspect ")  # asked once, at the start
     assert (cgroup / "cgroup.kill").read_text() == ""
@@ -106,7 +106,7 @@ def test_script_leaves_a_stopped_container_and_ample_memory_alone(box):
 def test_script_never_kills_a_container_that_is_not_sparkfolds(box):
     cgroup = box.container("c" * 64, 4242, label="<no value>")
     box.mem(2)
-    _, stderr = box.run_script(0.4)
+    _, stderr = box.run_script()
     assert box.calls() and not any(c.startswith("kill") for c in box.calls())
     assert (cgroup / "cgroup.kill").read_text() == ""
     assert "lacks the label sparkfold.managed=1: not sparkfold's, left alone" in stderr

@@ -121,10 +121,20 @@ def test_take_refuses_a_live_holder_and_replaces_a_stale_one(tmp_path):
 
 def test_two_takers_at_once_cannot_both_write(tmp_path):
     lock = str(tmp_path / "run.lock")
-    guard = subprocess.Popen(["sh", "-c", f"exec 9>>{lock}.guard; flock 9; sleep 2"])  # another run mid-take
-    time.sleep(0.5)
-    taken = sh(rl._take_command(lock))
-    guard.wait()
+    hold, ready = tmp_path / "hold", tmp_path / "ready"
+    hold.touch()
+    # another run mid-take: it holds the guard until the test lets go (no fixed time a loaded machine could outlast)
+    guard = subprocess.Popen(["sh", "-c", f"exec 9>>{lock}.guard; flock 9; touch {ready}; "
+                                          f"while [ -e {hold} ]; do sleep 0.05; done"])
+    try:
+        deadline = time.monotonic() + 30
+        while not ready.exists():
+            assert guard.poll() is None and time.monotonic() < deadline, "the guard never took the lock"
+            time.sleep(0.02)
+        taken = sh(rl._take_command(lock))
+    finally:
+        hold.unlink()
+        guard.wait(timeout=30)
     assert taken.returncode != 0 and "another run is taking the lock" in taken.stderr
     assert not (tmp_path / "run.lock").exists()
 

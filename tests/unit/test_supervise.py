@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from types import SimpleNamespace
 
 import operations.supervise as sv
@@ -114,12 +115,25 @@ def test_script_arms_restarts_in_order_then_gives_up(tmp_path):
     argv = [sys.executable, script.__file__, "--container", "rank-c", "--worker-ssh", "nvidia@192.168.100.2",
             "--retries", "2", "--backoff-s", "0.05", "--interval", "0.02", "--stop-timeout", "7",
             "--min-avail-gib", "112", "--relock-unit", "lock.service", "--meminfo", str(head_meminfo)]
-    proc = subprocess.Popen(argv, env=env, stderr=subprocess.PIPE, text=True)
-    import time
-    time.sleep(0.3)
-    # rank 1 dies for good
-    (bin_dir / "ssh").write_text((bin_dir / "ssh").read_text().replace("echo running", "echo exited"))
-    _, stderr = proc.communicate(timeout=10)
+    said = tmp_path / "supervise.stderr"
+    with open(said, "w") as sink:
+        proc = subprocess.Popen(argv, env=env, stderr=sink)
+    try:
+        # armed first (a loaded machine may take a while to start it): until then an exit is not its to mend
+        deadline = time.monotonic() + 30
+        while "supervising the pair" not in said.read_text():
+            assert proc.poll() is None and time.monotonic() < deadline, said.read_text()
+            time.sleep(0.02)
+        # rank 1 dies for good (the fake replaced whole: a look never finds it half written)
+        (bin_dir / "ssh.new").write_text((bin_dir / "ssh").read_text().replace("echo running", "echo exited"))
+        (bin_dir / "ssh.new").chmod(0o755)
+        os.replace(bin_dir / "ssh.new", bin_dir / "ssh")
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:  # never left running: it would go on calling ssh
+            proc.kill()
+            proc.wait()
+    stderr = said.read_text()
     assert proc.returncode == 1
     assert "both ranks are running: supervising the pair" in stderr
     assert "rank 1 is exited: restarting the pair in 0 s (restart 1 of 2)" in stderr

@@ -17,7 +17,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 ENGINE_TOOL_CHOICE_400 = ('tool_choice "required" or a named function is not supported by this engine yet: '
                           'send "auto"')
 MODEL = "fake-model"  # the one id /v1/models lists
-SLOW_PREFILL_S = 0.3  # time to first token of a long prompt the fake has not seen before
+SLOW_PREFILL_S = 0.8  # time to first token of a long prompt the fake has not seen before
 LONG_PROMPT_CHARS = 6000
 
 
