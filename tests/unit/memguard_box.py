@@ -10,6 +10,8 @@ import sys
 import time
 from pathlib import Path
 
+from waiting import wait_for
+
 from operations.remote import memguard as guard
 
 SYSTEMD_SCOPE = "/system.slice/docker-{id}.scope"  # a Spark: cgroup v2, docker's systemd cgroup driver
@@ -73,11 +75,7 @@ class Box:
             proc = subprocess.Popen([sys.executable, guard.__file__, *args], stderr=sink,
                                     env=dict(os.environ, PATH=f"{self.bin}:{os.environ['PATH']}"))
         try:
-            deadline = time.monotonic() + 30
-            while not self.low_file.exists():
-                assert proc.poll() is None, said.read_text()
-                assert time.monotonic() < deadline, "memguard made no first look in 30 s: " + said.read_text()
-                time.sleep(0.02)
+            wait_for(self.low_file.exists, "memguard's first look", running=proc, said=said.read_text)
             time.sleep(more_s)
             proc.send_signal(signal.SIGTERM)
             proc.wait(timeout=30)

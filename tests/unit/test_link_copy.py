@@ -18,10 +18,10 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
+from waiting import wait_for
 
 from operations.data.copy import COPY_EXCLUDES, SSH, peer_copy_commands
 from operations.remote.link_copy import CLIENTS, PARTIAL_DIR, split_among
@@ -65,13 +65,6 @@ def alive(pid: int) -> bool:
 def sessions(tmp_path: Path) -> list[int]:
     path = tmp_path / "sessions"
     return [int(pid) for pid in path.read_text().split()] if path.exists() else []
-
-
-def wait_for(done, what: str, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while not done():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.02)
 
 
 def leftovers(tmp_path: Path) -> list[str]:
@@ -135,12 +128,12 @@ def test_nothing_of_the_copy_is_left_on_either_side(tmp_path, end):
     run = subprocess.Popen(["sh", "-c", script], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                            start_new_session=True)
     if caught:
-        wait_for((tmp_path / "rsync-started").exists, "the copy's rsync clients")
+        wait_for((tmp_path / "rsync-started").exists, "the copy's rsync clients", 60)
         # the run's connection to the head is gone (the progress runner ends its work), or the worker's session is
         os.killpg(run.pid if end == "run killed" else daemon_session(tmp_path), signal.SIGHUP)
         (tmp_path / "hold").unlink()
     out, err = run.communicate(timeout=120)
-    wait_for(lambda: not any(alive(pid) for pid in sessions(tmp_path)), "the worker's sessions to end")
+    wait_for(lambda: not any(alive(pid) for pid in sessions(tmp_path)), "the worker's sessions to end", 60)
     if end != "worker hung up":  # after a hang-up the head may start another daemon and finish the copy
         assert (run.returncode == 0) == (end == "done"), out + err
     assert leftovers(tmp_path) == []

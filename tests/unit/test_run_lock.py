@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import os
 import subprocess
-import time
 
 from harness import FakeHost, parse_fact, run_op, with_args
 from pyinfra.context import ctx_host, ctx_state
+from waiting import wait_for
 
 from operations import run_lock as rl
 
@@ -127,10 +127,7 @@ def test_two_takers_at_once_cannot_both_write(tmp_path):
     guard = subprocess.Popen(["sh", "-c", f"exec 9>>{lock}.guard; flock 9; touch {ready}; "
                                           f"while [ -e {hold} ]; do sleep 0.05; done"])
     try:
-        deadline = time.monotonic() + 30
-        while not ready.exists():
-            assert guard.poll() is None and time.monotonic() < deadline, "the guard never took the lock"
-            time.sleep(0.02)
+        wait_for(ready.exists, "the other taker to hold the guard", running=guard)
         taken = sh(rl._take_command(lock))
     finally:
         hold.unlink()

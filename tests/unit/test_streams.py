@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from harness import parse_fact, run_op, with_args
+from waiting import wait_for
 
 from operations.facts.streams import StreamStates, stream_status
 from operations.remote import stream_wait
@@ -139,8 +140,8 @@ def test_a_stream_ends_with_the_run_that_started_it(tmp_path):
     assert got["rc"] == STOPPED_RC and stream_status(got) == "failed"
     assert "the run that started it is gone" in read(root, "long", "log")
     # its whole process group ends (the runner exits just after it wrote rc), and the work's
-    wait_for(lambda: running_in_group(int(read(root, "long", "pid"))) == [])
-    wait_for(lambda: running_in_group(int(read(root, "long", "work"))) == [])
+    wait_for(lambda: running_in_group(int(read(root, "long", "pid"))) == [], "the runner's group to end", 10)
+    wait_for(lambda: running_in_group(int(read(root, "long", "work"))) == [], "the work's group to end", 10)
 
 
 def running_in_group(pgid: int) -> list[int]:
@@ -168,10 +169,7 @@ def test_a_stopped_stream_records_its_end_only_once_its_work_has_stopped(tmp_pat
                                                    [SLOW_TO_STOP.format(marker=marker)], run=RUN))
     try:
         assert session.stdout is not None and "started in the background" in session.stdout.readline()
-        deadline = time.monotonic() + 10
-        while "working" not in read(root, "slow", "log"):
-            assert time.monotonic() < deadline
-            time.sleep(0.1)
+        wait_for(lambda: "working" in read(root, "slow", "log"), "the work to start", 10)
         session.kill()  # the run is gone: the watchdog stops the stream
         session.wait()
         settle(root, "slow", timeout=15)
@@ -187,22 +185,12 @@ def test_a_stopped_stream_records_its_end_only_once_its_work_has_stopped(tmp_pat
 def test_a_restart_starts_the_new_work_only_once_the_old_has_stopped(tmp_path):
     root, marker = tmp_path / "streams", tmp_path / "stopped-at"
     launch(root, "w", [SLOW_TO_STOP.format(marker=marker)], run="earlier1")
-    deadline = time.monotonic() + 10
-    while "working" not in read(root, "w", "log"):
-        assert time.monotonic() < deadline
-        time.sleep(0.1)
+    wait_for(lambda: "working" in read(root, "w", "log"), "the work to start", 10)
     restarted = launch(root, "w", ["echo other work"])
     assert "started in the background" in restarted.stdout
     assert marker.exists() and float(read(root, "w", "queued")) >= float(marker.read_text())
     settle(root, "w")
     assert state(root, "w")["rc"] == 0
-
-
-def wait_for(check, timeout: float = 10) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
 
 
 def test_a_tool_run_through_the_progress_runner_is_waited_for_too(tmp_path):
@@ -213,7 +201,7 @@ def test_a_tool_run_through_the_progress_runner_is_waited_for_too(tmp_path):
     root, marker = tmp_path / "streams", tmp_path / "stopped-at"
     tool = f"trap 'sleep 2; date +%s.%N > {marker}; exit 0' TERM; echo working; while :; do sleep 0.1; done"
     launch(root, "tool", [progress_command("the tool", tool, every=1).get_raw_value()])
-    wait_for(lambda: "the tool: " in read(root, "tool", "log"))
+    wait_for(lambda: "the tool: " in read(root, "tool", "log"), "the tool's first line", 10)
     time.sleep(0.5)
     sh(f"kill -TERM -$(cat {root}/tool/pid)")
     settle(root, "tool", timeout=15)
@@ -228,10 +216,10 @@ def test_a_stream_that_is_stopping_is_not_adopted_but_waited_for(tmp_path):
     session = fake_session(tmp_path, launch_command(str(root), "s", "test", "the s work", (), work, run="earlier1"))
     try:
         assert session.stdout is not None and "started in the background" in session.stdout.readline()
-        wait_for(lambda: "working" in read(root, "s", "log"))
+        wait_for(lambda: "working" in read(root, "s", "log"), "the work to start", 10)
         session.kill()  # the run is lost: its watchdog stops the stream (within its 2 s poll)
         session.wait()
-        wait_for(lambda: (root / "s" / "stopping").exists())
+        wait_for((root / "s" / "stopping").exists, "the stream to be stopping", 10)
         again = launch(root, "s", work)  # the same work, by the next run
     finally:
         session.kill()
@@ -248,15 +236,12 @@ def test_work_that_will_not_stop_is_killed_after_the_wait(tmp_path, monkeypatch)
         f"$i -lt {stream_runner.WORK_STOP_S * 10} ]", "$i -lt 10 ]"))  # a one-second wait, for the test
     root = tmp_path / "streams"
     launch(root, "stubborn", ["trap '' TERM; echo working; while :; do sleep 0.1; done"])
-    deadline = time.monotonic() + 10
-    while "working" not in read(root, "stubborn", "log"):
-        assert time.monotonic() < deadline
-        time.sleep(0.1)
+    wait_for(lambda: "working" in read(root, "stubborn", "log"), "the work to start", 10)
     work = int(read(root, "stubborn", "work"))
     sh(f"kill -TERM -$(cat {root}/stubborn/pid)")
     settle(root, "stubborn", timeout=10)
     assert "the stubborn work: killed" in read(root, "stubborn", "log") and state(root, "stubborn")["rc"] == STOPPED_RC
-    wait_for(lambda: running_in_group(work) == [])  # what was killed is gone a moment later
+    wait_for(lambda: running_in_group(work) == [], "the killed work to be gone", 10)  # a moment later
 
 
 def test_the_same_work_running_is_adopted_and_other_work_restarts_it(tmp_path):

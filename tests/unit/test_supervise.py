@@ -7,8 +7,9 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from types import SimpleNamespace
+
+from waiting import wait_for
 
 import operations.supervise as sv
 from operations.remote import supervise as script
@@ -120,10 +121,8 @@ def test_script_arms_restarts_in_order_then_gives_up(tmp_path):
         proc = subprocess.Popen(argv, env=env, stderr=sink)
     try:
         # armed first (a loaded machine may take a while to start it): until then an exit is not its to mend
-        deadline = time.monotonic() + 30
-        while "supervising the pair" not in said.read_text():
-            assert proc.poll() is None and time.monotonic() < deadline, said.read_text()
-            time.sleep(0.02)
+        wait_for(lambda: "supervising the pair" in said.read_text(), "the supervisor to arm", running=proc,
+                 said=said.read_text)
         # rank 1 dies for good (the fake replaced whole: a look never finds it half written)
         (bin_dir / "ssh.new").write_text((bin_dir / "ssh").read_text().replace("echo running", "echo exited"))
         (bin_dir / "ssh.new").chmod(0o755)
