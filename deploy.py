@@ -1,5 +1,6 @@
 # Converge both Sparks: pyinfra inventory.py deploy.py  (--dry shows the plan and why a run would stop).
 # Each step reads the Sparks' state and changes only what differs; the order matters (docs/architecture.md).
+# See docs/commands.md for its flags and exit statuses.
 import os
 
 from pyinfra import logger
@@ -13,7 +14,7 @@ from operations.image import engine_image, engine_image_checked
 from operations.link import link
 from operations.memguard import memguard
 from operations.model_data import model_data, model_data_checked
-from operations.nfs import nfs
+from operations.nfs import nfs, nfs_view_checked
 from operations.preflight import preflight
 from operations.ranks import ranks_serving
 from operations.run_lock import locked, unlocked
@@ -51,6 +52,7 @@ model_data(s=s)
 streams_finished(s=s)
 engine_image_checked(s=s)
 model_data_checked(s=s)
+nfs_view_checked(s=s)  # worker_weights = "nfs": the worker sees the checkpoint as the head has it
 both_sparks_reached(name="Data in place on both Sparks", step="the data")
 
 # 9. guards and keys (the supervisor comes last, once the pair serves)

@@ -2,6 +2,7 @@
 # Live `docker logs` while a rank's container exists, else its newest saved log. Read-only: no operation exists.
 # The head's run prints both ranks, rank 0 first, reading the worker through the worker's connection; the worker's
 # run prints them when the head does not answer over ssh (its block says so).
+# See docs/commands.md for its flags and exit statuses.
 from operations.settings.context import pair_hosts, pair_settings, reports_for_pair
 from operations.tools.rank_logs import rank_log_text
 

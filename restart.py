@@ -1,6 +1,7 @@
 # Restart both ranks in order (rank 1, then rank 0) even when nothing changed: pyinfra inventory.py restart.py
 # It is deploy.py with the `restart` setting on: everything is converged and checked first (a bad flag leaves the
 # running pair alone), then the pair is recreated, then the health wait and smoke test run.
+# See docs/commands.md for its flags and exit statuses.
 import os
 
 from pyinfra import local

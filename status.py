@@ -5,6 +5,7 @@
 # what a deploy would change (deploy.py --dry, seconds more).
 # The head's run prints the table, reading the worker through the worker's connection (operations/tools/status.py); the
 # worker's run prints it when the head does not answer over ssh (config.py lets these tools go on without one).
+# See docs/commands.md for its flags and exit statuses.
 import os
 import sys
 

@@ -24,6 +24,9 @@ spill_gib = 0  # spill v2 budget in GiB (0 = off; passed as TF_SPILL_GIB)
 kv_shard = 0  # KV sharding (0 = off; passed as TF_DS_KV_SHARD)
 pool = 0  # positions in rank 1's pool (0 = same as context; must equal rank 0's context)
 max_tokens = 32768  # default reply budget (--max-tokens)
+temperature = 1.0  # default sampling temperature a request inherits (--temperature; "" = the engine's default)
+top_p = 0.95  # default nucleus sampling cut, above 0 and at most 1 (--top-p; "" = the engine's default)
+top_k = 20  # default top-k sampling, a whole number >= 0 (--top-k; "" = the engine's default)
 extra_serve_args = []  # extra rank-0 serve arguments, appended after the defaults
 engine_env = {}  # extra TENSORFOLD_*/TF_DS_*/TF_FILL_*/TF_SPILL_* variables for both ranks
 
@@ -77,7 +80,7 @@ nfs_exports_file = "/etc/exports.d/sparkfold.exports"  # export file this projec
 # --- CX7 link ---
 link_mtu = 9000  # MTU on every link netdev (both Sparks must match)
 link_netplan_file = "/etc/netplan/60-sparkfold-cx7.yaml"  # netplan file this project owns
-link_prefix_min = 16  # widest rail prefix accepted, 8-30 (a rail subnet is routed over the cable; below 16 warns)
+link_prefix_min = 16  # widest rail prefix accepted, 8-31 (a rail subnet is routed over the cable; below 16 warns)
 link_rollback_s = 120  # a netplan apply not confirmed over a new ssh connection within this is undone (90-3600 s)
 master_port = 29620  # rank 0's rendezvous port on the head's link address
 nccl_channels = 4  # NCCL_MIN_NCHANNELS = NCCL_MAX_NCHANNELS
@@ -99,6 +102,7 @@ stop_timeout = 30  # seconds docker stop waits before killing a rank
 log_keep = 10  # saved rank logs kept per Spark
 keep_generations = 2  # served pairs (images, weight folders, kit versions) kept on each Spark for a rollback
 upgrade_gate = "smoke"  # what a new pair must pass before the old one is let go: "smoke", or "exact" (same replies)
+rollback_open = False  # True lets rollback.py start a pair more open than asked (one run: --data rollback_open=1)
 log_lines = 100  # lines of each rank's log logs.py prints (live, or the newest saved log)
 status_plan = False  # status.py also counts the operations a deploy would change (runs deploy.py --dry: seconds more)
 status_watch = 0  # status.py redraws its table every this many seconds until Ctrl-C (0: prints it once)
@@ -112,3 +116,4 @@ allowed_arch = ["aarch64"]  # machine types preflight accepts (a DGX Spark is aa
 allowed_os = ["ubuntu"]  # /etc/os-release ID (or ID_LIKE) values preflight accepts (DGX OS is Ubuntu based)
 nvidia_smi_path = "/usr/bin/nvidia-smi"  # nvidia-smi the clock unit and the live lock run
 rotate_api_key = False  # True writes a new API key on the head (for one run: --data rotate_api_key=true)
+verify_data = False  # True re-hashes both Sparks' data and repairs what differs (one run: --data verify_data=true)

@@ -21,6 +21,10 @@ SCRIPT_DIR = "/usr/local/lib/sparkfold"  # memguard and the supervisor, uploaded
 SYSTEM_STATE_DIR = "/var/lib/sparkfold"
 GPU_CLOCK_RECORD = f"{SYSTEM_STATE_DIR}/gpu-clock.record"  # the last -lgc: boot id, time, driver's answer or failure
 GPU_CLOCK_SCRIPT = "gpu_clock_lock.sh"  # operations/remote/ -> SCRIPT_DIR: the one way the lock is applied
+# The served pairs' records (operations/rank/generation.py): root's, 0700, each record 0600. Not under state_dir:
+# that folder is the ssh user's, who could rename a root-owned folder inside it away and put one of their own in its
+# place; /var/lib/sparkfold and everything above it is root's.
+GENERATIONS_DIR = f"{SYSTEM_STATE_DIR}/generations"
 RUN_LOCK = f"{SYSTEM_STATE_DIR}/run.lock"  # one per Spark, whoever runs the deploy and whatever their state_dir
 DOCKER_DAEMON_JSON = "/etc/docker/daemon.json"
 NETPLAN_APPLY_DIR = f"{SYSTEM_STATE_DIR}/netplan-apply"  # one folder per apply: its new files, revert and promote
@@ -154,6 +158,12 @@ class Layout:
 
     # --- state_dir: keys, records, the download venv ---
     @property
+    def rank_env(self) -> str:
+        """The ssh user's 0700 folder where a rank's environment waits for `docker run --env-file` (removed once
+        read: Docker keeps it in the container)."""
+        return f"{self.state_dir}/rank-env"
+
+    @property
     def venv(self) -> str:
         return f"{self.state_dir}/venv"
 
@@ -188,7 +198,12 @@ class Layout:
 
     @property
     def generations(self) -> str:
-        """The served pairs' records (root's): <id>.json each and last-good (operations/rank/generation.py)."""
+        """The served pairs' records (root's, GENERATIONS_DIR): <id>.json each, last-good and seq."""
+        return GENERATIONS_DIR
+
+    @property
+    def legacy_generations(self) -> str:
+        """Where sparkfold kept the records before (the ssh user's folder): moved into GENERATIONS_DIR once."""
         return f"{self.state_dir}/generations"
 
     @property

@@ -17,7 +17,7 @@ from io import StringIO
 from shlex import quote
 from typing import Any
 
-from pyinfra import host
+from pyinfra import host, logger
 from pyinfra.api import FileUploadCommand, deploy, operation
 from pyinfra.facts.files import Sha256File
 
@@ -44,6 +44,7 @@ from operations.data.hub import (
     plan_args,
     token_name,
 )
+from operations.data.verified_record import data_verified_recorded, record_path
 from operations.facts.files import FolderCheck
 from operations.facts.model import HfHubPython, HfPlanDict, hf_plan, hf_plans_kept
 from operations.remote import heredoc_command
@@ -186,6 +187,9 @@ def model_data(s: Settings) -> None:
     piece as soon as what it reads is whole; the small steps run here. streams_finished awaits it all, then
     model_data_checked."""
     if s.is_head:
+        if s.verify_data:
+            logger.info("verify_data: both Sparks' data is re-hashed against its sums in this run (in the "
+                        "background); what differs is removed and copied again, or downloaded by the next run")
         _head(s, image_ref(s))
 
 
@@ -199,6 +203,9 @@ def model_data_checked(s: Settings) -> None:
     both_sparks_reached(name="Model data: the head's downloads and copies are done", step="the head's part")
     if not s.is_head:
         _worker(s)
+    if s.verify_data:  # every verification of this Spark passed (a failure stops the run before this)
+        data_verified_recorded(name="Data verified in full: time recorded (verify_data)",
+                               path=record_path(s.layout.state_dir))
 
 
 def _downloads(s) -> dict[str, dict]:
@@ -256,11 +263,17 @@ def _head(s, image_ref: str) -> None:
     hf_snapshot(name=name, **args)
     folder_placed(name="Kit at data_dir/kit", src=f"{layout.kit_src}/kit", dest=layout.kit, what="the kit")
     folder_verified(name="Kit matches its MANIFEST (head)", folder=layout.kit, sums="MANIFEST", what="the kit",
-                    generated_fix=KIT_GENERATED_FIX)
+                    generated_fix=KIT_GENERATED_FIX, again=s.verify_data)
     background_data.kit_streams(s, _plan(_plan_args(args)).get("total_bytes") or 0)
 
     if not s.ablit:  # with ABLIT the weight files are made from the overlay, after the checkpoint (_head_checked)
         background_data.weight_streams(s, checkpoint, plan, image_ref)
+    # verify_data: the checkpoint's blobs are named by their sha256, so their list (the worker copy's, or written
+    # here without hashing when there is none: rewriting it would race that copy) is what they are checked against
+    blob_list = (f"[ -e {quote(layout.model_folder)}/{BLOB_SUMS} ] || {{ {blob_sums_command(layout.model_folder)}; }}"
+                 if s.worker_weights == "copy" else blob_sums_command(layout.model_folder))
+    background_data.reverify_stream(s, "checkpoint", "the checkpoint", layout.model_folder, BLOB_SUMS,
+                                    plan.get("total_bytes") or 0, ("checkpoint", "blob-list"), before=(blob_list,))
     if s.worker_weights == "copy":
         # the copy carries the served snapshot's symlink: made here, before it, with the blob list
         repo_dir, dest, served = layout.model_folder, s.worker.layout.model_folder, layout.served_link
@@ -312,7 +325,8 @@ def _worker(s) -> None:
     folder_verified(name="Kit matches its MANIFEST (worker)", folder=layout.kit, sums="MANIFEST", what="the kit",
                     generated_fix=KIT_GENERATED_FIX, remove_failed=True)
     folder_verified(name="Rank 1's weight file verified (worker)", folder=layout.active_rank_link(1),
-                    sums=SUMS, what="rank 1's weight file", remove_failed=True)
+                    sums=SUMS, what="rank 1's weight file", remove_failed=True,
+                    again=s.verify_data and s.ablit)  # with ABLIT no stream re-verifies it
     if s.worker_weights == "copy":
         folder_verified(name="Checkpoint copy verified (worker)", folder=layout.model_folder, sums=BLOB_SUMS,
                         what="the checkpoint copy", remove_failed=True)

@@ -2,23 +2,32 @@
 file, `exportfs -ra` on change) and the worker's docker volume of type nfs that mounts it.
 
 Only hub/ is exported: the cache's top folder also holds the token `hf auth login` writes, which the worker never
-needs."""
+needs. Before the pair step, `nfs_view_checked` makes sure the worker sees the served snapshot through the volume as
+the head has it (a stale or half-mounted view would give rank 1 other files than rank 0)."""
 
 from __future__ import annotations
 
+import posixpath
 import re
 from io import StringIO
+from typing import Any
 
+import gevent
 from pyinfra import host, logger, state
 from pyinfra.api import StringCommand, deploy, operation
+from pyinfra.api.host import Host
+from pyinfra.context import ctx_config, ctx_host
 from pyinfra.facts.deb import DebPackages
 from pyinfra.operations import apt, files
 
+from operations.build.image_hash import image_ref
 from operations.facts.docker import DockerVolumeInfo, VolumeContainers
 from operations.facts.files import FileText
-from operations.facts.nfs import ExportTable, SameFilesystem
+from operations.facts.nfs import ExportTable, SameFilesystem, SnapshotView, SnapshotViewDict, VolumeSnapshotView
+from operations.layout import SERVED_SYMLINK
 from operations.owned.files import owned_put_changes
 from operations.owned.units import unit_service
+from operations.settings.context import peer_host
 from operations.util import check_failed, sh
 from operations.util.commands import APT_CACHE_S
 from operations.util.net import ip_of
@@ -140,6 +149,86 @@ def nfs_unexported(exports_file: str):
         return
     yield StringCommand(sh("rm", "-f", exports_file))
     yield StringCommand("exportfs -ra")
+
+
+def view_differences(head: SnapshotViewDict, worker: SnapshotViewDict) -> list[str]:
+    """How the worker's view of the served snapshot differs from the head's: the snapshot its link leads to, then
+    each file missing, extra, unreachable or of another size, in name order; [] when the two are equal."""
+    found = []
+    if worker["commit"] != head["commit"]:
+        found.append(f"the served link leads to snapshot {worker['commit'] or '(nothing)'} on the worker but "
+                     f"{head['commit'] or '(nothing)'} on the head")
+    for name in sorted(set(head["files"]) | set(worker["files"])):
+        theirs, mine = head["files"].get(name), worker["files"].get(name)
+        if theirs == mine:
+            continue
+        if mine is None:
+            found.append(f"{name} is missing on the worker")
+        elif theirs is None:
+            found.append(f"{name} is only on the worker")
+        elif mine < 0:
+            found.append(f"{name}'s blob cannot be reached from the worker")
+        elif theirs < 0:
+            found.append(f"{name}'s blob is missing on the head")
+        else:
+            found.append(f"{name} has {mine} bytes on the worker but {theirs} on the head")
+    return found
+
+
+def view_problem(head: SnapshotViewDict, worker: SnapshotViewDict, volume: str, shown: int = 8) -> str | None:
+    """Why rank 1 must not start on this view of the checkpoint (naming the files that differ and the fix), or None
+    when the worker sees through `volume` what the head has."""
+    if head["error"]:
+        return (f"the head's served snapshot could not be read ({head['error']}): run the whole deploy.py (its data "
+                "step downloads the checkpoint and sets the served link)")
+    if worker["error"]:
+        return (f"the worker could not read the head's checkpoint through docker volume {volume} ({worker['error']}):"
+                " check the share from the worker (docs/nfs.md, \"Checking the share by hand\"), or set "
+                "worker_weights = \"copy\" to give the worker its own copy")
+    differences = view_differences(head, worker)
+    if not differences:
+        return None
+    more = f" (and {len(differences) - shown} more)" if len(differences) > shown else ""
+    return (f"the worker sees the checkpoint through docker volume {volume} otherwise than the head has it, so rank 1 "
+            f"would load other files than rank 0: {'; '.join(differences[:shown])}{more}. Fix: if the head was still "
+            "writing the checkpoint, run again once it is whole; a mount still in use keeps its old view (a running "
+            "rank 1 holds it: run stop.py, then deploy again); check the share by hand (docs/nfs.md, \"Checking "
+            "the share by hand\"); or set worker_weights = \"copy\" to give the worker its own copy")
+
+
+def _head_view(head: Host, config: Any, repo_folder: str) -> SnapshotViewDict:
+    with ctx_host.use(head), ctx_config.use(config):  # a greenlet of its own starts with no pyinfra context
+        return head.get_fact(SnapshotView, repo_folder=repo_folder, link=SERVED_SYMLINK)
+
+
+@operation()
+def worker_view_checked(head: Host, volume: str, image: str, head_repo_folder: str, repo_in_volume: str):
+    """Worker, worker_weights = "nfs": the served snapshot as rank 1 will see it through `volume` (where the served
+    link leads, each file's name and size, read in a throwaway container of `image`) must be the head's own view of
+    `head_repo_folder`; otherwise the run stops before the pair step touches either rank. While planning, a view
+    that cannot be read yet (the image not shipped, the checkpoint not downloaded) is left to the executing run."""
+    theirs = gevent.spawn(_head_view, head, ctx_config.get(), head_repo_folder)  # its own connection, meanwhile
+    mine = host.get_fact(VolumeSnapshotView, repo_folder=repo_in_volume, link=SERVED_SYMLINK, volume=volume,
+                         image=image)
+    head_view = theirs.get()
+    problem = view_problem(head_view, mine, volume)
+    settled = not (head_view["error"] or mine["error"])
+    if (yield from check_failed("the worker's view of the checkpoint", [problem], settled=settled)):
+        return
+    host.noop(f"the worker sees snapshot {head_view['commit']} through {volume} as the head has it" if not problem
+              else "the worker's view of the checkpoint is compared with the head's when the run executes")
+
+
+@deploy("The worker's view of the head's checkpoint")
+def nfs_view_checked(s) -> None:
+    """With worker_weights = "nfs", before the pair step: the worker reads the head's served snapshot through the
+    NFS volume as the head has it (worker_view_checked). Nothing on the head, nothing with a local copy."""
+    if s.is_head or s.worker_weights != "nfs":
+        return
+    head = s.head.layout
+    worker_view_checked(name="The worker sees the checkpoint through NFS as the head has it", head=peer_host(s),
+                        volume=s.nfs_volume, image=image_ref(s), head_repo_folder=head.model_folder,
+                        repo_in_volume=posixpath.relpath(head.model_folder, head.hub))
 
 
 @deploy("NFS share of the head's Hugging Face cache")

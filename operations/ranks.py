@@ -24,6 +24,7 @@ from pyinfra import host, logger, state
 from pyinfra.api import FunctionCommand, StringCommand, deploy, operation
 from pyinfra.api.host import Host
 from pyinfra.context import ctx_config, ctx_host
+from pyinfra.facts.files import Directory
 
 from operations.build.image_hash import HASH_LABEL, image_ref
 from operations.data.copy import versions_dir
@@ -34,16 +35,25 @@ from operations.facts.rank import PruneInputs, RankInputs, RankInputsDict, Start
 from operations.facts.systemd import UnitState
 from operations.layout import DOCKER_DAEMON_JSON, SUPERVISOR_UNIT, unit_path
 from operations.owned.files import file_put
-from operations.rank import serving, switch
+from operations.rank import exposure, serving, switch
 from operations.rank.commands import removal_commands, start_commands
-from operations.rank.generation import LAST_GOOD, Generation, Switch, prune_plan, read_records, runs_last_good
+from operations.rank.generation import (
+    LAST_GOOD,
+    Generation,
+    Switch,
+    prune_paths,
+    prune_plan,
+    read_records,
+    runs_last_good,
+)
 from operations.rank.plan import KEEP, REFUSED, START, PairPlan, foreign, pair_plan, rank_inputs_args
 from operations.rank.spec import CHAT_TEMPLATE, template_digest
 from operations.rank.switch import SwitchNotes
 from operations.settings import Settings
 from operations.settings.context import peer_host
+from operations.settings.site import ssh_check
 from operations.util import check_failed
-from operations.util.checks import op_changed
+from operations.util.checks import op_changed, warned
 from operations.util.fact_reuse import fact_until_change
 
 # the starts run with _ignore_errors (a failed start is pair_serving's to judge), and a fact read inside an operation
@@ -123,6 +133,10 @@ def pair_checked(s: Settings, peer: Host, image: str, template: str, handoff: Ch
     if plan.refusals:  # the rest would judge a container that is not ours
         yield from check_failed("the rank containers", plan.refusals)
         return
+    if s.is_head:  # what a client that sends no sampling fields inherits, and a setting the image cannot carry
+        logger.info(f"{host.name}: {plan.sampling}")
+        for warning in plan.sampling_warnings:
+            warned("the served sampling", warning)
     # while planning, a missing input (image, link record) may still be made by this run: only its problems count
     if (yield from check_failed("the launch", mine.problems, settled=mine.spec is not None)):
         return
@@ -194,7 +208,7 @@ def rank_started(s: Settings, peer: Host, image: str, template: str, notes: Swit
             notes.start_problem = problem
         yield from check_failed("the switch", [problem])
         return
-    yield from start_commands(mine.spec, s.min_avail_gib, s.gpu_clock_mhz, s.nvidia_smi_path)
+    yield from start_commands(mine.spec, s.min_avail_gib, s.gpu_clock_mhz, s.nvidia_smi_path, s.layout.rank_env)
 
 
 def _container_state(container: Mapping[str, Any]) -> str:
@@ -254,9 +268,23 @@ def _new_pair_served(state: Any, host: Any, worker: Any, s: Settings, change: Sw
         switch.supervisor_started(s, host, SUPERVISOR_UNIT)
     logs = (s.head.layout.logs, s.worker.layout.logs)
     new_id = change.to.id if change and change.to else "?"
-    host.log("sparkfold: " + switch.failure_message(new_id, problem, logs, target, back),
+    opened = ""
+    if target is not None and back is None:  # the old pair serves again, as it was recorded
+        opened = exposure.rollback_warning(exposure.of_argv(target.specs[0].argv), exposure.of_settings(s))
+        _log_live(host, s, target)
+    host.log("sparkfold: " + switch.failure_message(new_id, problem, logs, target, back, opened),
              log_func=logger.error)
     return False
+
+
+def _log_live(host: Any, s: Settings, target: Generation) -> None:
+    """The LIVE lines of a recorded pair that serves again: its own port, name, key and open-API warning (a record
+    may predate the settings), not the settings'."""
+    api = switch.api_of(s, target.specs[0])
+    note = exposure.open_note(exposure.of_argv(target.specs[0].argv), api.port)
+    for line in serving.live_lines(api.served_name, api.port, api.base_url, s.layout.api_key if api.keyed else "",
+                                   note):
+        host.log(line)
 
 
 def _fail_with_logs(state: Any, host: Any, worker: Any, s: Settings, message: str) -> bool:
@@ -308,13 +336,41 @@ def pair_serving(s: Settings, worker: Host, image: str, template: str, rank0: An
 
 
 def _record_command(folder: str, generation: Generation) -> StringCommand:
-    """The record written aside then renamed, then last-good (root's: the state folder is the ssh user's)."""
+    """The record written aside then renamed, then last-good: root's, the folder 0700 and every file 0600 (a record
+    is started as it is, and its environment may hold secrets). Its `seq` is counted here, on the Spark, from the
+    folder's `seq` file: the order of the records never depends on which controller's clock wrote them."""
     d, name = shlex.quote(folder), generation.id
-    body = shlex.quote(json.dumps(generation.record(), sort_keys=True))
+    # the record's JSON without its closing brace: the Spark adds its seq
+    body = shlex.quote(json.dumps(generation.record(), sort_keys=True)[:-1])
     return StringCommand("sh", "-c", shlex.quote(
-        f"mkdir -p {d} && chmod 755 {d} && printf '%s\\n' {body} > {d}/.{name}.json.tmp && "
+        f"mkdir -p {d} && chown root:root {d} && chmod 700 {d} && umask 077 && "
+        f"n=$(( $(cat {d}/seq 2>/dev/null || echo 0) + 1 )) && printf '%s\\n' \"$n\" > {d}/.seq.tmp && "
+        f"mv -f {d}/.seq.tmp {d}/seq && "
+        f"printf '%s, \"seq\": %s}}\\n' {body} \"$n\" > {d}/.{name}.json.tmp && "
         f"mv -f {d}/.{name}.json.tmp {d}/{name}.json && printf '%s\\n' {name} > {d}/.last-good.tmp && "
         f"mv -f {d}/.last-good.tmp {d}/{LAST_GOOD}"), _sudo=True)
+
+
+def records_moved_command(legacy: str, folder: str) -> StringCommand:
+    """The records an older sparkfold kept in `legacy` (the ssh user's folder) copied into the root-only `folder`
+    (none over one there already, never a symlink: `cp -P` copies a link as a link, which the fact never reads),
+    then `legacy` removed. They were writable by the ssh user, so they are as trusted as any record: checked before
+    a start (operations/rank/record_check.py)."""
+    old, d = shlex.quote(legacy), shlex.quote(folder)
+    return StringCommand("sh", "-c", shlex.quote(
+        f"mkdir -p {d} && chown root:root {d} && chmod 700 {d} && umask 077 && "
+        f"for f in {old}/*.json {old}/last-good; do [ -f \"$f\" ] && [ ! -L \"$f\" ] && "
+        f"[ ! -e {d}/\"${{f##*/}}\" ] || continue; cp -P -- \"$f\" {d}/ && chmod 600 {d}/\"${{f##*/}}\"; done && "
+        f"rm -rf -- {old}"), _sudo=True)
+
+
+@operation()
+def generation_records_moved(legacy: str, folder: str):
+    """Once: the records moved out of the ssh user's state_dir into the root-only folder (layout.GENERATIONS_DIR)."""
+    if not host.get_fact(Directory, path=legacy):
+        host.noop(f"no generation records left in {legacy}")
+        return
+    yield records_moved_command(legacy, folder)
 
 
 def _runs_last_good(rank: int, found: RankInputsDict) -> bool:
@@ -354,11 +410,17 @@ def generations_kept(s: Settings, peer: Host, image: str, template: str, started
         return
     yield _record_command(s.layout.generations, Generation(wanted.id, wanted.specs, good_at=time.time()))
     layout = s.layout
-    folders = (layout.rank_cache,) + ((versions_dir(layout.kit),) if s.is_head else ()) + (
-        (layout.ablit,) if s.is_head and s.ablit else ())
-    found = host.get_fact(PruneInputs, label=HASH_LABEL, folders=folders)
-    prune = prune_plan(records, s.keep_generations, wanted, s.rank, found["entries"], found["images"],
-                       found["in_use"])
+    kinds = {"weights": layout.rank_cache, **({"kit": versions_dir(layout.kit)} if s.is_head else {}),
+             **({"ablit": layout.ablit} if s.is_head and s.ablit else {})}
+    found = host.get_fact(PruneInputs, label=HASH_LABEL, folders=tuple(kinds.values()),
+                          paths=prune_paths(records, wanted, s.rank))
+    listed = {kind: (entry["real"], entry["names"]) for kind, folder in kinds.items()
+              for entry in [found["folders"].get(folder) or {"real": "", "names": []}]}
+    prune = prune_plan(records, s.keep_generations, wanted, s.rank, listed, found["images"], found["in_use"],
+                       real=found["real"])
+    if prune.refused:
+        warned("the prune of old generations", prune.refused)
+        return
     if not prune:
         return
     logger.info(f"{host.name}: generations no longer kept (keep_generations = {s.keep_generations}): "
@@ -384,6 +446,8 @@ def ranks_serving(s: Settings) -> None:
     # the controller's inputs, read once: the content-addressed image and the template rank 0 serves
     pair: dict[str, Any] = dict(s=s, peer=peer, image=image_ref(s), template=template_digest(s))
     notes, handoff = SwitchNotes(), CheckedPlan()  # what this Spark's operations of the pair step hand on
+    generation_records_moved(name="Generation records in the root-only folder", legacy=layout.legacy_generations,
+                             folder=layout.generations)
     pair_checked(name="Check the launch (container ownership, rank 0's flags, link record, memory, ports)",
                  handoff=handoff, **pair)
     if s.is_head and s.upgrade_gate == "exact":
@@ -430,9 +494,11 @@ def _rolled_back(state: Any, host: Any, worker: Any, s: Settings, target: Genera
                      f"good one: {' '.join(out)[-200:]}", log_func=logger.error)
             return False
     host.log(f"rolled back: generation {came_from} → {target.id}")
-    api = switch.api_of(s, target.specs[0])
-    for line in serving.live_lines(api.served_name, api.port, api.base_url, s.layout.api_key if api.keyed else ""):
-        host.log(line)
+    _log_live(host, s, target)
+    opened = exposure.more_open(exposure.of_argv(target.specs[0].argv), exposure.of_settings(s))
+    if opened:  # asked for with rollback_open: said again where the run ends
+        host.log(f"⚠ generation {target.id} is more open than the settings ask: {'; and '.join(opened)}. "
+                 f"{exposure.CLOSE_IT}.", log_func=logger.warning)
     host.log(switch.downtime_line(notes, switch.clock()))
     return True
 
@@ -451,6 +517,13 @@ def previous_generation_served(s: Settings, worker: Host, image: str, template: 
         yield from check_failed("rollback", [f"no earlier generation that served is recorded in "
                                              f"{s.layout.generations} (only {current or 'none'}): nothing to roll "
                                              "back to"])
+        return
+    opened = exposure.more_open(exposure.of_argv(target.specs[0].argv), exposure.of_settings(s))
+    if opened and not s.rollback_open:  # a rollback must not quietly reopen what the settings closed
+        yield from check_failed(f"rollback to generation {target.id}", [
+            f"its API is more open than the settings ask: {'; and '.join(opened)}. To start it all the same, for this "
+            "run only: pyinfra inventory.py rollback.py --data rollback_open=true (it stays that open until "
+            "the next deploy.py); or run deploy.py, which starts the pair the settings ask for"])
         return
     problems = []
     for spark, side, spec in ((host, s.head, target.specs[0]), (worker, s.worker, target.specs[1])):
@@ -499,3 +572,27 @@ def ranks_stopped(s: Settings) -> None:
         rank_stopped(name="Stop rank 0 (head; log saved first)", **args)
     if not s.is_head:
         rank_stopped(name="Stop rank 1 (worker; log saved first)", **args)
+
+
+def not_stopped(peer_name: str, role: str, rank: int, check: str) -> str:
+    """stop.py's line for the Spark it could not reach (`check`: the command that shows why)."""
+    return (f"{peer_name} (the {role}) did not answer over ssh, so rank {rank} there was not stopped and still holds "
+            f"its memory: `{check}` shows why; run stop.py again once it answers")
+
+
+@operation()
+def peer_rank_stopped(problem: str | None):
+    """Fail this Spark's stop (last, once its own rank is stopped and the lock released) when the other Spark did
+    not answer: the run then ends non-zero and names what is left running."""
+    if (yield from check_failed("stop.py", [problem])):
+        return
+    host.noop("the other Spark answered: its own run stops its rank")
+
+
+@deploy("The other Spark's rank")
+def peer_rank_reached(s: Settings) -> None:
+    """stop.py: pyinfra goes on with the Spark that answers (config.py); this says what it could not stop."""
+    peer = peer_host(s)
+    problem = None if peer.connected else not_stopped(peer.name, s.the_peer.role or "?", s.the_peer.rank,
+                                                      ssh_check(peer.data, peer.name))
+    peer_rank_stopped(name="The other Spark's rank stopped too", problem=problem)

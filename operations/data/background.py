@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from shlex import quote
 
+from pyinfra.api import operation
 from pyinfra.api.operation import OperationMeta
 
 from operations.build.image_hash import IMAGE_STREAM
@@ -118,6 +119,45 @@ def verified_on_worker(target: str, folder: str, sums: str, what: str, total: in
                    on_worker(target, marker_command(folder, MARKER, sums=sums))])
 
 
+def reverified_on_worker(target: str, folder: str, sums: str, what: str, total: int) -> list[str]:
+    """verify_data: the worker's copy hashed against `sums` whatever its marker says (a file can rot or be rewritten
+    in place and keep its size and mtime, which is all the marker and the copy compare). The marker goes first; a
+    file that fails is removed, so the copy after this sends it again and the check after that (verified_on_worker)
+    proves the repair; the marker is written again only when every file passed."""
+    check = check_command(folder, sums, f"{what} (verify_data)", total, remove_failed=True,
+                          fix="the files that differ were removed and are copied again now")
+    return [on_worker(target, f"rm -f {quote(folder)}/{MARKER} {quote(folder)}/{SUMS}.tmp"),
+            f"if {on_worker(target, _text(check))}; then {on_worker(target, marker_command(folder, MARKER, sums=sums))}"
+            f"; else echo {quote(f'sparkfold: {what} on the worker: repairing what differs')}; fi"]
+
+
+def reverified_here(folder: str, sums: str, what: str, total: int) -> list[str]:
+    """verify_data: a folder on this Spark (the head) hashed against `sums` whatever its marker says; a file that
+    fails is removed, so the next run downloads or writes it again, and the run stops saying so."""
+    fix = "the files that differ were removed: run the deploy again to download or write them again"
+    return [f"rm -f {quote(folder)}/{MARKER}", _text(check_command(folder, sums, what, total, True, fix)),
+            marker_command(folder, MARKER, sums=sums)]
+
+
+@operation()
+def verification_asked(commands: tuple):
+    """verify_data's work, whatever the markers say: one run asked for it (the stream starts on a converged pair)."""
+    yield from commands
+
+
+def reverify_stream(s, name: str, what: str, folder: str, sums: str, total: int, after: tuple[str, ...],
+                    before: tuple[str, ...] = ()) -> None:
+    """verify_data: the head's `folder` re-verified in the background (its own progress lines), after the streams
+    that write it when they run in this run; before: commands that write the list first."""
+    if not s.verify_data:
+        return
+    commands = (*before, *reverified_here(folder, sums, what, total))
+    background(Stream(f"{name}-reverify", "hash", f"{what} re-verified on the head", s.layout.streams, after=after,
+                      commands=commands),
+               name=f"{what[0].upper()}{what[1:]} re-verified on the head (verify_data)",
+               work=[(verification_asked, {"commands": commands})])
+
+
 def rank_file_current(folder: str, rank: int, source: str) -> str:
     """A shell test: the folder holds one whole weight file of `rank`, made from `source` (what the RankFolder fact
     tells data/weights.rank_file_written)."""
@@ -141,12 +181,16 @@ def checked_stream(s, name: str, what: str, src: str, dest: str, sums: str, tota
     own ('<what>: <sums> to the worker: ...'), never the copy's: it sends the list and what changed since, and knows
     no total (the folder may hold more than was planned)."""
     target = s.worker_link_ssh
-    commands = copy_commands(src, target, dest, what, 0, extra_rsync, label=f"{what}: {sums} to the worker")
+    # verify_data: the worker's copy hashed again first, so that the copy sends what differs
+    commands = reverified_on_worker(target, dest, sums, what, total) if s.verify_data else []
+    commands += copy_commands(src, target, dest, what, 0, extra_rsync, label=f"{what}: {sums} to the worker")
     commands += verified_on_worker(target, dest, sums, what, total)
+    title = f"{what[0].upper()}{what[1:]} " + ("re-verified and repaired on the worker (verify_data)"
+                                              if s.verify_data else "verified on the worker (as it lands)")
     return background(Stream(f"{name}-checked", "to worker", f"{what} checked on the worker", s.layout.streams,
                              after=after, commands=tuple(commands)),
-                      name=f"{what[0].upper()}{what[1:]} verified on the worker (as it lands)",
-                      upstream=upstream)
+                      name=title, upstream=upstream,
+                      work=[(verification_asked, {"commands": tuple(commands)})] if s.verify_data else ())
 
 
 def engram_streams(s, download: OperationMeta, total: int) -> None:
@@ -166,6 +210,7 @@ def engram_streams(s, download: OperationMeta, total: int) -> None:
         work=[(folder_to_peer, {"src": layout.engram, "target": target, "dest": dest, "what": what})])
     checked_stream(s, "engram", what, layout.engram, dest, SUMS, total, ("engram-sums", "engram-to-worker"),
                    [hashed, copied])
+    reverify_stream(s, "engram", what, layout.engram, SUMS, total, ("engram", "engram-sums"))
 
 
 def kit_streams(s, total: int) -> None:
@@ -230,6 +275,7 @@ def weight_streams(s, checkpoint: OperationMeta, plan: Mapping, image_ref: str) 
                                    "ablit_tag": "", "target": target, "peer_rank_cache": worker.rank_cache})])
     checked_stream(s, "rank1", "rank 1's weight file", folder, peer_folder, SUMS, int(total / 2),
                    ("rank1-sums", "rank1-to-worker"), [hashed, copied])
+    reverify_stream(s, "rank1", "rank 1's weight file", folder, SUMS, int(total / 2), ("rank1", "rank1-sums"))
     background(Stream("token-map-to-worker", "to worker", "the token map to the worker", root, after=("token-map",),
                       commands=tuple(copy_commands(layout.token_map_dir, target, worker.token_map_dir,
                                                    "the token map", 0))),

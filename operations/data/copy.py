@@ -30,7 +30,7 @@ SUMS = "SHA256SUMS"  # the list a folder's files are checked against
 SUMS_STATE = ".sparkfold-sums.state"
 # written beside a folder's files while a hashing or a marker is under way, renamed when done: a copy running at the
 # same time must not send them (they vanish mid-copy)
-IN_PROGRESS = (f"{SUMS}.tmp", f"{SUMS_STATE}.tmp", f"{MARKER}.tmp")
+IN_PROGRESS = (f"{SUMS}.tmp", f"{SUMS_STATE}.tmp", f"{MARKER}.tmp", f"{SUMS_STATE}.tmp.*", f"{MARKER}.tmp.*")
 # never copied to the worker: huggingface_hub's local_dir metadata, the head's own verification, partial downloads,
 # the parts of an interrupted copy, files being written
 COPY_EXCLUDES = ("/.cache/", MARKER, f"*{PARTIAL_SUFFIX}", f"{PARTIAL_DIR}/", *IN_PROGRESS)
@@ -62,6 +62,15 @@ def space_problem(free, need: int, where: str, what: str) -> str | None:
 
 def kit_generated(name: str) -> bool:
     return bool(_KIT_GENERATED.fullmatch(name))
+
+
+def marker_written(name: str, digest: str) -> str:
+    """Shell, run in the folder: `name` holds `digest`. The folder's files came over the cable (or from a client of
+    the worker's copy daemon), so `name` may be a planted symlink: the digest goes into a fresh file (mktemp never
+    opens an existing name) renamed over `name` (mv -T replaces a link, even one to a folder, instead of following
+    it); the same as operations/remote/folder_marker.write_marker."""
+    return (f"t=$(mktemp ./{name}.tmp.XXXXXX) && printf '%s\\n' {quote(digest)} > \"$t\" && chmod 644 \"$t\" && "
+            f"mv -fT \"$t\" {name}")
 
 
 def hashing_command(label: str, folder: str, hashing: str, total: int, complaint: str = "",
@@ -96,7 +105,7 @@ def checksums_written(folder: str, files: list, sums: str = SUMS, what: str = "t
     total = sum(have[f][0] for f in files if f in have)  # planned before a download: what is there
     yield hashing_command(f"{what}: hashing for {sums}", folder,
                           f"sha256sum -- {' '.join(quote(f) for f in sorted(files))} > {quote(sums)}.tmp", total)
-    yield f"cd {quote(folder)} && mv {quote(sums)}.tmp {quote(sums)} && printf '%s\\n' {digest} > {SUMS_STATE}"
+    yield f"cd {quote(folder)} && mv {quote(sums)}.tmp {quote(sums)} && {marker_written(SUMS_STATE, digest)}"
 
 
 # sha256sum -c's "NAME: FAILED" lines in $checked (a missing file's say "FAILED open or read"): each such regular
@@ -108,20 +117,22 @@ _REMOVE_FAILED = ('sed -n "s/: FAILED$//p" "$checked" | while IFS= read -r f; do
 
 
 @operation()
-def folder_verified(folder: str, sums: str, what: str, generated_fix: str = "", remove_failed: bool = False):
+def folder_verified(folder: str, sums: str, what: str, generated_fix: str = "", remove_failed: bool = False,
+                    again: bool = False):
     """`sha256sum -c --quiet <sums>` in the folder, once per content: the marker records the list's sha256 and the
     files' sizes/mtimes, so the next run re-hashes only after a copy or download changed something.
     generated_fix: when set, files matching the kit's generated names (rope-*.f32, vision/gate_bias_vl) that are
     missing get this explanation instead of a plain "missing".
     remove_failed: for the worker's copies: a file that fails is removed, so that the next run's copy sends it again
-    (the copy and this marker compare sizes and mtimes only, which a damaged file can keep)."""
+    (the copy and this marker compare sizes and mtimes only, which a damaged file can keep).
+    again: verify_data's run: hashed whatever the marker says (a file can rot and keep its size and mtime)."""
     check = host.get_fact(FolderCheck, path=folder, sums=sums, marker=MARKER)
     if not check or not check["sums_sha"]:
         if not (yield from check_failed(what, [f"no {sums} in {folder}"], settled=False)):
             yield f"# will verify {what} in {folder} against {sums}"
         return
     expected = listing_digest(check["files"], check["names"], check["sums_sha"])
-    if check["marker"] == expected:
+    if check["marker"] == expected and not again:
         host.noop(f"{what} verified against {sums}")
         return
     missing = [n for n in check["names"] if n not in check["files"]]
@@ -135,12 +146,13 @@ def folder_verified(folder: str, sums: str, what: str, generated_fix: str = "", 
     listed = set(check["names"])
     total = sum(size for name, (size, _mtime) in check["files"].items() if name in listed)
     yield check_command(folder, sums, what, total, remove_failed)
-    yield f"cd {quote(folder)} && printf '%s\\n' {expected} > {MARKER}"
+    yield f"cd {quote(folder)} && {marker_written(MARKER, expected)}"
 
 
-def check_command(folder: str, sums: str, what: str, total: int, remove_failed: bool = False) -> StringCommand:
+def check_command(folder: str, sums: str, what: str, total: int, remove_failed: bool = False,
+                  fix: str = "") -> StringCommand:
     """`sha256sum -c --quiet <sums>` in the folder with progress lines; remove_failed: a file that fails is removed
-    (folder_verified's)."""
+    (folder_verified's); fix: what the failure's line tells the user to do, when not to re-run the deploy."""
     complaint = (f"sparkfold: {what} in {folder} does not match {sums} (the lines above name the files): "
                  "re-run the deploy to copy or download them again")
     hashing, on_failure = f"sha256sum -c --quiet {quote(sums)}", ""
@@ -150,6 +162,8 @@ def check_command(folder: str, sums: str, what: str, total: int, remove_failed: 
         on_failure = f"cat {checked}; checked={checked}; {_REMOVE_FAILED}"
         complaint = (f"sparkfold: {what} in {folder} does not match {sums}: the files that differ were removed "
                      "(the lines above name them); re-run the deploy to copy them again")
+    if fix:
+        complaint = f"sparkfold: {what} in {folder} does not match {sums} (the lines above name the files): {fix}"
     return hashing_command(f"{what}: checking {sums}", folder, hashing, total, complaint, on_failure=on_failure)
 
 

@@ -68,6 +68,7 @@ class RankContainerDict(TypedDict, total=False):
     started_at: str  # State.StartedAt (RFC 3339); docker's zero time when it never started
     finished_at: str  # State.FinishedAt
     ports: list[int]  # what it was started to listen on (listening_ports)
+    args: list[str]  # its command line after the entrypoint (status.py reads rank 0's key and --host from it)
 
 
 class RankContainer(FactBase[RankContainerDict]):
@@ -104,6 +105,7 @@ class RankContainer(FactBase[RankContainerDict]):
                 "started_at": state.get("StartedAt", ""),
                 "finished_at": state.get("FinishedAt", ""),
                 "ports": listening_ports(data.get("args") or [], data.get("env") or []),
+                "args": [str(arg) for arg in data.get("args") or []],
             }
         return {}
 

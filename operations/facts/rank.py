@@ -38,32 +38,44 @@ class RankInputsDict(TypedDict):
 
 
 class GenerationFilesDict(TypedDict):
-    files: dict[str, str]  # file name -> text, of <state_dir>/generations/*.json
-    last_good: str  # the text of <state_dir>/generations/last-good ("" when absent)
+    files: dict[str, str]  # file name -> text, of layout.GENERATIONS_DIR/*.json
+    last_good: str  # the text of its last-good ("" when absent)
+    now: float  # the Spark's clock when read (0: not known), to refuse a record dated in its future
 
 
 def generation_files_command(folder: str) -> str:
-    """Each record as `#FILE name` and its base64 on one line (a record is JSON over many lines), then `#LAST id`."""
+    """Each record as `#FILE name` and its base64 on one line (a record is JSON over many lines), then `#LAST id`
+    and the Spark's clock. Read as root (the folder is root's, 0700; the rest of RankInputs runs as the ssh user),
+    and never through a symlink."""
     d = shlex.quote(folder)
-    return (f"for f in {d}/*.json; do [ -f \"$f\" ] || continue; echo \"#FILE ${{f##*/}}\"; base64 -w0 \"$f\"; echo; "
-            f"done; [ -f {d}/last-good ] && printf '#LAST %s\\n' \"$(head -c 64 {d}/last-good)\"; true")
+    script = (f"for f in {d}/*.json; do [ -f \"$f\" ] && [ ! -L \"$f\" ] || continue; echo \"#FILE ${{f##*/}}\"; "
+              f"base64 -w0 \"$f\"; echo; done; [ -f {d}/last-good ] && [ ! -L {d}/last-good ] && "
+              f"printf '#LAST %s\\n' \"$(head -c 64 {d}/last-good)\"; true")
+    q = shlex.quote(script)
+    return (f"printf '#NOW %s\\n' \"$(date +%s)\"; if [ \"$(id -u)\" = 0 ]; then sh -c {q}; "
+            f"else sudo -n sh -c {q}; fi")
 
 
 def parse_generation_files(output: list[str]) -> GenerationFilesDict:
     files: dict[str, str] = {}
-    last_good, name = "", ""
+    last_good, name, now = "", "", 0.0
     for line in output:
         if line.startswith("#FILE "):
             name = line[len("#FILE "):].strip()
         elif line.startswith("#LAST "):
             last_good = line[len("#LAST "):].strip()
+        elif line.startswith("#NOW "):
+            try:
+                now = float(line[len("#NOW "):].strip())
+            except ValueError:
+                now = 0.0
         elif name:
             try:
                 files[name] = base64.b64decode(line.strip(), validate=True).decode("utf-8", "replace")
             except (binascii.Error, ValueError):
                 pass  # a record cut short: ignored, as a record that does not parse
             name = ""
-    return {"files": files, "last_good": last_good}
+    return {"files": files, "last_good": last_good, "now": now}
 
 
 def _raw(command: Any) -> str:
@@ -128,30 +140,47 @@ class RankInputs(FactBase[RankInputsDict]):
         }
 
 
+class VersionsFolderDict(TypedDict):
+    real: str  # the folder's real path on the Spark ("" when it does not exist)
+    names: list[str]  # the names in it that are not symlinks
+
+
 class PruneInputsDict(TypedDict):
     images: list[str]  # repo:tag of the engine images sparkfold built here (they carry the build label)
     in_use: list[str]  # the image each container (running or not) was made from
-    entries: dict[str, list[str]]  # folder -> the names in it that are not symlinks
+    folders: dict[str, VersionsFolderDict]  # each folder asked for, as given -> where it leads and its entries
+    real: dict[str, str]  # each path asked for, as given -> its real path ("" when it does not exist)
+
+
+def _resolved(tag: str, path: str) -> str:
+    """`<tag> <path>`, a tab, and where the path leads with every symlink followed (`readlink -e`: empty if gone)."""
+    q = shlex.quote(path)
+    return f"printf '%s %s\\t%s\\n' {shlex.quote(tag)} {q} \"$(readlink -e -- {q})\""
 
 
 class PruneInputs(FactBase[PruneInputsDict]):
     """What a prune of old generations judges on this Spark, in one round trip: sparkfold's engine images (by
-    `label`), the images containers use, and the entries of `folders` (symlinks left out: they are pointers, such
-    as active-rank0 and `current`, never versions)."""
+    `label`), the images containers use, the real path and entries of each versions folder in `folders` (symlinks
+    left out: they are pointers, such as active-rank0 and `current`, never versions), and the real path of each of
+    `paths` (the folders recorded generations mount). Resolved here, on the Spark, because a data_dir reached
+    through a symlink spells the same folder two ways."""
 
     @staticmethod
     def default() -> PruneInputsDict:
-        return {"images": [], "in_use": [], "entries": {}}
+        return {"images": [], "in_use": [], "folders": {}, "real": {}}
 
-    def command(self, label: str, folders: tuple[str, ...] = ()) -> str:
+    def command(self, label: str, folders: tuple[str, ...] = (), paths: tuple[str, ...] = ()) -> str:
         docker = (f"docker images --filter {shlex.quote('label=' + label)} --format '#IMAGE {{{{.Repository}}}}:"
                   "{{.Tag}}'; docker ps -a --format '#USED {{.Image}}'")
-        listing = "; ".join(f"echo {shlex.quote('#FOLDER ' + folder)}; find {shlex.quote(folder)} -mindepth 1 "
-                            "-maxdepth 1 ! -type l -printf '%f\\n' 2>/dev/null" for folder in folders)
-        return f"{{ command -v docker >/dev/null && {{ {docker}; }}; }} 2>/dev/null; {listing}; true"
+        listing = "; ".join(f"{_resolved('#FOLDER', folder)}; r=$(readlink -e -- {shlex.quote(folder)}) && "
+                            "find \"$r\" -mindepth 1 -maxdepth 1 ! -type l -printf '%f\\n' 2>/dev/null"
+                            for folder in folders)
+        real = "; ".join(_resolved("#REAL", path) for path in paths)
+        return f"{{ command -v docker >/dev/null && {{ {docker}; }}; }} 2>/dev/null; {listing or 'true'}; " \
+               f"{real or 'true'}; true"
 
     def process(self, output: list[str]) -> PruneInputsDict:
-        found: PruneInputsDict = {"images": [], "in_use": [], "entries": {}}
+        found: PruneInputsDict = {"images": [], "in_use": [], "folders": {}, "real": {}}
         folder = ""
         for line in output:
             kind, _, rest = line.rstrip("\n").partition(" ")
@@ -160,10 +189,14 @@ class PruneInputs(FactBase[PruneInputsDict]):
             elif kind == "#USED" and rest:
                 found["in_use"].append(rest)
             elif kind == "#FOLDER":
-                folder = rest
-                found["entries"][folder] = []
+                folder, _, real = rest.partition("\t")
+                found["folders"][folder] = {"real": real, "names": []}
+            elif kind == "#REAL":
+                path, _, real = rest.partition("\t")
+                found["real"][path] = real
+                folder = ""
             elif folder and line.strip():
-                found["entries"][folder].append(line.strip())
+                found["folders"][folder]["names"].append(line.strip())
         return found
 
 

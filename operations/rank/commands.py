@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import shlex
 from collections.abc import Iterator
+from io import StringIO
 
-from pyinfra.api import StringCommand
+from pyinfra.api import FileUploadCommand, StringCommand
 
 from operations.layout import GPU_CLOCK_RECORD, GPU_CLOCK_SCRIPT, script_path
-from operations.rank.spec import ContainerSpec
+from operations.rank.spec import ContainerSpec, env_file_text
 from operations.remote.progress_command import TICK_S, LiveCommand
 from operations.util import sh
 
@@ -67,10 +68,12 @@ def lock_command(mhz: int, nvidia_smi: str, record_path: str = GPU_CLOCK_RECORD,
                          **arguments)
 
 
-def start_commands(spec: ContainerSpec, min_avail_gib: float, gpu_clock_mhz: int,
-                   nvidia_smi: str) -> Iterator[StringCommand]:
+def start_commands(spec: ContainerSpec, min_avail_gib: float, gpu_clock_mhz: int, nvidia_smi: str,
+                   env_dir: str) -> Iterator[StringCommand | FileUploadCommand]:
     """Mounts checked, memory waited for, the GPU clock lock applied again (a reset since the last timer run would
-    let this rank run unlocked for up to a period), then `docker run`."""
+    let this rank run unlocked for up to a period), then `docker run`. The environment (engine_env may hold
+    secrets) goes through a file uploaded into env_dir (0700, the ssh user's: the docker client reads it), never
+    through an argv `ps` shows, and the file is removed once `docker run` has read it."""
     binds = [(src, ro) for src, _dst, ro in spec.mounts if src.startswith("/")]
     writable = [src for src, ro in binds if not ro]
     if writable:
@@ -82,4 +85,9 @@ def start_commands(spec: ContainerSpec, min_avail_gib: float, gpu_clock_mhz: int
                                 "exit", "1;", "}")
     yield memory_wait_command(spec.rank, min_avail_gib)
     yield lock_command(gpu_clock_mhz, nvidia_smi, _sudo=True)
-    yield StringCommand(sh(*spec.run_argv()))
+    env_file = f"{env_dir}/{spec.name}.env"
+    yield StringCommand(sh("mkdir", "-p", "-m", "700", env_dir), "&&", sh("chmod", "700", env_dir), "&&",
+                        sh("install", "-m", "600", "/dev/null", env_file))
+    yield FileUploadCommand(StringIO(env_file_text(spec)), env_file)
+    # removed whether docker run succeeds or not; its exit status is the command's
+    yield StringCommand(sh(*spec.run_argv(env_file)), "; rc=$?;", sh("rm", "-f", "--", env_file), "; exit $rc")

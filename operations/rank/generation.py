@@ -3,7 +3,9 @@
 A generation is both ranks' container specs, whole (image, argv, environment, mounts: the weight folders, the kit
 version, the snapshot, the chat template's digest), so the pair can be started again exactly as it ran, without the
 settings that shaped it. Its id is the digest of the two spec hashes. Each Spark keeps the records in
-<state_dir>/generations (root's): <id>.json per generation and `last-good`, the id of the last one that served.
+/var/lib/sparkfold/generations (layout.GENERATIONS_DIR: root's, 0700, records 0600): <id>.json per generation,
+`last-good`, the id of the last one that served, and `seq`, the count that orders them (kept on the Spark: two
+controllers' clocks may disagree).
 Pure: records in, verdicts out; the operations read and write them (operations/ranks.py).
 """
 
@@ -43,7 +45,8 @@ def spec_from_record(data: Mapping[str, Any]) -> ContainerSpec:
 class Generation:
     id: str
     specs: tuple[ContainerSpec, ContainerSpec]  # rank 0, rank 1
-    good_at: float = 0.0  # when it passed the health wait and the smoke test (0: not yet)
+    good_at: float = 0.0  # when it passed the health wait and the smoke test (0: not yet), the controller's clock
+    seq: int = 0  # its place among the records of its Spark, counted there when written (0: an older record)
 
     def record(self) -> dict[str, Any]:
         return {"kind": RECORD_KIND, "id": self.id, "good_at": self.good_at,
@@ -66,7 +69,7 @@ def read_record(text: str) -> Generation | None:
         specs = tuple(spec_from_record(d) for d in data["specs"])
         if len(specs) != 2 or generation_id([spec.spec_hash() for spec in specs]) != data["id"]:
             return None
-        return Generation(data["id"], (specs[0], specs[1]), float(data.get("good_at") or 0))
+        return Generation(data["id"], (specs[0], specs[1]), float(data.get("good_at") or 0), int(data.get("seq") or 0))
     except (ValueError, KeyError, TypeError, IndexError, AttributeError):
         return None
 
@@ -111,28 +114,45 @@ def changes(old: Generation, new: Generation) -> list[str]:
 
 # --- the records on a Spark ---------------------------------------------------------------------------------------
 
+CLOCK_TOLERANCE_S = 300  # a record dated further than this into its Spark's future is not trusted as good
+
+
+def _newest_first(generation: Generation) -> tuple[bool, int, float]:
+    """The order of the records: by the Spark's own count (seq), the controller's clock (good_at) only among older
+    records that have none (two controllers' clocks disagree); one about to be recorded (good_at inf) is newest."""
+    return generation.good_at == float("inf"), generation.seq, generation.good_at
+
+
 @dataclass(frozen=True)
 class Records:
     generations: tuple[Generation, ...]  # every readable record, any order
     last_good: str  # the id in `last-good` ("" when none)
+    now: float = 0.0  # the Spark's clock when they were read (0: not known, no record is judged future-dated)
+
+    def future_dated(self, generation: Generation) -> bool:
+        """Written by a controller whose clock is ahead of this Spark's: not trusted as good (rollback.py would
+        otherwise take it for the newest)."""
+        return bool(self.now) and generation.good_at != float("inf") and \
+            generation.good_at > self.now + CLOCK_TOLERANCE_S
 
     def get(self, gid: str) -> Generation | None:
         return next((g for g in self.generations if g.id == gid), None)
 
     def good(self) -> list[Generation]:
         """The generations that served, newest first."""
-        return sorted((g for g in self.generations if g.good_at), key=lambda g: g.good_at, reverse=True)
+        return sorted((g for g in self.generations if g.good_at and not self.future_dated(g)), key=_newest_first,
+                      reverse=True)
 
     def previous(self, current: str) -> Generation | None:
         """The newest good generation other than `current` (what rollback.py switches to)."""
         return next((g for g in self.good() if g.id != current), None)
 
 
-def read_records(files: Mapping[str, str], last_good: str) -> Records:
-    """Records from {file name: text} of the generations folder and the text of `last-good`."""
+def read_records(files: Mapping[str, str], last_good: str, now: float = 0.0) -> Records:
+    """Records from {file name: text} of the generations folder, the text of `last-good` and the Spark's clock."""
     found = [g for name, text in sorted(files.items()) if name.endswith(".json")
              for g in [read_record(text)] if g is not None and name == f"{g.id}.json"]
-    return Records(tuple(found), last_good.strip())
+    return Records(tuple(found), last_good.strip(), now)
 
 
 def runs_last_good(records: Records, container: Mapping[str, Any], rank: int) -> bool:
@@ -207,41 +227,71 @@ class Prune:
     """What the generations no longer kept leave behind on one Spark (never what a kept one uses)."""
 
     records: tuple[str, ...] = ()  # record files (ids) of generations no longer kept
-    folders: tuple[str, ...] = ()  # weight folders, kit versions, ABLIT packs
+    folders: tuple[str, ...] = ()  # weight folders, kit versions, ABLIT packs (real paths on the Spark)
     images: tuple[str, ...] = ()  # engine images sparkfold built
+    refused: str = ""  # why nothing is pruned although something would be ("" when the prune is judged safe)
 
     def __bool__(self) -> bool:
         return bool(self.records or self.folders or self.images)
 
 
-def _uses(spec: ContainerSpec) -> tuple[set[str], set[str]]:
-    """(folders, images) one rank's spec keeps: its weight folder's parent, its kit version, its ABLIT pack."""
-    folders = {posixpath.dirname(_mount(spec, InContainer.RANK_CACHE).rstrip("/")), _mount(spec, InContainer.KIT)}
+# The versions folders a prune lists, by the mount of a rank whose versions they hold.
+VERSION_KINDS = {"weights": "weight folder", "kit": "kit version", "ablit": "ABLIT pack"}
+
+
+def uses(spec: ContainerSpec) -> dict[str, str]:
+    """{kind: folder} one rank's spec keeps, as its mounts spell them: its weight folder's parent (the weight
+    files' version), its kit version, and its ABLIT pack when it serves one."""
+    found = {"weights": posixpath.dirname(_mount(spec, InContainer.RANK_CACHE).rstrip("/")),
+             "kit": _mount(spec, InContainer.KIT)}
     hf = _mount(spec, InContainer.HF)
     if hf.startswith("/") and spec.argv[:2] == ["tensorfold-native", "serve"]:
-        folders.add(posixpath.join(hf, _snapshot(spec)))  # an ABLIT pack is mounted in the cache's place
-    return folders - {""}, {spec.image}
+        found["ablit"] = posixpath.join(hf, _snapshot(spec))  # an ABLIT pack is mounted in the cache's place
+    return {kind: path for kind, path in found.items() if path}
 
 
-def prune_plan(records: Records, keep: int, serving: Generation, rank: int, folders: Mapping[str, Sequence[str]],
-               images: Sequence[str], in_use: Sequence[str], protected: Sequence[str] = ()) -> Prune:
+def prune_paths(records: Records, serving: Generation, rank: int) -> tuple[str, ...]:
+    """Every folder a generation recorded here (or the serving one) uses on the Spark of `rank`: the paths the
+    prune asks the Spark to resolve, since a mount may be spelled through a symlink the versions folder is not."""
+    every = records.generations + (serving,)
+    return tuple(sorted({path for g in every for path in uses(g.specs[rank]).values()}))
+
+
+def _real(path: str, real: Mapping[str, str]) -> str:
+    return real.get(path, path)
+
+
+def prune_plan(records: Records, keep: int, serving: Generation, rank: int,
+               folders: Mapping[str, tuple[str, Sequence[str]]], images: Sequence[str], in_use: Sequence[str],
+               protected: Sequence[str] = (), real: Mapping[str, str] | None = None) -> Prune:
     """What to remove on the Spark of `rank` once `serving` passed its gate (recorded or about to be: it counts as
-    the newest). folders: {versions folder: its entries} (rank-cache, kit.d, ablit); images: the engine images
-    sparkfold built there; in_use: images a container (any) was made from; protected: entry names never removed
-    (symlinks such as active-rank0 and `current`)."""
+    the newest). folders: {kind (VERSION_KINDS): (the versions folder's real path, its entries)}; images: the
+    engine images sparkfold built there; in_use: images a container (any) was made from; protected: entry names
+    never removed (symlinks such as active-rank0 and `current`); real: {path a spec mounts: its real path on the
+    Spark ("" when it is gone)}, so that mounts and entries are compared as the Spark resolves them.
+
+    Safety: when a folder the serving rank mounts is not one of the entries its versions folder lists (a layout
+    the prune does not understand), nothing is pruned and `refused` says why."""
+    real = real or {}
     others = tuple(g for g in records.generations if g.id != serving.id)
     newest = Generation(serving.id, serving.specs, good_at=float("inf"))
     every = Records(others + (newest,), serving.id)  # by then the last good one
     ids = kept(every, keep, [serving.id])
+    candidates = {posixpath.join(parent, name) for parent, names in folders.values() if parent for name in names
+                  if name not in protected and not name.startswith("replaced-")}
+    # a versions folder that does not exist holds nothing to remove, so it needs no check
+    listed = {kind: {posixpath.join(parent, name) for name in names} for kind, (parent, names) in folders.items()
+              if parent}
+    for kind, path in uses(serving.specs[rank]).items():
+        if kind in listed and _real(path, real) not in listed[kind]:
+            return Prune(refused=f"the serving rank's {VERSION_KINDS[kind]} {path} (real path "
+                                 f"{_real(path, real) or 'none'}) is not among the entries of {folders[kind][0]}, so "
+                                 "what is kept cannot be told from what is not: nothing is pruned")
     keep_folders: set[str] = set()
     keep_images: set[str] = set(in_use)
     for generation in every.generations:
         if generation.id in ids:
-            used_folders, used_images = _uses(generation.specs[rank])
-            keep_folders |= used_folders
-            keep_images |= used_images
-    old_folders = sorted(posixpath.join(parent, name) for parent, names in folders.items() for name in names
-                         if name not in protected and not name.startswith("replaced-")
-                         and posixpath.join(parent, name) not in keep_folders)
-    return Prune(tuple(sorted(g.id for g in others if g.id not in ids)), tuple(old_folders),
+            keep_folders |= {_real(path, real) for path in uses(generation.specs[rank]).values()}
+            keep_images.add(generation.specs[rank].image)
+    return Prune(tuple(sorted(g.id for g in others if g.id not in ids)), tuple(sorted(candidates - keep_folders)),
                  tuple(sorted(set(images) - keep_images)))

@@ -25,6 +25,7 @@ from operations.rank.generation import (
     read_records,
     switch_of,
 )
+from operations.rank.sampling import sampling_plan
 from operations.rank.spec import LABEL_HASH, LABEL_MANAGED, ContainerSpec, rail_problems, rank0_argv, rank_spec
 from operations.settings import Settings
 
@@ -72,6 +73,8 @@ class PairPlan:
 
     image: str = ""  # the image both ranks should run
     docker_restarts: tuple[str, str] = ("", "")  # why this run restarts Docker on the head, the worker ("": not)
+    sampling: str = ""  # what rank 0 serves as its sampling defaults (the plan's line)
+    sampling_warnings: tuple[str, ...] = ()  # a sampling setting the image cannot carry
 
     @property
     def switch(self) -> Switch:
@@ -111,9 +114,10 @@ def model_mount(s: Settings, mine: RankInputsDict, head: RankInputsDict) -> tupl
     symlink leads nowhere. The worker with worker_weights = "nfs" sees the head's cache through the volume."""
     source, _link_path = served_model_path(s)
     if s.ablit and s.is_head:
-        # the applied pack holds real files (hard links): its folder is mounted in the cache's place
+        # the applied pack holds real files (hard links): its folder is mounted in the cache's place, by its real
+        # parent (with data_dir behind a symlink, the spelled folder and the pack's real one differ)
         folder = mine.get("ablit")
-        return (source, f"{InContainer.HF}/{posixpath.relpath(folder, source)}") if folder else None
+        return (posixpath.dirname(folder), f"{InContainer.HF}/{posixpath.basename(folder)}") if folder else None
     if not s.is_head and s.worker_weights == "nfs":
         cache, real = s.head.hf_cache, head.get("served")
     else:
@@ -251,8 +255,10 @@ def pair_plan(head: Settings, worker: Settings, head_found: RankInputsDict, work
     labels = [(c.get("labels") or {}).get(LABEL_HASH) if c.get("running") else None for c in containers]
     running = generation_id([str(label) for label in labels]) if all(labels) else ""
     records = tuple(read_records((found.get("generations") or {}).get("files") or {},
-                                 (found.get("generations") or {}).get("last_good") or "")
+                                 (found.get("generations") or {}).get("last_good") or "",
+                                 (found.get("generations") or {}).get("now") or 0.0)
                     for found in (head_found, worker_found))
+    sampling, sampling_warnings = sampling_plan(head, head_found.get("capabilities") or None)
     return PairPlan((ranks[0], ranks[1]), tuple(reasons), tuple(refusals),
                     generation_of([spec for spec, _problems in built]), running, (records[0], records[1]), image,
-                    docker_restarts)
+                    docker_restarts, sampling, tuple(sampling_warnings))

@@ -16,6 +16,7 @@ from pyinfra import logger
 from pyinfra.api import QuoteString, StringCommand
 
 from operations.facts.docker import RankContainer
+from operations.rank import exposure
 from operations.validate.client import Client, ServerUnusable
 from operations.validate.result import PASS
 from operations.validate.smoke import smoke_parts
@@ -89,10 +90,7 @@ def smoke_test(base_url: str, served_name: str, api_key: str = "") -> tuple[bool
 
 def open_api_note(s) -> str:
     """The plain warning for rank 0 answering the network without a key ("" when loopback-only or keyed)."""
-    if s.api_key or s.host in ("127.0.0.1", "::1", "localhost"):
-        return ""
-    return (f"the API has no key and listens on {s.host}:{s.port}: anyone who reaches this Spark on that port can "
-            "use it. Fix: SPARKFOLD_API_KEY=1 (or api_key = true in group_data/all.py); docs/security.md")
+    return exposure.open_note(exposure.of_settings(s), s.port)
 
 
 def live_lines(served_name: str, port: int, base_url: str, api_key_file: str = "", open_note: str = "") -> list[str]:

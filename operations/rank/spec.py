@@ -12,11 +12,21 @@ from dataclasses import dataclass, field
 
 from operations.layout import InContainer as C
 from operations.rank.flags import PORTED_SETTINGS, engine_reads
+from operations.rank.sampling import sampling_args
 from operations.settings import PASSTHROUGH_PREFIXES
 
 # Rank 0 reads these switches from its environment, rank 1 takes them as flags: keep the pair in step.
 RANK1_SWITCHES = (("TF_DS_GRAPHS", "--graphs"), ("TF_DS_HC_SIDE", "--side"),
                   ("TF_DS_L2_PREFETCH", "--prefetch"), ("TF_DS_ENGRAM_AIO", "--aio"))
+
+# The `docker run` options a rank is started with, and the values each may take (a regular expression; None: a
+# flag): rank_spec builds only these, and a recorded spec with any other is refused (operations/rank/record_check.py).
+RUN_OPTIONS: dict[str, str | None] = {
+    "-d": None, "--name": r"[A-Za-z0-9][A-Za-z0-9_.-]*", "--gpus": "all", "--network": "host", "--ipc": "host",
+    "--device": "/dev/infiniband", "--cap-add": "IPC_LOCK", "--ulimit": r"[a-z]+=-?[0-9]+(:-?[0-9]+)?",
+    "--oom-score-adj": r"-?[0-9]+",
+}
+ENGINE_COMMANDS = ("tensorfold-native", "tf-dsv41-lanes")  # argv[0] of rank 0's and rank 1's container
 
 LABEL_MANAGED = "sparkfold.managed"
 LABEL_HASH = "sparkfold.spec-hash"
@@ -47,17 +57,28 @@ class ContainerSpec:
     def all_labels(self) -> dict[str, str]:
         return {**self.labels, LABEL_HASH: self.spec_hash()}
 
-    def run_argv(self) -> list[str]:
-        """`docker run` as a word list (each word one token)."""
+    def run_argv(self, env_file: str = "") -> list[str]:
+        """`docker run` as a word list (each word one token). env_file: the file holding the environment
+        (env_file_text), so that values that may be secret are not in the argv every user sees in `ps`."""
         words = ["docker", "run", *self.options]
         for key, value in sorted(self.all_labels().items()):
             words += ["--label", f"{key}={value}"]
-        for key, value in sorted(self.env.items()):
+        if env_file:
+            words += ["--env-file", env_file]
+        for key, value in sorted(self.env.items()) if not env_file else ():
             words += ["-e", f"{key}={value}"]
         for src, dst, ro in self.mounts:
             kind = "bind" if src.startswith("/") else "volume"
             words += ["--mount", f"type={kind},src={src},dst={dst}" + (",readonly" if ro else "")]
         return words + [self.image, *self.argv]
+
+
+def env_file_text(spec: ContainerSpec) -> str:
+    """The spec's environment as `docker run --env-file` reads it: one NAME=value a line, taken literally."""
+    bad = sorted(key for key, value in spec.env.items() if "\n" in key or "\n" in value or "\r" in value)
+    if bad:  # the settings refuse these before anything runs; a record that holds one is never started
+        raise ValueError(f"the environment of {spec.name} holds a line break in {', '.join(bad)}")
+    return "".join(f"{key}={value}\n" for key, value in sorted(spec.env.items()))
 
 
 def image_key(image_ref: str) -> str:
@@ -127,7 +148,8 @@ def _chat_template_served(capabilities: dict | None) -> bool:
 def rank0_argv(s, snapshot: str, capabilities: dict | None) -> list[str]:
     argv = ["tensorfold-native", "serve", snapshot, "--name", s.served_name, "--host", s.host,
             "--port", str(s.port), "--context", str(s.context), "--parallel", str(s.parallel),
-            "--max-tokens", str(s.max_tokens), "--thinking" if s.thinking else "--no-thinking"]
+            "--max-tokens", str(s.max_tokens), *sampling_args(s, capabilities),
+            "--thinking" if s.thinking else "--no-thinking"]
     if s.reasoning_effort:
         argv += ["--reasoning-effort", s.reasoning_effort]
     if not s.drafts:

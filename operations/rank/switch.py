@@ -12,12 +12,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from pyinfra import logger
-from pyinfra.api import StringCommand
+from pyinfra.api import FileUploadCommand, StringCommand
 
 from operations.facts.docker import RankContainer
 from operations.rank.commands import removal_commands, start_commands
 from operations.rank.generation import Generation
 from operations.rank.plan import foreign
+from operations.rank.record_check import record_refusal
 from operations.rank.serving import load_status, ranks_down, read_api_key, smoke_test, wait_for_api
 from operations.rank.spec import ContainerSpec
 from operations.validate import exact
@@ -109,7 +110,11 @@ def pair_problem(s: Any, head: Any, worker: Any, timeout: float, api: Api | None
     return None
 
 
-def run(spark: Any, command: StringCommand) -> tuple[bool, list[str]]:
+def run(spark: Any, command: StringCommand | FileUploadCommand) -> tuple[bool, list[str]]:
+    if isinstance(command, FileUploadCommand):  # a rank's environment file (start_commands)
+        uploaded = spark.put_file(command.src, command.dest, print_output=False, print_input=False,
+                                  **command.connector_arguments)
+        return bool(uploaded), [] if uploaded else [f"could not upload {command.dest}"]
     ok, out = spark.run_shell_command(command, print_output=False, print_input=False, **command.connector_arguments)
     return bool(ok), list(out.stdout_lines) + list(out.stderr_lines)
 
@@ -128,10 +133,20 @@ def _stop_pair(s: Any, head: Any, worker: Any) -> str | None:
     return None
 
 
+def refusal_of(s: Any, target: Generation) -> str | None:
+    """Why `target`'s record may not be started (operations/rank/record_check.py), or None."""
+    return record_refusal(target, s.engine_image, s.prebuilt_image, (s.head.container_name, s.worker.container_name))
+
+
 def start_generation(s: Any, head: Any, worker: Any, target: Generation) -> str | None:
-    """`target`'s ranks started from its record, rank 1 then rank 0; None when both started."""
+    """`target`'s ranks started from its record, rank 1 then rank 0, once the record is checked; None when both
+    started."""
+    refused = refusal_of(s, target)
+    if refused:
+        return refused
     for rank, spark, side in ((1, worker, s.worker), (0, head, s.head)):
-        for command in start_commands(target.specs[rank], side.min_avail_gib, side.gpu_clock_mhz, side.nvidia_smi_path):
+        for command in start_commands(target.specs[rank], side.min_avail_gib, side.gpu_clock_mhz, side.nvidia_smi_path,
+                                      side.layout.rank_env):
             ok, out = run(spark, command)
             if not ok:
                 return f"rank {rank} of generation {target.id} did not start on {spark.name}: {' '.join(out)[-300:]}"
@@ -139,8 +154,9 @@ def start_generation(s: Any, head: Any, worker: Any, target: Generation) -> str 
 
 
 def switched_to(s: Any, head: Any, worker: Any, target: Generation) -> str | None:
-    """The pair replaced by `target` (stop, start, health wait, smoke test); None when it serves."""
-    return (_stop_pair(s, head, worker) or start_generation(s, head, worker, target)
+    """The pair replaced by `target` (stop, start, health wait, smoke test); None when it serves. A record that
+    fails its check stops nothing."""
+    return (refusal_of(s, target) or _stop_pair(s, head, worker) or start_generation(s, head, worker, target)
             or pair_problem(s, head, worker, s.wait_timeout, api_of(s, target.specs[0])))
 
 
@@ -158,8 +174,9 @@ def downtime_line(notes: SwitchNotes, now: float) -> str:
 
 
 def failure_message(new_id: str, problem: str, logs: tuple[str, str], target: Generation | None,
-                    back: str | None) -> str:
-    """The one message of a switch that failed: what failed, where its logs are, what serves now."""
+                    back: str | None, opened: str = "") -> str:
+    """The one message of a switch that failed: what failed, where its logs are, what serves now, and (opened) how
+    the pair that serves again is more open than the settings ask."""
     said = f"the new pair (generation {new_id}) failed: {problem}."
     if target is None:
         return (said + " No earlier generation served on this pair, so there is nothing to roll back to: its ranks "
@@ -167,8 +184,9 @@ def failure_message(new_id: str, problem: str, logs: tuple[str, str], target: Ge
     said += (f" Its ranks' logs are saved in {logs[0]} on the head and {logs[1]} on the worker (the newest "
              "*-rank0.log.gz and *-rank1.log.gz; zcat shows them).")
     if back is None:
-        return (said + f" Generation {target.id} serves again (rolled back); run deploy.py again once the cause is "
-                "fixed, or keep the old settings.")
+        said += (f" Generation {target.id} serves again (rolled back); run deploy.py again once the cause is "
+                 "fixed, or keep the old settings.")
+        return said + (f" ⚠ Beware: {opened}" if opened else "")
     return said + f" The rollback to generation {target.id} failed too: {back}. Run rollback.py or deploy.py."
 
 

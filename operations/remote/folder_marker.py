@@ -14,11 +14,13 @@ list is missing.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import os
 import re
 import subprocess
 import sys
+import tempfile
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # the same module as below, named so mypy can follow it
@@ -91,10 +93,24 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     if args.check:
         return 0 if current(path, digest, args.folder, args.names) else 1
-    with open(path + ".tmp", "w") as f:
-        f.write(digest + "\n")
-    os.replace(path + ".tmp", path)
+    write_marker(path, digest)
     return 0
+
+
+def write_marker(path: str, digest: str) -> None:
+    """The marker replaced whole through a fresh file beside it: the folder's files came from the head (or a client
+    of the worker's copy daemon), so a name there may be a symlink planted to lead elsewhere. mkstemp creates its
+    file new (O_EXCL: never through a symlink) and the rename replaces a link at `path` instead of following it."""
+    fd, fresh = tempfile.mkstemp(prefix=os.path.basename(path) + ".tmp.", dir=os.path.dirname(path) or ".")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(digest + "\n")
+        os.chmod(fresh, 0o644)
+        os.replace(fresh, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(fresh)
+        raise
 
 
 if __name__ == "__main__":

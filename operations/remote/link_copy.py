@@ -42,6 +42,14 @@ REFUSED = 10  # rsync: "error in socket IO", i.e. the daemon is not listening (y
 CLIENTS = 4  # rsync clients at once for the files the worker lacks: one is held to one core's rate on each end
 LEFT_TO_LAST = (23, 24)  # rsync: some files not sent (gone, unreadable) / vanished meanwhile; the rest arrived
 RSYNC_TIMEOUT_S = 600  # rsync that moves nothing this long (keep-alives included) has lost the worker's daemon
+# The daemon keeps the copy's symlinks as they are (munge symlinks = no: a model folder's links must work on the
+# worker), so nothing a client sends may make it write or read through one: these options would let a client that
+# planted a link (say dir -> /etc) write through it (keep-dirlinks, no-implied-dirs, the receiver-side folders) or
+# read through it (`write only` refuses every download). The copy-*links options are the sender's (the head's
+# rsync turns the snapshot's links into files with --copy-unsafe-links): they let nothing through a write-only
+# daemon, so they stay allowed. sparkfold's clients send none of the refused ones.
+REFUSED_OPTIONS = ("keep-dirlinks", "no-implied-dirs", "temp-dir", "backup-dir", "compare-dest", "copy-dest",
+                   "link-dest")
 
 # Exit 0 once process PID holds a listening TCP socket on PORT; 1 once it has ended (a zombie too: its shell has
 # not waited for it yet) or after a minute. Its own socket, not just the port: another program's listener on it
@@ -107,6 +115,8 @@ use chroot = no
 munge symlinks = no
 [{module}]
 read only = no
+write only = yes
+refuse options = {refused}
 auth users = {module}
 secrets file = $d/secrets
 hosts allow = ${{SSH_CONNECTION%% *}}
@@ -130,7 +140,8 @@ def start_daemon(ssh: list[str], target: str, address: str, port: int, dest: str
     """The worker's rsync daemon on `port`: (its ssh session, "started" / "not-listening" / "" when ssh itself
     failed, the files whose part an interrupted copy left on the worker)."""
     script = DAEMON.format(dest=shlex.quote(dest), module=MODULE, address=shlex.quote(address), port=port,
-                           listens=shlex.quote(LISTENS), partial=shlex.quote(PARTIAL_DIR))
+                           listens=shlex.quote(LISTENS), partial=shlex.quote(PARTIAL_DIR),
+                           refused=" ".join(REFUSED_OPTIONS))
     proc = subprocess.Popen([*ssh, target, script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     assert proc.stdin and proc.stdout
     try:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Sequence
 
 from pyinfra import host as current_host
 from pyinfra import inventory, state
@@ -13,6 +12,7 @@ from pyinfra.api.host import Host
 from pyinfra.facts.server import Home
 
 from operations.settings import Layers, Settings, load, pair, validate_all
+from operations.settings.before_connect import limit_refusal  # inventory.py refuses the same before connecting
 from operations.settings.site import ssh_target
 from operations.settings.sources import saved_hf_token
 from operations.util.ssh_socket import send_without_delay
@@ -71,20 +71,10 @@ def current_settings() -> tuple[Settings, list[str]]:
     return (head_settings if current_host.name == pair_hosts()[0].name else worker_settings), problems
 
 
-def limit_refusal(script: str, hosts: Sequence[str], limited_to: Sequence[str] | None,
-                  argv: Sequence[str]) -> str | None:
-    """The line refusing a run of `script` that pyinfra's --limit (or --exclude) narrowed to part of the pair, else
-    None. hosts: the inventory's names; limited_to: the names the run is limited to (None: no limit)."""
-    if limited_to is None or set(hosts) <= set(limited_to):
-        return None
-    given = {arg.split("=", 1)[0] for arg in argv}
-    option = "--exclude" if "--exclude" in given and "--limit" not in given else "--limit"
-    return f"{option} is not used with {script}: the two Sparks are one server; run it without {option}"
-
-
 def refuse_part_of_pair(script: str) -> None:
     """Stop deploy.py, stop.py or restart.py run with --limit: the two ranks are one server, so a change to one Spark
-    alone would leave the pair half changed (status.py and logs.py, which only read, accept it)."""
+    alone would leave the pair half changed (status.py and logs.py, which only read, accept it). inventory.py refuses
+    it already before connecting; this is for a run without pyinfra's CLI."""
     limited = state.limit_hosts
     problem = limit_refusal(script, [spark.name for spark in inventory],
                             [spark.name for spark in limited] if isinstance(limited, list) else None, sys.argv)

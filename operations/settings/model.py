@@ -48,6 +48,9 @@ class Settings:
     kv_shard: int
     pool: int
     max_tokens: int
+    temperature: str  # rank 0's sampling defaults: a number, or "" for the engine's own
+    top_p: str
+    top_k: str
     extra_serve_args: list[str]
     engine_env: dict[str, str]
     # --- engine image ---
@@ -112,6 +115,7 @@ class Settings:
     log_keep: int
     keep_generations: int
     upgrade_gate: str
+    rollback_open: bool
     log_lines: int
     status_plan: bool
     status_watch: int
@@ -125,6 +129,7 @@ class Settings:
     allowed_os: list[str]
     nvidia_smi_path: str
     rotate_api_key: bool
+    verify_data: bool
 
     # --- per host: group_data/<role>.py and the site file ---
     role: str = ""

@@ -25,13 +25,14 @@ from operations.settings.shapes import (
     MAX_ROLLBACK_S,
     MIN_ROLLBACK_S,
     NETDEV,
+    example_rail,
     fits,
     rail_prefix_problem,
     safe_text,
     shape_problems,
     shown,
 )
-from operations.settings.sources import HUB_SWITCHES, HUB_TIMEOUTS
+from operations.settings.sources import HUB_SWITCHES, HUB_TIMEOUTS, hub_timeout_unreadable, hub_unimportable
 
 # The engine's window: dsv41's max_position_embeddings.
 MAX_CONTEXT = 1_048_576
@@ -41,10 +42,12 @@ PAIR_SETTINGS = (
     "context", "pool", "parallel", "drafts", "master_port", "gpu_clock_mhz", "link_mtu", "nccl_rails",
     "nccl_channels", "engine_image", "engine_context", "base_image", "tf_repo", "tf_ref", "tools_ref",
     "prebuilt_image", "eaq_v1_1", "ablit", "container_name", "model_repo", "model_revision", "model_repo_v1_1",
-    "model_revision_v1_1", "kv_shard", "spill_gib", "engine_env", "keep_generations", "upgrade_gate",
+    "model_revision_v1_1", "kv_shard", "spill_gib", "engine_env", "keep_generations", "upgrade_gate", "verify_data",
 )
 
 _HEX = re.compile(r"[0-9a-f]+")
+_DECIMAL = re.compile(r"[0-9]+(\.[0-9]+)?")
+_WHOLE = re.compile(r"[0-9]+")
 # prebuilt_image: a reference pinned by digest (operations/image.py splits it with the same pattern)
 PREBUILT_REFERENCE = re.compile(r"(?P<name>[^@\s]+)@(?P<digest>sha256:[0-9a-f]{64})")
 _ULIMIT = re.compile(r"[a-z]+=-?[0-9]+(:-?[0-9]+)?")
@@ -55,10 +58,17 @@ OWN_SERVE_FLAGS = {
     "--name": "served_name", "--host": "host", "--port": "port", "--master-port": "master_port",
     "--context": "context", "--parallel": "parallel", "--max-tokens": "max_tokens", "--thinking": "thinking",
     "--no-thinking": "thinking", "--reasoning-effort": "reasoning_effort", "--drafts": "drafts",
-    "--no-drafts": "drafts", "--api-key": "api_key", "--api-key-file": "api_key",
+    "--no-drafts": "drafts", "--api-key": "api_key", "--api-key-file": "api_key", "--temperature": "temperature",
+    "--top-p": "top_p", "--top-k": "top_k",
     "--chat-template": "engine_image (the image's kit brings the template)", "--backend": "engine_image (cuda)",
 }
 
+# rank 0's sampling defaults: (setting, type of its serve flag's value, the range it must be in, that range in words)
+SAMPLING_RULES = (
+    ("temperature", float, lambda v: v >= 0, "a number >= 0 (e.g. 1.0; 0 is greedy)"),
+    ("top_p", float, lambda v: 0 < v <= 1, "a number above 0 and at most 1 (e.g. 0.95)"),
+    ("top_k", int, lambda v: v >= 0, "a whole number >= 0 (e.g. 20)"),
+)
 UPGRADE_GATES = ("smoke", "exact")
 # The folders sparkfold writes below, and the files it owns in a folder a system tool reads (that folder, the suffix).
 ROOT_FOLDERS = ("hf_cache", "data_dir", "state_dir")
@@ -73,6 +83,20 @@ def _check_range(problems, s, name, low, high, fix=""):
         problems.append(f"{name} = {value!r} is outside {low}..{high}{': ' + fix if fix else ''}")
 
 
+def sampling_problems(s: Settings) -> list[str]:
+    """temperature, top_p, top_k: each "" (the engine's default) or a number the engine's serve flag accepts."""
+    problems = []
+    for name, kind, ok, rule in SAMPLING_RULES:
+        text = getattr(s, name)
+        if text == "":
+            continue
+        # plain decimals only: Python would also read "1_0", "1e3" or " 1", which the engine's parser may not
+        if not fits(_DECIMAL if kind is float else _WHOLE, text) or not ok(kind(text)):
+            problems.append(f"{name} = {shown(getattr(s, name))} must be {rule}, or \"\" to leave the engine's "
+                            "default")
+    return problems
+
+
 def validate(s: Settings) -> list[str]:
     """Every problem with one Spark's settings, each naming the setting and the fix."""
     problems: list[str] = []
@@ -85,6 +109,7 @@ def validate(s: Settings) -> list[str]:
     _check_range(problems, s, "max_tokens", 1, s.context, "lower max_tokens or raise context")
     if s.reasoning_effort not in REASONING_EFFORTS:
         problems.append(f"reasoning_effort = {s.reasoning_effort!r} must be one of low, medium, high, xhigh (or empty)")
+    problems.extend(sampling_problems(s))
     _check_range(problems, s, "port", 1, 65535)
     _check_range(problems, s, "master_port", 1024, 65535)
     if s.port == s.master_port:
@@ -110,7 +135,8 @@ def validate(s: Settings) -> list[str]:
         if not key.startswith(PASSTHROUGH_PREFIXES):
             problems.append(f"engine_env: {key} is not an engine variable (TENSORFOLD_*, TF_DS_*, TF_FILL_*, "
                             "TF_SPILL_*)")
-    if s.ablit and not s.hf_token:
+    # without a readable timeout huggingface_hub could not be asked for the saved token: that problem is named instead
+    if s.ablit and not s.hf_token and not hub_unimportable(s.hf_env):
         problems.append("ablit needs your Hugging Face token: accept the overlay's terms on its model page, create a "
                         "read token, then run with HF_TOKEN=hf_... in the environment or save it on this machine with "
                         "`hf auth login` (or set ablit to false)")
@@ -183,16 +209,20 @@ def validate(s: Settings) -> list[str]:
 
 
 def _hub_env_problems(env: dict[str, str]) -> list[str]:
-    """The huggingface_hub variables passed to the head (sources.HUB_ENV): huggingface_hub silently falls back to
-    its default on a value it cannot read, so such a value is refused here. A value is never shown (a proxy URL may
-    hold a password)."""
+    """The huggingface_hub variables passed to the head (sources.HUB_ENV): a timeout that is no whole number stops
+    huggingface_hub as it is imported, 0 and a word it does not know as a switch it silently replaces with its
+    default; each is refused here. A value is never shown (a proxy URL may hold a password)."""
     problems = []
     for name, value in sorted(env.items()):
         if not safe_text(value):
             problems.append(f"{name} (value not shown) must be one line of printable text: set it again")
+        elif name in HUB_TIMEOUTS and hub_timeout_unreadable(value):
+            problems.append(f"{name} = {value!r} must be a whole number of seconds from 1 to 86400: huggingface_hub "
+                            "cannot even start with it (on this machine, which then cannot read your saved token, "
+                            "nor on the head)")
         elif name in HUB_TIMEOUTS and not (value.strip().isdigit() and 0 < int(value) <= 86400):
             problems.append(f"{name} = {value!r} must be a whole number of seconds from 1 to 86400 (huggingface_hub "
-                            "would silently use its default)")
+                            "silently replaces a timeout of 0 with its default)")
         elif name in HUB_SWITCHES and value.strip().lower() not in SWITCH_WORDS:
             problems.append(f"{name} = {value!r} must be 1 or 0 (true/false, yes/no, on/off)")
     return problems
@@ -324,6 +354,7 @@ def _validate_rails(s: Settings) -> list[str]:
     if len(set(netdevs)) != len(netdevs):
         problems.append(f"{who}: a link netdev is listed twice ({', '.join(netdevs)})")
     for index, rail in enumerate(s.link_rails):
+        example = example_rail(s.role, index)  # an address fit for this Spark's rail
         if not fits(NETDEV, rail.get("netdev")):
             problems.append(f"{who} link rail {index}: netdev {shown(rail.get('netdev'))} is not an interface name "
                             "(letters, digits, _ . -, at most 15, not starting with - or .; `ip -br link` lists them)")
@@ -332,19 +363,26 @@ def _validate_rails(s: Settings) -> list[str]:
                             "(`ibdev2netdev` lists them)")
         if not fits(IPV4_PREFIX, rail.get("address")):
             problems.append(f"{who} link rail {index}: address {shown(rail.get('address'))} must be IPv4 with a "
-                            "prefix, e.g. 192.168.100.1/24")
+                            f"prefix, e.g. {example}")
             continue
         try:
             mine = ipaddress.ip_interface(str(rail.get("address", "")))
         except ValueError:
             problems.append(f"{who} link rail {index}: address {rail.get('address')!r} must be IPv4 with a prefix, "
-                            "e.g. 192.168.100.1/24")
+                            f"e.g. {example}")
             continue
         if mine.version != 4 or not mine.ip.is_private or mine.ip.is_loopback or mine.ip.is_link_local:
-            problems.append(f"{who} link rail {index}: {mine} must be a private IPv4 address (e.g. 192.168.100.1/24), "
+            problems.append(f"{who} link rail {index}: {mine} must be a private IPv4 address (e.g. {example}), "
                             "not loopback or link-local")
-        elif wide := rail_prefix_problem(str(rail.get("address")), _prefix_min(s)):
+        elif wide := rail_prefix_problem(str(rail.get("address")), _prefix_min(s), example):
             problems.append(f"{who} link rail {index}: {mine}: {wide}")
+        elif mine.network.prefixlen < 31 and mine.ip in (mine.network.network_address,
+                                                         mine.network.broadcast_address):
+            # only a /31's two addresses are both hosts (RFC 3021); in a wider subnet these two are not
+            end = "first" if mine.ip == mine.network.network_address else "last"
+            problems.append(f"{who} link rail {index}: {mine} is the {end} address of {mine.network}, which is no "
+                            "host's (the subnet's own or its broadcast): "
+                            f"use one between them, e.g. {example}")
         elif not mine.network.is_private:
             problems.append(f"{who} link rail {index}: {mine}: its subnet {mine.network} reaches beyond the private "
                             "ranges (it would route public addresses over the cable): use a narrower prefix, e.g. /24")

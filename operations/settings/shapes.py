@@ -46,10 +46,10 @@ IBDEV = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}")
 IPV4_PREFIX = re.compile(r"[0-9]{1,3}(\.[0-9]{1,3}){3}/[0-9]{1,2}")
 # A rail's prefix: the subnet it names is routed over the cable. link_prefix_min (16 unless set) may widen the range
 # down to LINK_PREFIX_WIDEST, never further (10.0.0.0/8 is the widest private block); below LINK_PREFIX_USUAL the
-# link step warns. /31 and /32 leave no subnet for the two ends.
+# link step warns. /31 is the usual point-to-point link (RFC 3021: both its addresses are hosts); /32 holds one.
 LINK_PREFIX_WIDEST = 8
 LINK_PREFIX_USUAL = 16
-LINK_PREFIX_NARROWEST = 30
+LINK_PREFIX_NARROWEST = 31
 # user:password@ in a URL, shown as ***@ in every message
 _USERINFO = re.compile(r"^(?P<scheme>[^:/?#]*://)?[^/?#]*@")
 # the resource names `docker run --ulimit` knows
@@ -73,20 +73,27 @@ def single_slashes(value: str) -> str:
     return re.sub(r"/{2,}", "/", value)
 
 
-def rail_prefix_problem(address: str, prefix_min: int) -> str | None:
-    """Why a rail's `ip/prefix` (IPV4_PREFIX already fits) has a prefix the link must not use, with the fix; None when
-    it is /prefix_min to /LINK_PREFIX_NARROWEST. The site file asks with LINK_PREFIX_WIDEST (the widest any
-    link_prefix_min allows), the settings with their link_prefix_min: what the site file accepts, the settings can
-    be told to accept, and nothing the site file refuses gets through the settings."""
+def example_rail(role: str, index: int = 0) -> str:
+    """A rail address to show in a fix, the one sparks.example.yaml gives this Spark's rail: the head ends in .1, the
+    worker in .2, rail 1 in the next /24."""
+    return f"192.168.{100 + index}.{2 if role == 'worker' else 1}/24"
+
+
+def rail_prefix_problem(address: str, prefix_min: int, example: str = example_rail("head")) -> str | None:
+    """Why a rail's `ip/prefix` (IPV4_PREFIX already fits) has a prefix the link must not use, with the fix (showing
+    `example`, an address fit for that Spark's rail); None when it is /prefix_min to /LINK_PREFIX_NARROWEST. The site
+    file asks with LINK_PREFIX_WIDEST (the widest any link_prefix_min allows), the settings with their
+    link_prefix_min: what the site file accepts, the settings can be told to accept, and nothing the site file
+    refuses gets through the settings."""
     prefix = int(address.rpartition("/")[2])
     if prefix > LINK_PREFIX_NARROWEST:
-        return (f"its /{prefix} prefix leaves no subnet for the two ends of the cable: use /{LINK_PREFIX_NARROWEST} "
-                f"or wider, e.g. 192.168.100.1/24")
+        return (f"its /{prefix} prefix holds this one address, leaving none for the other end of the cable: use "
+                f"/{LINK_PREFIX_NARROWEST} (a point-to-point pair, RFC 3021) or wider, e.g. {example}")
     if prefix < prefix_min:
         widen = (f", or set link_prefix_min = {prefix} if the link really needs that subnet"
                  if prefix >= LINK_PREFIX_WIDEST else f" (link_prefix_min allows /{LINK_PREFIX_WIDEST} at the widest)")
         return (f"its /{prefix} prefix would route {2 ** (32 - prefix)} addresses over the cable: use /{prefix_min} "
-                f"to /{LINK_PREFIX_NARROWEST}, e.g. 192.168.100.1/24{widen}")
+                f"to /{LINK_PREFIX_NARROWEST}, e.g. {example}{widen}")
     return None
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -16,10 +17,12 @@ from operations.settings.shapes import (
     LINK_PREFIX_WIDEST,
     LOGIN,
     NETDEV,
+    example_rail,
     fits,
     rail_prefix_problem,
     shown,
 )
+from operations.settings.sources import suggestion
 
 EXAMPLE = "sparks.example.yaml"
 ROLES = ("head", "worker")
@@ -59,6 +62,19 @@ def read_site(path: Path, named_by: str | None = None) -> dict[str, Any]:
     """Parse and check the site file; returns {"head": {...}, "worker": {...}, "data": {...}}. Raises SiteError
     naming every problem of the file at once. named_by: the variable that named the file (SPARKFOLD_SITE), None
     for the default sparks.yaml."""
+    site, problems = parse_site(path, named_by)
+    if problems:
+        raise SiteError(site_heading(path) + ":\n  - " + "\n  - ".join(problems))
+    return site
+
+
+def site_heading(path: Path) -> str:
+    return f"the site file {path} needs fixing ({EXAMPLE} shows the shape)"
+
+
+def parse_site(path: Path, named_by: str | None = None) -> tuple[Any, list[str]]:
+    """The parsed site file and every problem of its content (site_problems). Raises SiteError only when there is
+    nothing to read: no file, not readable, not YAML."""
     if not path.exists():
         raise SiteError(_missing(path, named_by))
     try:
@@ -70,11 +86,27 @@ def read_site(path: Path, named_by: str | None = None) -> dict[str, Any]:
         site: Any = yaml.safe_load(text) or {}  # arbitrary YAML until checked below
     except yaml.YAMLError as exc:
         raise SiteError(_yaml_error(path, exc)) from None
-    problems = site_problems(site)
-    if problems:
-        raise SiteError(f"the site file {path} needs fixing ({EXAMPLE} shows the shape):\n  - "
-                        + "\n  - ".join(problems))
-    return site
+    return site, site_problems(site)
+
+
+def settings_only(site: Any) -> dict[str, Any]:
+    """A site file with problems as the settings can still be read from it: the `data:` mappings kept, each Spark's
+    ssh and link replaced by the example's, so the settings' rules judge the settings alone (the site file's own
+    problems name what is wrong with those)."""
+    site = site if isinstance(site, dict) else {}
+    kept: dict[str, Any] = {"data": site["data"] if isinstance(site.get("data"), dict) else {}}
+    for role in ROLES:
+        spark = site.get(role) if isinstance(site.get(role), dict) else {}
+        rails = [{"netdev": f"example{rail}", "address": example_rail(role, rail)} for rail in range(2)]
+        kept[role] = {"ssh": f"{role}.invalid", "link": rails,
+                      "data": spark["data"] if isinstance(spark.get("data"), dict) else {}}
+    return kept
+
+
+def _unknown(keys: set, known: set[str]) -> str:
+    """The unknown keys, each with the closest known key when there is one."""
+    close = [f"{key}{hint}" for key in sorted(map(str, keys)) if (hint := suggestion(key, known))]
+    return f"{sorted(map(str, keys))}" + (f" ({'; '.join(close)})" if close else "")
 
 
 def site_problems(site: Any) -> list[str]:
@@ -84,7 +116,8 @@ def site_problems(site: Any) -> list[str]:
     problems = []
     unknown = set(site) - {"head", "worker", "data"}
     if unknown:
-        problems.append(f"unknown top-level key(s) {sorted(unknown)}; expected head, worker, data")
+        problems.append(f"unknown top-level key(s) {_unknown(unknown, {'head', 'worker', 'data'})}; expected head, "
+                        "worker, data")
     for role in ROLES:
         spark = site.get(role)
         if isinstance(spark, dict):
@@ -100,7 +133,7 @@ def _spark_problems(role: str, spark: dict) -> list[str]:
     problems = []
     bad = set(spark) - _HOST_KEYS
     if bad:
-        problems.append(f"{role}: unknown key(s) {sorted(bad)}; allowed: {sorted(_HOST_KEYS)}")
+        problems.append(f"{role}: unknown key(s) {_unknown(bad, _HOST_KEYS)}; allowed: {sorted(_HOST_KEYS)}")
     if not (isinstance(spark.get("ssh"), str) and spark["ssh"].strip() != ""):
         problems.append(f"{role}.ssh must name the Spark (host name or address this machine reaches it by)")
     for key in ("ssh", "reach_from_head", "name"):
@@ -121,11 +154,11 @@ def _spark_problems(role: str, spark: dict) -> list[str]:
     link = spark.get("link")
     if not (isinstance(link, list) and len(link) > 0):
         problems.append(f"{role}.link must list the CX7 netdevs, e.g. - {{netdev: enp1s0f0np0, address: "
-                        "192.168.100.1/24}")
+                        f"{example_rail(role)}}}")
         link = []
     for index, rail in enumerate(link):
         if isinstance(rail, dict) and {"netdev", "address"} <= set(rail):
-            problems += _rail_problems(f"{role}.link[{index}]", rail)
+            problems += _rail_problems(f"{role}.link[{index}]", rail, example_rail(role, index))
         else:
             problems.append(f"{role}.link[{index}] needs netdev and address")
     if not isinstance(spark.get("data", {}) or {}, dict):
@@ -133,17 +166,16 @@ def _spark_problems(role: str, spark: dict) -> list[str]:
     return problems
 
 
-def _rail_problems(where: str, rail: dict) -> list[str]:
+def _rail_problems(where: str, rail: dict, example: str) -> list[str]:
     problems = []
     if not fits(NETDEV, rail["netdev"]):
         problems.append(f"{where}.netdev = {shown(rail['netdev'])} must be an interface name (letters, digits, _ . "
                         "-, at most 15, not starting with - or .; `ip -br link` lists them)")
     if not fits(IPV4_PREFIX, rail["address"]):
-        problems.append(f"{where}.address = {shown(rail['address'])} must be IPv4 with a prefix, e.g. "
-                        "192.168.100.1/24")
+        problems.append(f"{where}.address = {shown(rail['address'])} must be IPv4 with a prefix, e.g. {example}")
     # the settings check the prefix against link_prefix_min, which may come from anywhere: here only what no
     # link_prefix_min allows
-    elif wide := rail_prefix_problem(rail["address"], LINK_PREFIX_WIDEST):
+    elif wide := rail_prefix_problem(rail["address"], LINK_PREFIX_WIDEST, example):
         problems.append(f"{where}.address = {shown(rail['address'])}: {wide}")
     if rail.get("ibdev") is not None and not fits(IBDEV, rail["ibdev"]):
         problems.append(f"{where}.ibdev = {shown(rail['ibdev'])} must be a RoCE device name (`ibdev2netdev`)")
@@ -154,6 +186,15 @@ def ssh_target(data: Any, name: str) -> str:
     """host:port a Spark is reached at from this machine. data: its host data (a mapping, or pyinfra's host.data);
     name: pyinfra's name for it."""
     return f"{data.get('ssh_hostname', name)}:{data.get('ssh_port', 22)}"
+
+
+def ssh_check(data: Any, name: str) -> str:
+    """The one command that shows why this machine cannot reach a Spark over ssh (ssh prints its own reason).
+    data: its host data; name: pyinfra's name for it."""
+    login = f"{data.get('ssh_user')}@" if data.get("ssh_user") else ""
+    key = ["-i", str(data.get("ssh_key"))] if data.get("ssh_key") else []
+    return shlex.join(["ssh", "-p", str(data.get("ssh_port", 22)), *key, f"{login}{data.get('ssh_hostname', name)}",
+                       "true"])
 
 
 def _rails(spark: dict) -> list[dict]:

@@ -237,8 +237,25 @@ def passthrough_note(environ: Mapping[str, str]) -> str:
 
 
 def hub_env(environ: Mapping[str, str]) -> dict[str, str]:
-    """huggingface_hub's variables (HUB_ENV) set in this machine's environment: passed to the head's downloads."""
-    return {name: environ[name] for name in HUB_ENV if environ.get(name)}
+    """huggingface_hub's variables (HUB_ENV) set in this machine's environment: passed to the head's downloads. A
+    timeout set but empty is kept, for the rules to refuse: huggingface_hub cannot start with it."""
+    return {name: environ[name] for name in HUB_ENV if environ.get(name) or name in HUB_TIMEOUTS and name in environ}
+
+
+def hub_timeout_unreadable(value: str) -> bool:
+    """huggingface_hub int()s each timeout as it is imported: a value int() refuses stops its import (here, before
+    it can give the saved token, and on the head)."""
+    try:
+        int(value)
+    except ValueError:
+        return True
+    return False
+
+
+def hub_unimportable(environ: Mapping[str, str]) -> bool:
+    """huggingface_hub cannot be imported with this environment (an unreadable timeout): the saved token is not asked
+    for, and the rules name the variable."""
+    return any(name in environ and hub_timeout_unreadable(environ[name]) for name in HUB_TIMEOUTS)
 
 
 # what huggingface_hub's get_token() reads from the environment besides the token file (HF_OIDC_*: a token exchange)
@@ -359,6 +376,10 @@ def load(layers: Layers, environ: Mapping[str, str], home: str,
                 # PARALLEL, for one)
                 clash = (f"; if {name.upper()} is set for another program, run with `env -u {name.upper()}` or "
                          f"give SPARKFOLD_{name.upper()}, which wins")
+            if name == "api_key":  # people give the key itself here: it travels in a file, which they name
+                clash = ("; api_key only turns the key on: to use your own key, put it alone in a file on this "
+                         "machine and set api_key_file to that file's path (SPARKFOLD_API_KEY_FILE=~/.sparkfold-key), "
+                         "with api_key = true")
             problems.append(f"{name} = {shown_value} from {where} is not {bad}{clash}")
             values[name] = _fallback(name, layers.all.get(name))
     engine_env = dict(values["engine_env"])
@@ -384,7 +405,8 @@ def load(layers: Layers, environ: Mapping[str, str], home: str,
         problems.append(f"ssh_port = {shown(data.get('ssh_port'))} for {role or 'this Spark'} from "
                         f"{layers.source_of('ssh_port')} must be a port number (1-65535)")
         ssh_port = 22
-    hf_token, hf_token_source, token_problems = hf_token_of(environ, saved_token)
+    # asked only when huggingface_hub can start: else its ValueError would read as a token problem
+    hf_token, hf_token_source, token_problems = hf_token_of(environ, None if hub_unimportable(environ) else saved_token)
     problems += token_problems
     own_api_key = ""
     if role == "head":  # the key goes to the head only

@@ -19,15 +19,17 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, TypedDict
+from typing import Any, NotRequired, TypedDict
 
 import requests
+from pyinfra.api.exceptions import ConnectError
 
 from operations.build.image_hash import image_ref
 from operations.data.copy import MARKER, SUMS_STATE, listing_digest
 from operations.data.hub import checkpoint_plan_args
+from operations.data.verified_record import record_path, verified_at, verified_note
 from operations.facts.docker import DockerVolumeInfo, RankContainerDict
-from operations.facts.files import FolderCheck, FolderCheckDict, FolderSizes, LinkTarget
+from operations.facts.files import FileText, FolderCheck, FolderCheckDict, FolderSizes, LinkTarget
 from operations.facts.gpu import GpuClockState, GpuClockStateDict
 from operations.facts.host import MemInfo, mem_available_gib
 from operations.facts.model import HfPlan, HfPlanDict, RankFolder, RankFolderDict
@@ -40,9 +42,11 @@ from operations.link import rails_from_facts
 from operations.model_data import BLOB_SUMS, fetch_summary
 from operations.rank.generation import Generation, read_records
 from operations.rank.plan import pair_plan, rank_inputs_args
+from operations.rank.sampling import SAMPLING_FLAGS, sampling_line, served_sampling
 from operations.rank.serving import auth_headers, models_listed, read_api_key
 from operations.rank.spec import LABEL_HASH, template_digest
 from operations.settings import Settings
+from operations.settings.site import ssh_check
 from operations.util import prometheus
 from operations.util.durations import duration
 from operations.util.net import ip_of
@@ -87,13 +91,18 @@ class SparkFacts(TypedDict, total=False):
     weights: RankFolderDict
     weights_check: FolderCheckDict | None  # worker: its copy verified against SHA256SUMS
     units: dict[str, UnitStateDict]
+    data_verified: str | None  # <state_dir>/data-verified: when verify_data last passed here
 
 
 class ApiProbe(TypedDict):
     problem: str | None  # None: /v1/models lists the served model
     latency_ms: float | None
-    key_on: bool  # api_key = true
+    key_on: bool  # rank 0 wants a key: as its running command line says, else as the settings ask
     key_read: bool | None  # the key file on the head gave a key; None: the head did not answer to be asked
+    served_key: NotRequired[bool | None]  # running rank 0 has --api-key-file; None: no running rank 0 to read
+    served_host: NotRequired[str | None]  # the --host it listens on; None: not known
+    settings_key: NotRequired[bool]  # api_key
+    settings_host: NotRequired[str]  # host
 
 
 class MetricsProbe(TypedDict):
@@ -177,16 +186,74 @@ def rank_row(role: str, rank: int, name: str, container: Mapping[str, Any], want
                f"exit code {container.get('exit_code')}{oom}{ended_text}; {spec_text}; {image}", False, facts)
 
 
+def sampling_row(s: Settings, container: Mapping[str, Any]) -> Row:
+    """What rank 0 serves as the default sampling, read from its own command line (a rollback may serve a pair
+    recorded before the settings changed); the settings' values only while no rank 0 runs."""
+    args = container.get("args") if container.get("running") else None
+    if args is None:
+        wanted = {name: str(getattr(s, name)) for name in SAMPLING_FLAGS}
+        return Row("head", "sampling", "not served", f"{sampling_line(wanted)} (the settings: no running rank 0 "
+                   "to read it from)", None, {"served": None, "settings": wanted})
+    served = served_sampling(list(args))
+    return Row("head", "sampling", "served", sampling_line(served), True, {"served": served})
+
+
+def data_verified_row(role: str, text: str | None) -> Row:
+    """When this Spark's data last passed a full re-hash (verify_data): nothing is wrong when it never did."""
+    at = verified_at(text)
+    return Row(role, "data verified", at or "never", verified_note(text), None, {"verified_at": at})
+
+
 def unreachable_row(role: str, why: str) -> Row:
     return Row(role, "ssh", "no answer", f"{why}; nothing else of this Spark is known", False,
                {"answers": False, "problem": why})
 
 
-def api_row(base_url: str, served_name: str, api: ApiProbe) -> Row:
+def served_api(container: Mapping[str, Any] | None) -> tuple[bool | None, str | None]:
+    """(whether it wants a key, the address it listens on) as the running rank 0 was started, from its command
+    line; (None, None) when no rank 0 runs (or its command line was not read)."""
+    if not container or not container.get("running") or "args" not in container:
+        return None, None
+    args = list(container["args"])
+    flags = {arg.partition("=")[0] for arg in args}
+    return bool(flags & {"--api-key-file", "--api-key"}), flag_value(args, "--host")
+
+
+def flag_value(args: Sequence[str], flag: str) -> str | None:
+    """The value of `flag` in a command line, given as `--flag value` or `--flag=value`; None when absent."""
+    for i, arg in enumerate(args):
+        name, has_value, value = arg.partition("=")
+        if name == flag:
+            return value if has_value else (args[i + 1] if i + 1 < len(args) else None)
+    return None
+
+
+def key_text(api: ApiProbe) -> str:
+    """The key state rank 0 runs with (its command line's, not the settings': a keyless rank 0 accepts a keyed
+    request, so the probe's answer cannot tell), and how it differs from the settings."""
     key = "key off"
     if api["key_on"]:
         key = {True: "key on", False: "key on, but the key file on the head gave no key",
                None: "key on, but the head did not answer: asked without it"}[api["key_read"]]
+    served, wanted = api.get("served_key"), api.get("settings_key")
+    if served is None and wanted is not None:
+        return f"{key} (from the settings: no running rank 0 to read it from)"
+    if served is not None and wanted is not None and served != wanted:
+        return f"{key} (settings ask for {'a key' if wanted else 'none'}: a rollback?)"
+    return key
+
+
+def listen_text(api: ApiProbe) -> str:
+    """The address the running rank 0 listens on, and the settings' when they differ ("" when not known)."""
+    served, wanted = api.get("served_host"), api.get("settings_host")
+    if served is None:
+        return ""
+    return f"; listens on {served}" + (f" (settings ask for {wanted}: a rollback?)" if wanted and wanted != served
+                                       else "")
+
+
+def api_row(base_url: str, served_name: str, api: ApiProbe) -> Row:
+    key = key_text(api) + listen_text(api)
     facts = {"base_url": base_url, "model": served_name, "answers": api["problem"] is None, **api}
     if api["problem"] is None:
         latency = f" in {api['latency_ms']:.0f} ms" if api["latency_ms"] is not None else ""
@@ -409,6 +476,8 @@ def build_rows(head_settings: Settings, worker_settings: Settings, head: SparkFa
     sparks = [(s, facts) for s, facts in both if "unreachable" not in facts]  # the rest: what they say
     rows.append(api_row(head_settings.api_base_url, head_settings.served_name, api))
     rows += metric_rows(metrics, previous_metrics)
+    if "unreachable" not in head:
+        rows.append(sampling_row(head_settings, head.get("container") or {}))
     if plan is not None:
         rows.append(plan_row(plan, host_names or {"head": "head", "worker": "worker"}))
     for s, facts in sparks:
@@ -431,6 +500,7 @@ def build_rows(head_settings: Settings, worker_settings: Settings, head: SparkFa
         rows.append(folder_row(s.role, "kit", layout.kit, kit, "MANIFEST", marker_verified(kit)))
         rows.append(weights_row(s.role, s.rank, layout.active_rank_link(), facts.get("weights_symlink"),
                                 facts.get("weights"), facts.get("weights_check"), verify=not s.is_head))
+        rows.append(data_verified_row(s.role, facts.get("data_verified")))
     for s, facts in sparks:
         rows.append(generations_row(s, facts))
     for s, facts in sparks:
@@ -486,7 +556,7 @@ def generations_row(s: Settings, facts: SparkFacts) -> Row:
     """The generations kept on this Spark, newest first: which one runs, which is the last good one, their weight
     folders' sizes."""
     found: dict[str, Any] = dict(facts.get("rank_inputs", {}).get("generations") or {})
-    records = read_records(found.get("files") or {}, found.get("last_good") or "")
+    records = read_records(found.get("files") or {}, found.get("last_good") or "", found.get("now") or 0.0)
     label = ((facts.get("container") or {}).get("labels") or {}).get(LABEL_HASH)
     sizes = facts.get("generation_sizes") or {}
     parts, kept = [], []
@@ -508,15 +578,18 @@ def gib(size: int) -> str:
     return f"{size / 1024**3:.1f} GiB"
 
 
-def not_serving(containers: Mapping[int, Mapping[str, Any] | None], api: ApiProbe) -> str | None:
+def not_serving(containers: Mapping[int, Mapping[str, Any] | None], api: ApiProbe,
+                unreached: Mapping[int, tuple[str, str]] | None = None) -> str | None:
     """None while rank 0's API lists the model; else one line saying why the pair is not serving. A container
-    None: its Spark did not answer."""
+    None: its Spark did not answer (unreached: rank -> its Spark's name and the command that shows why)."""
     if api["problem"] is None:
         return None
     reasons = []
     for rank, container in sorted(containers.items()):
         if container is None:
-            reasons.append(f"rank {rank}'s Spark does not answer over ssh")
+            name, check = (unreached or {}).get(rank, ("", ""))
+            reasons.append(f"rank {rank}'s Spark{' ' + name if name else ''} does not answer over ssh" +
+                           (f" (`{check}` shows why)" if check else ""))
         elif not container:
             reasons.append(f"rank {rank} has no container")
         elif not container.get("running"):
@@ -563,9 +636,27 @@ def wanted_hashes(head_settings: Settings, worker_settings: Settings, head: Spar
         facts["spec_note"] = "" if spec else "; ".join(plan.rank(rank).problems) or "its inputs are missing"
 
 
-def spark_facts(spark: Any, s: Settings) -> SparkFacts:
-    if not spark.connected:  # pyinfra said why above; asking a fact would try to connect again
-        return {"unreachable": f"{spark.name} did not answer over ssh (pyinfra's message is above)"}
+def unanswered(spark: Any, said: str = "") -> str:
+    """Why a Spark is not read: it did not answer over ssh (`said`: ssh's reason, when known), and the command that
+    shows why."""
+    return (f"{spark.name} did not answer over ssh" + (f" ({said})" if said else "") +
+            f"; `{ssh_check(spark.data, spark.name)}` shows why")
+
+
+def reconnected(spark: Any) -> str:
+    """Connect again to a Spark that did not answer (a refresh of status_watch): "" once it answers, else ssh's
+    reason."""
+    try:
+        spark.connect(show_errors=False, raise_exceptions=True)
+    except ConnectError as e:
+        return str(e.args[0] if e.args else e)
+    return ""
+
+
+def spark_facts(spark: Any, s: Settings, said: str = "") -> SparkFacts:
+    """said: why connecting failed, when this run knows (else pyinfra printed it above)."""
+    if not spark.connected:  # asking a fact would try to connect again
+        return {"unreachable": unanswered(spark, said)}
     layout = s.layout
     inputs = _fact(spark, RankInputs, **rank_inputs_args(s, image_ref(s)))
     facts: SparkFacts = {"container": inputs["container"], "rank_inputs": inputs}
@@ -579,6 +670,7 @@ def spark_facts(spark: Any, s: Settings) -> SparkFacts:
                                  size=int(s.link_mtu) - 28, _sudo=True))
                       for r, peer in zip(s.link_rails, s.the_peer.link_rails, strict=False)]
     facts["meminfo"] = _fact(spark, MemInfo)
+    facts["data_verified"] = _fact(spark, FileText, path=record_path(layout.state_dir))
     facts["engram"] = _fact(spark, FolderCheck, path=layout.engram, sums="SHA256SUMS",
                             marker=SUMS_STATE if s.is_head else MARKER)
     facts["kit"] = _fact(spark, FolderCheck, path=layout.kit, sums="MANIFEST", marker=MARKER)
@@ -600,20 +692,24 @@ def spark_facts(spark: Any, s: Settings) -> SparkFacts:
     return facts
 
 
-def api_key_for(head: Any, s: Settings) -> str | None:
-    """The key rank 0 wants, from the head's key file ("" with api_key off, or when the file gives none); None when
-    the head did not answer to be asked."""
+def api_key_for(head: Any, s: Settings, keyed: bool | None = None) -> str | None:
+    """The key rank 0 wants, from the head's key file ("" when it wants none, or when the file gives none); None when
+    the head did not answer to be asked. keyed: whether the running rank 0 wants one (served_api); None: as the
+    settings ask."""
     if not head.connected:
         return None
-    return read_api_key(head, s.layout.api_key) if s.api_key else ""
+    return read_api_key(head, s.layout.api_key) if (s.api_key if keyed is None else keyed) else ""
 
 
-def probe_api(s: Settings, key: str | None) -> ApiProbe:
-    """GET /v1/models from this machine (with `key`, from api_key_for), timed."""
+def probe_api(s: Settings, key: str | None, served: tuple[bool | None, str | None] = (None, None)) -> ApiProbe:
+    """GET /v1/models from this machine (with `key`, from api_key_for), timed. served: served_api's answer for the
+    running rank 0."""
     start = time.monotonic()
     problem = models_listed(s.api_base_url, s.served_name, key or "")
-    return {"problem": problem, "latency_ms": (time.monotonic() - start) * 1000, "key_on": s.api_key,
-            "key_read": None if key is None else bool(key)}
+    served_key, served_host = served
+    return {"problem": problem, "latency_ms": (time.monotonic() - start) * 1000,
+            "key_on": s.api_key if served_key is None else served_key, "key_read": None if key is None else bool(key),
+            "served_key": served_key, "served_host": served_host, "settings_key": s.api_key, "settings_host": s.host}
 
 
 def probe_metrics(base_url: str, key: str, timeout: float = 5) -> MetricsProbe:
@@ -676,16 +772,21 @@ class Report:
     ssh: Mapping[str, bool] = field(default_factory=dict)  # role -> whether it answered over ssh
     metrics: MetricsProbe | None = None  # the next refresh's previous_metrics
     taken_at: datetime | None = None
+    ssh_checks: Mapping[str, str] = field(default_factory=dict)  # role -> the command showing why it did not answer
 
 
 def gather(head: Any, worker: Any, head_settings: Settings, worker_settings: Settings,
            argv: Sequence[str] | None, previous: Report | None = None) -> Report:
     """Read both Sparks (and, with argv, the deploy plan) and build the table. argv: this run's command line;
     previous: the last refresh's report (status_watch), for the counters' rates."""
-    head_facts, worker_facts = spark_facts(head, head_settings), spark_facts(worker, worker_settings)
+    # a refresh connects again to a Spark that did not answer, so a watch shows it once it is back
+    said = {spark.name: reconnected(spark) for spark in (head, worker) if previous is not None and not spark.connected}
+    head_facts = spark_facts(head, head_settings, said.get(head.name, ""))
+    worker_facts = spark_facts(worker, worker_settings, said.get(worker.name, ""))
     wanted_hashes(head_settings, worker_settings, head_facts, worker_facts)
-    key = api_key_for(head, head_settings)
-    api = probe_api(head_settings, key)
+    served = served_api(None if "unreachable" in head_facts else head_facts.get("container"))
+    key = api_key_for(head, head_settings, served[0])
+    api = probe_api(head_settings, key, served)
     metrics = probe_metrics(head_settings.api_base_url, key or "") if api["problem"] is None else None
     # deploy.py --dry stops at a Spark that does not answer: its plan would say only that, after a timeout
     plan = deploy_plan(argv) if argv is not None and head.connected and worker.connected else None
@@ -693,10 +794,13 @@ def gather(head: Any, worker: Any, head_settings: Settings, worker_settings: Set
     hosts = {"head": head.name, "worker": worker.name}
     rows = build_rows(head_settings, worker_settings, head_facts, worker_facts, api, plan, now, hosts, metrics,
                       previous.metrics if previous else None)
-    containers = {s.rank: None if "unreachable" in facts else facts.get("container") or {}
-                  for s, facts in ((head_settings, head_facts), (worker_settings, worker_facts))}
-    return Report(rows, not_serving(containers, api), hosts, {"head": head.connected, "worker": worker.connected},
-                  metrics, now)
+    both = ((head_settings, head_facts, head), (worker_settings, worker_facts, worker))
+    containers = {s.rank: None if "unreachable" in facts else facts.get("container") or {} for s, facts, _ in both}
+    unreached = {s.rank: (spark.name, ssh_check(spark.data, spark.name)) for s, facts, spark in both
+                 if "unreachable" in facts}
+    return Report(rows, not_serving(containers, api, unreached), hosts,
+                  {"head": head.connected, "worker": worker.connected}, metrics, now,
+                  {s.role or "?": unreached[s.rank][1] for s, _, _ in both if s.rank in unreached})
 
 
 # --- what status.py prints ----------------------------------------------------------------------------------------
@@ -721,7 +825,9 @@ def render_json(report: Report, s: Settings, problems: Sequence[str]) -> str:
         "verdict": report.verdict,
         "api": {"url": f"{s.api_base_url}/v1", "model": s.served_name},  # what an OpenAI client is given
         "settings_problems": list(problems),
-        "sparks": {role: {"host": name, "ssh": report.ssh.get(role)} for role, name in report.hosts.items()},
+        "sparks": {role: {"host": name, "ssh": report.ssh.get(role),
+                          **({"ssh_check": report.ssh_checks[role]} if role in report.ssh_checks else {})}
+                   for role, name in report.hosts.items()},
         "rows": [{"spark": r.spark, "item": r.item, "state": r.state, "ok": r.ok, "detail": r.detail,
                   "facts": dict(r.facts)} for r in report.rows],
     }

@@ -1,14 +1,15 @@
 """python -m operations.validate [--base-url URL] [--api-key-file F] [--model ID] CHECK...
-python -m operations.validate compare A.json B.json [--tolerance 10] [--json]
-python -m operations.validate plot A.json [B.json] [-o bench.png]
+python -m operations.validate [bench] compare A.json B.json [--tolerance 10] [--json]
+python -m operations.validate [bench] plot A.json [B.json] [-o bench.png]
 python -m operations.validate [--base-url URL] exact record FILE | exact compare A.json B.json
 
-The server: --base-url, else API_URL, else OPENAI_BASE_URL (with or without /v1). The key: --api-key-file, else
-API_KEY, else OPENAI_API_KEY."""
+The server: --base-url, else OPENAI_BASE_URL, else API_URL (with or without /v1). The key: --api-key-file, else
+OPENAI_API_KEY, else API_KEY. When two of them disagree, a note on stderr names the one used."""
 
 from __future__ import annotations
 
 import argparse
+import difflib
 import sys
 
 from operations.validate import anthropic, bench, context, exact, image, plot, prompt_reuse, smoke, text, tools
@@ -32,6 +33,7 @@ CHECKS = {
 # `all`: the quick correctness checks. By name only: bench and needle (long), prompt-reuse (timing), anthropic (a
 # route many servers lack) and `exact` (a record to keep).
 ALL = ["text", "thinking-on", "thinking-off", "tools", "image", "long", "end-of-turn", "smoke"]
+COMMANDS = ["compare", "plot", "exact"]  # the words that start a command of their own (bench's two may follow bench)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -40,8 +42,8 @@ def parser() -> argparse.ArgumentParser:
     cli.add_argument("checks", nargs="+", metavar="CHECK",
                      help=f"{', '.join(CHECKS)}, all ({', '.join(ALL)}), or: compare A.json B.json, "
                           "plot A.json [B.json], exact record FILE, exact compare A.json B.json")
-    cli.add_argument("--base-url", help="server base URL (else API_URL, else OPENAI_BASE_URL)")
-    cli.add_argument("--api-key-file", help="file holding the API key (else API_KEY, else OPENAI_API_KEY)")
+    cli.add_argument("--base-url", help="server base URL (else OPENAI_BASE_URL, else API_URL)")
+    cli.add_argument("--api-key-file", help="file holding the API key (else OPENAI_API_KEY, else API_KEY)")
     cli.add_argument("--model", help="model id (default: the first of /v1/models)")
     cli.add_argument("--timeout", type=float, default=1800, help="seconds per request")
     cli.add_argument("--think-tokens", type=int, default=4096, help="max_tokens of the thinking-on check")
@@ -66,8 +68,23 @@ def _unusable(error: ServerUnusable, results: list[Result]) -> int:
     return exit_code([*results, Result("server", NOT_RUN, str(error))])
 
 
+def unknown_checks(names: list[str]) -> list[str]:
+    """A line per name that is no check (with the closest names), then what there is. A misspelt command first
+    (`compar A B`) is the only line about its words."""
+    lines = []
+    for name in names:
+        close = difflib.get_close_matches(name, [*CHECKS, "all", *COMMANDS], n=2, cutoff=0.6)
+        lines.append(f"unknown check {name!r}" + (f": did you mean {' or '.join(close)}?" if close else ""))
+        if name == names[0] and close and close[0] in COMMANDS:
+            break
+    return [*lines, f"the checks: {', '.join(CHECKS)}, all; the commands: {', '.join(COMMANDS)}"]
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+    # intermixed: options may come before, between or after the words (`compare --json A B`, `bench --out F`)
+    args = parser().parse_intermixed_args(argv)
+    if args.checks[:1] == ["bench"] and args.checks[1:2] in (["compare"], ["plot"]):
+        args.checks = args.checks[1:]  # `bench compare A B` and `bench plot A` as the docs' bench section reads
     if args.checks[0] == "compare":
         if len(args.checks) != 3:
             print("usage: python -m operations.validate compare A.json B.json [--tolerance 10] [--json]",
@@ -90,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     names = [n for c in args.checks for n in (ALL if c == "all" else [c])]
     unknown = [n for n in names if n not in CHECKS]
     if unknown:
-        print(f"unknown check(s): {', '.join(unknown)}", file=sys.stderr)
+        print("\n".join(unknown_checks(unknown)), file=sys.stderr)
         return NOT_RUN
     try:
         client = connect(args)

@@ -356,7 +356,9 @@ def compare(record_a: dict, record_b: dict, tolerance_pct: float) -> dict:
     figures_a, figures_b = figures(record_a), figures(record_b)
     rows, worse = {}, []
     for name in list(figures_a) + [n for n in figures_b if n not in figures_a]:
-        value_a, higher_better = figures_a.get(name, (None, figures_b[name][1]))
+        # a figure only one record has: its direction comes from that record, the other's value is None
+        higher_better = (figures_a.get(name) or figures_b[name])[1]
+        value_a = figures_a.get(name, (None, higher_better))[0]
         value_b = figures_b.get(name, (None, higher_better))[0]
         if value_a is None or value_b is None or value_a == 0:
             rows[name] = {"a": value_a, "b": value_b, "change_pct": None}

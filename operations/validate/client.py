@@ -8,8 +8,9 @@ import os
 import re
 import socket
 import ssl
+import sys
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
@@ -21,10 +22,11 @@ from operations.validate.sse import ChatChunks, StreamError
 
 THINKING_OFF = {"chat_template_kwargs": {"enable_thinking": False}}
 THINKING_ON = {"chat_template_kwargs": {"enable_thinking": True}}
-# Where the server and its key may come from, first found wins: ours (docs/measurements.md), then the OpenAI SDK's
-# (docs/clients.md tells people to export those; OPENAI_BASE_URL ends in /v1, which the client takes off).
-URL_VARIABLES = ("API_URL", "OPENAI_BASE_URL")
-KEY_VARIABLES = ("API_KEY", "OPENAI_API_KEY")
+# Where the server and its key may come from after the options, first found wins: the OpenAI SDK's variables (what
+# docs/clients.md exports and every OpenAI client reads, so the advice "export OPENAI_API_KEY" always takes effect;
+# OPENAI_BASE_URL ends in /v1, which the client takes off), then the older names of docs/measurements.md.
+URL_VARIABLES = ("OPENAI_BASE_URL", "API_URL")
+KEY_VARIABLES = ("OPENAI_API_KEY", "API_KEY")
 KEY_ON_HEAD = "~/.local/state/sparkfold/api-key.d/key"
 STATUS_COMMAND = "`pyinfra inventory.py status.py -y`"
 
@@ -124,13 +126,20 @@ def _broken_stream() -> Iterator[None]:
 
 
 def read_key_file(path: str) -> str:
-    """The first key in an engine key file (one a line, `label: key` allowed, # comments)."""
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            line = line.strip()
-            if line and not line.startswith("#"):
-                return line.rsplit(":", 1)[-1].strip()
-    raise CouldNotRun(f"no key in {path}")
+    """The first key in an engine key file (one a line, `label: key` allowed, # comments); CouldNotRun naming
+    --api-key-file when the file is missing, unreadable or holds no key."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            for line in f:
+                line = line.strip()
+                if line and not line.startswith("#"):
+                    return line.rsplit(":", 1)[-1].strip()
+    except FileNotFoundError:
+        raise CouldNotRun(f"--api-key-file {path}: no such file (copy {KEY_ON_HEAD} from the head)") from None
+    except (OSError, UnicodeDecodeError) as e:
+        reason = e.strerror if isinstance(e, OSError) else "not text"
+        raise CouldNotRun(f"--api-key-file {path}: cannot read it ({reason})") from None
+    raise CouldNotRun(f"--api-key-file {path}: no key in the file (copy {KEY_ON_HEAD} from the head)")
 
 
 class Client:
@@ -273,29 +282,53 @@ def key_refused(base: str, status: int, key_source: str | None) -> str:
             "on the head (--api-key-file FILE, or export OPENAI_API_KEY)")
 
 
-def api_key_and_source(args_file: str | None, environ: Mapping[str, str] = os.environ) -> tuple[str | None, str | None]:
-    """(the key, where it came from): --api-key-file, else API_KEY, else OPENAI_API_KEY; (None, None) for none."""
-    if args_file:
-        return read_key_file(args_file), f"--api-key-file {args_file}"
-    for name in KEY_VARIABLES:
-        if environ.get(name):
-            return environ[name], name
-    return None, None
+def _ignored(others: list[str], one: str, several: str) -> str:
+    """"A holds a different key and is ignored", "A and B hold different keys and are ignored"."""
+    if len(others) == 1:
+        return f"{others[0]} {one} and is ignored"
+    return f"{' and '.join(others)} {several} and are ignored"
+
+
+def api_key_and_source(args_file: str | None, environ: Mapping[str, str] = os.environ,
+                       notes: list[str] | None = None) -> tuple[str | None, str | None]:
+    """(the key, where it came from): --api-key-file, else OPENAI_API_KEY, else API_KEY; (None, None) for none.
+    When another source holds a different key, a line naming the one used (never a key) goes to `notes`."""
+    found = [(f"--api-key-file {args_file}", read_key_file(args_file))] if args_file else []
+    found += [(name, environ[name]) for name in KEY_VARIABLES if environ.get(name)]
+    if not found:
+        return None, None
+    (source, key), others = found[0], [name for name, other in found[1:] if other != found[0][1]]
+    if others and notes is not None:
+        notes.append(f"using the API key from {source}; "
+                     + _ignored(others, "holds a different key", "hold different keys"))
+    return key, source
 
 
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 
 
-def base_url_from(given: str | None, environ: Mapping[str, str] = os.environ) -> str:
-    """The server's base URL: --base-url, else API_URL, else OPENAI_BASE_URL; with or without /v1. An http or https
-    URL with a host, or CouldNotRun saying what is wrong with it in one line."""
-    source, url = "--base-url", given
-    if not url:
-        source, url = next(((name, environ[name]) for name in URL_VARIABLES if environ.get(name)), (source, None))
-    if not url:
+def _server(url: str) -> str:
+    """A base URL as the client uses it (no trailing / or /v1), to tell whether two sources name the same server."""
+    return url.rstrip("/").removesuffix("/v1").rstrip("/")
+
+
+def base_url_from(given: str | None, environ: Mapping[str, str] = os.environ, notes: list[str] | None = None) -> str:
+    """The server's base URL: --base-url, else OPENAI_BASE_URL, else API_URL; with or without /v1. An http or https
+    URL with a host, or CouldNotRun saying what is wrong with it in one line. When another source names a different
+    server, a line naming the one used goes to `notes`."""
+    found = [("--base-url", given)] if given else []
+    found += [(name, environ[name]) for name in URL_VARIABLES if environ.get(name)]
+    if not found:
         raise CouldNotRun("no server given: --base-url http://<head>:8888, or export OPENAI_BASE_URL="
                           "http://<head>:8888/v1")
-    where = f"--base-url {url}" if source == "--base-url" else f"{source}={url}"
+    def named(source: str, value: str) -> str:
+        return f"{source} {value}" if source == "--base-url" else f"{source}={value}"
+
+    where, url = named(*found[0]), found[0][1]
+    others = [named(source, value) for source, value in found[1:] if _server(value) != _server(url)]
+    if others and notes is not None:
+        notes.append(f"using the server from {where}; "
+                     + _ignored(others, "names a different server", "name different servers"))
     scheme = _SCHEME.match(url)
     if not scheme:
         _bad_url(where, "no http:// or https:// at the start")
@@ -315,8 +348,12 @@ def _bad_url(where: str, problem: str) -> NoReturn:
     raise CouldNotRun(f"{where}: {problem} (e.g. http://<head>:8888)")
 
 
-def connect(args) -> Client:
+def connect(args, say: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True)) -> Client:
     """The client the command line asks for (base URL and key from the options or the environment, --model,
-    --timeout)."""
-    key, key_source = api_key_and_source(args.api_key_file)
-    return Client(base_url_from(args.base_url), key, args.model, args.timeout, key_source)
+    --timeout). Sources that disagree get one line each, naming the one used."""
+    notes: list[str] = []
+    url = base_url_from(args.base_url, notes=notes)
+    key, key_source = api_key_and_source(args.api_key_file, notes=notes)
+    for note in notes:
+        say(f"note: {note}")
+    return Client(url, key, args.model, args.timeout, key_source)

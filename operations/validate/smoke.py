@@ -1,5 +1,6 @@
 """smoke: the quick post-deploy check, and the deploy's own (operations/rank/serving.py). The server is healthy, gives a
-real reply that honours a stop string, streams to a proper end, and makes a tool call."""
+real reply that honours a stop string, streams to a proper end, makes a tool call, and answers the tool's result in
+text (the agent loop's second turn)."""
 
 from __future__ import annotations
 
@@ -94,31 +95,68 @@ def weather_call_problem(message: dict) -> str | None:
     return None
 
 
-def tool_call(client: Client) -> Result:
+def tool_call(client: Client, calls: list[dict] | None = None) -> Result:
+    """The call; a good one is added to `calls` for the result turn to answer."""
     message = client.chat([{"role": "user", "content": TOOL_PROMPT}], tools=[WEATHER], max_tokens=128,
                           temperature=0, **THINKING_OFF).message
     problem = weather_call_problem(message)
     if problem:
         return Result("tool", FAIL, problem)
+    if calls is not None:
+        calls.append(message["tool_calls"][0])
     function = message["tool_calls"][0]["function"]
     return Result("tool", PASS, f"{function['name']}({function['arguments']})")
 
 
-PARTS = {"health": health, "reply": reply, "stream": streaming, "tool": tool_call}
+# The call the result turn answers when the tool part got none of its own (that part fails for it): each part is
+# judged on its own, so a server that answers results but makes no call fails `tool` only.
+FALLBACK_CALL = {"id": "call_smoke", "type": "function",
+                "function": {"name": TOOL_NAME, "arguments": json.dumps({"city": "Paris"})}}
+WEATHER_RESULT = {"city": "Paris", "forecast": "sunny", "celsius": 21}
 
 
-def judged(name: str, part: Callable[[Client], Result], client: Client) -> Result:
+def tool_result(client: Client, calls: list[dict] | None = None) -> Result:
+    """The agent loop's second turn: the assistant's call and a `role: tool` result go back; the server must answer
+    in text, with no further call."""
+    call = (calls or [FALLBACK_CALL])[0]
+    call_id = call.get("id") or FALLBACK_CALL["id"]
+    messages: list[dict] = [
+        {"role": "user", "content": TOOL_PROMPT},
+        {"role": "assistant", "content": None,
+         "tool_calls": [{"id": call_id, "type": "function", "function": call["function"]}]},
+        {"role": "tool", "tool_call_id": call_id, "content": json.dumps(WEATHER_RESULT)},
+    ]
+    answer = client.chat(messages, tools=[WEATHER], max_tokens=128, temperature=0, **THINKING_OFF)
+    if answer.message.get("tool_calls"):
+        return Result("tool-result", FAIL, "answered the tool's result with another tool call, not text "
+                                           f"(finish_reason {answer.finish_reason})")
+    problem = broken_text(answer.content)
+    if problem == "empty reply":
+        return Result("tool-result", FAIL, "the reply to the tool's result has no text "
+                                           f"(finish_reason {answer.finish_reason})")
+    if problem:
+        return Result("tool-result", FAIL, f"the reply to the tool's result: {problem}")
+    return Result("tool-result", PASS, f"{answer.content.strip()[:60]!r} (finish_reason {answer.finish_reason})")
+
+
+PARTS = {"health": health, "reply": reply, "stream": streaming}
+
+
+def judged(name: str, part: Callable[..., Result], client: Client, *more: object) -> Result:
     """attempt(), and a reply whose choices, message or calls are not the API's objects fails the part: the deploy
     then shows the ranks' logs instead of a traceback."""
     try:
-        return attempt(name, part, client)
+        return attempt(name, part, client, *more)
     except (AttributeError, KeyError, IndexError, TypeError) as e:
         return Result(name, FAIL, f"an answer of the wrong shape ({type(e).__name__}: {e})")
 
 
 def smoke_parts(client: Client) -> list[Result]:
-    """Every part's verdict, in order: the deploy logs each one, the command line combines them."""
-    return [judged(name, part, client) for name, part in PARTS.items()]
+    """Every part's verdict, in order (health, reply, stream, tool, tool-result): the deploy logs each one, the
+    command line combines them."""
+    calls: list[dict] = []  # the tool part's call, answered by the tool-result part
+    return [*(judged(name, part, client) for name, part in PARTS.items()),
+            judged("tool", tool_call, client, calls), judged("tool-result", tool_result, client, calls)]
 
 
 def check_smoke(client: Client, args) -> Result:

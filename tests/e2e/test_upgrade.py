@@ -28,7 +28,7 @@ from test_deploy import (
 )
 
 ROOT = Path(__file__).resolve().parents[2]
-STATE = "/home/nvidia/.local/state/sparkfold/generations"
+STATE = "/var/lib/sparkfold/generations"  # layout.GENERATIONS_DIR: root's, 0700
 MARKER = "[sim fault replies-differ]"
 
 
@@ -66,8 +66,8 @@ pytestmark = pytest.mark.usefixtures("converged_pair")
 def test_the_serving_generation_is_recorded_root_owned_on_both_sparks(run_pyinfra, sim_exec):
     gid = last_good(sim_exec)
     assert len(gid) == 8 and last_good(sim_exec, "worker") == gid and gid in records(sim_exec)
-    owner = sim_exec("head", ["stat", "-c", "%U %a", f"{STATE}/{gid}.json"]).stdout.split()
-    assert owner == ["root", "644"]
+    owner = sim_exec("head", ["stat", "-c", "%U %a", STATE, f"{STATE}/{gid}.json"]).stdout.split()
+    assert owner == ["root", "700", "root", "600"]
     record = json.loads(sim_exec("head", ["cat", f"{STATE}/{gid}.json"]).stdout)
     assert [spec["labels"]["sparkfold.rank"] for spec in record["specs"]] == ["0", "1"]
     assert changed_ops(deploy(run_pyinfra)) == {}  # recorded once: a second run changes nothing
@@ -160,3 +160,62 @@ def test_an_interrupted_switch_converges_on_the_next_run(run_pyinfra, sim_exec, 
         else:
             os.environ["SPARKFOLD_CONTEXT"] = env_before
     deploy(run_pyinfra)  # back to the settings the next test starts from
+
+
+DATA_DIR = "/home/nvidia/.cache/sparkfold"
+BIG_DISK = "/srv/big-disk/sparkfold"  # where data_dir "moved", reached through a symlink at its usual path
+
+
+def rank_mounts(sim_exec, role: str) -> list[str]:
+    """The host paths the running rank of `role` mounts (binds only; the NFS volume is a docker volume)."""
+    out = sim_exec(role, ["docker", "inspect", "-f", "{{json .Mounts}}", "dsv41-1017-exl3-tf"])
+    assert out.returncode == 0, out.stderr
+    return [m["Source"] for m in json.loads(out.stdout) if m.get("Type") == "bind"]
+
+
+def assert_every_mount_exists(sim_exec, when: str) -> None:
+    for role in ("head", "worker"):
+        mounts = rank_mounts(sim_exec, role)
+        assert mounts, f"{when}: no rank runs on the {role}"
+        gone = [m for m in mounts if sim_exec(role, ["test", "-e", m]).returncode != 0]
+        assert not gone, f"{when}: the {role}'s running rank mounts folders that are gone: {gone}"
+
+
+def move_data_dir(sim_exec, to_big_disk: bool) -> None:
+    """data_dir moved to (or back from) a larger disk on both Sparks, reached through a symlink at its usual path."""
+    for role in ("head", "worker"):
+        if to_big_disk:
+            script = (f"set -e; mkdir -p {BIG_DISK.rsplit('/', 1)[0]}; mv {DATA_DIR} {BIG_DISK}; "
+                      f"ln -s {BIG_DISK} {DATA_DIR}; chown -h nvidia:nvidia {DATA_DIR}")
+        else:
+            script = f"set -e; [ -L {DATA_DIR} ] || exit 0; rm {DATA_DIR}; mv {BIG_DISK} {DATA_DIR}"
+        done = sim_exec(role, ["sh", "-c", script])
+        assert done.returncode == 0, done.stderr
+
+
+def test_with_data_dir_behind_a_symlink_a_switch_and_a_rollback_keep_what_serves(run_pyinfra, sim_exec, tmp_path):
+    """Issue 27's High finding: with data_dir reached through a symlink, the prune compared the mounts' real paths
+    with folders spelled from the settings and removed the serving pair's weight folders and kit versions."""
+    move_data_dir(sim_exec, to_big_disk=True)
+    try:
+        first = deploy(run_pyinfra)  # the mounts' real paths changed: the pair is recreated, then old ones pruned
+        assert "is now LIVE!" in first.stderr, first.stderr[-3000:]
+        assert all(m.startswith(BIG_DISK) for m in rank_mounts(sim_exec, "worker") if "rank-cache" in m)
+        assert_every_mount_exists(sim_exec, "after the first deploy on the moved data_dir")
+        before = last_good(sim_exec)
+
+        env = faulty_engine(tmp_path, "replies-differ")  # a new engine: a switch to a new generation
+        switched = deploy(run_pyinfra, env=env)
+        assert "is now LIVE!" in switched.stderr and last_good(sim_exec) != before, switched.stderr[-3000:]
+        assert_every_mount_exists(sim_exec, "after a switch")
+
+        back = run_pyinfra("inventory.py", "rollback.py", "-y")
+        assert back.returncode == 0, back.stderr[-4000:]
+        assert f"→ {before}" in back.stderr and last_good(sim_exec, "worker") == before
+        assert_every_mount_exists(sim_exec, "after rollback.py")
+        assert "Both ranks answered" in chat()["choices"][0]["message"]["content"]
+        assert changed_ops(deploy(run_pyinfra)) == {}  # the settings ask for the generation that serves
+    finally:
+        move_data_dir(sim_exec, to_big_disk=False)
+    deploy(run_pyinfra)  # data_dir back where the next test expects it
+    assert_every_mount_exists(sim_exec, "after data_dir moved back")

@@ -109,6 +109,40 @@ def test_the_check_on_the_worker_leaves_it_verified_and_a_bad_copy_fails(tmp_pat
     assert not (folder / names[0]).exists() and (folder / names[1]).exists()  # the next run copies it again
 
 
+def planted_links(folder: Path, marker: str, outside: Path) -> None:
+    """What a client of the worker's copy daemon could leave in a copied folder: the marker and its old temporary
+    name as symlinks to files outside (a folder of the ssh user's, or a root-owned file)."""
+    outside.mkdir(exist_ok=True)
+    for name in (marker, f"{marker}.tmp"):
+        (outside / name).write_text("not sparkfold's\n")
+        (folder / name).symlink_to(outside / name)
+
+
+def assert_marker_written_in_place(folder: Path, marker: str, outside: Path) -> None:
+    assert [p.read_text() for p in sorted(outside.iterdir())] == ["not sparkfold's\n"] * 2  # nothing written through
+    assert not (folder / marker).is_symlink() and (folder / marker).read_text().strip()
+
+
+def test_the_worker_s_marker_is_never_written_through_a_planted_link(tmp_path):
+    folder, outside = tmp_path / "worker" / "engram", tmp_path / "outside"
+    names = tables(folder)
+    subprocess.run(["sh", "-c", f"sha256sum -- {' '.join(names)} > SHA256SUMS"], cwd=folder, check=True)
+    planted_links(folder, data_copy.MARKER, outside)
+    run(bg.verified_on_worker("nvidia@w", str(folder), "SHA256SUMS", "the Engram tables", 8000), tmp_path)
+    assert_marker_written_in_place(folder, data_copy.MARKER, outside)
+
+
+def test_the_verification_s_marker_is_never_written_through_a_planted_link(tmp_path):
+    folder, outside = tmp_path / "worker" / "kit", tmp_path / "outside"
+    names = tables(folder)
+    subprocess.run(["sh", "-c", f"sha256sum -- {' '.join(names)} > SHA256SUMS"], cwd=folder, check=True)
+    planted_links(folder, data_copy.MARKER, outside)
+    (commands, _) = run_op(data_copy.folder_verified, folder_check(folder, "SHA256SUMS", data_copy.MARKER),
+                           folder=str(folder), sums="SHA256SUMS", what="the kit")
+    run([str(commands[-1])], tmp_path)  # the marker's write (the check before it is tested on its own)
+    assert_marker_written_in_place(folder, data_copy.MARKER, outside)
+
+
 def test_a_step_that_fails_inside_a_list_ends_the_stream(tmp_path):
     """unless's and sums_commands's steps are whole commands of the stream's script: one failing inside a list
     (`cd x && ...`) ends the stream, as it ends a pyinfra operation."""

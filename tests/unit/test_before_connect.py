@@ -153,8 +153,8 @@ def test_every_site_file_problem_in_one_run(tmp_path):
     assert str(exc.value).splitlines() == [
         f"the site file {site} needs fixing (sparks.example.yaml shows the shape):",
         "  - unknown top-level key(s) ['nodes']; expected head, worker, data",
-        "  - head: unknown key(s) ['ssh_usr']; allowed: ['data', 'link', 'name', 'reach_from_head', 'ssh', 'ssh_key', "
-        "'ssh_port', 'ssh_user']",
+        "  - head: unknown key(s) ['ssh_usr'] (ssh_usr: did you mean ssh_user?); allowed: ['data', 'link', 'name', "
+        "'reach_from_head', 'ssh', 'ssh_key', 'ssh_port', 'ssh_user']",
         "  - head.link[0] needs netdev and address",
         "  - worker.ssh_port must be a port number (1-65535)",
         "  - worker.link[0].netdev = 'eth 1' must be an interface name (letters, digits, _ . -, at most 15, not "
@@ -233,10 +233,11 @@ print(json.dumps([cli.override, cli.group_data_folders, sorted(cli.scripts), com
     assert context == 1048576
 
 
-def run_pyinfra(site: Path, *args: str) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SPARKFOLD_")}
+def run_pyinfra(site: Path, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    base = {k: v for k, v in os.environ.items() if not k.startswith("SPARKFOLD_")}
     return subprocess.run([sys.executable, "-m", "pyinfra", "inventory.py", *args], cwd=ROOT,
-                          env={**env, "SPARKFOLD_SITE": str(site), "PYINFRA_PROGRESS": "off"}, capture_output=True,
+                          env={**base, **(env or {}), "SPARKFOLD_SITE": str(site), "PYINFRA_PROGRESS": "off"},
+                          capture_output=True,
                           text=True, timeout=120, stdin=subprocess.DEVNULL)
 
 
@@ -269,3 +270,137 @@ def test_the_simulated_pairs_site_file_passes_before_connecting(tmp_path):
     for role in ("head", "worker"):
         site[role]["ssh_key"] = str(key)
     assert problems(tmp_path, yaml.safe_dump(site)) == []
+
+
+# ---- the site file's problems and the settings' in one run; the ssh user; --limit; a Spark that does not answer ----
+
+def checked(tmp_path, monkeypatch, text: str, cli: CommandLine = DEPLOY, environ: dict | None = None, run=None):
+    """checked_entries as inventory.py calls it, with pyinfra's command line and group_data given (importing
+    pyinfra_cli would patch gevent into this process) and ssh -G answered by `run`."""
+    from operations.settings import before_connect
+    monkeypatch.setattr(before_connect, "command_line", lambda: cli)
+    monkeypatch.setattr(before_connect, "group_data", lambda folders: GROUPS)
+    monkeypatch.setattr(before_connect, "hint_unanswered", lambda sparks: None)
+    site = tmp_path / "site.yaml"
+    site.write_text(text)
+    return checked_entries(ROOT, {"SPARKFOLD_SITE": str(site), **(environ or {})}, run=run)
+
+
+def test_the_site_files_problems_and_the_settings_problems_in_one_run(tmp_path, monkeypatch):
+    text = site_text(head_extra=", ssh_usr: nvidia", data="{contxt: 524288}") + "heads: {}\n"
+    with pytest.raises(NotReady) as exc:
+        checked(tmp_path, monkeypatch, text, environ={"CONTEXT": "abc"})
+    assert str(exc.value).splitlines() == [
+        f"the site file {tmp_path / 'site.yaml'} needs fixing (sparks.example.yaml shows the shape):",
+        "  - unknown top-level key(s) ['heads'] (heads: did you mean head?); expected head, worker, data",
+        "  - head: unknown key(s) ['ssh_usr'] (ssh_usr: did you mean ssh_user?); allowed: ['data', 'link', 'name', "
+        "'reach_from_head', 'ssh', 'ssh_key', 'ssh_port', 'ssh_user']",
+        f"{TITLE}:",
+        f"  - contxt in the site file's data is not a sparkfold setting: did you mean context? {LISTS}",
+        "  - context = 'abc' from environment variable CONTEXT is not a whole number; if CONTEXT is set for another "
+        "program, run with `env -u CONTEXT` or give SPARKFOLD_CONTEXT, which wins"]
+
+
+class FakeSsh:
+    """`ssh -G` as a test wants it to answer: the user and port ssh would resolve for a host (~/.ssh/config)."""
+
+    def __init__(self, user="spark", port=22, returncode=0):
+        self.user, self.port, self.returncode, self.asked = user, port, returncode, []
+
+    def __call__(self, argv):
+        self.asked.append(list(argv))
+        port = argv[argv.index("-p") + 1] if "-p" in argv else self.port
+        out = f"user {self.user}\nhostname {argv[-1]}\nport {port}\n" if self.returncode == 0 else ""
+        return subprocess.CompletedProcess(argv, self.returncode, out, "ssh: bad configuration" if out == "" else "")
+
+
+def test_a_spark_without_ssh_user_gets_the_user_ssh_would_log_in_as(tmp_path, monkeypatch):
+    ssh = FakeSsh(user="dgx", port=2200)
+    text = site_text(port=2222).replace(", ssh_user: nvidia", "", 2)
+    entries = checked(tmp_path, monkeypatch, text, cli=CommandLine(scripts=frozenset({"status.py"})), run=ssh)
+    assert ssh.asked == [["ssh", "-G", "-p", "2222", "127.0.0.1"], ["ssh", "-G", "127.0.0.2"]]
+    assert (entries["head"][1]["ssh_user"], entries["head"][1]["ssh_port"]) == ("dgx", 2222)
+    assert (entries["worker"][1]["ssh_user"], entries["worker"][1]["ssh_port"]) == ("dgx", 2200)  # ssh's own port
+
+
+def test_a_user_the_site_file_or_pyinfras_user_option_gives_is_kept(tmp_path, monkeypatch):
+    ssh = FakeSsh(user="dgx")
+    cli = CommandLine(override={"ssh_user": "ops"}, scripts=frozenset({"status.py"}))
+    entries = checked(tmp_path, monkeypatch, site_text().replace(", ssh_user: nvidia", "", 1), cli=cli, run=ssh)
+    assert ssh.asked == [] and "ssh_user" not in entries["head"][1]  # pyinfra applies --user itself
+    entries = checked(tmp_path, monkeypatch, site_text(), cli=CommandLine(scripts=frozenset({"status.py"})), run=ssh)
+    assert ssh.asked == [] and entries["worker"][1]["ssh_user"] == "nvidia"
+
+
+def test_without_an_answer_from_ssh_the_user_is_refused_before_connecting(tmp_path, monkeypatch):
+    port = closed_port()
+    with pytest.raises(NotReady) as exc:
+        checked(tmp_path, monkeypatch, site_text(port=port).replace(", ssh_user: nvidia", "", 2),
+                run=FakeSsh(returncode=255))
+    assert str(exc.value).splitlines()[1:] == [
+        f"  - head: no ssh_user is set and `ssh -G -p {port} 127.0.0.1` failed (exit 255: ssh: bad configuration): "
+        "set head.ssh_user in the site file to the login on that Spark",
+        "  - worker: no ssh_user is set and `ssh -G 127.0.0.2` failed (exit 255: ssh: bad configuration): set "
+        "worker.ssh_user in the site file to the login on that Spark"]
+
+
+def test_ssh_on_path_is_asked(tmp_path, monkeypatch):
+    """The real runner: an `ssh` on PATH that prints what `ssh -G` prints."""
+    from operations.settings.ssh_login import ssh_config_login
+    fake = tmp_path / "bin" / "ssh"
+    fake.parent.mkdir()
+    fake.write_text('#!/bin/sh\n[ "$1" = -G ] && printf "user fromconfig\\nport 2022\\nhostname %s\\n" "$2"\n')
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake.parent}:{os.environ['PATH']}")
+    assert ssh_config_login("spark-a", None) == ("fromconfig", 2022)
+
+
+@pytest.mark.parametrize("cli, line", [
+    (CommandLine(scripts=frozenset({"deploy.py"}), limit=("head",)),
+     "--limit is not used with deploy.py: the two Sparks are one server; run it without --limit"),
+    (CommandLine(scripts=frozenset({"stop.py"}), limit=("127.0.0.2",)),
+     "--limit is not used with stop.py: the two Sparks are one server; run it without --limit"),
+    (CommandLine(scripts=frozenset({"rollback.py"}), exclude=("127.0.0.*",)),
+     "--exclude is not used with rollback.py: the two Sparks are one server; run it without --exclude"),
+    (CommandLine(scripts=frozenset({"deploy.py"}), limit=("head", "worker")), None),
+    (CommandLine(scripts=frozenset({"restart.py"}), limit=("inventory",)), None),
+    (CommandLine(scripts=frozenset({"status.py"}), limit=("head",)), None),
+])
+def test_a_limit_that_leaves_a_spark_out_is_refused_before_connecting(tmp_path, monkeypatch, cli, line):
+    if line is None:
+        assert set(checked(tmp_path, monkeypatch, site_text(), cli=cli)) == {"head", "worker"}
+    else:
+        with pytest.raises(NotReady) as exc:
+            checked(tmp_path, monkeypatch, site_text(), cli=cli)
+        assert str(exc.value) == line
+
+
+def test_pyinfra_refuses_the_limit_though_no_spark_answers(tmp_path):
+    site = tmp_path / "site.yaml"
+    site.write_text(site_text())
+    run = run_pyinfra(site, "deploy.py", "--limit", "head", "-y")
+    assert run.returncode == 2 and run.stderr.endswith(
+        "sparkfold: --limit is not used with deploy.py: the two Sparks are one server; run it without --limit\n"), (
+        run.stderr)
+    assert "Could not connect" not in run.stderr + run.stdout
+
+
+def test_a_spark_that_does_not_answer_is_named_with_the_ssh_line_that_shows_why(tmp_path):
+    site, port = tmp_path / "site.yaml", closed_port()
+    site.write_text(site_text(port=port))
+    run = run_pyinfra(site, "deploy.py", "-y")
+    assert run.returncode != 0
+    assert f"sparkfold: `ssh -p {port} nvidia@127.0.0.1 true` shows why 127.0.0.1 does not answer" in run.stderr, (
+        run.stderr)
+
+
+def test_a_hub_timeout_huggingface_hub_cannot_read_is_the_only_line(tmp_path):
+    """huggingface_hub int()s its timeouts as it is imported: asked for the saved token, it would fail with a
+    ValueError that read as a token problem."""
+    site = tmp_path / "site.yaml"
+    site.write_text(site_text())
+    run = run_pyinfra(site, "deploy.py", "--dry", env={"HF_HUB_DOWNLOAD_TIMEOUT": "abc"})
+    assert run.returncode == 2 and run.stderr.endswith(
+        f"sparkfold: {TITLE}:\n  - HF_HUB_DOWNLOAD_TIMEOUT = 'abc' must be a whole number of seconds from 1 to 86400: "
+        "huggingface_hub cannot even start with it (on this machine, which then cannot read your saved token, nor on "
+        "the head)\n"), run.stderr

@@ -10,9 +10,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from operations.validate import bench
+from operations.validate import bench, plot
 from operations.validate.__main__ import main
-from operations.validate.result import FAIL, NOT_RUN, PASS, UNVERIFIED
+from operations.validate.result import FAIL, NOT_RUN, PASS, UNVERIFIED, Result
 
 # the smallest matrix: one prefill size, one condition, 1 and 3 streams
 QUICK = ["--prefill-sizes", "500", "--decode-tokens", "16", "--streams", "1,3", "--temperatures", "0",
@@ -286,6 +286,36 @@ def test_compare_command_exit_codes(tmp_path, capsys):
     assert "version 99" in out and "FAIL compare: worse than" in out
 
 
+@pytest.mark.parametrize("argv", [
+    ["compare", "A", "B"],
+    ["bench", "compare", "A", "B"],  # as the docs' bench section reads
+    ["bench", "compare", "--tolerance", "30", "A", "B"],  # options between the words
+    ["--json", "bench", "compare", "A", "B", "--tolerance", "30"],
+])
+def test_compare_as_a_newcomer_types_it(tmp_path, capsys, argv):
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    a.write_text(json.dumps(record()))
+    b.write_text(json.dumps(record(tok_s=75)))  # -6.25%: inside the default and the 30% tolerance
+    words = [str(a) if w == "A" else str(b) if w == "B" else w for w in argv]
+    assert main(words) == PASS
+    out = capsys.readouterr().out
+    tolerance = "30" if "30" in argv else "10"
+    assert out.endswith(f"PASS compare: no figure worse by more than {tolerance}%\n")
+    assert ('"tolerance_pct"' in out) == ("--json" in argv)
+
+
+def test_bench_plot_is_plot(tmp_path, monkeypatch):
+    seen = []
+
+    def run_plot(paths, out):
+        seen.append((paths, out))
+        return Result("plot", PASS, "drawn")
+
+    monkeypatch.setattr(plot, "run_plot", run_plot)
+    assert main(["bench", "plot", "a.json", "-o", str(tmp_path / "x.png")]) == PASS
+    assert seen == [(["a.json"], str(tmp_path / "x.png"))]
+
+
 def test_compare_prints_a_table_by_default(tmp_path, capsys):
     a, b = tmp_path / "a.json", tmp_path / "b.json"
     a.write_text(json.dumps(record(version=1)))
@@ -322,3 +352,27 @@ def test_compare_json_is_the_report(tmp_path, capsys):
     assert report["figures"]["decode.tok_s"] == {"a": 80.0, "b": 100, "change_pct": 25.0}
     assert report["tolerance_pct"] == 5.0 and report["worse"] == []
     assert out.endswith("\nPASS compare: no figure worse by more than 5%\n") and "| figure" not in out
+
+
+@pytest.mark.parametrize("lacking", ["a", "b"])
+def test_compare_a_figure_one_record_lacks_shows_a_dash(tmp_path, capsys, lacking):
+    """A sweep size (or decode run) in one record only, either way round: listed with "—", no change, never fails."""
+    more = record()
+    more["prefill_sweep"].append({"size": 32768, "prompt_tokens": 32770, "seconds": 15.6, "tok_s": 2100.6})
+    more["decode_runs"].append({"prompt": "code", "temperature": 0.7, "thinking": True, "streams": 1,
+                                "tok_s_total": 70.0, "tok_s_per_stream": 70.0, "ttft_s": 0.5})
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    a.write_text(json.dumps(record() if lacking == "a" else more))
+    b.write_text(json.dumps(more if lacking == "a" else record()))
+    assert main(["compare", str(a), str(b)]) == PASS
+    rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]]
+            for line in capsys.readouterr().out.splitlines() if line.startswith("| ")}
+    present = "2,100.6"
+    assert rows["prefill@32768.tok_s"] == (["—", present, "", ""] if lacking == "a" else [present, "—", "", ""])
+    assert rows["decode@code,t0.7,thinking-on,x1.ttft_s"][:2] == (["—", "500 ms"] if lacking == "a"
+                                                                  else ["500 ms", "—"])
+    assert main(["compare", str(a), str(b), "--json"]) == PASS
+    out = capsys.readouterr().out
+    figure = json.loads(out[:out.rindex("\n}") + 2])["figures"]["prefill@32768.tok_s"]
+    assert figure == ({"a": None, "b": 2100.6, "change_pct": None} if lacking == "a"
+                      else {"a": 2100.6, "b": None, "change_pct": None})

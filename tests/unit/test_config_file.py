@@ -24,9 +24,16 @@ def fail_percent(argv: list[str]) -> int | None:
     return config.FAIL_PERCENT
 
 
-@pytest.mark.parametrize("script", ["deploy.py", "stop.py", "restart.py", "/home/me/sparkfold/deploy.py"])
+@pytest.mark.parametrize("script", ["deploy.py", "restart.py", "rollback.py", "/home/me/sparkfold/deploy.py"])
 def test_a_run_that_changes_a_spark_stops_on_either_failing(script):
     assert fail_percent(["pyinfra", "inventory.py", script, "-y"]) == 0
+
+
+@pytest.mark.parametrize("script", ["stop.py", "/srv/sparkfold/stop.py"])
+def test_stop_goes_on_with_the_spark_that_answers(script):
+    # a rank left running on the Spark that answers would hold its ~98 GiB; the run still fails naming the other
+    assert fail_percent(["pyinfra", "inventory.py", script, "-y"]) == 50
+    assert fail_percent(["pyinfra", "inventory.py", script, "deploy.py", "-y"]) == 0
 
 
 @pytest.mark.parametrize("script", ["status.py", "logs.py", "./status.py", "/srv/sparkfold/logs.py"])

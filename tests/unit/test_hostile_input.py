@@ -104,7 +104,7 @@ def test_hostile_site_fields_are_refused(tmp_path, head, fragment):
 STRANGE = {"hf_cache": "/data/hf+x@y/c-d_e.f", "data_dir": "/d+x@y/sf-1.2_3", "state_dir": "/s@t/x+y",
            "container_name": "a.b-c_d", "nfs_volume": "v.1-x_y", "served_name": "org/model:v1.2-x_y",
            "nvidia_smi_path": "/opt/n+v@x/nvidia-smi", "nccl_debug": "INFO",
-           "extra_serve_args": ["--top-k", "20", "a b 'c' \"d\" $(e) `f`;g"],
+           "extra_serve_args": ["--min-p", "0.05", "a b 'c' \"d\" $(e) `f`;g"],
            "engine_env": {"TF_DS_X": "a b 'c' $(d) `e`;f"}}
 
 

@@ -224,3 +224,22 @@ def test_deploys_onto_the_simulated_pair_drop_this_machines_hub_variables_and_to
     assert env["HF_TOKEN_PATH"].endswith("no-hf-token") and env["SPARKFOLD_SITE"] == str(sim.SITE_FILE)
     s, found = load(env, saved=sources.saved_hf_token)
     assert s.hf_env == {} and s.hf_endpoint == "" and s.hf_token == "hf_simtoken" and found == []
+
+
+@pytest.mark.parametrize("environ, name", [({"HF_HUB_DOWNLOAD_TIMEOUT": "abc"}, "HF_HUB_DOWNLOAD_TIMEOUT"),
+                                           ({"HF_HUB_ETAG_TIMEOUT": "1.5"}, "HF_HUB_ETAG_TIMEOUT"),
+                                           ({"HF_HUB_ETAG_TIMEOUT": ""}, "HF_HUB_ETAG_TIMEOUT")])
+def test_a_timeout_huggingface_hub_cannot_start_with_is_the_one_problem(environ, name):
+    """huggingface_hub int()s its timeouts as it is imported, so asking it for the saved token would fail with a
+    ValueError that reads as a token problem: the token is not asked, and only the variable is named."""
+    asked = []
+
+    def saved():
+        asked.append(1)
+        raise ValueError("invalid literal for int()")
+
+    s, found = load(environ, saved=saved, ablit=True)
+    problems = found + S.validate(s)
+    assert asked == [] and [p for p in problems if name in p or "token" in p.lower()] == [
+        f"{name} = {environ[name]!r} must be a whole number of seconds from 1 to 86400: huggingface_hub cannot even "
+        "start with it (on this machine, which then cannot read your saved token, nor on the head)"], problems

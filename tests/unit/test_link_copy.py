@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import random
 import re
+import secrets
 import shlex
 import shutil
 import signal
@@ -24,7 +25,7 @@ import pytest
 from waiting import wait_for
 
 from operations.data.copy import COPY_EXCLUDES, SSH, peer_copy_commands
-from operations.remote.link_copy import CLIENTS, PARTIAL_DIR, split_among
+from operations.remote.link_copy import CLIENTS, MODULE, PARTIAL_DIR, split_among, start_daemon
 
 pytestmark = pytest.mark.skipif(shutil.which("rsync") is None or shutil.which("setsid") is None,
                                 reason="needs rsync and setsid")
@@ -150,6 +151,37 @@ def test_a_client_from_another_address_is_refused(tmp_path):
                            "--target", "nvidia@127.0.0.1", "--dest", str(dest), "--ssh", ssh,
                            "--rsync-option=-a"], capture_output=True, text=True, timeout=60)
     assert done.returncode != 0 and not (dest / "f").exists()
+
+
+@pytest.mark.parametrize("client", [["-aK", "--relative"], ["-a", "--relative", "--no-implied-dirs"]])
+def test_a_client_cannot_write_through_a_link_it_planted(tmp_path, client):
+    """An authenticated client may send links (the copy's must arrive intact), so the daemon refuses the options
+    that would make it write through one: a link `escape` -> a folder outside, then `escape/planted`."""
+    dest, outside, secret = tmp_path / "dest", tmp_path / "outside", secrets.token_hex(8)
+    (tmp_path / "s1").mkdir()
+    (tmp_path / "s1" / "escape").symlink_to(outside)
+    (tmp_path / "s2" / "escape").mkdir(parents=True)
+    (tmp_path / "s2" / "escape" / "planted").write_text("x")
+    outside.mkdir()
+    port = random.randint(20000, 59998)
+    daemon, state, _parts = start_daemon(shlex.split(fake_ssh(tmp_path)), "n@127.0.0.1", "127.0.0.1", port,
+                                         str(dest), secret)
+    url, env = f"rsync://{MODULE}@127.0.0.1:{port}/{MODULE}/", dict(os.environ, RSYNC_PASSWORD=secret)
+    try:
+        assert state == "started"
+        planted = subprocess.run(["rsync", "-a", f"{tmp_path}/s1/", url], env=env, capture_output=True, text=True)
+        assert planted.returncode == 0, planted.stderr  # links are copied as they are
+        through = subprocess.run(["rsync", *client, f"{tmp_path}/s2/./escape/planted", url], env=env,
+                                 capture_output=True, text=True)
+        download = subprocess.run(["rsync", "-a", "--copy-unsafe-links", url, f"{tmp_path}/down/"], env=env,
+                                  capture_output=True, text=True)
+    finally:
+        assert daemon.stdin
+        daemon.stdin.close()
+        daemon.wait()
+    assert through.returncode != 0 and "refuse" in through.stderr, through.stderr
+    assert not (outside / "planted").exists()
+    assert download.returncode != 0 and not (tmp_path / "down" / "escape").exists()  # nothing read through it
 
 
 def test_an_interrupted_copy_resumes_from_its_part(tmp_path):

@@ -361,7 +361,8 @@ def test_folder_verified_after_transfer_runs_sha256sum():
     assert label == "Engram: checking SHA256SUMS" and hashing.startswith("cd /d/engram && sh -c ")
     assert "exec sha256sum -c --quiet SHA256SUMS'" in hashing and "does not match SHA256SUMS" in hashing
     assert options[options.index("--total") + 1] == str(sum(v[0] for v in moved.values()))
-    assert cmds[1] == f"cd /d/engram && printf '%s\\n' {listing_digest(moved, names, 'f' * 64)} > {data_copy.MARKER}"
+    marker = data_copy.marker_written(data_copy.MARKER, listing_digest(moved, names, "f" * 64))
+    assert cmds[1] == f"cd /d/engram && {marker}"
 
 
 def _damaged_copy(tmp_path):

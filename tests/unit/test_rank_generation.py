@@ -18,12 +18,17 @@ from operations.rank.plan import pair_plan
 HS, WS = make_pair(head={"nccl_rails": 1}, worker={"nccl_rails": 1})
 
 
-def generation_for(image=IMAGE, commit="abc", **settings) -> gen.Generation:
+def generation_for(image=IMAGE, commit="abc", data_dir_real="", **settings) -> gen.Generation:
+    """The pair a deploy of `commit` makes; data_dir_real: where data_dir really is when it is reached through a
+    symlink (the rank step reads its mounts' real paths)."""
     hs, ws = make_pair(head={"nccl_rails": 1, **settings}, worker={"nccl_rails": 1, **settings})
     head_in, worker_in = found(hs), found(ws)
     for f, s in ((head_in, hs), (worker_in, ws)):
         f["served"] = f"{s.layout.model_folder}/snapshots/{commit}"
         f["rank_folder"] = f"{s.layout.rank_cache}/{commit}/rank{s.rank}"
+        if data_dir_real:
+            for key in ("kit", "rank_folder"):
+                f[key] = f[key].replace(s.layout.data_dir, data_dir_real, 1)
     wanted = pair_plan(hs, ws, head_in, worker_in, image=image, template_digest=TEMPLATE, force=False).wanted
     assert wanted is not None
     return wanted
@@ -66,8 +71,9 @@ def test_the_fact_section_reads_each_record_and_last_good():
     import base64
     text = json.dumps(OLD.record())
     lines = [f"#FILE {OLD.id}.json", base64.b64encode(text.encode()).decode(), "#FILE cut.json", "%%%",
-             f"#LAST {OLD.id}"]
-    assert parse_generation_files(lines) == {"files": {f"{OLD.id}.json": text}, "last_good": OLD.id}
+             f"#LAST {OLD.id}", "#NOW 1700000000"]
+    assert parse_generation_files(lines) == {"files": {f"{OLD.id}.json": text}, "last_good": OLD.id,
+                                             "now": 1700000000.0}
 
 
 # --- what a switch changes -----------------------------------------------------------------------------------------
@@ -110,10 +116,12 @@ RANK_CACHE = HS.layout.rank_cache
 KIT_D = f"{HS.layout.kit}.d"
 
 
-def prune(keep: int, serving: gen.Generation, *generations: gen.Generation, images=(), in_use=(), entries=None):
-    folders = entries if entries is not None else {RANK_CACHE: ["abc", "def", "ghi"], KIT_D: ["0123abcd"]}
+def prune(keep: int, serving: gen.Generation, *generations: gen.Generation, images=(), in_use=(), entries=None,
+          real=None):
+    folders = entries if entries is not None else {"weights": (RANK_CACHE, ["abc", "def", "ghi"]),
+                                                   "kit": (KIT_D, ["0123abcd"])}
     return gen.prune_plan(records(*generations, last_good=generations[-1].id if generations else ""), keep, serving,
-                          0, folders, list(images), list(in_use))
+                          0, folders, list(images), list(in_use), real=real)
 
 
 def test_keep_two_removes_the_third_oldest_only():
@@ -134,10 +142,54 @@ def test_the_serving_generation_is_kept_before_its_record_is_written():
 
 
 def test_never_a_folder_moved_aside_an_image_in_use_or_the_kit_a_kept_one_uses():
-    entries = {RANK_CACHE: ["abc", "replaced-20261204-101010"], KIT_D: ["0123abcd", "ffff0000"]}
+    entries = {"weights": (RANK_CACHE, ["abc", "def", "replaced-20261204-101010"]),
+               "kit": (KIT_D, ["0123abcd", "ffff0000"])}
     plan = prune(1, NEW, good(OLD, 1), images=[IMAGE], in_use=[IMAGE], entries=entries)
     assert plan.folders == (f"{KIT_D}/ffff0000", f"{RANK_CACHE}/abc") and plan.images == ()
-    assert not gen.prune_plan(records(good(NEW, 1), last_good=NEW.id), 2, NEW, 0, {RANK_CACHE: ["def"]}, [], [])
+    assert not gen.prune_plan(records(good(NEW, 1), last_good=NEW.id), 2, NEW, 0,
+                              {"weights": (RANK_CACHE, ["def"])}, [], [])
+
+
+# data_dir moved to a larger disk and reached through a symlink: the ranks mount real paths, the settings spell
+# the link. /home/... -> /mnt/big/sparkfold
+REAL_DATA = "/mnt/big/sparkfold"
+S_OLD, S_NEW, S_THIRD = (generation_for(data_dir_real=REAL_DATA),
+                         generation_for(image="sparkfold/dsv41-tf:def", commit="def", data_dir_real=REAL_DATA),
+                         generation_for(image="sparkfold/dsv41-tf:ghi", commit="ghi", data_dir_real=REAL_DATA))
+REAL_CACHE, REAL_KIT_D = RANK_CACHE.replace(HS.layout.data_dir, REAL_DATA), KIT_D.replace(HS.layout.data_dir, REAL_DATA)
+
+
+def test_with_data_dir_through_a_symlink_only_what_no_kept_generation_uses_is_pruned():
+    """The High finding of issue 27: the folders listed were spelled from the settings and never matched the
+    mounts' real paths, so the serving pair's weight folder and kit were removed. Both are compared as real paths
+    now, and removed by their real paths."""
+    entries = {"weights": (REAL_CACHE, ["abc", "def", "ghi"]), "kit": (REAL_KIT_D, ["0123abcd", "ffff0000"])}
+    plan = prune(2, S_THIRD, good(S_OLD, 1), good(S_NEW, 2), entries=entries)
+    assert plan.folders == (f"{REAL_KIT_D}/ffff0000", f"{REAL_CACHE}/abc") and not plan.refused
+    assert plan.records == (S_OLD.id,)
+
+
+def test_mounts_recorded_through_a_symlink_are_compared_by_where_they_lead():
+    # records written before data_dir moved spell the old path, which the Spark resolves to the new one
+    spelled = f"{RANK_CACHE}/def"
+    entries = {"weights": (REAL_CACHE, ["abc", "def", "ghi"]), "kit": (REAL_KIT_D, ["0123abcd"])}
+    real = {spelled: f"{REAL_CACHE}/def", f"{KIT_D}/0123abcd": f"{REAL_KIT_D}/0123abcd"}
+    plan = prune(2, S_THIRD, good(S_OLD, 1), good(NEW, 2), entries=entries, real=real)
+    assert plan.folders == (f"{REAL_CACHE}/abc",)
+
+
+def test_when_the_serving_mounts_are_not_among_the_listed_folders_nothing_is_pruned():
+    # the listing is spelled one way and the mounts another, with no resolution to tie them: never guess
+    plan = prune(1, S_THIRD, good(S_OLD, 1), good(S_NEW, 2), images=[IMAGE])
+    assert not plan and plan.folders == () and plan.records == () and plan.images == ()
+    assert f"the serving rank's weight folder {REAL_CACHE}/ghi" in plan.refused
+    assert f"not among the entries of {RANK_CACHE}" in plan.refused and "nothing is pruned" in plan.refused
+
+
+def test_the_paths_to_resolve_are_every_recorded_mount_of_this_rank():
+    paths = gen.prune_paths(records(good(OLD, 1), good(S_NEW, 2)), S_THIRD, 0)
+    assert f"{RANK_CACHE}/abc" in paths and f"{REAL_CACHE}/def" in paths and f"{REAL_CACHE}/ghi" in paths
+    assert f"{KIT_D}/0123abcd" in paths and f"{REAL_KIT_D}/0123abcd" in paths
 
 
 # --- the operations ------------------------------------------------------------------------------------------------
@@ -153,10 +205,10 @@ SERVING = OLD  # what found() makes: the generation the pair in these tests runs
 EARLIER = NEW  # another generation, recorded before it
 
 
-def kept_op(mine, theirs, prune_inputs=None, executing=True, s=HS):
-    facts = rank_facts(mine, {PruneInputs: prune_inputs or {"images": [], "in_use": [], "entries": {}}})
+def kept_op(mine, theirs, prune_inputs=None, executing=True, s=HS, image=IMAGE):
+    facts = rank_facts(mine, {PruneInputs: prune_inputs or PruneInputs.default()})
     peer = FakeHost(rank_facts(theirs), name="peer")
-    return run_op(ranks.generations_kept, facts, executing=executing, s=s, peer=peer, image=IMAGE, template=TEMPLATE)
+    return run_op(ranks.generations_kept, facts, executing=executing, s=s, peer=peer, image=image, template=TEMPLATE)
 
 
 def running_pair(s, *generations, last_good=""):
@@ -179,8 +231,8 @@ def test_the_serving_generation_is_recorded_as_last_good_as_root():
 
 
 def test_old_generations_are_pruned_once_a_new_one_is_recorded():
-    prune_inputs = {"images": [IMAGE, EARLIER.specs[0].image], "in_use": [],
-                    "entries": {HS.layout.rank_cache: ["abc", "def"]}}
+    prune_inputs = {"images": [IMAGE, EARLIER.specs[0].image], "in_use": [], "real": {},
+                    "folders": {HS.layout.rank_cache: {"real": HS.layout.rank_cache, "names": ["abc", "def"]}}}
     switched = running_pair(HS, good(EARLIER, 1), last_good=EARLIER.id)  # the pair now runs SERVING
     cmds, _ = kept_op(switched, running_pair(WS), prune_inputs=prune_inputs, s=HS.replace(keep_generations=1))
     assert f"{SERVING.id}.json" in cmds[0] and cmds[1:] == [
@@ -193,7 +245,8 @@ def test_old_generations_are_pruned_once_a_new_one_is_recorded():
 def test_a_run_that_switched_nothing_prunes_nothing():
     # after a rollback, or with keep_generations lowered: the serving one is already the last good one
     both = running_pair(HS, good(EARLIER, 1), good(SERVING, 2), last_good=SERVING.id)
-    prune_inputs = {"images": [EARLIER.specs[0].image], "in_use": [], "entries": {HS.layout.rank_cache: ["def"]}}
+    prune_inputs = {"images": [EARLIER.specs[0].image], "in_use": [], "real": {},
+                    "folders": {HS.layout.rank_cache: {"real": HS.layout.rank_cache, "names": ["def"]}}}
     cmds, _ = kept_op(both, running_pair(WS), prune_inputs=prune_inputs, s=HS.replace(keep_generations=1))
     assert cmds == []
 
@@ -238,11 +291,11 @@ def test_no_exact_gate_record_of_a_pair_that_dockers_restart_stops_first():
 
 # --- rollback.py ------------------------------------------------------------------------------------------------------
 
-def rollback_op(mine, theirs, ready_head, ready_worker, executing=True):
+def rollback_op(mine, theirs, ready_head, ready_worker, executing=True, s=HS):
     from operations.facts.rank import StartReady
     peer = FakeHost(rank_facts(theirs, {StartReady: ready_worker}), name="peer")
     return run_op(ranks.previous_generation_served, rank_facts(mine, {StartReady: ready_head}), executing=executing,
-                  s=HS, worker=peer, image=IMAGE, template=TEMPLATE)
+                  s=s, worker=peer, image=IMAGE, template=TEMPLATE)
 
 
 READY = {"image": True, "missing": []}
@@ -288,3 +341,41 @@ def test_nothing_started_since_the_check_asks_nothing():
     cmds, host = run_op(ranks.generations_kept, facts, executing=True, s=HS, peer=FakeHost({}, name="peer"),
                         image=IMAGE, template=TEMPLATE, started=started, handoff=checked)
     assert host.fact_calls  # started in this run: this Spark is asked again
+
+
+def symlinked(s, generation, *generations, last_good=""):
+    """RankInputs of `s` running `generation`, with data_dir reached through a symlink to REAL_DATA."""
+    mine = inputs_with_records(s, container(generation.specs[s.rank].spec_hash()), *generations, last_good=last_good)
+    for key in ("kit", "rank_folder"):
+        mine[key] = mine[key].replace(s.layout.data_dir, REAL_DATA, 1)
+    return mine
+
+
+def test_the_prune_operation_removes_by_real_paths_what_the_spark_resolved():
+    # a first switch on a symlinked data_dir: S_OLD served, S_NEW now serves, keep_generations = 1
+    mine = symlinked(HS, S_NEW, good(S_OLD, 1), last_good=S_OLD.id)
+    mine["served"] = f"{HS.layout.model_folder}/snapshots/def"
+    mine["rank_folder"] = f"{REAL_CACHE}/def/rank0"
+    theirs = symlinked(WS, S_NEW)
+    theirs["served"] = f"{WS.layout.model_folder}/snapshots/def"
+    theirs["rank_folder"] = f"{WS.layout.rank_cache.replace(WS.layout.data_dir, REAL_DATA)}/def/rank1"
+    kit_d = f"{HS.layout.kit}.d"
+    prune_inputs = {"images": [], "in_use": [], "real": {f"{REAL_CACHE}/abc": f"{REAL_CACHE}/abc"},
+                    "folders": {HS.layout.rank_cache: {"real": REAL_CACHE, "names": ["abc", "def"]},
+                                kit_d: {"real": REAL_KIT_D, "names": ["0123abcd"]}}}
+    cmds, host = kept_op(mine, theirs, prune_inputs=prune_inputs, s=HS.replace(keep_generations=1),
+                         image="sparkfold/dsv41-tf:def")
+    assert f"{S_NEW.id}.json" in cmds[0] and f"rm -rf -- {REAL_CACHE}/abc" in cmds
+    assert not any(f"{REAL_CACHE}/def" in c or "0123abcd" in c for c in cmds[1:])
+    asked = [kwargs for name, kwargs in host.fact_calls if name.endswith("PruneInputs")]
+    assert asked and f"{REAL_CACHE}/def" in asked[0]["paths"] and HS.layout.rank_cache in asked[0]["folders"]
+
+
+def test_the_prune_fact_reads_real_paths_and_entries():
+    lines = ["#IMAGE sparkfold/dsv41-tf:abc", "#USED sparkfold/dsv41-tf:abc",
+             f"#FOLDER {RANK_CACHE}\t{REAL_CACHE}", "abc", "def", f"#FOLDER {KIT_D}\t",
+             f"#REAL {RANK_CACHE}/abc\t{REAL_CACHE}/abc", f"#REAL {RANK_CACHE}/gone\t"]
+    assert PruneInputs().process(lines) == {
+        "images": ["sparkfold/dsv41-tf:abc"], "in_use": ["sparkfold/dsv41-tf:abc"],
+        "folders": {RANK_CACHE: {"real": REAL_CACHE, "names": ["abc", "def"]}, KIT_D: {"real": "", "names": []}},
+        "real": {f"{RANK_CACHE}/abc": f"{REAL_CACHE}/abc", f"{RANK_CACHE}/gone": ""}}

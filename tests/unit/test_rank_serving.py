@@ -160,10 +160,11 @@ def fake():
 
 def test_smoke_test_passes_with_a_line_per_part(fake):
     ok, lines = health.smoke_test(fake.url, MODEL)
-    assert ok and [line.split(":", 1)[0] for line in lines] == ["health", "reply", "stream", "tool"]
+    assert ok and [line.split(":", 1)[0] for line in lines] == ["health", "reply", "stream", "tool", "tool-result"]
     assert lines[1].startswith("reply: '1\\n2\\n3\\n4\\n5\\n6' (")
     assert lines[2].endswith("finish_reason stop, [DONE]")
     assert lines[3] == 'tool: get_weather({"city": "Paris"})'
+    assert lines[4] == "tool-result: 'It is sunny in Paris.' (finish_reason stop)"
     assert {b["model"] for m, _, b in fake.requests if m == "POST"} == {MODEL}
 
 
@@ -173,6 +174,8 @@ def test_smoke_test_passes_with_a_line_per_part(fake):
     ("no-done", "FAIL stream: the stream ended without data: [DONE]"),
     ("stream-error", "FAIL stream: error in the stream"),
     ("no-tool-call", "FAIL tool: asked for a tool call and got none"),
+    ("tool-result-empty", "FAIL tool-result: the reply to the tool's result has no text (finish_reason stop)"),
+    ("tool-result-again", "FAIL tool-result: answered the tool's result with another tool call, not text"),
     ("stop-ignored", "FAIL reply: the stop string '7' is in the reply"),
     ("health-down", "FAIL health: HTTP 503"),
     ("wrong-shape", "FAIL tool: an answer of the wrong shape"),
@@ -219,7 +222,8 @@ def test_a_pair_that_serves_logs_each_smoke_part_and_never_the_key(fake):
     worker = Spark({RankContainer: UP}, "worker")
     assert switch.pair_problem(HS, head, worker, 60, keyed(fake.url, True)) is None
     smoke = [m for m in head.logged if m.startswith("smoke test ")]
-    assert [m.split(":", 1)[0] for m in smoke] == [f"smoke test {p}" for p in ("health", "reply", "stream", "tool")]
+    assert [m.split(":", 1)[0] for m in smoke] == [f"smoke test {p}" for p in ("health", "reply", "stream", "tool",
+                                                                                  "tool-result")]
     assert not any("k1" in m for m in head.logged)
 
 

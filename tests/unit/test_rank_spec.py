@@ -20,6 +20,8 @@ HEAD_RAILS = [
 WORKER_RAILS = [dict(r, gid_index=5, address=r["address"].replace(".1/", ".2/")) for r in HEAD_RAILS]
 CAPS = {"families": {"deepseek_v41": ["exl3-mul1"]}, "serve": {"flags": {"--chat-template": {}}}}
 NO_TEMPLATE_CAPS = {"families": {"deepseek_v41": ["exl3-mul1"]}, "serve": {"flags": {}}}
+SAMPLING_CAPS = {"families": {"deepseek_v41": ["exl3-mul1"]},
+                 "serve": {"flags": {"--chat-template": {}, "--temperature": {}, "--top-p": {}, "--top-k": {}}}}
 
 
 def spec_of(s, *args, **kw):
@@ -73,8 +75,26 @@ def test_rank0_argv_follows_each_setting(setting, value, check):
 
 
 def test_extra_serve_args_come_last_after_backend():
-    a = head(extra_serve_args=["--temperature", "1.0", "--top-k", "20"]).argv
-    assert a[-6:] == ["--backend", "cuda", "--temperature", "1.0", "--top-k", "20"]
+    a = head(extra_serve_args=["--min-p", "0.05", "--keep-warm", "1"]).argv
+    assert a[-6:] == ["--backend", "cuda", "--min-p", "0.05", "--keep-warm", "1"]
+
+
+def test_rank0_serves_the_recipes_sampling_defaults_after_max_tokens():
+    a = head(SAMPLING_CAPS).argv
+    i = a.index("--max-tokens")
+    assert a[i + 2:i + 8] == ["--temperature", "1.0", "--top-p", "0.95", "--top-k", "20"]
+    assert a[i + 8] == "--thinking"
+
+
+def test_each_sampling_setting_empty_or_not_served_is_left_to_the_engine():
+    a = head(SAMPLING_CAPS, top_k="").argv
+    assert flag(a, "--temperature") == "1.0" and flag(a, "--top-p") == "0.95" and "--top-k" not in a
+    none = head(SAMPLING_CAPS, temperature="", top_p="", top_k="").argv
+    assert not {"--temperature", "--top-p", "--top-k"} & set(none)
+    only_temperature = dict(SAMPLING_CAPS, serve={"flags": {"--chat-template": {}, "--temperature": {}}})
+    b = head(only_temperature, temperature="0.6").argv
+    assert flag(b, "--temperature") == "0.6" and "--top-p" not in b and "--top-k" not in b
+    assert not {"--temperature", "--top-p", "--top-k"} & set(head().argv)  # CAPS lists none of them
 
 
 def test_chat_template_flag_or_snapshot_mount():
@@ -227,6 +247,10 @@ def test_spec_hash_stable_and_changes_with_every_input():
                spec_of(make_settings("head"), IMAGE, HEAD_RAILS, ("/home/nvidia/.cache/huggingface", SNAP), CAPS,
                          template_digest="ab").spec_hash()}
     assert base not in changed and len(changed) == 6
+    # the served sampling defaults are part of rank 0's spec: a new value recreates the pair
+    served = head(SAMPLING_CAPS).spec_hash()
+    assert len({base, served, head(SAMPLING_CAPS, temperature="0.7").spec_hash(),
+                head(SAMPLING_CAPS, top_p="0.9").spec_hash(), head(SAMPLING_CAPS, top_k="40").spec_hash()}) == 5
 
 
 def test_rail_problems():

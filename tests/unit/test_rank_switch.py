@@ -35,6 +35,10 @@ class Spark:
         ok = not (self.fails and self.fails in text)
         return ok, SimpleNamespace(stdout_lines=[] if ok else ["no such image"], stderr_lines=[])
 
+    def put_file(self, src, dest, print_output=False, print_input=False, **arguments):
+        self.ran.append(f"(upload to {dest}: {src.getvalue()!r})")
+        return not (self.fails and self.fails == "upload")
+
     def log(self, message, log_func=None):
         self.logged.append(message)
 
@@ -47,6 +51,20 @@ def test_a_rollback_stops_the_failed_pair_then_starts_the_old_one_rank_1_first(m
     assert worker.ran[0].startswith("docker stop") and "-rank1.log.gz" in worker.ran[1]
     assert f"sparkfold.spec-hash={EARLIER.specs[1].spec_hash()}" in worker.ran[-1]
     assert f"sparkfold.spec-hash={EARLIER.specs[0].spec_hash()}" in head.ran[-1]
+
+
+def test_a_rollback_passes_the_recorded_environment_through_a_file(monkeypatch):
+    monkeypatch.setattr(switch, "pair_problem", lambda s, head, worker, timeout, api=None: None)
+    head, worker = Spark("head", {}), Spark("worker", {})
+    assert switch.switched_to(HS, head, worker, good(EARLIER, 1)) is None
+    env_file = f"{WS.layout.rank_env}/{EARLIER.specs[1].name}.env"
+    upload = [c for c in worker.ran if c.startswith(f"(upload to {env_file}: ")]
+    assert len(upload) == 1 and "HF_HUB_OFFLINE=1\\n" in upload[0]
+    run = worker.ran[-1]
+    assert f"--env-file {env_file}" in run and "HF_HUB_OFFLINE" not in run
+    failed = Spark("worker", {}, fails="upload")
+    problem = switch.switched_to(HS, Spark("head", {}), failed, good(EARLIER, 1))
+    assert problem is not None and f"could not upload {env_file}" in problem
 
 
 def test_a_rollback_that_cannot_start_says_which_rank(monkeypatch):
@@ -83,7 +101,8 @@ def test_the_downtime_is_said_only_when_a_serving_pair_was_stopped():
     assert switch.downtime_line(switch.SwitchNotes(), 183.0) == ""
 
 
-def serve(monkeypatch, problem=None, gate=None, replay=None, back=None, upgrade_gate="smoke", failed_start=None):
+def serve(monkeypatch, problem=None, gate=None, replay=None, back=None, upgrade_gate="smoke", failed_start=None,
+          settings=HS):
     calls = []
     monkeypatch.setattr(switch, "pair_problem", lambda s, head, worker, timeout: calls.append("wait") or problem)
     monkeypatch.setattr(switch, "gate_problem", lambda s, head, before: calls.append("gate") or gate)
@@ -93,7 +112,7 @@ def serve(monkeypatch, problem=None, gate=None, replay=None, back=None, upgrade_
     head, worker = Spark("head", {}), Spark("worker", {})
     change = switch_of(SERVING.specs, SERVING.specs[0].image,
                        SimpleNamespace(get=lambda gid: good(EARLIER, 1), last_good=EARLIER.id))
-    ok = ranks._new_pair_served(None, head, worker, HS.replace(upgrade_gate=upgrade_gate), change,
+    ok = ranks._new_pair_served(None, head, worker, settings.replace(upgrade_gate=upgrade_gate), change,
                                 switch.SwitchNotes(stopped_at=170.0, replay=replay), failed_start)
     return ok, head.logged, calls
 

@@ -11,7 +11,9 @@ from types import SimpleNamespace
 
 import pytest
 from harness import FakeHost, first_planned, parse_fact, run_fact, run_op
+from pyinfra.api import FileUploadCommand, StringCommand
 from rank_inputs import (
+    CAPS,
     DAEMON_DRIFTED,
     DAEMON_OK,
     IMAGE,
@@ -29,6 +31,7 @@ from operations.facts.host import MemInfo, mem_available_gib
 from operations.facts.network import InfinibandDevices, PortListeners
 from operations.facts.rank import RankInputs
 from operations.facts.systemd import UnitState
+from operations.layout import GENERATIONS_DIR
 from operations.rank import commands
 from operations.rank.plan import pair_plan
 
@@ -120,6 +123,24 @@ def test_pair_checked_fails_on_flag_problems_and_warns_while_planning(caplog):
     assert "remove --foo from extra_serve_args" in cmds[0] and "exit 1" in cmds[0]
     cmds, _ = run(ranks.pair_checked, hs, found(hs), found(ws), executing=False)
     assert cmds == [] and "will fail: the launch: --foo is not served" in caplog.text
+
+
+def test_pair_checked_says_the_served_sampling_and_warns_of_a_flag_the_image_lacks(caplog):
+    caplog.set_level("INFO")
+    for executing in (False, True):
+        caplog.clear()
+        cmds, _ = run(ranks.pair_checked, HS, found(HS, container(H0)), found(WS, container(H1)), executing)
+        assert cmds == [] and "sampling: temperature 1.0, top_p 0.95, top_k 20" in caplog.text
+        assert "warning" not in caplog.text
+    flags = {f: v for f, v in CAPS["serve"]["flags"].items() if f != "--top-k"}
+    no_top_k = dict(CAPS, serve={"flags": flags})
+    caplog.clear()
+    cmds, _ = run(ranks.pair_checked, HS, found(HS, caps=no_top_k), found(WS), executing=False)
+    assert cmds == [] and "sampling: temperature 1.0, top_p 0.95, top_k engine default" in caplog.text
+    assert "warning: the served sampling: top_k = 20 is not served" in caplog.text
+    caplog.clear()
+    run(ranks.pair_checked, WS, found(WS), found(HS))  # the worker's pass says nothing of rank 0's sampling
+    assert "sampling" not in caplog.text
 
 
 def test_pair_checked_tolerates_missing_inputs_while_planning_only(caplog):
@@ -301,7 +322,8 @@ def test_rank_started_after_the_removal():
     assert cmds[0].startswith(f"mkdir -p {WS.layout.cache_root}/abc")
     assert any(c.startswith(f"test -e {WS.layout.kit}.d/0123abcd ||") for c in cmds)
     assert "tf-dsv41-lanes" in cmds[-1] and f"sparkfold.spec-hash={H1}" in cmds[-1]
-    assert cmds[-2] == RELOCK  # the GPU clock lock applied again right before the start
+    # the GPU clock lock applied again right before the start (then the environment file, then docker run)
+    assert cmds[-4] == RELOCK and cmds[-3].startswith(f"mkdir -p -m 700 {WS.layout.rank_env}")
 
 
 def test_rank_0_starts_once_rank_1_runs():
@@ -385,8 +407,29 @@ def test_rank_stopped_both_ways():
 
 def test_the_lock_before_a_start_runs_as_root():
     spec = _CONVERGED.rank(1).spec
-    relock = list(commands.start_commands(spec, 112.0, WS.gpu_clock_mhz, WS.nvidia_smi_path))[-2]
-    assert relock.get_raw_value() == RELOCK and relock.connector_arguments == {"_sudo": True}
+    started = list(commands.start_commands(spec, 112.0, WS.gpu_clock_mhz, WS.nvidia_smi_path, WS.layout.rank_env))
+    relock = [c for c in started if isinstance(c, StringCommand) and c.get_raw_value() == RELOCK]
+    assert len(relock) == 1 and relock[0].connector_arguments == {"_sudo": True}
+    assert started.index(relock[0]) < len(started) - 3  # before the environment file and the docker run
+
+
+def test_a_ranks_environment_goes_through_a_0600_file_never_through_an_argv():
+    """Issue 27 (Low): engine_env may hold secrets; `docker run -e NAME=value` put them in every user's `ps`."""
+    secret = "TENSORFOLD_TOKEN_FOR_X"
+    s = WS.replace(engine_env={secret: "s3cr3t-value"})
+    spec = _CONVERGED.rank(1).spec
+    spec = type(spec)(**{**spec.__dict__, "env": {**spec.env, secret: "s3cr3t-value"}})
+    started = list(commands.start_commands(spec, 112.0, s.gpu_clock_mhz, s.nvidia_smi_path, s.layout.rank_env))
+    shell = [c.get_raw_value() for c in started if isinstance(c, StringCommand)]
+    assert not any("s3cr3t-value" in line for line in shell)
+    uploads = [c for c in started if isinstance(c, FileUploadCommand)]
+    env_file = f"{s.layout.rank_env}/{spec.name}.env"
+    assert len(uploads) == 1 and uploads[0].dest == env_file
+    assert f"{secret}=s3cr3t-value\n" in uploads[0].src.getvalue() and "HF_HUB_OFFLINE=1\n" in uploads[0].src.getvalue()
+    prepare, run = shell[-2], shell[-1]
+    assert f"mkdir -p -m 700 {s.layout.rank_env}" in prepare and f"install -m 600 /dev/null {env_file}" in prepare
+    assert started.index(uploads[0]) == len(started) - 2  # made 0600 first, filled, then read by docker run
+    assert f"--env-file {env_file}" in run and " -e " not in run and f"rm -f -- {env_file}" in run
 
 
 def test_save_log_command_saves_and_keeps_the_newest(tmp_path):
@@ -434,8 +477,8 @@ def _recording(monkeypatch):
             return SimpleNamespace(did_change=lambda: True, will_change=True)
         return op
 
-    for kind in ("pair_checked", "old_pair_replayed", "stale_pair_stopped", "rank_started", "pair_serving",
-                 "generations_kept", "rank_stopped"):
+    for kind in ("generation_records_moved", "pair_checked", "old_pair_replayed", "stale_pair_stopped",
+                 "rank_started", "pair_serving", "generations_kept", "rank_stopped"):
         monkeypatch.setattr(ranks, kind, rec(kind))
     monkeypatch.setattr(ranks, "file_put", rec("put"))
     head_host, worker_host = FakeHost({}, name="head"), FakeHost({}, name="worker")
@@ -449,8 +492,10 @@ def test_the_pair_step_on_each_spark(monkeypatch):
     with ctx_host.use(head_host):
         ranks.ranks_serving._inner(HS.replace(api_key=True))
     kinds = [k for k, _ in calls]
-    assert kinds == ["put", "pair_checked", "stale_pair_stopped", "rank_started", "pair_serving",
-                     "generations_kept"]  # old generations go only once the new one serves
+    assert kinds == ["put", "generation_records_moved", "pair_checked", "stale_pair_stopped", "rank_started",
+                     "pair_serving", "generations_kept"]  # old generations go only once the new one serves
+    assert calls[1][1]["folder"] == GENERATIONS_DIR and calls[1][1]["legacy"] == HS.layout.legacy_generations
+    del calls[1]
     start = calls[3][1]
     assert start["name"] == "Start rank 0 (head)" and start["peer"] is worker_host and start["image"].startswith(
         HS.engine_image + ":")
@@ -463,11 +508,13 @@ def test_the_pair_step_on_each_spark(monkeypatch):
     calls.clear()
     with ctx_host.use(head_host):
         ranks.ranks_serving._inner(HS.replace(upgrade_gate="exact"))
-    assert [k for k, _ in calls][1:3] == ["pair_checked", "old_pair_replayed"]  # recorded before the stop
+    assert [k for k, _ in calls][2:4] == ["pair_checked", "old_pair_replayed"]  # recorded before the stop
     calls.clear()
     with ctx_host.use(worker_host):
         ranks.ranks_serving._inner(WS)
-    assert [k for k, _ in calls] == ["pair_checked", "stale_pair_stopped", "rank_started", "generations_kept"]
+    assert [k for k, _ in calls] == ["generation_records_moved", "pair_checked", "stale_pair_stopped", "rank_started",
+                                     "generations_kept"]
+    del calls[0]
     assert calls[2][1]["name"] == "Start rank 1 (worker)" and calls[2][1]["peer"] is head_host
     assert calls[2][1]["_ignore_errors"] is True
     assert calls[1][1]["notes"] is None

@@ -86,6 +86,16 @@ def test_bare_host_port_and_api_key_are_not_read():
     assert (s.host, s.port, s.api_key) == ("127.0.0.1", 9000, True)
 
 
+def test_a_key_given_as_sparkfold_api_key_points_to_api_key_file():
+    """api_key is an on/off switch; a value that looks like the key itself is refused with where a key goes, and is
+    never shown."""
+    found = load_problems(environ={"SPARKFOLD_API_KEY": "sk-s3cret-value"})
+    assert found == [
+        "api_key = (hidden) from environment variable SPARKFOLD_API_KEY is not a switch: use true or false (1 or 0); "
+        "api_key only turns the key on: to use your own key, put it alone in a file on this machine and set "
+        "api_key_file to that file's path (SPARKFOLD_API_KEY_FILE=~/.sparkfold-key), with api_key = true"], found
+
+
 def test_precedence_data_environment_site_role_file_all_py():
     base = layers("head")
     def value(environ=None, **layer):
@@ -204,6 +214,13 @@ print(json.dumps(out))
     assert out["spark-a"] == [1048576, 2, "head", 0, []]
 
 
+def test_sampling_settings_take_numbers_or_empty_for_the_engines_default():
+    s = make_settings(temperature=0, top_p=1, top_k=0)
+    assert (s.temperature, s.top_p, s.top_k) == ("0", "1", "0") and S.validate(s) == []
+    empty = make_settings(temperature="", top_p="", top_k="")
+    assert S.validate(empty) == []
+
+
 def test_pyinfra_data_strings_are_coerced():
     s = make_settings(context="524288", drafts=0, memguard_gib=3)
     assert s.context == 524288 and s.drafts is False and s.memguard_gib == 3.0
@@ -215,6 +232,14 @@ def test_pyinfra_data_strings_are_coerced():
     ({"pool": 262144}, "pool = 262144 must equal context"),
     ({"parallel": 8}, "parallel = 8 is outside 1..4"),
     ({"reasoning_effort": "extreme"}, "reasoning_effort = 'extreme'"),
+    ({"temperature": -0.5}, "temperature = '-0.5' must be a number >= 0"),
+    ({"temperature": "hot"}, "temperature = 'hot' must be a number >= 0 (e.g. 1.0; 0 is greedy), or \"\" to leave"),
+    ({"temperature": "1e3"}, "temperature = '1e3' must be a number >= 0"),
+    ({"top_p": 0}, "top_p = '0' must be a number above 0 and at most 1"),
+    ({"top_p": 1.5}, "top_p = '1.5' must be a number above 0 and at most 1"),
+    ({"top_k": 2.5}, "top_k = '2.5' must be a whole number >= 0"),
+    ({"top_k": "-1"}, "top_k = '-1' must be a whole number >= 0"),
+    ({"extra_serve_args": ["--top-k", "40"]}, "--top-k is not allowed: sparkfold sets it from the top_k setting"),
     ({"port": 70000}, "port = 70000"),
     ({"master_port": 8888}, "master_port = 8888 must differ from port"),
     ({"memguard_gib": 200.0}, "memguard_gib = 200.0 must be above 0 and below min_avail_gib"),
@@ -295,19 +320,45 @@ def prefix_problems(head_addrs, worker_addrs, **both):
 def test_a_rail_prefix_wider_than_16_is_refused_naming_link_prefix_min(prefix):
     found = prefix_problems([f"10.0.0.1/{prefix}"], [f"10.0.0.2/{prefix}"], nccl_rails=1)
     assert found and all(f"/{prefix} prefix would route {2 ** (32 - prefix)} addresses over the cable: use /16 to "
-                         "/30" in p for p in found), found
+                         "/31" in p for p in found), found
     assert ("link_prefix_min allows /8 at the widest" if prefix < 8 else f"set link_prefix_min = {prefix}") in found[0]
 
 
-@pytest.mark.parametrize("prefix", [31, 32])
-def test_a_rail_prefix_narrower_than_30_is_refused(prefix):
-    found = prefix_problems([f"10.0.0.1/{prefix}"], [f"10.0.0.0/{prefix}"], nccl_rails=1)
-    assert any(f"/{prefix} prefix leaves no subnet for the two ends of the cable" in p for p in found), found
+def test_a_rail_prefix_of_32_is_refused_with_the_reason_and_the_sparks_own_example():
+    found = [p for p in prefix_problems(["10.0.0.1/32"], ["10.0.0.0/32"], nccl_rails=1) if "/32 prefix" in p]
+    assert found == [
+        "head link rail 0: 10.0.0.1/32: its /32 prefix holds this one address, leaving none for the other end of the "
+        "cable: use /31 (a point-to-point pair, RFC 3021) or wider, e.g. 192.168.100.1/24",
+        "worker link rail 0: 10.0.0.0/32: its /32 prefix holds this one address, leaving none for the other end of the "
+        "cable: use /31 (a point-to-point pair, RFC 3021) or wider, e.g. 192.168.100.2/24"], found
 
 
-@pytest.mark.parametrize("prefix", [16, 24, 30])
-def test_rail_prefixes_from_16_to_30_pass_by_default(prefix):
-    assert prefix_problems([f"10.0.0.1/{prefix}"], [f"10.0.0.2/{prefix}"], nccl_rails=1) == []
+@pytest.mark.parametrize("head, worker", [("10.0.0.1/16", "10.0.0.2/16"), ("10.0.0.1/24", "10.0.0.2/24"),
+                                          ("10.0.0.1/30", "10.0.0.2/30"),
+                                          # RFC 3021: both addresses of a /31 are hosts, either way round
+                                          ("10.0.0.0/31", "10.0.0.1/31"), ("192.168.100.1/31", "192.168.100.0/31")])
+def test_rail_prefixes_from_16_to_31_pass_by_default(head, worker):
+    assert prefix_problems([head], [worker], nccl_rails=1) == []
+
+
+def test_the_two_ends_of_a_31_must_be_its_two_addresses():
+    assert prefix_problems(["10.0.0.1/31"], ["10.0.0.2/31"], nccl_rails=1) == [
+        "link rail 0: 10.0.0.1/31 and the peer's 10.0.0.2/31 are not in one subnet: use the same subnet on both ends "
+        "of a rail", "link rail 0: 10.0.0.2/31 and the peer's 10.0.0.1/31 are not in one subnet: use the same subnet "
+        "on both ends of a rail"]
+
+
+@pytest.mark.parametrize("worker, end", [("10.0.0.0/24", "first"), ("10.0.0.255/24", "last"), ("10.0.0.3/30", "last")])
+def test_a_wider_subnets_own_and_broadcast_address_are_refused(worker, end):
+    network = worker.rpartition(".")[0] + (".0/24" if worker.endswith("/24") else ".0/30")
+    assert prefix_problems([f"10.0.0.1/{worker[-2:]}"], [worker], nccl_rails=1) == [
+        f"worker link rail 0: {worker} is the {end} address of {network}, which is no host's (the subnet's own or its "
+        "broadcast): use one between them, e.g. 192.168.100.2/24"]
+
+
+def test_a_workers_bad_rail_address_is_shown_a_workers_example():
+    found = prefix_problems(["192.168.100.1/24", "192.168.101.1/24"], ["192.168.100.2/24", "nonsense"])
+    assert found == ["worker link rail 1: address 'nonsense' must be IPv4 with a prefix, e.g. 192.168.101.2/24"], found
 
 
 def test_link_prefix_min_widens_the_range_and_the_link_step_warns(caplog):
@@ -336,9 +387,9 @@ def test_link_prefix_min_widens_the_range_and_the_link_step_warns(caplog):
     assert f"spark-a: warning: {notes[0]}" in caplog.text and calls == list(ops)
 
 
-@pytest.mark.parametrize("value", [4, 31])
+@pytest.mark.parametrize("value", [4, 32])
 def test_link_prefix_min_has_a_range(value):
-    assert any(f"link_prefix_min = {value} is outside 8..30" in p for p in problems(link_prefix_min=value))
+    assert any(f"link_prefix_min = {value} is outside 8..31" in p for p in problems(link_prefix_min=value))
 
 
 def test_a_wide_rail_subnet_must_stay_private():
@@ -363,7 +414,7 @@ def test_the_site_file_and_the_settings_agree_on_rail_prefixes(tmp_path):
         found = [p for p in prefix_problems([f"10.0.0.1/{prefix}"], [f"10.0.0.2/{prefix}"], nccl_rails=1,
                                             link_prefix_min=8) if "prefix" in p]
         assert site_ok == (found == []), (prefix, found)
-        assert site_ok == (8 <= prefix <= 30), prefix
+        assert site_ok == (8 <= prefix <= 31), prefix
 
 
 def test_pair_rules():

@@ -50,3 +50,20 @@ def test_malformed_site_file_says_what_to_write(tmp_path, text, fragment):
 def test_missing_site_file(tmp_path):
     with pytest.raises(SiteError, match="copy sparks.example.yaml to sparks.yaml"):
         read_site(tmp_path / "sparks.yaml")
+
+
+def test_a_workers_bad_rail_is_shown_an_address_fit_for_the_worker(tmp_path):
+    with pytest.raises(SiteError) as exc:
+        read_site(write(tmp_path, "head: {ssh: a, link: [{netdev: x, address: 10.0.0.1/24}]}\n"
+                                  "worker: {ssh: b, link: [{netdev: x, address: 10.0.0.2/32}, {netdev: y, address: "
+                                  "'10.0.1.2'}]}\n"))
+    assert str(exc.value).splitlines()[1:] == [
+        "  - worker.link[0].address = '10.0.0.2/32': its /32 prefix holds this one address, leaving none for the other "
+        "end of the cable: use /31 (a point-to-point pair, RFC 3021) or wider, e.g. 192.168.100.2/24",
+        "  - worker.link[1].address = '10.0.1.2' must be IPv4 with a prefix, e.g. 192.168.101.2/24"]
+
+
+def test_a_31_rail_is_accepted(tmp_path):
+    site = read_site(write(tmp_path, "head: {ssh: a, link: [{netdev: x, address: 10.0.0.0/31}]}\n"
+                                     "worker: {ssh: b, link: [{netdev: x, address: 10.0.0.1/31}]}\n"))
+    assert host_entries(site)["worker"][1]["link_rails"] == [{"netdev": "x", "address": "10.0.0.1/31"}]

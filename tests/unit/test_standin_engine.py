@@ -253,6 +253,75 @@ def test_api_waits_for_rank1_then_answers_through_both(pair):
     assert f"[tensorfold] serving {NAME} at http://127.0.0.1:{p.api}/v1 (" in out
 
 
+def result_turn(url, content, stream=False, **extra):
+    """The agent loop's second turn: the stand-in's own get_weather call and a `role: tool` result for it."""
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+    question = {"role": "user", "content": "What is the weather in Paris?"}
+    call = chat(url, tools=tools, messages=[question]).json()["choices"][0]["message"]["tool_calls"][0]
+    messages = [question, {"role": "assistant", "content": None, "tool_calls": [call]},
+                {"role": "tool", "tool_call_id": call["id"], "content": content}]
+    return chat(url, tools=tools, messages=messages, max_tokens=64, stream=stream, **extra)
+
+
+def test_a_tool_result_is_answered_in_text_as_a_server_does(pair):
+    p = pair()
+    p.start_rank1()
+    p.wait_ready()
+    result = '{"city": "Paris", "forecast": "sunny"}'
+    reply = result_turn(p.url, result).json()["choices"][0]
+    assert reply["finish_reason"] == "stop" and "tool_calls" not in reply["message"]
+    text = reply["message"]["content"]
+    assert text.startswith("OK. Both ranks answered (rank 1 lanes ") and text.endswith(f"The tool returned: {result}")
+    events = [ln for ln in result_turn(p.url, result, stream=True).iter_lines(decode_unicode=True) if ln]
+    chunks = [json.loads(e[5:]) for e in events[:-1] if e[5:].strip().startswith("{")]
+    deltas = [c["choices"][0] for c in chunks if c["choices"]]
+    assert "".join(d["delta"].get("content") or "" for d in deltas) == text
+    assert not any(d["delta"].get("tool_calls") for d in deltas) and deltas[-1]["finish_reason"] == "stop"
+    assert events[-1] == "data: [DONE]"
+    # content parts are read for their text, as the template renders them
+    parts = result_turn(p.url, [{"type": "text", "text": "sunny,"}, {"type": "text", "text": "21 C"}]).json()
+    assert parts["choices"][0]["message"]["content"].endswith("The tool returned: sunny, 21 C")
+    # a request that forces a call still gets one; "none" gets text
+    for forced in ("required", {"type": "function", "function": {"name": "get_weather"}}):
+        again = result_turn(p.url, result, tool_choice=forced).json()["choices"][0]
+        assert again["finish_reason"] == "tool_calls" and again["message"]["tool_calls"][0]["function"]["name"] \
+            == "get_weather"
+    assert result_turn(p.url, result, tool_choice="none").json()["choices"][0]["finish_reason"] == "stop"
+
+
+def test_a_new_question_after_a_tool_result_may_call_again(pair):
+    """Only a conversation that ends in a tool result is answered from it: a later user turn is a new question."""
+    p = pair()
+    p.start_rank1()
+    p.wait_ready()
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+    call = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+    messages = [{"role": "user", "content": "Weather in Paris?"},
+                {"role": "assistant", "content": None, "tool_calls": [call]},
+                {"role": "tool", "tool_call_id": "call_1", "content": "sunny"},
+                {"role": "assistant", "content": "It is sunny."},
+                {"role": "user", "content": "And in Rome?"}]
+    reply = chat(p.url, tools=tools, messages=messages).json()["choices"][0]
+    assert reply["finish_reason"] == "tool_calls"
+
+
+def test_the_validators_tool_checks_pass_on_the_standin(pair):
+    """Every deploy on the simulated pair runs the smoke test: its tool-result turn, and the tools check's result
+    part (which wants the confirmation code back), pass against the stand-in."""
+    from operations.validate import tools
+    from operations.validate.client import Client
+    from operations.validate.result import PASS
+
+    p = pair()
+    p.start_rank1()
+    p.wait_ready()
+    assert smoke(p.url) == []
+    result = tools.result_turn(Client(p.url, model=NAME, timeout=10))
+    assert result.status == PASS, result.line()
+
+
 def test_rank1_follows_until_rank0_stops(pair):
     p = pair()
     p.start_rank1()
@@ -480,7 +549,7 @@ def smoke(url):
     from operations.validate.smoke import smoke_parts
 
     results = smoke_parts(Client(url, model=NAME, timeout=10))
-    assert [r.name for r in results] == ["health", "reply", "stream", "tool"]
+    assert [r.name for r in results] == ["health", "reply", "stream", "tool", "tool-result"]
     return [r.line() for r in results if r.status != PASS]
 
 

@@ -16,7 +16,7 @@ from settings_factory import make_pair
 
 from operations.data.copy import listing_digest
 from operations.facts.docker import DockerVolumeInfo
-from operations.facts.files import FolderCheck, LinkTarget
+from operations.facts.files import FileText, FolderCheck, LinkTarget
 from operations.facts.gpu import GpuClockState
 from operations.facts.host import MemInfo
 from operations.facts.model import HfPlan, RankFolder
@@ -233,7 +233,7 @@ def test_nothing_deployed_yet():
     assert by_item(rows, "head", "weight file").state == "missing"
     assert by_item(rows, "worker", "sparkfold-memguard").ok is False  # memguard = true, not installed
     assert by_item(rows, "head", "memory").ok is True  # enough to start
-    informational = ("memory", "sparkfold-supervise", "generations", "metrics")
+    informational = ("memory", "sparkfold-supervise", "generations", "metrics", "sampling", "data verified")
     assert {r.ok for r in rows if r.item not in informational} == {False}
     assert (by_item(rows, "head", "metrics").state, by_item(rows, "head", "metrics").ok) == ("not read", None)
     assert by_item(rows, "head", "generations").state == "none"  # information: nothing has served yet
@@ -422,7 +422,7 @@ def test_the_json_document_of_a_pair_that_is_not_serving():
                    "facts": {"answers": False, "problem": "spark-b did not answer over ssh"}}
     assert [r["spark"] for r in doc["rows"] if r["item"] not in ("ssh", "API", "requests_total",
                                                                 "completion_tokens_total", "requests_inflight",
-                                                                "decode_seconds_total")] == ["head"] * 12
+                                                                "decode_seconds_total")] == ["head"] * 14
 
 
 def test_the_watched_table_says_when_it_was_read_and_how_often():
@@ -526,8 +526,9 @@ def test_spark_facts_reads_each_fact_once_and_pings_the_peer(monkeypatch, role):
     hs, ws = make_pair()
     s = hs if role == "head" else ws
     facts = {RankInputs: rank_inputs(container(s.rank)), GpuClockState: GPU_LOCKED, "pyinfra.facts.files.File": None,
-             IpAddresses: {}, RoceDevices: {}, PingOk: True, MemInfo: {}, FolderCheck: None, LinkTarget: None,
-             RankFolder: RankFolder.default(), UnitState: UNIT_ON, HfPlan: HfPlan.default(), DockerVolumeInfo: None}
+             IpAddresses: {}, RoceDevices: {}, PingOk: True, MemInfo: {}, FileText: None, FolderCheck: None,
+             LinkTarget: None, RankFolder: RankFolder.default(), UnitState: UNIT_ON, HfPlan: HfPlan.default(),
+             DockerVolumeInfo: None}
     h = FakeHost(facts, name=role)
     f = st.spark_facts(h, s)
     assert f["container"] == container(s.rank) and f["pings"] == [True, True] and f["gpu"] == GPU_LOCKED
@@ -586,7 +587,8 @@ def _run_status_py(monkeypatch, capsys, api_problem, unreachable: str = "", run_
 
     hs, ws = make_pair(head=settings, worker=settings)
     facts = {GpuClockState: GPU_LOCKED, "pyinfra.facts.files.File": None, IpAddresses: {}, RoceDevices: {},
-             PingOk: False, MemInfo: {}, FolderCheck: None, LinkTarget: None, RankFolder: RankFolder.default(),
+             PingOk: False, MemInfo: {}, FileText: None, FolderCheck: None, LinkTarget: None,
+             RankFolder: RankFolder.default(),
              UnitState: UNIT_NONE, HfPlan: HfPlan.default(), DockerVolumeInfo: None}
     head = FakeHost({**facts, RankInputs: rank_inputs(container(0))}, name="spark-a")
     worker = FakeHost({**facts, RankInputs: rank_inputs({})}, name="spark-b")
@@ -643,8 +645,8 @@ def test_status_py_shows_the_head_when_the_worker_does_not_answer(monkeypatch, c
     assert "✔ head    rank 0" in out and "head    GPU clock" in out
     assert [r for r in out.splitlines() if r[2:].startswith("worker") and "ssh" not in r] == []
     assert worker.fact_calls == []  # pyinfra would try to connect again for each
-    assert error == ("the pair is not serving: rank 1's Spark does not answer over ssh; "
-                     "no answer from http://spark-a.local:8888/v1/models")
+    assert error == ("the pair is not serving: rank 1's Spark spark-b does not answer over ssh (`ssh -p 22 spark-b "
+                     "true` shows why); no answer from http://spark-a.local:8888/v1/models")
 
 
 def test_status_py_is_printed_by_the_worker_when_the_head_does_not_answer(monkeypatch, capsys):
@@ -653,7 +655,7 @@ def test_status_py_is_printed_by_the_worker_when_the_head_does_not_answer(monkey
     assert out.count("sparkfold status: head spark-a, worker spark-b") == 1
     assert "✘ head    ssh" in out and "spark-a did not answer over ssh" in out and "worker  rank 1" in out
     assert head.fact_calls == [] and worker.fact_calls != []
-    assert error is not None and "rank 0's Spark does not answer over ssh" in error
+    assert error is not None and "rank 0's Spark spark-a does not answer over ssh" in error
 
 
 def test_status_py_prints_nothing_on_the_worker_while_the_head_answers(monkeypatch, capsys):
@@ -670,6 +672,100 @@ def test_the_api_is_asked_without_a_key_the_head_could_not_give(monkeypatch):
     api = st.probe_api(hs, st.api_key_for(head, hs))
     assert asked == [""] and api["key_on"] and api["key_read"] is None and head.fact_calls == []
     assert "key on, but the head did not answer" in st.api_row(hs.api_base_url, hs.served_name, api).detail
+
+
+# --- the API as the running rank 0 serves it -------------------------------------------------------------------------
+
+def test_the_rank_container_fact_keeps_its_command_line():
+    from harness import parse_fact
+
+    from operations.facts.docker import RankContainer
+    line = json.dumps({"state": {"Running": True, "Status": "running"}, "labels": {}, "image": "img:1",
+                       "created": "2026", "args": ["serve", "/snap", "--host", "127.0.0.1", "--api-key-file", "/k"],
+                       "env": []})
+    assert parse_fact(RankContainer, [line], container="c")["args"] == ["serve", "/snap", "--host", "127.0.0.1",
+                                                                        "--api-key-file", "/k"]
+
+
+def _gather_api(monkeypatch, settings: dict, args: list[str] | None, running: bool = True):
+    """The API row and the key the probe sent, for a head whose rank 0 was started with `args` (None: not read)."""
+    hs, ws = make_pair(head=settings, worker=settings)
+    rank0 = container(0, running=running, **({"args": args} if args is not None else {}))
+    facts = {GpuClockState: GPU_LOCKED, "pyinfra.facts.files.File": None, IpAddresses: {}, RoceDevices: {},
+             PingOk: False, MemInfo: {}, FileText: None, FolderCheck: None, LinkTarget: None,
+             RankFolder: RankFolder.default(),
+             UnitState: UNIT_NONE, HfPlan: HfPlan.default(), DockerVolumeInfo: None}
+    head = FakeHost({**facts, RankInputs: rank_inputs(rank0)}, name="spark-a")
+    worker = FakeHost({**facts, RankInputs: rank_inputs(container(1))}, name="spark-b")
+    sent = []
+    monkeypatch.setattr(st, "models_listed", lambda url, name, key: sent.append(key))
+    monkeypatch.setattr(st, "read_api_key", lambda spark, path: "the-key")
+    monkeypatch.setattr(st, "probe_metrics", lambda url, key: METRICS_NONE)
+    report = st.gather(head, worker, hs, ws, None)
+    return by_item(report.rows, "head", "API"), sent
+
+
+SERVE = ["serve", "/snap", "--name", "DeepSeek-V4.1-Flash-1017", "--host", "0.0.0.0", "--port", "8888"]
+
+
+def test_a_keyless_rank_0_shows_key_off_though_the_settings_ask_for_a_key(monkeypatch):
+    # a rollback to a keyless pair: the keyless server would accept the keyed probe, so the answer cannot tell
+    row, sent = _gather_api(monkeypatch, {"api_key": True}, SERVE)
+    assert row.detail.endswith("; key off (settings ask for a key: a rollback?); listens on 0.0.0.0")
+    assert sent == [""] and row.facts["served_key"] is False and row.facts["settings_key"] is True
+    row, sent = _gather_api(monkeypatch, {}, [*SERVE, "--api-key-file", "/run/key"])
+    assert row.detail.endswith("; key on (settings ask for none: a rollback?); listens on 0.0.0.0")
+    assert sent == ["the-key"]
+    row, sent = _gather_api(monkeypatch, {"api_key": True}, [*SERVE, "--api-key-file=/run/key"])
+    assert row.detail.endswith("; key on; listens on 0.0.0.0") and sent == ["the-key"]
+
+
+def test_the_listen_address_comes_from_the_running_rank_0(monkeypatch):
+    row, _ = _gather_api(monkeypatch, {}, ["serve", "/snap", "--host=127.0.0.1"])
+    assert row.detail.endswith("; key off; listens on 127.0.0.1 (settings ask for 0.0.0.0: a rollback?)")
+    assert (row.facts["served_host"], row.facts["settings_host"]) == ("127.0.0.1", "0.0.0.0")
+
+
+def test_without_a_running_rank_0_the_key_state_is_the_settings_and_says_so(monkeypatch):
+    row, sent = _gather_api(monkeypatch, {"api_key": True}, SERVE, running=False)
+    assert row.detail.endswith("; key on (from the settings: no running rank 0 to read it from)")
+    assert sent == ["the-key"] and "listens on" not in row.detail
+
+
+class Reconnecting(FakeHost):
+    """A Spark that did not answer at first; each connect fails with `answers` until it is empty."""
+
+    def __init__(self, facts: dict, name: str, answers: list[str]):
+        super().__init__(facts, name=name)
+        self.connected, self.answers, self.tries = False, answers, 0
+
+    def connect(self, reason=None, show_errors=True, raise_exceptions=False):
+        from pyinfra.api.exceptions import ConnectError
+        self.tries += 1
+        if self.answers:
+            raise ConnectError(self.answers.pop(0))
+        self.connected = True
+
+
+def test_a_refresh_connects_again_to_a_spark_that_did_not_answer(monkeypatch):
+    hs, ws = make_pair()
+    facts = {GpuClockState: GPU_LOCKED, "pyinfra.facts.files.File": None, IpAddresses: {}, RoceDevices: {},
+             PingOk: False, MemInfo: {}, FileText: None, FolderCheck: None, LinkTarget: None,
+             RankFolder: RankFolder.default(),
+             UnitState: UNIT_NONE, HfPlan: HfPlan.default(), DockerVolumeInfo: None}
+    head = FakeHost({**facts, RankInputs: rank_inputs(container(0))}, name="spark-a")
+    worker = Reconnecting({**facts, RankInputs: rank_inputs(container(1))}, "spark-b", ["Connection refused"])
+    monkeypatch.setattr(st, "models_listed", lambda url, name, key: "no answer")
+    first = st.gather(head, worker, hs, ws, None)
+    assert worker.tries == 0  # pyinfra has just tried: the first reading does not wait on it again
+    assert by_item(first.rows, "worker", "ssh").detail == ("spark-b did not answer over ssh; `ssh -p 22 spark-b true` "
+                                                           "shows why; nothing else of this Spark is known")
+    second = st.gather(head, worker, hs, ws, None, first)
+    assert by_item(second.rows, "worker", "ssh").detail.startswith("spark-b did not answer over ssh (Connection "
+                                                                   "refused); `ssh -p 22 spark-b true` shows why")
+    third = st.gather(head, worker, hs, ws, None, second)
+    assert worker.tries == 2 and by_item(third.rows, "worker", "rank 1").state == "running"
+    assert third.ssh == {"head": True, "worker": True} and third.ssh_checks == {}
 
 
 def test_deploy_plan_counts_a_real_dry_run(tmp_path):
@@ -704,7 +800,9 @@ def test_status_py_with_json_exits_1_when_not_serving_or_a_spark_did_not_answer(
                          "http://spark-a.local:8888/v1/models")
     # serving, but pyinfra could not reach the worker: its exit status, as without --json
     run = _run_status_py(monkeypatch, capsys, None, unreachable="worker", argv=(*STATUS_ARGV, "--json"))
-    assert json.loads(run.out)["sparks"]["worker"] == {"host": "spark-b", "ssh": False} and run.exit_code == 1
+    assert json.loads(run.out)["sparks"]["worker"] == {"host": "spark-b", "ssh": False,
+                                                       "ssh_check": "ssh -p 22 spark-b true"}
+    assert run.exit_code == 1
 
 
 def test_status_py_counts_the_deploy_plan_only_with_status_plan(monkeypatch, capsys):
@@ -803,3 +901,19 @@ def test_probe_metrics_reads_the_engines_counters_with_the_key(metrics_server):
     metrics_server.shutdown()
     metrics_server.server_close()
     assert st.probe_metrics(f"http://127.0.0.1:{port}", "", timeout=2)["problem"] == "no answer (ConnectionError)"
+
+
+def test_the_sampling_row_reads_what_rank_0_serves_not_the_settings():
+    hs, _ = make_pair()
+    running = {"running": True, "args": ["serve", "/x", "--temperature", "0.6", "--top-p", "0.9"]}
+    row = st.sampling_row(hs, running)
+    assert row.state == "served" and row.detail == "sampling: temperature 0.6, top_p 0.9, top_k engine default"
+    idle = st.sampling_row(hs, {"running": False, "args": ["serve", "--temperature", "0.6"]})
+    assert idle.state == "not served" and "temperature 1.0, top_p 0.95, top_k 20 (the settings" in idle.detail
+
+
+def test_the_data_verified_row_says_when_and_how_to_ask_again():
+    row = st.data_verified_row("worker", "2026-12-06T01:00:00Z\n")
+    assert (row.state, row.ok) == ("2026-12-06T01:00:00Z", None) and "--data verify_data=true" in row.detail
+    never = st.data_verified_row("head", None)
+    assert never.state == "never" and "never verified in full" in never.detail

@@ -78,6 +78,20 @@ def test_missing_base_url_or_unknown_check_could_not_run(server, monkeypatch):
     assert run(server, "nonsense") == NOT_RUN
 
 
+@pytest.mark.parametrize("argv, lines", [
+    (["thinkng-on"], ["unknown check 'thinkng-on': did you mean thinking-on or thinking-off?"]),
+    (["text", "smokee", "zzz"], ["unknown check 'smokee': did you mean smoke?", "unknown check 'zzz'"]),
+    (["compar", "a.json", "b.json"], ["unknown check 'compar': did you mean compare?"]),  # not one per file
+])
+def test_an_unknown_check_gets_the_closest_names(server, capsys, argv, lines):
+    assert run(server, *argv) == NOT_RUN
+    captured = capsys.readouterr()
+    assert captured.err.splitlines()[:-1] == lines and captured.out == ""
+    assert captured.err.splitlines()[-1].startswith("the checks: text, thinking-on, ")
+    assert captured.err.splitlines()[-1].endswith(", all; the commands: compare, plot, exact")
+    assert server.requests == []
+
+
 def test_api_key_from_file_or_environment(server, tmp_path, monkeypatch):
     server.require_key = KEY
     monkeypatch.delenv("API_KEY", raising=False)

@@ -3,6 +3,7 @@ against the fake server: right, then wrong in exactly the way each part looks fo
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
@@ -87,6 +88,7 @@ def test_smoke_passes_and_says_what_it_saw(server, capsys):
     assert "reply ok: '1\\n2\\n3\\n4\\n5\\n6' (" in out and "stopped before '7' (finish_reason stop)" in out
     assert "stream ok: 'Hellothere,hereyougo.', finish_reason stop, [DONE]" in out  # the fake drops the spaces
     assert 'tool ok: get_weather({"city": "Paris"})' in out
+    assert "tool-result ok: 'It is sunny in Paris.' (finish_reason stop)" in out
 
 
 @pytest.mark.parametrize("fault, failing, says", [
@@ -99,7 +101,11 @@ def test_smoke_passes_and_says_what_it_saw(server, capsys):
     ("no-done", {"stream"}, "stream FAIL: the stream ended without data: [DONE]"),
     ("stream-error", {"stream"}, "stream FAIL: error in the stream"),
     ("no-tool-call", {"tool"}, "tool FAIL: asked for a tool call and got none (content 'It is sunny in Paris.')"),
-    ("wrong-shape", {"reply", "tool"}, "reply FAIL: an answer of the wrong shape (AttributeError: "),
+    ("tool-result-empty", {"tool-result"},
+     "tool-result FAIL: the reply to the tool's result has no text (finish_reason stop)"),
+    ("tool-result-again", {"tool-result"},
+     "tool-result FAIL: answered the tool's result with another tool call, not text (finish_reason tool_calls)"),
+    ("wrong-shape", {"reply", "tool", "tool-result"}, "reply FAIL: an answer of the wrong shape (AttributeError: "),
 ])
 def test_smoke_parts_each_catch_their_fault(server, fault, failing, says, capsys):
     server.bad = {fault}
@@ -111,10 +117,33 @@ def test_smoke_parts_each_catch_their_fault(server, fault, failing, says, capsys
 def test_smoke_sends_a_stop_string_a_stream_and_the_weather_tool(server):
     run(server, "smoke")
     posts = [b for m, _, b in server.requests if m == "POST"]
-    assert [b.get("stop") for b in posts] == [["7"], None, None]
-    assert [bool(b.get("stream")) for b in posts] == [False, True, False]
+    assert [b.get("stop") for b in posts] == [["7"], None, None, None]
+    assert [bool(b.get("stream")) for b in posts] == [False, True, False, False]
     assert posts[2]["tools"][0]["function"]["name"] == "get_weather"
     assert ("GET", "/health", None) in server.requests
+
+
+def test_smoke_sends_the_tool_result_back_for_the_call_it_got(server):
+    """The result turn: the user's question, the assistant's own call (its id and arguments), and a `role: tool`
+    result answering that id, with the tools still offered."""
+    run(server, "smoke")
+    turn = [b for m, _, b in server.requests if m == "POST"][3]
+    user, assistant, result = turn["messages"]
+    assert user == {"role": "user", "content": "What is the weather in Paris? Use the tool."}
+    assert assistant["role"] == "assistant" and assistant["tool_calls"] == [
+        {"id": "w1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]
+    assert result["role"] == "tool" and result["tool_call_id"] == "w1"
+    assert json.loads(result["content"])["forecast"] == "sunny"
+    assert turn["tools"][0]["function"]["name"] == "get_weather" and "tool_choice" not in turn
+
+
+def test_smoke_answers_a_result_even_when_no_call_came(server):
+    """A server that makes no call still gets the result turn (a fixed call), so each part fails on its own."""
+    server.bad = {"no-tool-call"}
+    parts = {p.name: p for p in smoke_parts(Client(server.url))}
+    assert parts["tool"].status == FAIL and parts["tool-result"].status == PASS
+    turn = [b for m, _, b in server.requests if m == "POST"][3]
+    assert turn["messages"][2]["tool_call_id"] == turn["messages"][1]["tool_calls"][0]["id"] == "call_smoke"
 
 
 @pytest.mark.parametrize("text, problem", [

@@ -1,6 +1,6 @@
-"""Where the validator finds its server and key (options, then API_URL/API_KEY, then the OpenAI SDK's variables), the
-one line for a URL it cannot use, and the one line, naming the fix, when the server does not answer or refuses the
-key: exit code 2 and no requests/urllib3 text."""
+"""Where the validator finds its server and key (options, then the OpenAI SDK's variables, then API_URL/API_KEY) and
+the note when two of them disagree, the one line for a URL or key file it cannot use, and the one line, naming the
+fix, when the server does not answer or refuses the key: exit code 2 and no requests/urllib3 text."""
 
 from __future__ import annotations
 
@@ -44,22 +44,64 @@ def test_openai_base_url_with_or_without_v1(server, monkeypatch, suffix, capsys)
     assert [path for _m, path, _b in server.requests] == ["/v1/models", "/v1/chat/completions"]
 
 
-def test_the_option_then_api_url_then_openai_base_url():
+def test_the_option_then_openai_base_url_then_api_url():
     env = {"API_URL": "http://ours:8888", "OPENAI_BASE_URL": "http://sdk:8888/v1"}
     assert base_url_from("http://given:8888", env) == "http://given:8888"
-    assert base_url_from(None, env) == "http://ours:8888"
-    assert base_url_from(None, {"OPENAI_BASE_URL": "http://sdk:8888/v1"}) == "http://sdk:8888/v1"
-    assert base_url_from(None, {"API_URL": "", "OPENAI_BASE_URL": "https://sdk/v1"}) == "https://sdk/v1"
+    assert base_url_from(None, env) == "http://sdk:8888/v1"
+    assert base_url_from(None, {"API_URL": "http://ours:8888"}) == "http://ours:8888"
+    assert base_url_from(None, {"OPENAI_BASE_URL": "", "API_URL": "https://ours"}) == "https://ours"
 
 
-def test_openai_api_key_is_sent_when_api_key_is_not_set(server, monkeypatch, capsys):
+def test_openai_api_key_wins_over_api_key(server, monkeypatch, capsys):
+    """The advice on a refused key is "export OPENAI_API_KEY": it must take effect even when API_KEY is set."""
     server.require_key = KEY
+    monkeypatch.setenv("API_KEY", KEY)
+    assert main(["--base-url", server.url, "text"]) == PASS  # the older name alone still works
+    assert server.headers[-1]["Authorization"] == f"Bearer {KEY}"
+    monkeypatch.setenv("API_KEY", "stale")
     monkeypatch.setenv("OPENAI_API_KEY", KEY)
     assert main(["--base-url", server.url, "text"]) == PASS
     assert server.headers[-1]["Authorization"] == f"Bearer {KEY}"
-    monkeypatch.setenv("API_KEY", "ours-wins")  # API_KEY comes first
-    assert main(["--base-url", server.url, "text"]) == NOT_RUN
-    assert "refused the API key from API_KEY (HTTP 401)" in capsys.readouterr().err
+    assert capsys.readouterr().err.splitlines() == [
+        "note: using the API key from OPENAI_API_KEY; API_KEY holds a different key and is ignored"]
+
+
+def test_sources_that_disagree_get_one_line_naming_the_one_used(server, monkeypatch, tmp_path, capsys):
+    monkeypatch.setenv("OPENAI_BASE_URL", server.url + "/v1")
+    monkeypatch.setenv("API_URL", server.url)  # the same server without /v1: no note
+    monkeypatch.setenv("OPENAI_API_KEY", KEY)
+    monkeypatch.setenv("API_KEY", KEY)  # the same key: no note
+    assert main(["text"]) == PASS
+    assert capsys.readouterr().err == ""
+    monkeypatch.setenv("API_URL", "http://old-head:8888")
+    assert main(["text"]) == PASS
+    assert capsys.readouterr().err.splitlines() == [
+        f"note: using the server from OPENAI_BASE_URL={server.url}/v1; API_URL=http://old-head:8888 names a "
+        "different server and is ignored"]
+    key_file = tmp_path / "key"
+    key_file.write_text("# the head's key\nlocal: other-key\n")
+    server.require_key = "other-key"
+    assert main(["--base-url", server.url, "--api-key-file", str(key_file), "text"]) == PASS
+    assert capsys.readouterr().err.splitlines() == [  # OPENAI_BASE_URL names the same server; no key is shown
+        f"note: using the server from --base-url {server.url}; API_URL=http://old-head:8888 names a different "
+        "server and is ignored",
+        f"note: using the API key from --api-key-file {key_file}; OPENAI_API_KEY and API_KEY hold different keys "
+        "and are ignored"]
+
+
+@pytest.mark.parametrize("kind, problem", [
+    ("missing", "no such file (copy ~/.local/state/sparkfold/api-key.d/key from the head)"),
+    ("a folder", "cannot read it (Is a directory)"),
+    ("no key", "no key in the file (copy ~/.local/state/sparkfold/api-key.d/key from the head)"),
+])
+def test_an_unusable_key_file_is_one_line_naming_the_option(server, tmp_path, capsys, kind, problem):
+    path = {"missing": tmp_path / "missing", "a folder": tmp_path, "no key": tmp_path / "key"}[kind]
+    if kind == "no key":
+        path.write_text("# no key yet\n")
+    assert main(["--base-url", server.url, "--api-key-file", str(path), "text"]) == NOT_RUN
+    captured = capsys.readouterr()
+    assert captured.err.splitlines() == [f"NOT RUN: --api-key-file {path}: {problem}"] and captured.out == ""
+    assert server.requests == []  # said before anything is sent
 
 
 # --- a URL that cannot be used: one line, exit 2, nothing sent ----------------------------------------------------

@@ -155,18 +155,23 @@ class Fake(BaseHTTPRequestHandler):
                 for p in m["content"] if p.get("type") == "image_url"]
 
     @staticmethod
-    def _weather(bad):
-        """The smoke check's one tool call: get_weather for Paris."""
-        if "no-tool-call" in bad:
-            return {"content": "It is sunny in Paris."}
+    def _weather(body, bad):
+        """The smoke check's tool call (get_weather for Paris), and its answer in text once the result comes back."""
         call = {"id": "w1", "type": "function",
                 "function": {"name": "get_weather", "arguments": json.dumps({"city": "Paris"})}}
+        if body["messages"][-1].get("role") == "tool":
+            forecast = json.loads(body["messages"][-1]["content"])["forecast"]
+            if "tool-result-again" in bad:
+                return {"content": None, "tool_calls": [call]}
+            return {"content": None if "tool-result-empty" in bad else f"It is {forecast} in Paris."}
+        if "no-tool-call" in bad:
+            return {"content": "It is sunny in Paris."}
         return {"content": None, "tool_calls": [call]}
 
     def _tools(self, body, bad):
         choice = body.get("tool_choice", "auto")
         if body["tools"][0]["function"]["name"] == "get_weather":
-            return self._weather(bad)
+            return self._weather(body, bad)
         results = [m for m in body["messages"] if m.get("role") == "tool"]
         if results:
             code = json.loads(results[-1]["content"])["confirmation"]
