@@ -20,7 +20,7 @@ import time
 import uuid
 
 from pyinfra import host, state
-from pyinfra.api import FactBase, QuoteString, StringCommand, deploy, operation
+from pyinfra.api import FactBase, StringCommand, deploy, operation
 
 from operations.layout import BOOT_ID, RUN_LOCK
 from operations.settings import Settings
@@ -31,42 +31,35 @@ RUN_ID = uuid.uuid4().hex[:12]  # one per controller process: both Sparks see th
 HOLDER = f"{getpass.getuser()}@{socket.gethostname()} (pid {os.getpid()})"
 _STAT = STAT_FUNCTIONS  # start_of and stat_field (operations/util/session.py)
 # "1" when the lock's recorded process still runs: $o pid, $b boot id, $t start time (an older lock records no
-# boot id or start time: its pid alone decides); pid 0 or none is never alive
+# boot id or start time: its pid alone decides); pid 0 or none is never alive. The one rule: the fact reports its
+# verdict, and a take judges the holder with it
 _JUDGE = ('alive=0; case "$o" in ""|0|*[!0-9]*) ;; *) if [ -z "$b" ] || [ "$b" = "$(cat ' + BOOT_ID +
           ' 2>/dev/null)" ]; then n=$(start_of "$o"); if [ -n "$n" ] && { [ -z "$t" ] || [ "$t" = "$n" ]; }; then '
           'alive=1; fi; fi;; esac')
 
 
-def lock_alive(lock: dict[str, str], boot_now: str, start_now: str | None) -> bool:
-    """Whether the run that wrote `lock` may still be running: its pid is a number above 0 that names a process now
-    (start_now: that pid's start time, None when no such process), of this boot, started when the lock says. A lock
-    of an older sparkfold without boot id or start time is judged by its pid alone."""
-    pid = lock.get("pid", "")
-    if not pid.isdigit() or int(pid) == 0 or start_now is None:
-        return False
-    if lock.get("boot") and boot_now and lock["boot"] != boot_now:
-        return False  # rebooted since: the pid names another process, if any
-    return not lock.get("start") or lock["start"] == start_now
+def _judged(path: str) -> str:
+    """Shell (after _STAT, with the lock at `path` present): its run, pid, boot and start read into $r $o $b $t,
+    then $alive set by _JUDGE."""
+    field = "sed -n 's/^{}=//p' " + sh(path)
+    return (f"r=$({field.format('run')}); o=$({field.format('pid')}); b=$({field.format('boot')}); "
+            f"t=$({field.format('start')}); {_JUDGE}")
 
 
 class RunLock(FactBase[dict[str, str] | None]):
     """The lock file's fields ({"run", "holder", "since", "pid", "boot", "start", "alive": "1"/"0"}), or None when
-    there is none. alive (lock_alive) is "1" while the process it records still runs."""
+    there is none. alive is _JUDGE's verdict, read on the Spark: "1" while the process it records still runs."""
 
     def command(self, path: str) -> StringCommand:
-        quoted = QuoteString(path)
-        return StringCommand(
-            _STAT + "if [ -f", quoted, "]; then cat", quoted, "; echo boot_now=$(cat", BOOT_ID,
-            "2>/dev/null); o=$(sed -n", "'s/^pid=//p'", quoted,
-            '); case "$o" in ""|*[!0-9]*) ;; *) n=$(start_of "$o"); [ -z "$n" ] ||',
-            'echo "start_now=$n";; esac; fi; true')
+        # echo: a lock without its last newline still ends its last line before the verdict
+        return StringCommand(f"{_STAT}if [ -f {sh(path)} ]; then cat {sh(path)}; echo; {_judged(path)}; "
+                             "echo \"alive=$alive\"; fi; true")
 
     def process(self, output: list[str]) -> dict[str, str] | None:
-        fields = dict(line.split("=", 1) for line in output if "=" in line)
+        fields = dict(line.split("=", 1) for line in output if "=" in line)  # the verdict comes last, so it wins
         if "run" not in fields:
             return None
-        boot_now, start_now = fields.pop("boot_now", ""), fields.pop("start_now", None)
-        return dict(fields, alive="1" if lock_alive(fields, boot_now, start_now) else "0")
+        return dict(fields, alive="1" if fields.get("alive") == "1" else "0")
 
 
 def _take_command(path: str) -> str:
@@ -79,9 +72,7 @@ def _take_command(path: str) -> str:
     reboot or that daemon's restart, or until this run releases it). Never pid 0. With it its start time and the
     boot id, so a pid reused after a reboot or by another process does not keep the lock."""
     find_session = FIND_SESSION
-    field = "sed -n 's/^{}=//p' " + sh(path)
-    held = (f"if [ -f {sh(path)} ]; then r=$({field.format('run')}); o=$({field.format('pid')}); "
-            f"b=$({field.format('boot')}); t=$({field.format('start')}); {_JUDGE}; "
+    held = (f"if [ -f {sh(path)} ]; then {_judged(path)}; "
             f"if [ \"$r\" != {sh(RUN_ID)} ] && [ $alive = 1 ]; then echo 'held by another run' >&2; exit 1; fi; fi")
     write = (f"printf 'run=%s\\nholder=%s\\nsince=%s\\npid=%s\\nboot=%s\\nstart=%s\\n' {sh(RUN_ID)} {sh(HOLDER)} "
              f"{sh(time.strftime('%Y-%m-%dT%H:%M:%S%z'))} \"$p\" \"$(cat {BOOT_ID})\" \"$(start_of $p)\" "

@@ -1,8 +1,9 @@
 """Optional supervision (s.supervise): on the head, sparkfold-supervise.service runs operations/remote/supervise.py,
 which restarts the pair in order (rank 1, then rank 0, each right after its Spark's GPU clock lock unit ran, and only
 once both Sparks have s.min_avail_gib of MemAvailable again) with a doubling backoff and gives up after
-s.supervise_retries (then it stops both ranks and exits 1; the unit has Restart=no). Nothing is installed unless
-s.supervise is True; turned off, an earlier unit is stopped and disabled (never deleted). The worker gets nothing."""
+s.supervise_retries (then it stops both ranks and exits 1; systemd restarts it only when killed). Nothing is
+installed unless s.supervise is True; turned off, an earlier unit is stopped and disabled (never deleted). The
+worker gets nothing."""
 
 from __future__ import annotations
 

@@ -32,13 +32,13 @@ from operations.data.copy import (
     folder_to_peer,
     hashing_command,
     peer_copy_commands,
+    space_check,
 )
 from operations.data.hub import checkpoint_plan_args
 from operations.data.weights import (
-    SOURCE,
-    TOKEN_MAP,
     model_source,
     rank_file_commands,
+    rank_file_need,
     rank_file_to_peer,
     rank_file_written,
     rank_folder,
@@ -47,6 +47,7 @@ from operations.data.weights import (
     token_map_command,
     token_map_written,
 )
+from operations.facts.done import RankFileWhole, TokenMapWhole
 from operations.remote import heredoc_command
 from operations.remote.stream_runner import step
 from operations.streams import Stream, background
@@ -158,20 +159,14 @@ def reverify_stream(s, name: str, what: str, folder: str, sums: str, total: int,
                work=[(verification_asked, {"commands": commands})])
 
 
-def rank_file_current(folder: str, rank: int, source: str) -> str:
-    """A shell test: the folder holds one whole weight file of `rank`, made from `source` (what the RankFolder fact
-    tells data/weights.rank_file_written)."""
-    f = quote(folder)
-    return (f"[ \"$(cat {f}/{SOURCE} 2>/dev/null)\" = {quote(source)} ] && "
-            f"[ \"$(ls {f} 2>/dev/null | grep -c -E '^rank{rank}of2-[0-9a-f]+[.]bin$')\" = 1 ] && "
-            f"[ ! -e {f}/.rank{rank}of2.partial ]")
-
-
-def token_map_current(out_dir: str, commit: str) -> str:
-    """A shell test: the token map is there and its sidecar names `commit` (what data/weights.token_map_written
-    reads)."""
-    return (f"[ \"$(head -n 1 {quote(out_dir)}/{TOKEN_MAP}.commit 2>/dev/null)\" = {quote(commit)} ] && "
-            f"[ -f {quote(out_dir)}/{TOKEN_MAP} ]")
+def rank_file_stream(image_ref: str, rank: int, folder: str, mount: tuple, model: str, total: int,
+                     source: str) -> list[str]:
+    """A rank's weight file written as data/weights.rank_file_written writes it: nothing when RankFileWhole finds it
+    whole, and the same free disk check before anything is cleared or written. total: the pack's bytes."""
+    what = f"rank {rank}'s weight file"
+    return unless(RankFileWhole.test(folder, rank, source), f"{what} is current",
+                  [space_check(folder, rank_file_need(total), what),
+                   *rank_file_commands(image_ref, rank, folder, mount, model, int(total / 2), source)])
 
 
 def checked_stream(s, name: str, what: str, src: str, dest: str, sums: str, total: int, after: tuple[str, ...],
@@ -237,14 +232,13 @@ def weight_streams(s, checkpoint: OperationMeta, plan: Mapping, image_ref: str) 
     def weights(rank: int) -> tuple[str, ...]:
         if not commit:
             return tuple(unknown)
-        folder, source = rank_folder(layout.rank_cache, commit, rank, ""), source_key(commit, "")
-        return tuple(unless(rank_file_current(folder, rank, source), f"rank {rank}'s weight file is current",
-                            rank_file_commands(image_ref, rank, folder, mount, model, int(total / 2), source)))
+        folder = rank_folder(layout.rank_cache, commit, rank, "")
+        return tuple(rank_file_stream(image_ref, rank, folder, mount, model, total, source_key(commit, "")))
 
     written = {"image_ref": image_ref, "plan_args": plan_args, "hf_cache": s.hf_cache, "rank_cache": layout.rank_cache}
     token_map = background(
         Stream("token-map", "weights", "the token map", root, after=waits,
-               commands=tuple(unless(token_map_current(layout.token_map_dir, commit), "the token map is current",
+               commands=tuple(unless(TokenMapWhole.test(layout.token_map_dir, commit), "the token map is current",
                                      [token_map_command(image_ref, s.hf_cache, plan_args["repo"], commit,
                                                         layout.token_map_dir)])) if commit else tuple(unknown)),
         name="Token map (image's make_token_map.py)", upstream=[checkpoint],

@@ -20,7 +20,7 @@ from operations.remote.link_copy import PARTIAL_DIR
 from operations.remote.progress import PRIVATE_DIR_ENV
 from operations.remote.progress_command import TICK_S, LiveCommand, progress_command
 from operations.util import check_failed
-from operations.util.checks import warned
+from operations.util.checks import failing_shell, warned
 from operations.util.hf_cache import PARTIAL_SUFFIX
 from operations.util.listing import listing_digest
 from operations.util.peer_ssh import ssh_prefix
@@ -56,8 +56,34 @@ def is_bookkeeping(path: str) -> bool:
 def space_problem(free, need: int, where: str, what: str) -> str | None:
     if free is None or need <= 0 or free >= need:
         return None
-    return (f"{what} needs {gib(need)} free under {where}, which has {gib(free)}: free {gib(need - free)} "
+    return _space_message(what, gib(need), where, gib(free), gib(need - free))
+
+
+def _space_message(what: str, need: str, where: str, have: str, short: str) -> str:
+    return (f"{what} needs {need} free under {where}, which has {have}: free {short} "
             "there or point data_dir/hf_cache at a larger disk")
+
+
+# gib() in awk, for a shell that measures free disk where it runs: $1 bytes
+_GIB_SH = ("gib() { awk -v n=\"$1\" 'BEGIN { if (n >= 2^30 / 10) printf \"%.1f GiB\", n / 2^30; "
+           "else printf \"%.1f MiB\", n / 2^20 }'; }; ")
+
+
+def space_check(where: str, need: int, what: str) -> str:
+    """Shell for work that starts where the run cannot see it (a background stream): the check of space_problem
+    ("free disk", its message and fix) on free disk measured as DiskFree measures it when this runs; passes when df
+    cannot tell, as space_problem does."""
+    if need <= 0:
+        return "true"
+    marks = ("@HAVE@", "@SHORT@")
+    first, rest = failing_shell("free disk", _space_message(what, gib(need), where, *marks)).split(marks[0])
+    middle, last = rest.split(marks[1])
+    # the fields of df -P as DiskFree reads them: the 4th is the free 1024-blocks
+    free_kb = "awk 'NF >= 6 && $4 ~ /^[0-9]+$/ { print $4; exit }'"
+    return (f"{_GIB_SH}kb=$( ( {DiskFree().command(where)} ) | {free_kb} ); "
+            f"if [ -n \"$kb\" ] && [ $((kb * 1024)) -lt {int(need)} ]; then "
+            f"have=$(gib $((kb * 1024))); short=$(gib $(({int(need)} - kb * 1024))); "
+            f"{first}'\"$have\"'{middle}'\"$short\"'{last}; fi")
 
 
 def kit_generated(name: str) -> bool:

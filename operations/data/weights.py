@@ -20,16 +20,17 @@ from pyinfra.api import StringCommand, operation
 
 from operations.data.copy import checksums_written, folder_to_peer, free_bytes, space_problem
 from operations.data.hub import checkpoint_plan_args
-from operations.facts.files import DirFiles, FileText, LinkTarget, first_line
+from operations.facts.done import SOURCE, RankFileWhole, TokenMapWhole
+from operations.facts.files import LinkTarget
 from operations.facts.model import RankFolder, hf_plan
+from operations.layout import TOKEN_MAP_FILE
 from operations.remote.progress_command import progress_command
 from operations.util import check_failed
 from operations.util.hf_cache import repo_folder_name
 
-TOKEN_MAP = "dsv41_token_map.json"
+TOKEN_MAP = TOKEN_MAP_FILE
 TOKEN_MAP_TOOL = "/opt/tensorfold/tools/dsv41-zig/inputs/make_token_map.py"
 RANK_TOOL = "tf-dsv41-rank-cache"
-SOURCE = ".sparkfold-source"
 PENDING = "<checkpoint commit>"  # stands in for the commit in --dry before the checkpoint exists
 _TOOL_HF = "/hf"  # the Hugging Face cache inside the tool containers
 _TOOL_ABLIT = "/model"
@@ -81,13 +82,12 @@ def source_key(commit: str, ablit_tag: str) -> str:
 
 @operation()
 def token_map_written(image_ref: str, plan_args: dict, hf_cache: str, out_dir: str):
-    """dsv41_token_map.json from the checkpoint's tokenizer; rewritten only when the checkpoint commit changed."""
+    """dsv41_token_map.json from the checkpoint's tokenizer; rewritten only when the checkpoint commit changed
+    (TokenMapWhole: the same test the background stream runs)."""
     commit = yield from need_commit(plan_args, "token map")
     if commit is None:
         return
-    sidecar = f"{out_dir}/{TOKEN_MAP}.commit"
-    built_from = first_line(host.get_fact(FileText, path=sidecar))
-    if built_from == commit and TOKEN_MAP in host.get_fact(DirFiles, path=out_dir):
+    if host.get_fact(TokenMapWhole, out_dir=out_dir, commit=commit):
         host.noop(f"token map is current for {commit[:12]}")
         return
     yield token_map_command(image_ref, hf_cache, plan_args["repo"], commit, out_dir)
@@ -112,9 +112,9 @@ def rank_file_written(image_ref: str, rank: int, plan_args: dict, hf_cache: str,
                       ablit_dir: str = "", ablit_tag: str = ""):
     """rank<R>of2-<hash>.bin in its own folder, made from the stock pack or (ablit_dir) the applied overlay pack.
 
-    Complete and current = exactly one rank<R>of2-*.bin, no .rank<R>of2.partial, and the sidecar names the source.
-    Anything else (an interrupted run's .partial, a stray second file) is cleared and the tool runs again: it
-    refuses a folder that already holds a file for its rank.
+    Complete and current = RankFileWhole (the same test the background stream runs): exactly one rank<R>of2-*.bin,
+    no .rank<R>of2.partial, and the sidecar names the source. Anything else (an interrupted run's .partial, a stray
+    second file) is cleared and the tool runs again: it refuses a folder that already holds a file for its rank.
     """
     commit = yield from need_commit(plan_args, f"rank {rank}'s weight file")
     if commit is None:
@@ -122,18 +122,20 @@ def rank_file_written(image_ref: str, rank: int, plan_args: dict, hf_cache: str,
     tag = ablit_tag if ablit_dir else ""
     folder = rank_folder(rank_cache, commit, rank, tag)
     want = source_key(commit, tag)
-    have = host.get_fact(RankFolder, path=folder)
-    bins = have["bins"].get(rank, [])
-    if len(bins) == 1 and rank not in have["partial"] and have["source"] == want:
-        host.noop(f"rank {rank}'s weight file {bins[0]} is current")
+    if host.get_fact(RankFileWhole, folder=folder, rank=rank, source=want):
+        host.noop(f"rank {rank}'s weight file in {folder} is current")
         return
     total = hf_plan(host, **plan_args).get("total_bytes") or 0
-    need = int(total / 2 * 1.05)  # each rank holds about half the pack
-    space = space_problem(free_bytes(folder), need, folder, f"rank {rank}'s weight file")
+    space = space_problem(free_bytes(folder), rank_file_need(total), folder, f"rank {rank}'s weight file")
     if (yield from check_failed("free disk", [space])):
         return
     mount, model = model_source(hf_cache, plan_args["repo"], commit, ablit_dir, tag)
     yield from rank_file_commands(image_ref, rank, folder, mount, model, int(total / 2), want)
+
+
+def rank_file_need(total: int) -> int:
+    """The free disk a rank's weight file needs: about half the pack (`total` bytes), with a margin."""
+    return int(total / 2 * 1.05)
 
 
 def rank_file_commands(image_ref: str, rank: int, folder: str, mount: tuple, model: str, size: int,

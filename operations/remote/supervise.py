@@ -3,16 +3,17 @@
 """sparkfold supervisor (head only, optional): when either rank's container exits, restart the pair in order.
 
 Every few seconds it reads both containers' state (rank 0 here, rank 1 with `ssh <worker> docker inspect`). Once
-it has seen both running, an exit of either schedules a restart after a backoff that doubles each time: stop what
+it has seen both containers (running, or stopped: after a reboot it starts at boot and finds the deploy's pair
+stopped), a rank that is not running schedules a restart after a backoff that doubles each time: stop what
 still runs, wait (up to MEM_WAIT_S) until MemAvailable on both Sparks reaches `--min-avail-gib` (the memory of the
 stopped pair comes back over seconds; memguard may just have killed a rank because something else took it), then
 `docker start` rank 1 on the worker, then rank 0 here (the deploy created both containers); with
 `--relock-unit`, each Spark's GPU clock lock unit is started first (`sudo -n`: where sudo asks for a password that
 fails, is logged, and the unit's timer applies the lock within its period). When the memory does not come back (or
 the worker's cannot be read) neither rank is started: the pair stays stopped and that restart counts like one that
-did not hold. After `--retries` restarts that did not hold it stops both ranks, logs why and exits 1; its unit has
-Restart=no, so it never loops. A pair that stays up for `--stable-s` resets the count. Stdlib only; logs go to
-stderr.
+did not hold. After `--retries` restarts that did not hold it stops both ranks, logs why and exits 1; its unit
+restarts it only when it was killed (Restart=on-abnormal), so a supervisor that gave up never loops. A pair that
+stays up for `--stable-s` resets the count. Stdlib only; logs go to stderr.
 
     supervise.py --container NAME --worker-ssh USER@HOST --retries N --backoff-s S --min-avail-gib GIB
                  [--stop-timeout S] [--relock-unit UNIT]
@@ -68,7 +69,11 @@ def decide(rank0: str, rank1: str, state: State, now: float, retries: int, backo
                             replace(state, attempts=0, up_since=up_since))
         return Decision(NONE, "", replace(state, up_since=up_since))
     if not state.armed:
-        return Decision(NONE, "", state)  # the deploy has not brought the pair up yet
+        if MISSING in (rank0, rank1) or UNKNOWN in (rank0, rank1):
+            return Decision(NONE, "", state)  # the deploy has not brought the pair up yet (or a Spark is not read)
+        # both containers are there, the deploy's, but not both run: the Spark booted (the supervisor starts at
+        # boot, and a reboot stops every rank), or a rank exited while the supervisor was not running
+        state = replace(state, armed=True)
     down = ", ".join(f"rank {r} is {s}" for r, s in ((0, rank0), (1, rank1)) if s != RUNNING)
     state = replace(state, up_since=None)
     if state.restart_at is None:

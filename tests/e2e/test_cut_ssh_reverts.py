@@ -37,16 +37,11 @@ def newest_apply(sim_exec) -> str:
     return sim_exec("worker", "ls -1d /var/lib/sparkfold/netplan-apply/* | tail -1").stdout.strip()
 
 
-def power_cycle(sim_exec, role: str) -> None:
-    """What a power cycle does to a Spark's network (a simulated Spark cannot reboot): the transient revert timers,
-    the killed run's ssh session (the process its run lock records: cut off, it would otherwise wait for TCP to give
-    up) and the tmpfs /run/netplan are gone, and the network comes up from the files under /etc/netplan (the
-    stand-in's apply, which also lifts the fault's cut, as a boot would)."""
-    done = sim_exec(role, "for p in /run/sim-systemd-run/sparkfold-netplan-revert-*.pid; do [ -e \"$p\" ] || "
-                          "continue; kill \"$(cat \"$p\")\"; rm -f \"$p\"; done; "
-                          "s=$(sed -n 's/^pid=//p' /var/lib/sparkfold/run.lock); [ -z \"$s\" ] || kill \"$s\" || true; "
-                          "rm -rf /run/netplan; netplan apply")
-    assert done.returncode == 0, done.stderr
+def power_cycle(sim, role: str) -> None:
+    """A power cut and a boot of the Spark (sim.reboot): every process gone (the transient revert timer, the killed
+    run's ssh session its run lock records), /run empty (the staged /run/netplan, the fault's cut), and the network
+    up from the files under /etc/netplan, as a Spark's boot brings it."""
+    sim.reboot(role, hard=True)
 
 
 def test_an_apply_that_cuts_ssh_is_reverted_by_the_spark_and_the_next_run_converges(run_pyinfra, sim_exec, sim):
@@ -118,7 +113,7 @@ def test_a_power_cycle_in_the_window_boots_the_files_from_before_and_the_next_ru
     finally:  # the user gives up on the run and power-cycles the Spark that stopped answering
         os.killpg(run.pid, signal.SIGKILL)
         run.wait()
-    power_cycle(sim_exec, "worker")
+    power_cycle(sim, "worker")
     wait_until(lambda: ssh_answers(sim, "worker"), 30, "ssh to the worker")
     # it booted the files from before the apply: the hand edit is there, and the address comes from that file
     assert "# edited by hand" in sim_exec("worker", f"cat {NETPLAN}").stdout

@@ -1,4 +1,4 @@
-"""memguard and the optional supervisor, running for real on the simulated pair (under the stand-in systemctl).
+"""memguard and the optional supervisor, running for real on the simulated pair (under systemd, PID 1 there).
 
 Starts from a converged pair (converged_pair) and leaves one.
 """
@@ -10,7 +10,16 @@ import requests
 from test_deploy import API, NAME, START0, START1, changed_ops, chat, deploy, pair_ids, wait_until
 
 SUPERVISOR = "sparkfold-supervise.service"
-SUPERVISOR_LOG = f"/var/log/sim-systemd/{SUPERVISOR}.log"  # the stand-in systemctl's output file
+
+
+def journal(sim_exec, role: str, unit: str, latest: bool = False) -> str:
+    """What `unit` printed (its journal); latest: since its latest start only."""
+    if latest:
+        invocation = sim_exec(role, ["systemctl", "show", unit, "-p", "InvocationID", "--value"]).stdout.strip()
+        if not invocation:
+            return ""
+        return sim_exec(role, ["journalctl", f"_SYSTEMD_INVOCATION_ID={invocation}", "-o", "cat", "--no-pager"]).stdout
+    return sim_exec(role, ["journalctl", "-u", unit, "-o", "cat", "--no-pager"]).stdout
 
 pytestmark = pytest.mark.usefixtures("converged_pair")
 
@@ -35,7 +44,7 @@ def test_memguard_kills_the_rank_below_its_floor_and_the_deploy_brings_the_pair_
         wait_until(lambda: not running(sim_exec, "worker"), 20, "memguard to kill rank 1")
     finally:
         sim.set_memavail("worker", 118)
-    log = sim_exec("worker", "cat /var/log/sim-systemd/sparkfold-memguard.service.log").stdout
+    log = journal(sim_exec, "worker", "sparkfold-memguard.service")
     assert "kill" in log.lower(), log[-2000:]
     run = deploy(run_pyinfra)
     assert START1 in changed_ops(run) and START0 in changed_ops(run)
@@ -49,8 +58,8 @@ def test_supervisor_restarts_the_pair_in_order_and_is_removed_from_service_when_
     assert sim_exec("worker", f"test -e /etc/systemd/system/{SUPERVISOR}").returncode != 0  # head only
     before = pair_ids(sim_exec)
     # the supervisor arms once it has seen both ranks running (a look every 5 s): until then an exit is not its to mend
-    wait_until(lambda: "supervising the pair" in sim_exec("head", f"cat {SUPERVISOR_LOG}").stdout.rsplit(
-        "supervise: watching", 1)[-1], 60, "the supervisor to arm")
+    wait_until(lambda: "supervising the pair" in journal(sim_exec, "head", SUPERVISOR, latest=True), 60,
+               "the supervisor to arm")
     assert sim_exec("worker", ["docker", "kill", NAME]).returncode == 0
     wait_until(lambda: running(sim_exec, "worker") and running(sim_exec, "head") and serving(), 90,
                "the supervisor to restart the pair")

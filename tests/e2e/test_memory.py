@@ -89,7 +89,7 @@ def test_restart_starts_each_rank_only_once_its_memory_is_back(serving_pair, run
         wait_until(lambda r=role: loaded(sim, r), 60, f"the {role}'s rank to hold its memory again")
 
 
-MEMGUARD_LOG = "/var/log/sim-systemd/sparkfold-memguard.service.log"  # the stand-in systemctl's output file
+MEMGUARD = "sparkfold-memguard.service"
 
 
 def lacks_cgroup_kill(sim_exec, role: str) -> str | None:
@@ -108,7 +108,7 @@ def lacks_cgroup_kill(sim_exec, role: str) -> str | None:
 def test_memguard_leaves_a_rank_at_its_footprint_alone_and_kills_it_below_the_floor(serving_pair, run_pyinfra,
                                                                                      sim_exec, sim):
     def log() -> str:
-        return sim_exec("worker", f"cat {MEMGUARD_LOG}").stdout
+        return sim_exec("worker", ["journalctl", "-u", MEMGUARD, "-o", "cat", "--no-pager"]).stdout
 
     assert sim_exec("worker", "systemctl is-active sparkfold-memguard.service").stdout.strip() == "active"
     cid = sim_exec("worker", ["docker", "inspect", "-f", "{{.Id}}", NAME]).stdout.strip()

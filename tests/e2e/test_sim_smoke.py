@@ -1,5 +1,6 @@
 """The simulated pair is what the deploy expects to find: ssh as nvidia, sudo, its own dockerd that builds FROM the
-engine base, the CX7 twins with no addresses, the head reaching the worker, the stand-ins shadowing real tools."""
+engine base, the CX7 twins with no addresses, the head reaching the worker, systemd as PID 1 with every boot unit
+up, the stand-ins shadowing real tools only where no real program can run here."""
 
 from __future__ import annotations
 
@@ -13,13 +14,21 @@ import pytest
 
 ROLES = ("head", "worker")
 STANDINS_DIR = Path(__file__).resolve().parents[1] / "sim" / "standins"
-# what a real Spark has and this machine lacks (tests/sim/standins/)
-EXPECTED_STANDINS = ("nvidia-smi", "systemctl", "nvidia-container-runtime", "nvidia-container-runtime-hook",
-                     "netplan", "exportfs")
+# what a real Spark has and this machine lacks (tests/sim/standins/, the README says why each remains)
+EXPECTED_STANDINS = ("nvidia-smi", "nvidia-container-runtime", "nvidia-container-runtime-hook", "netplan")
+# the real programs the simulated Spark runs instead of a stand-in
+REAL_TOOLS = {"systemctl": "/usr/bin/systemctl", "systemd-run": "/usr/bin/systemd-run",
+              "exportfs": "/usr/sbin/exportfs"}
 
 
 def ssh(sim, role: str, command: str, timeout: float = 120) -> subprocess.CompletedProcess:
     return subprocess.run([*sim.ssh_argv(role), command], text=True, capture_output=True, timeout=timeout)
+
+
+def sim_exec_ls(sim, role: str) -> subprocess.CompletedProcess:
+    """The stand-ins of the real tools, if any were left in /usr/local/bin (their lines; nothing when none)."""
+    names = " ".join(f"/usr/local/bin/{n}" for n in REAL_TOOLS)
+    return ssh(sim, role, f"ls {names} 2>/dev/null; true")
 
 
 def ok(proc: subprocess.CompletedProcess) -> str:
@@ -117,11 +126,26 @@ def test_standin_shadows_the_real_tool(sim, sim_pair, name):
         assert out == [f"/usr/local/bin/{name}", f"/opt/sim/standins/{name}", f"/usr/local/bin/{name}"], role
 
 
+@pytest.mark.parametrize(("name", "path"), sorted(REAL_TOOLS.items()))
+def test_the_real_tool_answers_where_a_stand_in_did(sim, sim_pair, name, path):
+    for role in ROLES:  # as root, as the deploy runs them (/usr/sbin is on root's PATH only)
+        assert ok(ssh(sim, role, f"sudo -n sh -c 'command -v {name}'")).split() == [path], role
+        assert not ok(sim_exec_ls(sim, role)).strip(), role  # and no stand-in of that name is left behind
+
+
 @pytest.mark.parametrize("role", ROLES)
-def test_init_d_scripts_ran(sim_exec, role):
+def test_systemd_is_pid_1_and_every_boot_unit_is_up(sim_exec, role):
+    assert ok(sim_exec(role, "cat /proc/1/comm")).strip() == "systemd"
+    assert ok(sim_exec(role, "systemctl is-system-running")).strip() == "running"
     scripts = sorted(p.name for p in (STANDINS_DIR / "init.d").glob("*.sh"))
     assert "20-roce-gids.sh" in scripts, "tests/sim/standins/init.d/20-roce-gids.sh is missing"
-    assert ok(sim_exec(role, "cat /run/sim/init.d-done")).split() == scripts
+    units = ["ssh.service", "docker.service", "sim-rank-memory.service", "sim-ready.service",
+             *[f"sim-init@{s}.service" for s in scripts]] + (["sim-fakehub.service"] if role == "head" else [])
+    states = ok(sim_exec(role, ["systemctl", "is-active", *units])).split()
+    assert states == ["active"] * len(units), dict(zip(units, states, strict=True))
+    # the ssh user asks systemd without sudo, as on a Spark (the deploy's facts do)
+    assert ok(sim_exec(role, "systemctl show docker.service -p ActiveState --value", user="nvidia")).strip() == \
+        "active"
 
 
 def test_memavail_can_be_lowered(sim, sim_exec):
@@ -166,6 +190,6 @@ def test_fake_hub_answers_on_the_head(sim_exec):
 
 
 def test_dockerd_restart_keeps_images(sim, sim_pair):
-    out = ok(ssh(sim, "worker", "sudo -n sim-dockerd-restart && docker image inspect -f '{{.Id}}' "
+    out = ok(ssh(sim, "worker", "sudo -n systemctl restart docker && docker image inspect -f '{{.Id}}' "
                                "sparkfold-sim/engine-base:bookworm", timeout=180))
     assert out.split()[-1] == (sim.WORK / "engine-base.id").read_text().strip()

@@ -1,90 +1,22 @@
 #!/bin/bash
-# PID-1 payload (under tini) of one simulated Spark. tests/sim is mounted read-only at /opt/sim.
-#   entrypoint.sh              start: stand-ins, ssh keys, wait for the link, init.d, dockerd, engine base,
-#                              the rank-memory watcher, sshd
-#   entrypoint.sh link-standins  (re)install the stand-ins only (sim.py up does this on a reused pair)
-# Environment (from sim.py): ROLE=head|worker, SIM_ROCE="ibdev:netdev,...", SIM_PEER (the other role's name).
+# The container's entrypoint of one simulated Spark: prepare what systemd needs, then exec systemd as PID 1 (as
+# kind's node images do). It runs again on every container start, so `docker restart` is a reboot. Everything the
+# Spark runs is a unit from tests/sim/systemd, started and ordered by systemd: see tests/sim/README.md.
+#   entrypoint.sh                 boot
+#   entrypoint.sh link-standins   (re)link the stand-ins only (sim.py up does this on a reused pair)
+# Environment (from sim.py): ROLE=head|worker, SIM_ROCE="ibdev:netdev,...", SIM_PEER, SIM_WORKER_LINK_IPS.
 set -euo pipefail
-
 SIM=/opt/sim
-KEYS="$SIM/.work/keys"
-STATE=/run/sim
 ROLE="${ROLE:?ROLE must be head or worker}"
 
-log() { echo "[sim $ROLE] $*"; }
-die() { echo "[sim $ROLE] FATAL: $*" >&2; echo "$*" >"$STATE/failed" 2>/dev/null || true; exit 1; }
-
 link_standins() {
-  # The sim's copies shadow real tools: /usr/local/bin comes first on every PATH (ssh sessions, sudo's secure_path).
+  # the stand-ins for what no real program can do here (no GPU, no RDMA; see tests/sim/README.md) come first on
+  # every PATH (ssh sessions, sudo's secure_path)
   local f
   for f in "$SIM"/standins/*; do
     [ -f "$f" ] || continue
     ln -sfn "$f" "/usr/local/bin/$(basename "$f")"
   done
-  ln -sfn "$SIM/bin/sim-dockerd-restart" /usr/local/sbin/sim-dockerd-restart
-}
-
-install_ssh() {
-  install -m 0600 "$SIM/.work/hostkeys/$ROLE/ssh_host_ed25519_key" /etc/ssh/ssh_host_ed25519_key
-  install -m 0644 "$SIM/.work/hostkeys/$ROLE/ssh_host_ed25519_key.pub" /etc/ssh/ssh_host_ed25519_key.pub
-  local home=/home/nvidia
-  install -d -m 0700 -o nvidia -g nvidia "$home/.ssh"
-  {
-    cat "$KEYS/controller.pub"
-    # the head's own key, so the head reaches the worker (image shipping, rsync) as a real site must allow
-    [ "$ROLE" = worker ] && cat "$KEYS/head.pub"
-  } >"$home/.ssh/authorized_keys"
-  if [ "$ROLE" = head ]; then
-    install -m 0600 -o nvidia -g nvidia "$KEYS/head" "$home/.ssh/id_ed25519"
-    install -m 0644 -o nvidia -g nvidia "$KEYS/head.pub" "$home/.ssh/id_ed25519.pub"
-    # the worker by management name and by its link addresses; accept-new covers any other name the deploy uses
-    local wkey; wkey="$(cut -d' ' -f1,2 "$SIM/.work/hostkeys/worker/ssh_host_ed25519_key.pub")"
-    echo "worker,${SIM_WORKER_LINK_IPS:-192.168.100.2,192.168.101.2} $wkey" >"$home/.ssh/known_hosts"
-    printf 'Host *\n  StrictHostKeyChecking accept-new\n' >"$home/.ssh/config"
-  fi
-  chown -R nvidia:nvidia "$home/.ssh"
-  chmod 0600 "$home/.ssh/authorized_keys"
-}
-
-wait_for_link() {
-  # sim.py moves the veth ends in, renames them and then touches the marker
-  local i
-  for i in $(seq 120); do
-    [ -e "$STATE/link-ready" ] && return 0
-    sleep 0.5
-  done
-  die "the link was not set up within 60 s (sim.py creates it after starting both containers)"
-}
-
-run_init_d() {
-  local f
-  : >"$STATE/init.d-done"
-  for f in "$SIM"/standins/init.d/*.sh; do
-    [ -f "$f" ] || continue
-    log "init.d: $(basename "$f")"
-    ROLE="$ROLE" SIM_ROCE="$SIM_ROCE" bash "$f" || die "init.d script $(basename "$f") failed (exit $?)"
-    basename "$f" >>"$STATE/init.d-done"
-  done
-}
-
-load_engine_base() {
-  # skip the load when this dockerd already holds exactly that image (a restarted container keeps its volume)
-  local want have
-  want="$(cat "$SIM/.work/engine-base.id")"
-  have="$(docker image inspect -f '{{.Id}}' sparkfold-sim/engine-base:bookworm 2>/dev/null || true)"
-  if [ "$want" != "$have" ]; then
-    log "loading sparkfold-sim/engine-base:bookworm into the inner dockerd"
-    docker load -q -i "$SIM/.work/engine-base.tar" >/dev/null || die "docker load of the engine base failed"
-  fi
-}
-
-start_fakehub() {
-  # contract: start.sh starts the hub in the background and returns once it answers
-  if [ "$ROLE" = head ] && [ -x "$SIM/fakehub/start.sh" -o -f "$SIM/fakehub/start.sh" ]; then
-    log "starting the fake hub"
-    ROLE="$ROLE" bash "$SIM/fakehub/start.sh" >>/var/log/sim-fakehub.log 2>&1 \
-      || die "tests/sim/fakehub/start.sh failed (log: /var/log/sim-fakehub.log)"
-  fi
 }
 
 if [ "${1:-}" = link-standins ]; then
@@ -92,25 +24,44 @@ if [ "${1:-}" = link-standins ]; then
   exit 0
 fi
 
-mkdir -p "$STATE" /run/sshd
-rm -f "$STATE/ready" "$STATE/failed"
-# settings the stand-ins may read at any time (ssh sessions do not inherit the container's environment)
-printf 'ROLE=%s\nSIM_ROCE=%s\n' "$ROLE" "$SIM_ROCE" >/etc/sparkfold-sim.env
+# units do not inherit PID 1's environment: they read the role from here (ssh sessions too)
+printf 'ROLE=%s\nSIM_ROCE=%s\nSIM_PEER=%s\nSIM_WORKER_LINK_IPS=%s\n' \
+  "$ROLE" "${SIM_ROCE:-}" "${SIM_PEER:-}" "${SIM_WORKER_LINK_IPS:-}" >/etc/sparkfold-sim.env
+mkdir -p /run/sim
+# a boot id per boot: a container's is the host kernel's, the same across a restart, and sparkfold tells a reboot by
+# it (the GPU clock record, the run lock); systemd and journald read it from here too
+if [ ! -e /run/sim/boot_id ]; then
+  cat /proc/sys/kernel/random/uuid >/run/sim/boot_id
+  mount --bind -o ro /run/sim/boot_id /proc/sys/kernel/random/boot_id
+fi
 link_standins
-install_ssh
-wait_for_link
-run_init_d
-/usr/local/sbin/sim-dockerd-restart || die "the inner dockerd did not start (log: /var/log/sim-dockerd.log)"
-load_engine_base
-# a running rank holds its memory in /proc/meminfo (bin/sim-rank-memory follows the inner dockerd)
-setsid /opt/sim/bin/sim-rank-memory >>/var/log/sim-rank-memory.log 2>&1 </dev/null &
-start_fakehub
-/usr/sbin/sshd -t || die "sshd configuration is invalid"
-/usr/sbin/sshd -D -e &
-sshd_pid=$!
-# the link as the deploy first finds it (tests compare against this, whatever later runs changed)
-ip -j addr show >"$STATE/initial-addr.json"
-touch "$STATE/ready"
-log "ready"
-# the container lives as long as sshd does
-wait "$sshd_pid"
+
+# the sim's units, linked from the read-only mount (an edited unit applies at the next boot)
+units=/etc/systemd/system
+for f in "$SIM"/systemd/*.service "$SIM"/systemd/*.target; do
+  if [ -f "$f" ]; then ln -sfn "$f" "$units/$(basename "$f")"; fi
+done
+for d in "$SIM"/systemd/*.d; do
+  [ -d "$d" ] || continue
+  mkdir -p "$units/$(basename "$d")"
+  for f in "$d"/*.conf; do ln -sfn "$f" "$units/$(basename "$d")/$(basename "$f")"; done
+done
+# what cannot work in a container on this kernel (masks.txt says why), masked before systemd reads anything
+grep -v '^#' "$SIM/systemd/masks.txt" | while read -r unit _; do
+  if [ -n "$unit" ]; then ln -sfn /dev/null "$units/$unit"; fi
+done
+# sim-boot.target requires every boot unit (each init.d script an instance of sim-init@, the hub on the head only);
+# sim-ready.service follows it
+req="$units/sim-boot.target.requires"
+rm -rf "$req" && mkdir -p "$req" "$units/multi-user.target.wants"
+ln -sfn "$units/sim-ready.service" "$units/multi-user.target.wants/sim-ready.service"
+for u in sim-gpu-reset.service sim-hostkeys.service sim-link.service sim-netplan.service sim-engine-base.service \
+         sim-rank-memory.service ssh.service docker.service; do
+  ln -sfn "$units/$u" "$req/$u"
+done
+for f in "$SIM"/standins/init.d/*.sh; do
+  if [ -f "$f" ]; then ln -sfn "$units/sim-init@.service" "$req/sim-init@$(basename "$f").service"; fi
+done
+if [ "$ROLE" = head ]; then ln -sfn "$units/sim-fakehub.service" "$req/sim-fakehub.service"; fi
+
+exec /lib/systemd/systemd "$@"

@@ -8,6 +8,7 @@
     python -m tests.sim.sim ssh ROLE [CMD]   ssh in as nvidia with the test key, like pyinfra does
     python -m tests.sim.sim set-memavail ROLE GIB   lower (or raise) the MemAvailable ROLE shows with no rank running
     python -m tests.sim.sim set-rank-memory ROLE [--gib G] [--load-s S] [--release-s S]   what a running rank holds
+    python -m tests.sim.sim reboot ROLE [--hard]   reboot a Spark (--hard: power cut) and wait until it is up again
 
 See tests/sim/README.md. Needs root (veth links between the containers' namespaces) and a Docker engine.
 """
@@ -64,7 +65,7 @@ RANK_MEMORY = {"rank_gib": float(os.environ.get("SPARKSIM_RANK_GIB", meminfo.DEF
                "release_s": float(os.environ.get("SPARKSIM_RANK_RELEASE_S", meminfo.DEFAULTS["release_s"]))}
 
 # Bump when the container layout changes, so a running pair from an older layout is recreated.
-LAYOUT_VERSION = "3"
+LAYOUT_VERSION = "4"
 
 
 class SimError(Exception):
@@ -283,10 +284,11 @@ def _image_id(image: str) -> str:
 
 
 def _startup_files_hash() -> str:
-    """What a container only reads at start (entrypoint, init.d, the fake hub): a change recreates the pair.
-    The stand-ins in /usr/local/bin are symlinks into the mount, so their edits apply at once."""
+    """What a container only reads at boot (entrypoint, the units, init.d, the fake hub): a change recreates the
+    pair. The stand-ins in /usr/local/bin are symlinks into the mount, so their edits apply at once."""
     digest = hashlib.sha256()
     paths = [SIM_DIR / "entrypoint.sh", *sorted((SIM_DIR / "bin").glob("*")),
+             *sorted(p for p in (SIM_DIR / "systemd").rglob("*") if p.is_file()),
              *sorted((SIM_DIR / "standins" / "init.d").glob("*")),
              *sorted(p for p in (SIM_DIR / "fakehub").rglob("*") if "__pycache__" not in p.parts)]
     for path in paths:
@@ -332,6 +334,8 @@ def _run_container(role: str, layout: str) -> None:
         "--cap-add", "ALL", "--cap-drop", "SYS_RESOURCE",
         "--security-opt", "seccomp=unconfined", "--security-opt", "apparmor=unconfined",
         "-v", "/sys/fs/cgroup:/sys/fs/cgroup:rw",
+        # systemd as PID 1 (kind's node images boot the same way): it is told it runs in a container
+        "-e", "container=docker", "--tmpfs", "/run/lock",
         "--tmpfs", "/run:rw,exec,nosuid,size=512m,mode=755",
         "--tmpfs", "/tmp:rw,exec,nosuid,nodev,size=4g,mode=1777",
         "-v", f"{VOLUME[role]}:/var/lib/docker",
@@ -356,11 +360,14 @@ def _make_link() -> None:
         _run(["ip", "link", "set", h, "netns", str(hpid)])
         _run(["ip", "link", "set", w, "netns", str(wpid)])
         for role, tmp in (("head", h), ("worker", w)):
+            # after a reboot the peer's end of the old pair goes only once the kernel has cleaned up the rebooted
+            # namespace (deferred work): removed here, which ends that pair at once
+            _nsenter(role, "ip", "link", "del", netdev, check=False)
             _nsenter(role, "ip", "link", "set", tmp, "name", netdev)
             _nsenter(role, "ip", "link", "set", netdev, "mtu", str(LINK_MTU))
             _nsenter(role, "ip", "link", "set", netdev, "up")
-    for role in ROLES:
-        _docker("exec", CONTAINER[role], "touch", "/run/sim/link-ready")
+    for role in ROLES:  # sim-link.service waits for this
+        _docker("exec", CONTAINER[role], "sh", "-c", "mkdir -p /run/sim && touch /run/sim/link-ready")
 
 
 def _link_present(role: str) -> bool:
@@ -372,15 +379,24 @@ def _ready(role: str) -> bool:
     return _docker("exec", CONTAINER[role], "test", "-e", "/run/sim/ready", check=False).returncode == 0
 
 
-def _wait_ready(timeout: float = 180) -> None:
+def _boot_failure(role: str) -> str | None:
+    """What failed while ROLE booted: the first failed unit with its journal (sim-failed@.service writes it)."""
+    failed = _docker("exec", CONTAINER[role], "cat", "/run/sim/failed", check=False)
+    return failed.stdout.strip() if failed.returncode == 0 and failed.stdout.strip() else None
+
+
+def _wait_ready(roles: tuple[str, ...] = ROLES, timeout: float = 180) -> None:
     deadline = time.monotonic() + timeout
-    pending = set(ROLES)
+    pending = set(roles)
     while pending:
         for role in sorted(pending):
             info = _inspect(role)
             if not info or not info["State"]["Running"]:
                 logs = _docker("logs", "--tail", "40", CONTAINER[role], check=False)
                 raise SimError(f"{CONTAINER[role]} exited while starting:\n{logs.stdout}{logs.stderr}")
+            failure = _boot_failure(role)
+            if failure:
+                raise SimError(f"{CONTAINER[role]} did not boot: {failure}")
             if _ready(role):
                 pending.discard(role)
         if pending and time.monotonic() > deadline:
@@ -399,8 +415,8 @@ def ssh_argv(role: str) -> list[str]:
             f"{SSH_USER}@127.0.0.1"]
 
 
-def _wait_ssh(timeout: float = 60) -> None:
-    for role in ROLES:
+def _wait_ssh(timeout: float = 60, roles: tuple[str, ...] = ROLES) -> None:
+    for role in roles:
         deadline = time.monotonic() + timeout
         while True:
             proc = _run([*ssh_argv(role), "true"], check=False, timeout=30)
@@ -461,6 +477,28 @@ def down(quiet: bool = False) -> None:
         _log("pair removed")
 
 
+def reboot(role: str, hard: bool = False) -> float:
+    """Reboot ROLE as a Spark reboots: systemd stops every unit and process (the inner dockerd its containers), the
+    container starts again with /run and /tmp empty, its disk and volumes kept, a new boot id, the GPU clock at its
+    default and the link plugged in again; then systemd boots it (units, timers, the inner dockerd's containers per
+    their restart policy). hard: a power cut (SIGKILL, nothing stopped in order). Returns the seconds it took."""
+    _check_role(role)
+    start = time.monotonic()
+    if hard:
+        _docker("kill", CONTAINER[role])
+        _docker("start", CONTAINER[role])
+    else:
+        _docker("restart", "-t", "60", CONTAINER[role], timeout=120)
+    # the rebooted namespace took both veth pairs with it: the cable is plugged in again at both ends
+    _make_link()
+    peer = "worker" if role == "head" else "head"
+    # the peer's link came back as new netdevs: configured again from its netplan, as networkd does on a Spark
+    _docker("exec", CONTAINER[peer], "/usr/local/bin/netplan", "apply", check=False)
+    _wait_ready((role,))
+    _wait_ssh(roles=(role,))
+    return time.monotonic() - start
+
+
 def status() -> dict:
     out = {}
     for role in ROLES:
@@ -470,9 +508,11 @@ def status() -> dict:
         if running:
             entry["ready"] = _ready(role)
             entry["link"] = _link_present(role)
-            failed = _docker("exec", CONTAINER[role], "cat", "/run/sim/failed", check=False)
-            if failed.returncode == 0:
-                entry["failed"] = failed.stdout.strip()
+            entry["system"] = _docker("exec", CONTAINER[role], "systemctl", "is-system-running",
+                                      check=False).stdout.strip()
+            failure = _boot_failure(role)
+            if failure:
+                entry["failed"] = failure
         out[role] = entry
     out["site_file"] = str(SITE_FILE) if SITE_FILE.exists() else None
     return out
@@ -513,6 +553,9 @@ def main(argv: list[str] | None = None) -> int:
     p_rank.add_argument("--gib", type=float, default=None)
     p_rank.add_argument("--load-s", type=float, default=None)
     p_rank.add_argument("--release-s", type=float, default=None)
+    p_reboot = sub.add_parser("reboot", help="reboot ROLE as a Spark reboots, and wait until it is up again")
+    p_reboot.add_argument("role", choices=ROLES)
+    p_reboot.add_argument("--hard", action="store_true", help="a power cut: nothing is stopped in order")
     args = parser.parse_args(argv)
 
     try:
@@ -541,6 +584,9 @@ def main(argv: list[str] | None = None) -> int:
             set_memavail(args.role, args.gib)
         elif args.cmd == "set-rank-memory":
             set_rank_memory(args.role, args.gib, args.load_s, args.release_s)
+        elif args.cmd == "reboot":
+            took = reboot(args.role, hard=args.hard)
+            _log(f"{args.role} rebooted and up again in {took:.1f} s")
     except SimError as exc:
         print(f"sim: {exc}", file=sys.stderr)
         return 1

@@ -16,8 +16,10 @@ from settings_factory import make_settings
 
 from operations.data import background as bg
 from operations.data import copy as data_copy
-from operations.facts.files import FolderCheck
-from operations.facts.model import RankFolder
+from operations.data.weights import rank_file_written, token_map_written
+from operations.facts.done import RankFileWhole, TokenMapWhole
+from operations.facts.files import DiskFree, FolderCheck
+from operations.facts.model import HfPlan
 from operations.remote.folder_marker import marker_digest
 from operations.remote.stream_runner import script_text
 from operations.util.listing import listing_digest
@@ -199,7 +201,8 @@ def test_the_weight_files_of_a_commit(declared):
     lines = rank1.splitlines()
     folder = f"/home/n/.cache/sparkfold/rank-cache/{commit}/rank1"
     assert lines[0].startswith("if ") and lines[0].endswith("then echo 'rank 1'\"'\"'s weight file is current'; else")
-    assert lines[1:3] == ["( set +e", f"mkdir -p {folder} && rm -f {folder}/rank1of2-*.bin {folder}/.rank1of2.partial "
+    assert lines[1] == "( set +e" and "df -P -k" in lines[2] and "sparkfold: free disk: " in lines[2]  # disk first
+    assert lines[4:6] == ["( set +e", f"mkdir -p {folder} && rm -f {folder}/rank1of2-*.bin {folder}/.rank1of2.partial "
                           f"{folder}/.sparkfold-source {folder}/SHA256SUMS {folder}/.sparkfold-sums.state"]
     assert lines[-4:] == ["( set +e", f"printf '%s\\n' {commit} > {folder}/.sparkfold-source", ") || exit $?", "fi"]
     copy = declared["rank1-to-worker"]["stream"].commands
@@ -221,27 +224,113 @@ def test_the_checked_streams_copy_has_lines_of_its_own(declared):
     assert any("the Engram tables: checking SHA256SUMS" in c for c in declared["engram-checked"]["stream"].commands)
 
 
-@pytest.mark.parametrize("files, current", [
-    ({"rank1of2-0123abcd.bin": b"w", ".sparkfold-source": b"c1\n"}, True),
-    ({"rank1of2-0123abcd.bin": b"w", ".sparkfold-source": b"c0\n"}, False),  # made from another checkpoint
-    ({"rank1of2-0123abcd.bin": b"w", ".rank1of2.partial": b"p", ".sparkfold-source": b"c1\n"}, False),
+def stand_in(tmp_path, name: str, script: str) -> dict:
+    """The environment with a stand-in `name` first on PATH (the stand-ins made before it stay there)."""
+    bindir = tmp_path / "bin"
+    bindir.mkdir(exist_ok=True)
+    (bindir / name).write_text("#!/bin/sh\n" + script)
+    (bindir / name).chmod(0o755)
+    return dict(os.environ, PATH=f"{bindir}:{os.environ['PATH']}")
+
+
+def free_disk(tmp_path, free_bytes: int) -> dict:
+    """A stand-in df -P -k that reports `free_bytes` free wherever it is asked."""
+    return stand_in(tmp_path, "df", "echo 'Filesystem 1024-blocks Used Available Capacity Mounted on'\n"
+                                    f"echo '/dev/x 999999999 1 {free_bytes // 1024} 1% /'\n")
+
+
+NO_DOCKER = "echo 'docker: stand-in: not run here' >&2; exit 3\n"  # a stream that writes fails here, visibly
+PLAN_ARGS = {"repo": "Org/M", "revision": "main"}
+
+
+def rank_stream(folder, total=2 * 2**30) -> str:
+    (command,) = bg.rank_file_stream("img:1", 1, str(folder), ("/h", "/hf", True), "/hf/m", total, "c1")
+    return command
+
+
+@pytest.mark.parametrize("files, whole", [
+    ({"rank1of2-0123abcd.bin": b"w", ".sparkfold-source": b"c1\n"}, True),  # done
+    ({}, False),  # missing
+    ({".sparkfold-source": b"c1\n"}, False),  # the sidecar alone
+    ({"rank1of2-0123abcd.bin": b"w", ".sparkfold-source": b"c0\n"}, False),  # stale: made from another checkpoint
+    ({"rank1of2-0123abcd.bin": b"w", ".rank1of2.partial": b"p", ".sparkfold-source": b"c1\n"}, False),  # interrupted
     ({"rank1of2-0123abcd.bin": b"w", "rank1of2-4567abcd.bin": b"w", ".sparkfold-source": b"c1\n"}, False),
-    ({".sparkfold-source": b"c1\n"}, False),
 ])
-def test_a_weight_file_found_whole_is_not_written_again(tmp_path, files, current):
-    folder = tmp_path / "rank1"
-    folder.mkdir()
+def test_the_run_and_the_stream_agree_on_a_whole_weight_file(tmp_path, files, whole):
+    folder = tmp_path / "c1" / "rank1"
+    folder.mkdir(parents=True)
     for name, data in files.items():
         (folder / name).write_bytes(data)
-    assert (subprocess.run(["sh", "-c", bg.rank_file_current(str(folder), 1, "c1")]).returncode == 0) == current
-    fact = run_fact(RankFolder, path=str(folder))  # what rank_file_written decides from
-    assert (len(fact["bins"].get(1, [])) == 1 and 1 not in fact["partial"] and fact["source"] == "c1") == current
+    fact = run_fact(RankFileWhole, folder=str(folder), rank=1, source="c1")
+    commands, _ = run_op(rank_file_written, {HfPlan: {"complete": True, "commit": "c1", "total_bytes": 2**20},
+                                             RankFileWhole: fact, DiskFree: {"free_bytes": 2**40}},
+                         image_ref="img:1", rank=1, plan_args=PLAN_ARGS, hf_cache="/h", rank_cache=str(tmp_path))
+    assert fact is whole and (commands == []) is whole
+    streamed = subprocess.run(["sh", "-c", rank_stream(folder)], capture_output=True, text=True,
+                              env=stand_in(tmp_path, "docker", NO_DOCKER))
+    assert (streamed.returncode == 0 and "weight file is current" in streamed.stdout) is whole, streamed.stderr
 
 
-def test_a_token_map_found_current_is_not_written_again(tmp_path):
-    test = bg.token_map_current(str(tmp_path), "c1")
-    assert subprocess.run(["sh", "-c", test]).returncode != 0
-    (tmp_path / "dsv41_token_map.json").write_text("{}")
-    (tmp_path / "dsv41_token_map.json.commit").write_text("c1\n")
-    assert subprocess.run(["sh", "-c", test]).returncode == 0
-    assert subprocess.run(["sh", "-c", bg.token_map_current(str(tmp_path), "c2")]).returncode != 0
+@pytest.mark.parametrize("files, whole", [
+    ({"dsv41_token_map.json": "{}", "dsv41_token_map.json.commit": "c1\n"}, True),  # done
+    ({}, False),  # missing
+    ({"dsv41_token_map.json": "{}", "dsv41_token_map.json.commit": "c0\n"}, False),  # stale: another checkpoint
+    ({"dsv41_token_map.json": "{}"}, False),  # interrupted: the sidecar is written last
+    ({"dsv41_token_map.json.commit": "c1\n"}, False),
+])
+def test_the_run_and_the_stream_agree_on_a_whole_token_map(tmp_path, declared, files, whole):
+    s = make_settings("head", home=str(tmp_path), model_repo="Org/M")
+    out = Path(s.layout.token_map_dir)
+    out.mkdir(parents=True)
+    for name, text in files.items():
+        (out / name).write_text(text)
+    fact = run_fact(TokenMapWhole, out_dir=str(out), commit="c1")
+    commands, _ = run_op(token_map_written, {HfPlan: {"complete": True, "commit": "c1"}, TokenMapWhole: fact},
+                         image_ref="img:1", plan_args=PLAN_ARGS, hf_cache="/h", out_dir=str(out))
+    assert fact is whole and (commands == []) is whole
+    bg.weight_streams(s, "checkpoint", {"commit": "c1", "total_bytes": 2**20}, "img:1")
+    (command,) = declared["token-map"]["stream"].commands
+    streamed = subprocess.run(["sh", "-c", command], capture_output=True, text=True,
+                              env=stand_in(tmp_path, "docker", NO_DOCKER))
+    assert (streamed.returncode == 0 and "the token map is current" in streamed.stdout) is whole, streamed.stderr
+
+
+def test_the_stream_refuses_a_weight_file_on_a_small_disk_as_the_run_does(tmp_path):
+    folder = tmp_path / "rc" / "c1" / "rank1"
+    folder.mkdir(parents=True)
+    (folder / "rank1of2-0123abcd.bin").write_bytes(b"w")  # stale: the check comes before anything is cleared
+    (folder / ".sparkfold-source").write_bytes(b"c0\n")
+    total, free = 200 * 2**30, 50 * 2**30
+    stand_in(tmp_path, "docker", NO_DOCKER)
+    streamed = subprocess.run(["sh", "-c", rank_stream(folder, total)], capture_output=True, text=True,
+                              env=free_disk(tmp_path, free))
+    commands, _ = run_op(rank_file_written, {HfPlan: {"complete": True, "commit": "c1", "total_bytes": total},
+                                             RankFileWhole: False, DiskFree: {"free_bytes": free}},
+                         executing=True, image_ref="img:1", rank=1, plan_args=PLAN_ARGS, hf_cache="/h",
+                         rank_cache=str(tmp_path / "rc"))
+    (refusal,) = commands
+    said = subprocess.run(["sh", "-c", refusal], capture_output=True, text=True).stderr
+    assert streamed.returncode != 0 and streamed.stderr == said  # the run's own message, naming the fix
+    assert "weight file needs 105.0 GiB free" in said and "point data_dir/hf_cache at a larger disk" in said
+    assert sorted(os.listdir(folder)) == [".sparkfold-source", "rank1of2-0123abcd.bin"]  # nothing cleared or written
+
+
+def test_the_stream_writes_a_weight_file_when_the_disk_has_room(tmp_path):
+    folder = tmp_path / "rc" / "c1" / "rank1"
+    folder.mkdir(parents=True)
+    (folder / ".sparkfold-source").write_bytes(b"c0\n")
+    stand_in(tmp_path, "docker", NO_DOCKER)
+    streamed = subprocess.run(["sh", "-c", rank_stream(folder, 200 * 2**30)], capture_output=True, text=True,
+                              env=free_disk(tmp_path, 106 * 2**30))
+    assert "free disk" not in streamed.stderr and "stand-in: not run here" in streamed.stderr  # it went on to write
+    assert not (folder / ".sparkfold-source").exists()  # the stale folder was cleared first
+
+
+@pytest.mark.parametrize("need, free", [(105 * 2**30, 50 * 2**30), (90 * 2**20, 30 * 2**20), (2**30, 2**30 - 2**20)])
+def test_the_streams_disk_check_says_what_space_problem_says(tmp_path, need, free):
+    checked = subprocess.run(["sh", "-c", data_copy.space_check("/d/x", need, "it")], capture_output=True, text=True,
+                             env=free_disk(tmp_path, free))
+    assert checked.returncode == 1
+    assert checked.stderr == f"sparkfold: free disk: {data_copy.space_problem(free, need, '/d/x', 'it')}\n"
+    enough = subprocess.run(["sh", "-c", data_copy.space_check("/d/x", free, "it")], env=free_disk(tmp_path, free))
+    assert enough.returncode == 0

@@ -17,7 +17,6 @@ from operations.facts.systemd import UnitState
 
 FIX = Path(__file__).parent / "fixtures" / "host"
 STANDIN = Path(__file__).resolve().parents[1] / "sim" / "standins" / "nvidia-smi"
-SYSTEMCTL = STANDIN.parent / "systemctl"
 SCRIPT = Path(__file__).resolve().parents[2] / "operations" / "remote" / "gpu_clock_lock.sh"
 BOOT = "3f0c2a9e-1d2b-4c5e-8f7a-6b5c4d3e2f1a"
 SMI = "/usr/bin/nvidia-smi"
@@ -334,38 +333,6 @@ def test_deploy_installs_script_and_service_locks_then_starts_the_timer(monkeypa
     assert calls[3] == ("lock", {"name": "locked at 2100 MHz", "mhz": 2100, "nvidia_smi": "/opt/bin/nvidia-smi",
                                  "period_s": 90})
     assert calls[4] == ("unit", ("sparkfold-gpu-clock.timer", gc.render_timer(2100, 90)), {})
-
-
-# --- stand-in systemctl: a timer starts its service again and again ------------------------------------------------
-
-def test_standin_timer_runs_its_service_until_stopped(tmp_path):
-    units = tmp_path / "units"
-    units.mkdir()
-    fired = tmp_path / "fired"
-    (units / "t.service").write_text(f"[Service]\nType=oneshot\nExecStart=/bin/sh -c 'echo x >> {fired}'\n")
-    (units / "t.timer").write_text("[Timer]\nOnBootSec=1s\nOnUnitActiveSec=1s\n\n[Install]\n"
-                                   "WantedBy=timers.target\n")
-    env = {**os.environ, "SIM_SYSTEMD_STATE": str(tmp_path / "st"), "SIM_SYSTEMD_LOG": str(tmp_path / "log"),
-           "SIM_SYSTEMD_UNIT_DIR": str(units)}
-
-    def systemctl(*args):
-        return subprocess.run([str(SYSTEMCTL), *args], capture_output=True, text=True, env=env)
-
-    assert systemctl("enable", "--now", "t.timer").returncode == 0
-    try:
-        assert systemctl("is-active", "t.timer").stdout.strip() == "active"
-        assert "SubState=waiting" in systemctl("show", "-p", "SubState", "t.timer").stdout
-        deadline = time.monotonic() + 15
-        while time.monotonic() < deadline and (not fired.exists() or len(fired.read_text().split()) < 2):
-            time.sleep(0.2)
-        assert len(fired.read_text().split()) >= 2  # started at once (boot is long past), then again
-        assert systemctl("is-active", "t.service").stdout.strip() == "inactive"  # a oneshot between runs
-    finally:
-        systemctl("stop", "t.timer")
-    assert systemctl("is-active", "t.timer").stdout.strip() == "inactive"
-    count = len(fired.read_text().split())
-    time.sleep(2.5)
-    assert len(fired.read_text().split()) == count  # stopped: no more runs
 
 
 def test_nvidia_smi_is_quoted_in_every_command():

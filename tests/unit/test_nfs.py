@@ -262,24 +262,6 @@ def test_nfs_unexported_both_ways():
     assert run("/srv 10.0.0.0/24(rw)\n") == []  # someone else's file at that path stays
 
 
-def test_sim_exportfs_standin_round_trip(tmp_path):
-    """The simulated head's exportfs: -ra builds the table from our file, -v prints what ExportTable reads."""
-    cache = tmp_path / "hf cache"
-    cache.mkdir()
-    (tmp_path / "exports.d").mkdir()
-    (tmp_path / "exports.d" / "sparkfold.exports").write_text(nfs.render_exports(str(cache), CLIENTS))
-    env = {"SIM_EXPORTS": str(tmp_path / "exports"), "SIM_EXPORTS_D": str(tmp_path / "exports.d"),
-           "SIM_ETAB": str(tmp_path / "etab"), "SIM_EXPORTFS_LOG": str(tmp_path / "log"), "PATH": "/usr/bin:/bin"}
-    standin = str(Path(__file__).resolve().parents[1] / "sim" / "standins" / "exportfs")
-    subprocess.run([standin, "-ra"], env=env, check=True)
-    shown = subprocess.run([standin, "-v"], env=env, check=True, capture_output=True, text=True).stdout
-    table = parse_fact(ExportTable, shown)
-    assert [(e["path"], e["client"]) for e in table] == [(str(cache), c) for c in CLIENTS]
-    assert all("ro" in e["options"] and "subtree_check" in e["options"] and "no_subtree_check" not in e["options"]
-               for e in table)
-    assert (tmp_path / "log").read_text().count("exportfs") == 2
-
-
 # --- what the export reaches (subtree_check, and a file system shared with the home) ---------------------------
 
 def test_the_export_checks_each_file_handle_against_the_exported_folder():

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 
+import pytest
 from harness import FakeHost, parse_fact, run_op, with_args
 from pyinfra.context import ctx_host, ctx_state
 from waiting import wait_for
@@ -39,33 +40,49 @@ def start_time(pid: int) -> str:
     return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[19]
 
 
-def test_a_lock_is_alive_only_while_the_process_it_records_is_the_same_one():
-    lock = {"run": "abc", "pid": "4242", "boot": "b-1", "start": "1000"}
-    assert rl.lock_alive(lock, boot_now="b-1", start_now="1000")
-    assert not rl.lock_alive(lock, boot_now="b-1", start_now=None)  # the pid is gone
-    assert not rl.lock_alive(lock, boot_now="b-2", start_now="1000")  # rebooted: the pid is someone else's
-    assert not rl.lock_alive(lock, boot_now="b-1", start_now="2000")  # the pid reused by a later process
-    assert not rl.lock_alive(dict(lock, pid="0"), boot_now="b-1", start_now="1000")  # pid 0: never alive
-    assert not rl.lock_alive(dict(lock, pid=""), boot_now="b-1", start_now="1000")
-    assert rl.lock_alive({"run": "abc", "pid": "4242"}, boot_now="b-1", start_now="5")  # an older lock: pid alone
+@pytest.fixture
+def processes():
+    """A live process and the pid of one that has ended (its start time, when it lived, too)."""
+    live, ended = subprocess.Popen(["sleep", "30"]), subprocess.Popen(["sleep", "30"])
+    ended_start = start_time(ended.pid)
+    ended.kill()
+    ended.wait()
+    yield live, ended.pid, ended_start
+    live.kill()
+    live.wait()
 
 
-def test_the_fact_judges_boot_and_start_time(tmp_path):
+# (case, the lock's fields from the pid, start time and boot of the live process and of the ended one, alive)
+LIVENESS = [
+    ("alive", lambda p, s, d, ds: f"pid={p}\nboot={BOOT}\nstart={s}\n", True),
+    ("dead pid", lambda p, s, d, ds: f"pid={d}\nboot={BOOT}\nstart={ds}\n", False),
+    ("other boot", lambda p, s, d, ds: f"pid={p}\nboot=another-boot\nstart={s}\n", False),  # rebooted since
+    ("reused pid", lambda p, s, d, ds: f"pid={p}\nboot={BOOT}\nstart={int(s) + 1}\n", False),  # another start
+    ("pid 0", lambda p, s, d, ds: f"pid=0\nboot={BOOT}\n", False),  # an older take wrote it: never alive
+    ("no pid", lambda p, s, d, ds: f"pid=\nboot={BOOT}\nstart={s}\n", False),
+    ("older lock", lambda p, s, d, ds: f"pid={p}\n", True),  # no boot id or start time: the pid alone decides
+    ("older lock, dead", lambda p, s, d, ds: f"pid={d}\n", False),
+]
+
+
+@pytest.mark.parametrize("case, fields, alive", LIVENESS, ids=[c[0] for c in LIVENESS])
+def test_one_rule_judges_a_lock_for_the_fact_and_for_a_take(tmp_path, processes, case, fields, alive):
+    live, dead, dead_start = processes
     lock = tmp_path / "run.lock"
-    live = subprocess.Popen(["sleep", "30"])
-    try:
-        def read(boot: str, start: str) -> str:
-            lock.write_text(f"run=abc\npid={live.pid}\nboot={boot}\nstart={start}\n")
-            return parse_fact(rl.RunLock, sh(rl.RunLock().command(path=str(lock)).get_raw_value()).stdout)["alive"]
+    text = "run=0123456789ab\n" + fields(live.pid, start_time(live.pid), dead, dead_start)
+    lock.write_text(text)
+    fact = rl.RunLock().process(sh(rl.RunLock().command(path=str(lock)).get_raw_value()).stdout.splitlines())
+    assert fact is not None and fact["alive"] == ("1" if alive else "0")
+    taken = sh(rl._take_command(str(lock)))  # the take refuses exactly the holders the fact calls alive
+    assert (taken.returncode != 0 and "held by another run" in taken.stderr) is alive, taken.stderr
+    assert (f"run={rl.RUN_ID}" in lock.read_text()) is not alive
 
-        assert read(BOOT, start_time(live.pid)) == "1"
-        assert read("another-boot", start_time(live.pid)) == "0"
-        assert read(BOOT, str(int(start_time(live.pid)) + 1)) == "0"
-    finally:
-        live.kill()
-        live.wait()
-    lock.write_text(f"run=abc\npid=0\nboot={BOOT}\n")
-    assert parse_fact(rl.RunLock, sh(rl.RunLock().command(path=str(lock)).get_raw_value()).stdout)["alive"] == "0"
+
+def test_a_verdict_inside_the_lock_file_is_not_believed(tmp_path):
+    lock = tmp_path / "run.lock"
+    lock.write_text("run=abc\nalive=1\npid=999999999")  # and no last newline: the verdict still ends the output
+    got = rl.RunLock().process(sh(rl.RunLock().command(path=str(lock)).get_raw_value()).stdout.splitlines())
+    assert got is not None and got["alive"] == "0"
 
 
 def test_take_records_a_real_process_its_start_time_and_the_boot(tmp_path):
@@ -86,24 +103,6 @@ def test_take_records_the_ssh_sessions_process_when_there_is_one(tmp_path):
         session = subprocess.run([str(tmp_path / name), "-c", f"sh {tmp_path}/take.sh & echo $$; wait"],
                                  capture_output=True, text=True)
         assert f"pid={session.stdout.strip()}\n" in open(lock).read(), name
-
-
-def test_take_judges_a_holder_by_its_process_boot_and_start_time(tmp_path):
-    lock = str(tmp_path / "run.lock")
-    live = subprocess.Popen(["sleep", "30"])
-    try:
-        start = start_time(live.pid)
-        for boot, started, refused in ((BOOT, start, True), ("another-boot", start, False),
-                                       (BOOT, str(int(start) + 1), False)):
-            open(lock, "w").write(f"run=0123456789ab\npid={live.pid}\nboot={boot}\nstart={started}\n")
-            taken = sh(rl._take_command(lock))
-            assert (taken.returncode != 0 and "held by another run" in taken.stderr) is refused, (boot, started)
-            assert (f"run={rl.RUN_ID}" in open(lock).read()) is not refused
-    finally:
-        live.kill()
-        live.wait()
-    open(lock, "w").write("run=0123456789ab\npid=0\n")  # pid 0, which an older take wrote: not a holder
-    assert sh(rl._take_command(lock)).returncode == 0 and f"run={rl.RUN_ID}" in open(lock).read()
 
 
 def test_take_refuses_a_live_holder_and_replaces_a_stale_one(tmp_path):

@@ -26,12 +26,20 @@ def armed(now=0):
     return step(RUNNING, RUNNING, State(), now).state
 
 
-def test_nothing_happens_before_the_pair_was_seen_running():
-    for r0, r1 in ((MISSING, MISSING), (EXITED, EXITED), (RUNNING, EXITED), (UNKNOWN, RUNNING)):
+def test_nothing_happens_before_the_pair_was_seen():
+    for r0, r1 in ((MISSING, MISSING), (MISSING, EXITED), (RUNNING, MISSING), (UNKNOWN, RUNNING), (EXITED, UNKNOWN)):
         d = step(r0, r1, State(), 100)
         assert d.action == NONE and not d.state.armed
     d = step(RUNNING, RUNNING, State(), 100)
     assert d.action == NONE and d.state.armed and "supervising" in d.reason
+
+
+def test_after_a_boot_the_deploys_pair_found_stopped_is_restarted():
+    """The supervisor starts at boot and a reboot stopped every rank: both containers are there, not running."""
+    for r0, r1 in ((EXITED, EXITED), (EXITED, RUNNING), (RUNNING, EXITED)):
+        d = step(r0, r1, State(), 100)
+        assert d.action == WAIT and d.state.armed and "restarting the pair in 60 s (restart 1 of 3)" in d.reason
+        assert step(r0, r1, d.state, 160).action == RESTART
 
 
 def test_an_exit_waits_the_backoff_then_restarts():
@@ -311,9 +319,9 @@ def test_unit_content():
             "nvidia@192.168.100.2 --retries 3 --backoff-s 60 --stop-timeout 30 --min-avail-gib 112 --relock-unit "
             "sparkfold-gpu-clock.service\n") in unit
     assert " --min-avail-gib 100.5 " in sv.render_unit("rank-c", "nvidia@192.168.100.2", "nvidia", 3, 60, 30, 100.5)
-    for line in ("Type=simple", "Restart=no", "User=nvidia", "WantedBy=multi-user.target"):
+    for line in ("Type=simple", "Restart=on-abnormal", "RestartSec=5", "User=nvidia", "WantedBy=multi-user.target"):
         assert f"\n{line}\n" in unit
-    assert "Restart=always" not in unit and "Restart=on-failure" not in unit
+    assert "Restart=always" not in unit and "Restart=on-failure" not in unit  # a supervisor that gave up stays down
     assert sv.script_sha256("supervise.py") in unit
 
 

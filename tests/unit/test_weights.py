@@ -7,13 +7,13 @@ import os
 import subprocess
 import sys
 
-import pytest
-from harness import run_fact, run_op, unwrap_progress
+from harness import run_fact, run_op, unwrap_progress, with_args
 from hf_fixture import build_cache, model_files
 
 from operations.data import weights
 from operations.data.copy import SSH
-from operations.facts.files import DirFiles, DiskFree, FileText, LinkTarget
+from operations.facts.done import RankFileWhole, TokenMapWhole
+from operations.facts.files import DirFiles, DiskFree, LinkTarget
 from operations.facts.model import HfPlan, RankFolder
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -49,14 +49,14 @@ def local_fact(cls, **kwargs):
 # ---- token map ----
 
 def test_token_map_current_is_noop():
-    facts = {HfPlan: plan(), FileText: COMMIT, DirFiles: {"dsv41_token_map.json": [900, 1]}}
+    facts = {HfPlan: plan(), TokenMapWhole: with_args({f"commit={COMMIT}, out_dir=/d/token-map": True})}
     cmds, h = run_op(weights.token_map_written, facts, image_ref="img", plan_args=PLAN, hf_cache="/h",
                      out_dir="/d/token-map")
     assert cmds == [] and COMMIT[:12] in h.noops[0]
 
 
 def test_token_map_rewritten_when_commit_changed():
-    facts = {HfPlan: plan(), FileText: "c" * 40, DirFiles: {"dsv41_token_map.json": [900, 1]}}
+    facts = {HfPlan: plan(), TokenMapWhole: False}  # e.g. made from another commit
     cmds, _ = run_op(weights.token_map_written, facts, image_ref="img", plan_args=PLAN, hf_cache="/h",
                      out_dir="/d/token-map")
     # --init: a stopped stream's TERM reaches the tool (as PID 1 it would ignore it and write on)
@@ -66,7 +66,7 @@ def test_token_map_rewritten_when_commit_changed():
 
 
 def test_token_map_plans_before_the_checkpoint_exists_and_refuses_when_executing(caplog):
-    facts = {HfPlan: plan(complete=False, commit=None), FileText: None, DirFiles: {}}
+    facts = {HfPlan: plan(complete=False, commit=None), TokenMapWhole: False}
     with caplog.at_level("WARNING", logger="pyinfra"):
         cmds, _ = run_op(weights.token_map_written, facts, image_ref="img", plan_args=PLAN, hf_cache="/h",
                          out_dir="/d/t")
@@ -81,21 +81,16 @@ def test_token_map_plans_before_the_checkpoint_exists_and_refuses_when_executing
 # ---- rank files ----
 
 def test_rank_file_complete_is_noop():
-    folder = {"bins": {0: ["rank0of2-0123456789abcdef0123.bin"]}, "partial": [], "source": COMMIT}
-    cmds, h = run_op(weights.rank_file_written, {HfPlan: plan(), RankFolder: folder, DiskFree: {"free_bytes": 10**12}},
-                     **rank_kw())
+    whole = with_args({f"folder=/d/rank-cache/{COMMIT}/rank0, rank=0, source={COMMIT}": True})
+    cmds, h = run_op(weights.rank_file_written,
+                     {HfPlan: plan(), RankFileWhole: whole, DiskFree: {"free_bytes": 10**12}}, **rank_kw())
     assert cmds == [] and "is current" in h.noops[0]
 
 
-@pytest.mark.parametrize("folder", [
-    {"bins": {}, "partial": [], "source": None},  # never written
-    {"bins": {}, "partial": [0], "source": None},  # interrupted run left a .partial
-    {"bins": {0: ["rank0of2-a.bin", "rank0of2-b.bin"]}, "partial": [], "source": COMMIT},  # two files: engine fails
-    {"bins": {0: ["rank0of2-a.bin"]}, "partial": [], "source": "c" * 40},  # other source commit
-])
-def test_rank_file_redone_after_clearing(folder):
-    cmds, _ = run_op(weights.rank_file_written, {HfPlan: plan(), RankFolder: folder, DiskFree: {"free_bytes": 10**12}},
-                     **rank_kw())
+def test_rank_file_redone_after_clearing():
+    # not whole (never written, interrupted, a stray second file, another source: test_background_data's cases)
+    cmds, _ = run_op(weights.rank_file_written,
+                     {HfPlan: plan(), RankFileWhole: False, DiskFree: {"free_bytes": 10**12}}, **rank_kw())
     assert cmds[0].startswith(f"mkdir -p /d/rank-cache/{COMMIT}/rank0 && rm -f ")
     assert "rank0of2-*.bin" in cmds[0] and ".rank0of2.partial" in cmds[0]
     label, write, options = unwrap_progress(cmds[1])  # the folder's size shown while the file is written
@@ -105,21 +100,25 @@ def test_rank_file_redone_after_clearing(folder):
 
 
 def test_rank_file_disk_check():
-    folder = {"bins": {}, "partial": [], "source": None}
-    facts = {HfPlan: plan(total=200 * 2**30), RankFolder: folder, DiskFree: {"free_bytes": 50 * 2**30}}
+    facts = {HfPlan: plan(total=200 * 2**30), RankFileWhole: False, DiskFree: {"free_bytes": 50 * 2**30}}
     cmds, _ = run_op(weights.rank_file_written, facts, executing=True, **rank_kw(rank=1))
     # a failing command that says why (before, the message itself was yielded and run as a shell command)
     assert len(cmds) == 1 and "weight file needs 105.0 GiB free" in cmds[0] and cmds[0].endswith("exit 1")
 
 
 def test_rank_file_from_ablit_pack_has_its_own_folder_and_source():
-    folder = {"bins": {1: ["rank1of2-a.bin"]}, "partial": [], "source": COMMIT}  # the stock file
-    cmds, _ = run_op(weights.rank_file_written, {HfPlan: plan(), RankFolder: folder, DiskFree: {"free_bytes": 10**12}},
+    # the stock file is whole; the overlay's folder is another
+    folder = with_args({f"folder=/d/rank-cache/{COMMIT}/rank1, rank=1, source={COMMIT}": True,
+                        f"folder=/d/rank-cache/{COMMIT}-ablit-t1/rank1, rank=1, source={COMMIT}-ablit-t1": False,
+                        f"folder=/d/rank-cache/{COMMIT}-ablit-t2/rank1, rank=1, source={COMMIT}-ablit-t2": False})
+    cmds, _ = run_op(weights.rank_file_written,
+                     {HfPlan: plan(), RankFileWhole: folder, DiskFree: {"free_bytes": 10**12}},
                      **rank_kw(rank=1, ablit_dir="/d/ablit", ablit_tag="t1"))
     assert f"/d/rank-cache/{COMMIT}-ablit-t1/rank1" in cmds[0]
     assert f"-v /d/ablit/{COMMIT}-t1:/model:ro" in unwrap_progress(cmds[1])[1] and f"{COMMIT}-ablit-t1" in cmds[2]
     # another overlay revision writes another folder: the one a running rank mounts is never cleared
-    other, _ = run_op(weights.rank_file_written, {HfPlan: plan(), RankFolder: folder, DiskFree: {"free_bytes": 1e12}},
+    other, _ = run_op(weights.rank_file_written,
+                      {HfPlan: plan(), RankFileWhole: folder, DiskFree: {"free_bytes": 1e12}},
                       **rank_kw(rank=1, ablit_dir="/d/ablit", ablit_tag="t2"))
     assert f"/d/rank-cache/{COMMIT}-ablit-t2/rank1" in other[0] and "-ablit-t1" not in other[0]
     assert weights.pack_tag("r1", "w.safetensors") != weights.pack_tag("r2", "w.safetensors")
@@ -134,7 +133,7 @@ def test_rank_files_end_to_end_then_converged(tmp_path):
     folder = rank_cache / built["commit"] / "rank0"
 
     def facts():
-        return {HfPlan: p, RankFolder: local_fact(RankFolder, path=str(folder)),
+        return {HfPlan: p, RankFileWhole: local_fact(RankFileWhole, folder=str(folder), rank=0, source=built["commit"]),
                 DiskFree: local_fact(DiskFree, path=str(folder))}
 
     folder.mkdir(parents=True)
