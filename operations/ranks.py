@@ -335,6 +335,11 @@ def pair_serving(s: Settings, worker: Host, image: str, template: str, rank0: An
     yield FunctionCommand(_new_pair_served, (worker, s, plan.switch, notes), {})
 
 
+def _root_only(d: str) -> str:
+    """Shell: the records' folder made root's and 0700, and what follows written 0600 (umask)."""
+    return f"mkdir -p {d} && chown root:root {d} && chmod 700 {d} && umask 077"
+
+
 def _record_command(folder: str, generation: Generation) -> StringCommand:
     """The record written aside then renamed, then last-good: root's, the folder 0700 and every file 0600 (a record
     is started as it is, and its environment may hold secrets). Its `seq` is counted here, on the Spark, from the
@@ -343,7 +348,7 @@ def _record_command(folder: str, generation: Generation) -> StringCommand:
     # the record's JSON without its closing brace: the Spark adds its seq
     body = shlex.quote(json.dumps(generation.record(), sort_keys=True)[:-1])
     return StringCommand("sh", "-c", shlex.quote(
-        f"mkdir -p {d} && chown root:root {d} && chmod 700 {d} && umask 077 && "
+        f"{_root_only(d)} && "
         f"n=$(( $(cat {d}/seq 2>/dev/null || echo 0) + 1 )) && printf '%s\\n' \"$n\" > {d}/.seq.tmp && "
         f"mv -f {d}/.seq.tmp {d}/seq && "
         f"printf '%s, \"seq\": %s}}\\n' {body} \"$n\" > {d}/.{name}.json.tmp && "
@@ -358,7 +363,7 @@ def records_moved_command(legacy: str, folder: str) -> StringCommand:
     a start (operations/rank/record_check.py)."""
     old, d = shlex.quote(legacy), shlex.quote(folder)
     return StringCommand("sh", "-c", shlex.quote(
-        f"mkdir -p {d} && chown root:root {d} && chmod 700 {d} && umask 077 && "
+        f"{_root_only(d)} && "
         f"for f in {old}/*.json {old}/last-good; do [ -f \"$f\" ] && [ ! -L \"$f\" ] && "
         f"[ ! -e {d}/\"${{f##*/}}\" ] || continue; cp -P -- \"$f\" {d}/ && chmod 600 {d}/\"${{f##*/}}\"; done && "
         f"rm -rf -- {old}"), _sudo=True)

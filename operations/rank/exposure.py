@@ -26,14 +26,19 @@ def _reach(host: str) -> int:
     return 2 if host in WILDCARD or not host else 1
 
 
-def _flag(argv: Sequence[str], flag: str) -> str | None:
-    words = list(argv)
-    return words[words.index(flag) + 1] if flag in words[:-1] else None
+def flag_value(argv: Sequence[str], flag: str) -> str | None:
+    """The value of `flag` in a command line, given as `--flag value` or `--flag=value`; None when absent."""
+    for i, word in enumerate(argv):
+        name, has_value, value = word.partition("=")
+        if name == flag:
+            return value if has_value else (argv[i + 1] if i + 1 < len(argv) else None)
+    return None
 
 
 def of_argv(argv: Sequence[str]) -> Exposure:
     """What rank 0's argv serves (no --host: the engine's default, every address)."""
-    return Exposure(keyed="--api-key-file" in argv, host=_flag(argv, "--host") or "0.0.0.0")
+    flags = {word.partition("=")[0] for word in argv}
+    return Exposure(keyed=bool(flags & {"--api-key-file", "--api-key"}), host=flag_value(argv, "--host") or "0.0.0.0")
 
 
 def of_settings(s) -> Exposure:

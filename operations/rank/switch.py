@@ -15,6 +15,7 @@ from pyinfra import logger
 from pyinfra.api import FileUploadCommand, StringCommand
 
 from operations.facts.docker import RankContainer
+from operations.rank import exposure
 from operations.rank.commands import removal_commands, start_commands
 from operations.rank.generation import Generation
 from operations.rank.plan import foreign
@@ -78,20 +79,17 @@ class Api:
     port: int  # rank 0's own port (the LIVE line's)
 
 
-def _flag(argv: list[str], flag: str) -> str | None:
-    return argv[argv.index(flag) + 1] if flag in argv[:-1] else None
-
-
 def api_of(s: Any, spec: ContainerSpec | None = None) -> Api:
     """The API the settings ask for, or the one a recorded rank 0 serves (a rollback across a changed port, name or
     key is judged where the old pair answers)."""
     if spec is None:
         return Api(s.api_base_url, s.served_name, bool(s.api_key), s.port)
-    port = _flag(spec.argv, "--port") or str(s.port)
+    port = exposure.flag_value(spec.argv, "--port") or str(s.port)
     base = s.api_base_url
     if port != str(s.port) and not s.api_url:  # api_url is the user's own view of the port: kept as given
         base = f"{base.rsplit(':', 1)[0]}:{port}"
-    return Api(base, _flag(spec.argv, "--name") or s.served_name, "--api-key-file" in spec.argv, int(port))
+    return Api(base, exposure.flag_value(spec.argv, "--name") or s.served_name, exposure.of_argv(spec.argv).keyed,
+               int(port))
 
 
 def pair_problem(s: Any, head: Any, worker: Any, timeout: float, api: Api | None = None) -> str | None:

@@ -40,6 +40,7 @@ from operations.gpu_clock import lock_verdict
 from operations.layout import GPU_CLOCK_RECORD, GPU_CLOCK_TIMER, MEMGUARD_UNIT, SUPERVISOR_UNIT, InContainer, unit_path
 from operations.link import rails_from_facts
 from operations.model_data import BLOB_SUMS, fetch_summary
+from operations.rank import exposure
 from operations.rank.generation import Generation, read_records
 from operations.rank.plan import pair_plan, rank_inputs_args
 from operations.rank.sampling import SAMPLING_FLAGS, sampling_line, served_sampling
@@ -215,17 +216,7 @@ def served_api(container: Mapping[str, Any] | None) -> tuple[bool | None, str | 
     if not container or not container.get("running") or "args" not in container:
         return None, None
     args = list(container["args"])
-    flags = {arg.partition("=")[0] for arg in args}
-    return bool(flags & {"--api-key-file", "--api-key"}), flag_value(args, "--host")
-
-
-def flag_value(args: Sequence[str], flag: str) -> str | None:
-    """The value of `flag` in a command line, given as `--flag value` or `--flag=value`; None when absent."""
-    for i, arg in enumerate(args):
-        name, has_value, value = arg.partition("=")
-        if name == flag:
-            return value if has_value else (args[i + 1] if i + 1 < len(args) else None)
-    return None
+    return exposure.of_argv(args).keyed, exposure.flag_value(args, "--host")
 
 
 def key_text(api: ApiProbe) -> str:
