@@ -9,7 +9,7 @@ from pathlib import Path
 _HERE = Path(__file__).resolve().parent
 _PARTS = {"hf_plan": ["hf_cache", "hf_plan"], "hf_fetch": ["hf_cache", "hf_plan", "hf_fetch"],
           "progress": ["progress"], "link_copy": ["link_copy"], "folder_marker": ["listing", "folder_marker"],
-          "stream_wait": ["progress", "stream_wait"]}
+          "stream_wait": ["progress", "stream_unit", "stream_wait"]}
 _UTIL = ("hf_cache", "listing")  # operations/util modules sent in front of a script
 _DELIMITER = "SPARKFOLD_PY_EOF"
 

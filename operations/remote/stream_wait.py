@@ -2,31 +2,51 @@
 
     stream_wait.py ROOT RUN
 
-Each stream's own lines (its progress runner's: one plain line every 10 s, naming the work) are printed as they
-appear in its log, so every stream keeps its own line while they all run. When one fails, that is said at once and
-the others go on (what they make is kept); at the end one line per stream gives its time (and how long it waited
-for the streams it reads), then each lane's busy time (a lane's streams share one thing: the link to the Hub, the
-cable to the worker) and the critical path: the chain of streams, each waiting for the one before, whose times add
-up to the most. Neither the busiest lane nor the critical path can be beaten by any schedule. Exit 1 when a stream
-failed or was stopped. Sent to the Spark after operations/remote/progress.py (its `clock`).
+Each stream runs as a systemd unit (operations/remote/stream_unit.py); its own lines (its progress runner's: one
+plain line every 10 s, naming the work) are read from the journal of exactly that unit's run (its invocation id)
+and printed as they appear, so every stream keeps its own line while they all run. When one fails, that is said at
+once and the others go on (what they make is kept); at the end one line per stream gives its time (and how long it
+waited for the streams it reads), then each lane's busy time (a lane's streams share one thing: the link to the Hub,
+the cable to the worker) and the critical path: the chain of streams, each waiting for the one before, whose times
+add up to the most. Neither the busiest lane nor the critical path can be beaten by any schedule. Exit 1 when a
+stream failed or was stopped. A waiter that is gone (a cut connection) leaves the streams running: the next run
+adopts them. Sent to the Spark after operations/remote/progress.py (its `clock`) and stream_unit.py.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import subprocess
 import sys
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:  # the same module as below, named so mypy can follow it
+if TYPE_CHECKING:  # the same modules as below, named so mypy can follow them
     from operations.remote.progress import clock
+    from operations.remote.stream_unit import (
+        exit_status,
+        journal_lines,
+        journal_words,
+        parse_show,
+        show_words,
+        unit_status,
+    )
 if not globals().get("_BUNDLED"):  # run from a checkout
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from progress import clock  # type: ignore[no-redef]
+    from stream_unit import (  # type: ignore[no-redef]
+        exit_status,
+        journal_lines,
+        journal_words,
+        parse_show,
+        show_words,
+        unit_status,
+    )
 
-BOOT_ID = "/proc/sys/kernel/random/boot_id"
-FIELDS = ("run", "lane", "label", "after", "queued", "began", "ended", "rc", "pid", "boot", "pstart")
+FIELDS = ("run", "lane", "label", "after", "queued", "began", "ended")
+Runner = Callable[[list[str]], str]  # argv -> its standard output
 
 
 def _read(folder: str, name: str) -> str | None:
@@ -44,40 +64,41 @@ def _number(text: str | None) -> float | None:
         return None
 
 
-def start_time(pid: str) -> str | None:
-    """Field 22 of /proc/<pid>/stat (counted after the name, which may hold spaces), None when there is no such
-    process."""
-    try:
-        with open(f"/proc/{int(pid)}/stat") as f:
-            rest = f.read().rsplit(")", 1)[1].split()
-        return rest[19]
-    except (OSError, ValueError, IndexError):
-        return None
+def as_root(words: list[str]) -> list[str]:
+    """The journal of a system unit is root's (and the groups adm, systemd-journal): read through sudo -n unless
+    this runs as root."""
+    return words if os.geteuid() == 0 else ["sudo", "-n", *words]
 
 
-def read_stream(folder: str) -> dict:
+def run_words(words: list[str]) -> str:
+    return subprocess.run(words, capture_output=True, text=True, errors="replace").stdout
+
+
+def read_stream(folder: str, unit: dict[str, str]) -> dict:
+    """A stream from its folder and its unit's state (parse_show)."""
     raw = {name: _read(folder, name) for name in FIELDS}
-    boot = _read("/", BOOT_ID.lstrip("/"))
-    alive = bool(raw["pid"] and raw["pstart"] and raw["boot"] == boot and start_time(raw["pid"]) == raw["pstart"])
-    rc = raw["rc"]
+    status = unit_status(unit)
     return {"run": raw["run"] or "", "lane": raw["lane"] or "", "label": raw["label"] or os.path.basename(folder),
             "after": (raw["after"] or "").split(), "queued": _number(raw["queued"]), "began": _number(raw["began"]),
-            "ended": _number(raw["ended"]), "rc": int(rc) if rc and rc.lstrip("-").isdigit() else None,
-            "alive": alive}
+            "ended": _number(raw["ended"]), "status": status,
+            "rc": exit_status(unit) if status in ("done", "failed") else None,
+            "invocation": unit.get("InvocationID", "")}
 
 
-def streams_of_run(root: str, run: str) -> dict[str, dict]:
-    """{name: stream} of the streams under root that belong to `run`, in the order they were started."""
-    found = {}
-    for name in sorted(os.listdir(root)) if os.path.isdir(root) else []:
-        folder = os.path.join(root, name)
-        if os.path.isdir(folder) and _read(folder, "run") == run:
-            found[name] = read_stream(folder)
+def streams_of_run(root: str, run: str, runner: Runner = run_words) -> dict[str, dict]:
+    """{name: stream} of the streams under root that belong to `run`, in the order they were started (their units
+    read in one `systemctl show`)."""
+    listed = sorted(os.listdir(root)) if os.path.isdir(root) else []
+    names = [n for n in listed if os.path.isdir(os.path.join(root, n)) and _read(os.path.join(root, n), "run") == run]
+    units = parse_show(runner(show_words(names)).splitlines()) if names else []
+    if len(units) != len(names):  # not one block per unit: each asked on its own, none judged by another's state
+        units = [next(iter(parse_show(runner(show_words([n])).splitlines())), {}) for n in names]
+    found = {name: read_stream(os.path.join(root, name), unit) for name, unit in zip(names, units, strict=True)}
     return dict(sorted(found.items(), key=lambda item: (item[1]["queued"] or 0, item[0])))
 
 
 def finished(stream: dict) -> bool:
-    return stream["rc"] is not None or not stream["alive"]
+    return stream["status"] not in ("running", "stopping")
 
 
 def took(stream: dict) -> float | None:
@@ -148,42 +169,34 @@ def summary_lines(streams: dict[str, dict]) -> list[str]:
 
 
 class Relay:
-    """The new complete lines of each stream's log, carriage returns made newlines."""
+    """The new lines each stream's unit printed, read from the journal of that run of it (its invocation id), after
+    the cursor of the last read."""
 
-    def __init__(self) -> None:
-        self.offsets: dict[str, int] = {}
-        self.partial: dict[str, str] = {}
+    def __init__(self, runner: Runner | None = None) -> None:
+        self.runner = runner or (lambda words: run_words(as_root(words)))
+        self.cursors: dict[str, str] = {}
 
-    def new_lines(self, folder: str) -> list[str]:
-        path = os.path.join(folder, "log")
-        try:
-            with open(path, "rb") as f:
-                f.seek(self.offsets.get(folder, 0))
-                data = f.read()
-        except OSError:
+    def new_lines(self, invocation: str) -> list[str]:
+        if not invocation:
             return []
-        self.offsets[folder] = self.offsets.get(folder, 0) + len(data)
-        text = self.partial.get(folder, "") + data.decode("utf-8", "replace").replace("\r", "\n")
-        *lines, self.partial[folder] = text.split("\n")
-        return [line for line in lines if line.strip()]
-
-    def rest(self, folder: str) -> list[str]:
-        left = self.partial.pop(folder, "").strip()
-        return [left] if left else []
+        lines, cursor = journal_lines(self.runner(journal_words(invocation, self.cursors.get(invocation))))
+        if cursor:
+            self.cursors[invocation] = cursor
+        return lines
 
 
-def wait(root: str, run: str, poll: float = 0.5, out=None) -> int:
+def wait(root: str, run: str, poll: float = 1.0, out=None, runner: Runner = run_words,
+         relay: Relay | None = None) -> int:
     out = out or sys.stdout
-    relay, reported = Relay(), set()
+    relay, reported = relay or Relay(), set()
 
     def say(line: str) -> None:
         print(line, file=out, flush=True)
 
     while True:
-        streams = streams_of_run(root, run)
+        streams = streams_of_run(root, run, runner)
         for name, stream in streams.items():
-            folder = os.path.join(root, name)
-            for line in relay.new_lines(folder) + (relay.rest(folder) if finished(stream) else []):
+            for line in relay.new_lines(stream["invocation"]):  # after its state: an ended one's last lines too
                 say(line)
             if finished(stream) and stream["rc"] != 0 and name not in reported:
                 reported.add(name)
@@ -192,6 +205,10 @@ def wait(root: str, run: str, poll: float = 0.5, out=None) -> int:
         if all(finished(s) for s in streams.values()):
             break
         time.sleep(poll)
+    time.sleep(poll)  # the journal may take in a unit's last lines just after systemd saw it end
+    for stream in streams.values():
+        for line in relay.new_lines(stream["invocation"]):
+            say(line)
     for line in summary_lines(streams):
         say(line)
     failed = [s["label"] for s in streams.values() if s["rc"] != 0]
@@ -206,11 +223,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="wait for a run's background streams, relaying their lines")
     parser.add_argument("root")
     parser.add_argument("run")
-    parser.add_argument("--poll", type=float, default=0.5)
+    parser.add_argument("--poll", type=float, default=1.0)
     args = parser.parse_args(argv)
     try:
         return wait(args.root, args.run, args.poll)
-    except BrokenPipeError:  # the run that waits is gone: its streams' watchdogs end them
+    except BrokenPipeError:  # the run that waits is gone: its streams go on, and the next run adopts them
         return 1
 
 

@@ -12,10 +12,11 @@ from pyinfra import host
 from pyinfra.api import OperationError, StringCommand, deploy, operation
 from pyinfra.api.operation import OperationMeta
 
-from operations.facts.streams import StreamDict, StreamStates, stream_status
+from operations.facts.streams import StreamDict, StreamStates
 from operations.remote import heredoc_command
 from operations.remote.progress_command import LiveCommand
-from operations.remote.stream_runner import inputs_digest, launch_command
+from operations.remote.stream_runner import adopt_command, inputs_digest, launch_command, stop_command
+from operations.remote.stream_unit import stream_action
 from operations.settings import Settings
 from operations.util.checks import op_changed
 from operations.util.peer_ssh import RUN_TOKEN
@@ -39,15 +40,11 @@ class Stream:
     commands: tuple[str, ...] = ()
 
 
-def stream_action(state: StreamDict | None, inputs: str, run: str) -> str:
-    """What starting a stream does, from its state on the Spark: "ours" (this run started it already: nothing),
-    "adopt" (the same work still running from an earlier run: it is followed, not restarted), "restart" (other work
-    of that name still running: stopped, then this one starts and resumes it), or "start"."""
-    if state is None or stream_status(state) != "running":
-        return "ours" if state is not None and state["run"] == run and state["inputs"] == inputs else "start"
-    if state["inputs"] != inputs:
-        return "restart"
-    return "ours" if state["run"] == run else "adopt"
+def stream_plan(state: StreamDict | None, inputs: str, run: str) -> tuple[str, str | None]:
+    """stream_action (operations/remote/stream_unit.py) for the stream's state as its fact reads it."""
+    if state is None:
+        return stream_action("none", inputs, "", False)
+    return stream_action(state["status"], inputs, state["unit_inputs"], state["run"] == run)
 
 
 def _text(command: Any) -> str:
@@ -75,10 +72,16 @@ def stream_started(stream: Stream, upstream: tuple = (), work: tuple = ()):
         return  # converged: the work's operations said so themselves (host.noop)
     inputs = inputs_digest(commands, stream.after)
     state = host.get_fact(StreamStates, root=stream.root).get(stream.name)
-    if stream_action(state, inputs, RUN_TOKEN) == "ours":
+    action, free = stream_plan(state, inputs, RUN_TOKEN)
+    if action == "ours":
         host.noop(f"{stream.label}: started already by this run")
         return
-    yield StringCommand(launch_command(stream.root, stream.name, stream.lane, stream.label, stream.after, commands))
+    # shown at any verbosity: which work this run started and which it found going and follows
+    if action == "adopt":
+        yield LiveCommand(adopt_command(stream.root, stream.name, stream.label))
+        return
+    yield LiveCommand(launch_command(stream.root, stream.name, stream.lane, stream.label, stream.after, commands,
+                                       free))
 
 
 def background(stream: Stream, name: str, upstream: Iterable[OperationMeta] = (),
@@ -99,11 +102,30 @@ def declared() -> tuple[OperationMeta, ...]:
 def streams_awaited(root: str, started: tuple = ()):
     """Every stream this run started on this Spark (`started`: their operations) finished: one progress line each
     as its work prints it (every 10 s), a line at once when one fails, and at the end each stream's time and the
-    critical path. Fails this Spark when a stream failed or was stopped (what is whole stays)."""
+    critical path. Fails this Spark when a stream failed or was stopped (what is whole stays). The streams do not
+    depend on it: a run cut while it waits leaves them going, and the next run adopts them."""
     if not any(op_changed(op) for op in started):
         host.noop("no background work in this run")
         return
     yield LiveCommand(heredoc_command(f"python3 - {shlex.quote(root)} {shlex.quote(RUN_TOKEN)}", "stream_wait"))
+
+
+@operation()
+def streams_ended(root: str):
+    """No background stream runs on this Spark (stop.py): each running unit stopped, what is whole kept (the next
+    deploy resumes the rest); finished ones keep their result."""
+    running = sorted(name for name, state in host.get_fact(StreamStates, root=root).items()
+                     if state["status"] in ("running", "stopping"))
+    if not running:
+        host.noop("no background stream runs")
+        return
+    for name in running:
+        yield stop_command(name)
+
+
+@deploy("Background work stopped")
+def streams_stopped(s: Settings) -> None:
+    streams_ended(name="background streams stopped", root=s.layout.streams)
 
 
 @deploy("Background work")

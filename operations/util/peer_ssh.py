@@ -16,8 +16,16 @@ import shlex
 
 RUN_TOKEN = secrets.token_hex(4)  # one per pyinfra process: both hosts of a run share it
 
+
+
+def mux_socket_prefix(tag: str = "") -> str:
+    """The start of the shared connection's socket path (ControlPath; %C, a digest of the target, follows): this
+    run's, or one of its own for a background stream (stream_runner.own_mux)."""
+    return f"%d/.ssh/sparkfold-{RUN_TOKEN}{'-' + tag if tag else ''}-"
+
+
 OPTIONS = ("-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=accept-new",
-           "-o", "ControlMaster=auto", "-o", f"ControlPath=%d/.ssh/sparkfold-{RUN_TOKEN}-%C",
+           "-o", "ControlMaster=auto", "-o", f"ControlPath={mux_socket_prefix()}%C",
            "-o", "ControlPersist=20", "-o", "ServerAliveInterval=5", "-o", "ServerAliveCountMax=3")
 
 

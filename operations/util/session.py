@@ -1,7 +1,7 @@
 """The process on a Spark that lives as long as a run's connection, found in shell, written once.
 
-The run lock (operations/run_lock.py) records it so a later run can tell a lock whose run is gone; a background
-stream (operations/streams) watches it so the stream ends with the run that started it. It is the ssh session's own
+The run lock (operations/run_lock.py) records it so a later run can tell a lock whose run is gone (the background
+streams are systemd units and outlive their run: operations/streams). It is the ssh session's own
 process (sshd, sshd-session on newer OpenSSH, dropbear); without one (Tailscale SSH serves each command from its
 daemon), the outermost ancestor of the shell below init. Never pid 0.
 """

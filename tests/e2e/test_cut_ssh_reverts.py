@@ -12,7 +12,6 @@ import os
 import signal
 import subprocess
 import threading
-import time
 
 import pytest
 from test_deploy import DEPLOY, addresses, changed_ops, chat, deploy, start_deploy, wait_until
@@ -35,6 +34,13 @@ def ssh_answers(sim, role: str) -> bool:
 
 def newest_apply(sim_exec) -> str:
     return sim_exec("worker", "ls -1d /var/lib/sparkfold/netplan-apply/* | tail -1").stdout.strip()
+
+
+def unit_ended(sim_exec, role: str, unit: str) -> dict[str, str] | None:
+    """The unit's ActiveState and Result once it is no longer active or activating."""
+    out = sim_exec(role, ["systemctl", "show", unit, "-p", "ActiveState,Result"]).stdout
+    shown = dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+    return None if shown.get("ActiveState") in ("active", "activating", "deactivating") else shown
 
 
 def power_cycle(sim, role: str) -> None:
@@ -86,7 +92,11 @@ def test_an_apply_that_cuts_ssh_is_reverted_by_the_spark_and_the_next_run_conver
     assert sim_exec("worker", f"test -e {folder}/confirmed").returncode == 0
     assert chat()["choices"][0]["message"]["content"]
     assert changed_ops(deploy(run_pyinfra)) == {}
-    time.sleep(ROLLBACK_S + 2)  # past the window: the confirmed apply's timer fired and did nothing
+    # the window's end, now: what the confirmed apply's timer starts when it fires (its service) does nothing
+    revert = f"sparkfold-netplan-revert-{folder.rsplit('/', 1)[1]}.service"
+    assert sim_exec("worker", ["systemctl", "start", revert]).returncode == 0
+    ended = wait_until(lambda: unit_ended(sim_exec, "worker", revert), 30, "the revert unit to end")
+    assert ended == {"ActiveState": "inactive", "Result": "success"}, ended
     assert sim_exec("worker", f"test -e {folder}/reverted").returncode != 0
     assert addresses(sim_exec, "worker", RAIL) == [ADDRESS]
 

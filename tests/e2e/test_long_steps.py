@@ -73,9 +73,14 @@ def test_a_slow_copy_reports_while_it_runs_and_a_resumed_copy_says_what_was_ther
         before = mib(first) if "already there" in first else 0.0  # the worker's folder before this copy
         reached = mib(came[-1][1])  # what the worker had when the run was killed
         assert reached >= before + 2, (before, came)  # the killed copy had moved data
-        # the runner notices its reader is gone at its next line and ends the copy; the part stays in
-        # .sparkfold-partial/
-        time.sleep(12)
+        # the killed run's copy goes on (a unit of the Spark's, not of the run: the next run would follow it);
+        # stop.py stops it with the ranks, its part stays in .sparkfold-partial/
+        unit = "sparkfold-engram-to-worker"
+        assert sim_exec("head", ["systemctl", "is-active", unit]).stdout.strip() == "active"
+        stopped = run_pyinfra("inventory.py", "stop.py", "-y")
+        assert stopped.returncode == 0, stopped.stderr[-3000:]
+        assert sim_exec("head", ["systemctl", "is-active", unit]).stdout.strip() != "active"
+        assert sim_exec("worker", ["test", "-d", f"{ENGRAM}/.sparkfold-partial"]).returncode == 0
 
         # 2. the next run resumes: its first line says how much was already there, and it ends
         run = start_deploy(site_file)

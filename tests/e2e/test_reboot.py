@@ -54,11 +54,11 @@ def locked_since_boot(sim_exec, role: str, mhz: int = 2200) -> bool:
     return record.get("boot") == boot_id(sim_exec, role) and gpu_locked(sim_exec, role) == [0, mhz]
 
 
-def rebooted(sim, sim_exec, role: str) -> None:
+def rebooted(sim, sim_exec, role: str, hard: bool = False) -> None:
     """`role` rebooted: a new boot id, systemd as PID 1 again, and the GPU clock put back to its default in this
     boot (sim-gpu-reset.service: the stand-in keeps its state on disk, a real GPU does not)."""
     before = boot_id(sim_exec, role)
-    sim.reboot(role)
+    sim.reboot(role, hard=hard)
     assert boot_id(sim_exec, role) not in ("", before)
     assert sim_exec(role, "cat /proc/1/comm").stdout.strip() == "systemd"
     assert unit(sim_exec, role, "sim-gpu-reset.service")["Result"] == "success"

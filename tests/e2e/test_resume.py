@@ -4,16 +4,19 @@ only the files the first did not finish, measured in the fake hub's own log, and
 
 Files this small arrive whole or not at all (huggingface_hub writes a file in 10 MB chunks), so "what it had" is
 counted in whole files here; a cut inside one file resuming by range is shown in tests/unit/test_fakehub.py.
-Starts from a converged pair (converged_pair) and leaves one.
+The killed run's download goes on (a systemd unit of the Spark's, issue 26) until the head loses power: the unit is
+gone with the boot, and the next run starts the download again, fetching none of the whole files. (stop.py stopping
+a stream is in test_long_steps.py.) Starts from a converged pair (converged_pair) and leaves one.
 """
 
 from __future__ import annotations
 
 import re
-import time
 
 import pytest
 from test_deploy import chat, deploy_killed_at, start_deploy
+from test_overlap import slow_hub  # the fake hub at 1 KiB/s: the checkpoint takes about a minute
+from test_reboot import rebooted
 
 REPO = "Mia-AiLab/DeepSeek-V4.1-Flash-1017-EXL3-EAQ-v1-2.9-bpw"  # model_repo's default: the checkpoint
 FOLDER = "/home/nvidia/.cache/huggingface/hub/models--" + REPO.replace("/", "--")
@@ -41,40 +44,31 @@ def file_sizes(sim_exec) -> dict[str, int]:
     return {name: int(size) for name, size in (line.split() for line in snap.splitlines())}
 
 
-def slow_hub(sim_exec, on: bool):
-    # the fake hub answers on the head's loopback: a slow lo (1 KiB/s) makes the 55 KiB checkpoint take minutes
-    if on:
-        # a long queue (latency 120s): packets wait rather than drop, so TCP keeps its pace
-        assert sim_exec("head", "ip link set lo mtu 1500 && tc qdisc add dev lo root tbf rate 8kbit burst 1600 "
-                                "latency 120s").returncode == 0
-    else:
-        sim_exec("head", "tc qdisc del dev lo root; ip link set lo mtu 65536")
-
-
-
 def some_files_whole(line: str) -> bool:
     """A download line that counts whole files (bytes alone may all be in unfinished files)."""
     got = FETCHED.search(line)
     return bool(got) and int(got.group(1)) > 0
 
-def test_an_interrupted_download_resumes_without_fetching_again_what_it_had(site_file, run_pyinfra, sim_exec):
+
+def test_an_interrupted_download_resumes_without_fetching_again_what_it_had(site_file, sim_exec, sim):
     sizes = {name: size for name, size in file_sizes(sim_exec).items() if name != ".sparkfold-complete.json"}
     assert sim_exec("head", f"rm -rf {FOLDER}").returncode == 0  # the checkpoint must be fetched again
     slow_hub(sim_exec, True)
     try:
-        # 1. a run killed once the download has run a while. Through the slow loopback the Hub's metadata takes a
-        # minute before the download starts, and the first whole file about two more (8 files share 1 KiB/s)
+        # 1. a run killed once the download has run a while: some files whole (8 files share 1 KiB/s)
         mark1 = hub_lines(sim_exec)
         seen = deploy_killed_at(site_file, some_files_whole, 480)
         assert any(STEP in text for text in seen), "\n".join(seen[-40:])
-        # the runner ends the download at its next line once its reader is gone
-        deadline = time.monotonic() + 40
-        while sim_exec("head", f"pgrep -f -- '--repo {REPO}'").returncode == 0:
-            assert time.monotonic() < deadline, "the interrupted download kept running"
-            time.sleep(1)
+        # the download goes on without the run (a unit of the Spark's: the next run would follow it), until the
+        # head loses power: nothing stopped in order, the unit and its processes gone with the boot
+        assert sim_exec("head", ["systemctl", "is-active", "sparkfold-checkpoint"]).stdout.strip() == "active"
         assert served_since(sim_exec, mark1), "the first run fetched nothing"
+        rebooted(sim, sim_exec, "head", hard=True)
+        gone = sim_exec("head", ["systemctl", "show", "sparkfold-checkpoint", "-p", "LoadState", "--value"])
+        assert gone.stdout.strip() == "not-found", gone.stdout
+        assert sim_exec("head", f"pgrep -f -- '--repo {REPO}'").returncode != 0, "the download outlived the boot"
     finally:
-        slow_hub(sim_exec, False)
+        slow_hub(sim_exec, False)  # the boot started the hub at its own pace; this is for a failure before
     # what it had: the files that arrived whole (the hub's log cannot say: a small file leaves its socket at once)
     had = {name for name, size in file_sizes(sim_exec).items() if sizes.get(name) == size}
     # part of the checkpoint, not all of it
@@ -94,3 +88,4 @@ def test_an_interrupted_download_resumes_without_fetching_again_what_it_had(site
     assert mine and "already there" in mine[0] and "KiB" in mine[0], mine
     assert {n: file_sizes(sim_exec)[n] for n in sizes} == sizes
     assert chat()["choices"][0]["message"]["content"]
+

@@ -1,320 +1,375 @@
-"""Background streams: the launcher and the runner run for real in a local shell (waits, failures, the watchdog that
-ends a stream with its run, adoption and restart), their fact, the waiter's lines and summary, and the two
-operations both ways."""
+"""Background streams as systemd units: the start, adopt, free and stop commands (the start's shell run for real
+here with stand-ins for sudo and systemd-run, the unit's script with a stand-in systemctl), how a unit's state and
+journal read, the one decision of what a start does, the fact, the waiter's lines and summary, and the operations
+both ways."""
 
 from __future__ import annotations
 
 import io
+import os
 import re
-import shutil
+import stat
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
 from harness import parse_fact, run_op, with_args
-from waiting import wait_for
 
-from operations.facts.streams import StreamStates, stream_status
+from operations.facts.streams import StreamStates
 from operations.remote import stream_wait
-from operations.remote.stream_runner import STOPPED_RC, inputs_digest, launch_command
-from operations.streams import Stream, stream_action, stream_started, streams_awaited
-from operations.util.peer_ssh import RUN_TOKEN
+from operations.remote.stream_runner import (
+    RUNNER,
+    adopt_command,
+    freeing_command,
+    inputs_digest,
+    launch_command,
+    script_text,
+    stop_command,
+    systemd_run_words,
+    unit_word,
+)
+from operations.remote.stream_unit import (
+    journal_lines,
+    journal_words,
+    parse_show,
+    show_words,
+    stream_action,
+    unit_inputs,
+    unit_status,
+)
+from operations.streams import Stream, stream_started, streams_awaited, streams_ended
+from operations.util.peer_ssh import RUN_TOKEN, ssh_prefix
 
 RUN = "run00001"
 
-
-def sh(command: str, timeout: float = 30) -> subprocess.CompletedProcess:
-    return subprocess.run(["sh", "-c", command], capture_output=True, text=True, timeout=timeout)
-
-
-def launch(root: Path, name: str, commands: list[str], after: tuple[str, ...] = (), run: str = RUN,
-           label: str = "") -> subprocess.CompletedProcess:
-    return sh(launch_command(str(root), name, "test", label or f"the {name} work", after, commands, run=run))
-
-
-def state(root: Path, name: str) -> dict:
-    return parse_fact(StreamStates, sh(StreamStates().command(root=str(root))).stdout)[name]
+# stand-ins (this machine has no systemd as PID 1): sudo runs its command; systemd-run records its argv and runs
+# nothing; systemctl answers `show UNIT -p P --value` from $UNITS/<unit> (lines P=value)
+STANDINS = {
+    "sudo": '#!/bin/sh\n[ "$1" = -n ] && shift\nexec "$@"\n',
+    "systemd-run": '#!/bin/sh\nfor w in "$@"; do printf "%s\\0" "$w"; done > "$UNITS/systemd-run.argv"\n',
+    "systemctl": ('#!/bin/sh\n[ "$1" = show ] || { echo "$@" >> "$UNITS/systemctl.log"; exit 0; }\n'
+                  'sed -n "s/^$4=//p" "$UNITS/$2" 2>/dev/null\n'),
+}
 
 
-def settle(root: Path, *names: str, timeout: float = 20) -> None:
-    deadline = time.monotonic() + timeout
-    while any(stream_status(state(root, n)) == "running" for n in names):
-        assert time.monotonic() < deadline, {n: state(root, n) for n in names}
-        time.sleep(0.1)
+def standins(tmp_path: Path) -> dict:
+    bin_dir, units = tmp_path / "bin", tmp_path / "units"
+    bin_dir.mkdir(exist_ok=True)
+    units.mkdir(exist_ok=True)
+    for name, text in STANDINS.items():
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(stat.S_IRWXU)
+    return {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "UNITS": str(units)}
 
 
-def read(root: Path, name: str, what: str) -> str:
-    return (root / name / what).read_text()
+def sh(command: str, env: dict | None = None, timeout: float = 30) -> subprocess.CompletedProcess:
+    return subprocess.run(["sh", "-c", command], capture_output=True, text=True, timeout=timeout, env=env)
 
 
-# --- the launcher and the runner, for real ---
+def unit(tmp_path: Path, stream: str, **properties: str) -> None:
+    (tmp_path / "units" / f"sparkfold-{stream}").write_text("".join(f"{k}={v}\n" for k, v in properties.items()))
 
 
-def test_a_stream_runs_in_the_background_and_records_how_it_ended(tmp_path):
-    root = tmp_path / "streams"
-    t0 = time.monotonic()
-    started = launch(root, "one", ["echo working", "sleep 4", "echo done"])
+# --- the start, for real with stand-ins ---
+
+
+def test_a_start_writes_the_streams_folder_and_runs_its_unit_as_the_ssh_user(tmp_path):
+    env, root = standins(tmp_path), tmp_path / "streams"
+    started = sh(launch_command(str(root), "one", "download", "the one work", ("zero",), ["echo working"], run=RUN),
+                 env)
     assert started.returncode == 0, started.stderr
-    assert time.monotonic() - t0 < 3  # the launcher returns while the work runs
-    assert "the one work: started in the background" in started.stdout
-    assert stream_status(state(root, "one")) == "running"
-    settle(root, "one")
-    got = state(root, "one")
-    assert got["rc"] == 0 and got["run"] == RUN and got["lane"] == "test" and got["label"] == "the one work"
-    assert got["queued"] <= got["began"] <= got["ended"] and got["ended"] - got["began"] >= 4
-    assert read(root, "one", "log").splitlines() == ["working", "done"]
-    assert oct((root / "one").stat().st_mode & 0o777) == "0o700" and oct(root.stat().st_mode & 0o777) == "0o700"
+    assert started.stdout == "sparkfold: the one work: started in the background (sparkfold-one)\n"
+    folder = root / "one"
+    assert {f: (folder / f).read_text() for f in ("lane", "label", "after", "run")} == {
+        "lane": "download\n", "label": "the one work\n", "after": "zero\n", "run": f"{RUN}\n"}
+    assert (folder / "inputs").read_text().strip() == inputs_digest(["echo working"], ("zero",))
+    assert "echo working" in (folder / "script").read_text() and float((folder / "queued").read_text()) > 0
+    assert oct(folder.stat().st_mode & 0o777) == "0o700" and oct(root.stat().st_mode & 0o777) == "0o700"
+    argv = (tmp_path / "units" / "systemd-run.argv").read_text().split("\0")[:-1]
+    user, group = sh("id -un").stdout.strip(), sh("id -gn").stdout.strip()
+    assert argv[:8] == ["--quiet", "--unit=sparkfold-one", "--description=sparkfold: the one work", f"--uid={user}",
+                        f"--gid={group}", "-p", "RemainAfterExit=yes", "-p"]
+    assert argv[8:12] == ["KillMode=control-group", "-p", "TimeoutStopSec=30", f"--working-directory={Path.home()}"]
+    assert f"PATH={env['PATH']}" in argv and f"SPARKFOLD_INPUTS={(folder / 'inputs').read_text().strip()}" in argv
+    assert "--collect" not in argv  # it would unload a finished unit at once, its result with it
+    # the runner is a file of the folder, never inline: systemd expands `$NAME` in a unit's command line
+    assert argv[-3:] == ["/bin/sh", str(folder / "runner"), str(folder)]
+    assert (folder / "runner").read_text() == RUNNER.lstrip() and "$" not in "".join(argv[-3:])
 
 
-def test_the_first_failing_command_ends_a_stream(tmp_path):
-    root = tmp_path / "streams"
-    launch(root, "bad", ["echo before", "false", "echo never"])
-    settle(root, "bad")
-    assert state(root, "bad")["rc"] == 1 and stream_status(state(root, "bad")) == "failed"
-    assert read(root, "bad", "log").splitlines() == ["before"]
+def test_a_dollar_in_a_streams_folder_reaches_the_unit_as_it_is():
+    assert unit_word("/home/a$b/streams/x") == "/home/a$$b/streams/x"  # systemd gives the unit /home/a$b/...
+    words = systemd_run_words("x", "l", "/home/a$b/s/x", "0123")
+    assert words[-2:] == ["'/home/a$$b/s/x/runner'", "'/home/a$$b/s/x'"]
 
 
-def test_a_command_that_fails_ends_a_stream_however_it_is_written(tmp_path):
-    """Each command runs as pyinfra runs it (no -e inside, so its own checks speak) and its failure ends the stream:
-    under sh -e alone, `a && b` failing on a line that is not the last is passed over."""
-    root = tmp_path / "streams"
-    launch(root, "list", ["echo before", "cd /nonexistent && echo inside", "echo never"])
-    launch(root, "own", ["w=$(false); [ -n \"$w\" ] || { echo 'the worker lacks it: rerun'; exit 4; }", "echo never"])
-    launch(root, "doc", ["cat <<'EOF'\nfrom a heredoc\nEOF", "exit 3", "echo never"])
-    settle(root, "list", "own", "doc")
-    assert state(root, "list")["rc"] == 2 and "never" not in read(root, "list", "log")
-    assert state(root, "own")["rc"] == 4 and read(root, "own", "log").splitlines() == ["the worker lacks it: rerun"]
-    assert state(root, "doc")["rc"] == 3 and read(root, "doc", "log").splitlines() == ["from a heredoc"]
+def test_a_start_frees_the_name_first_as_asked(tmp_path):
+    env, root = standins(tmp_path), tmp_path / "streams"
+    sh(launch_command(str(root), "w", "x", "w", (), ["true"], free="reset-failed", run=RUN), env)
+    sh(launch_command(str(root), "w", "x", "w", (), ["true"], free="stop", run=RUN), env)
+    sh(launch_command(str(root), "w", "x", "w", (), ["true"], run=RUN), env)
+    assert (tmp_path / "units" / "systemctl.log").read_text().splitlines() == [
+        "reset-failed sparkfold-w", "stop sparkfold-w"]
+    assert freeing_command("w", None) == ""
+    with pytest.raises(ValueError, match="stop or reset-failed"):
+        freeing_command("w", "kill")
 
 
-def test_a_stream_waits_for_the_streams_it_reads(tmp_path):
-    root = tmp_path / "streams"
-    launch(root, "first", ["sleep 1.5"])
-    launch(root, "second", ["echo reading"], after=("first",))
-    settle(root, "first", "second")
-    first, second = state(root, "first"), state(root, "second")
-    assert second["rc"] == 0 and second["began"] >= first["ended"]
-    assert "the second work: waits for the first work" in read(root, "second", "log")
+def test_a_start_that_systemd_refuses_fails_and_says_nothing_started(tmp_path):
+    env, root = standins(tmp_path), tmp_path / "streams"
+    (tmp_path / "bin" / "systemd-run").write_text("#!/bin/sh\necho 'Unit sparkfold-w.service already exists' >&2\n"
+                                                  "exit 1\n")
+    done = sh(launch_command(str(root), "w", "x", "the w work", (), ["true"], run=RUN), env)
+    assert done.returncode == 1 and "started" not in done.stdout and "already exists" in done.stderr
 
 
-def test_a_stream_does_not_start_when_what_it_reads_failed(tmp_path):
-    root = tmp_path / "streams"
-    launch(root, "first", ["sleep 0.5", "exit 3"])
-    launch(root, "second", ["touch ran"], after=("first",))
-    settle(root, "first", "second")
-    assert state(root, "second")["rc"] == 1 and state(root, "second")["began"] is None
-    assert "the second work: not started: the first work did not finish" in read(root, "second", "log")
-
-
-def test_a_stream_of_another_run_is_not_waited_for(tmp_path):
-    root = tmp_path / "streams"
-    launch(root, "old", ["sleep 60"], run="otherrun")  # still running when "new" has ended, however slow the machine
-    launch(root, "new", ["echo mine"], after=("old",))
-    settle(root, "new", timeout=20)
-    assert state(root, "new")["rc"] == 0 and stream_status(state(root, "old")) == "running"
-    sh(f"kill -TERM -$(cat {root}/old/pid)")
-
-
-def fake_session(tmp_path: Path, command: str) -> subprocess.Popen:
-    """A shell named sshd (what FIND_SESSION stops at) that runs `command`, then lives until it is killed: the run's
-    connection."""
-    sshd = tmp_path / "sshd"
-    shutil.copy("/bin/sh", sshd)
-    return subprocess.Popen([str(sshd), "-c", command + "; exec sleep 60"], stdout=subprocess.PIPE, text=True)
-
-
-def test_a_stream_ends_with_the_run_that_started_it(tmp_path):
-    root = tmp_path / "streams"
-    session = fake_session(tmp_path, launch_command(str(root), "long", "test", "the long work", (),
-                                                   ["echo started", "sleep 60"], run=RUN))
-    try:
-        assert session.stdout is not None and "started in the background" in session.stdout.readline()
-        assert stream_status(state(root, "long")) == "running"
-        session.kill()  # the run is gone: its connection closed
-        session.wait()
-        settle(root, "long", timeout=10)
-    finally:
-        session.kill()
-    got = state(root, "long")
-    assert got["rc"] == STOPPED_RC and stream_status(got) == "failed"
-    assert "the run that started it is gone" in read(root, "long", "log")
-    # its whole process group ends (the runner exits just after it wrote rc), and the work's
-    wait_for(lambda: running_in_group(int(read(root, "long", "pid"))) == [], "the runner's group to end", 10)
-    wait_for(lambda: running_in_group(int(read(root, "long", "work"))) == [], "the work's group to end", 10)
-
-
-def running_in_group(pgid: int) -> list[int]:
-    """The processes of a process group that still run (zombies left out: nothing here reaps them)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if fields[2] == str(pgid) and fields[0] != "Z":
-            found.append(int(entry.name))
-    return found
-
-
-# work whose step ends at once when told to stop, while a process it started takes a second more (a tool's
-# container shutting down after its client left): that process says when it is done
-SLOW_TO_STOP = ("( trap 'sleep 1; date +%s.%N > {marker}; exit 0' TERM; while :; do sleep 0.1; done ) & "
-                "echo working; while :; do sleep 0.1; done")
-
-
-def test_a_stopped_stream_records_its_end_only_once_its_work_has_stopped(tmp_path):
-    root, marker = tmp_path / "streams", tmp_path / "stopped-at"
-    session = fake_session(tmp_path, launch_command(str(root), "slow", "test", "the slow work", (),
-                                                   [SLOW_TO_STOP.format(marker=marker)], run=RUN))
-    try:
-        assert session.stdout is not None and "started in the background" in session.stdout.readline()
-        wait_for(lambda: "working" in read(root, "slow", "log"), "the work to start", 10)
-        session.kill()  # the run is gone: the watchdog stops the stream
-        session.wait()
-        settle(root, "slow", timeout=15)
-    finally:
-        session.kill()
-    got = state(root, "slow")
-    assert got["rc"] == STOPPED_RC and marker.exists()
-    assert float(read(root, "slow", "ended")) >= float(marker.read_text())  # recorded after the work ended
-    assert float(read(root, "slow", "ended")) - float(marker.read_text()) < 2  # and not long after
-    assert running_in_group(int(read(root, "slow", "work"))) == []
-
-
-def test_a_restart_starts_the_new_work_only_once_the_old_has_stopped(tmp_path):
-    root, marker = tmp_path / "streams", tmp_path / "stopped-at"
-    launch(root, "w", [SLOW_TO_STOP.format(marker=marker)], run="earlier1")
-    wait_for(lambda: "working" in read(root, "w", "log"), "the work to start", 10)
-    restarted = launch(root, "w", ["echo other work"])
-    assert "started in the background" in restarted.stdout
-    assert marker.exists() and float(read(root, "w", "queued")) >= float(marker.read_text())
-    settle(root, "w")
-    assert state(root, "w")["rc"] == 0
-
-
-def test_a_tool_run_through_the_progress_runner_is_waited_for_too(tmp_path):
-    """Nearly every stream's work is a progress_command, which runs its tool in a session of its own: stopped, it
-    passes the TERM on and waits for the tool's whole group before it exits, so the stream's end comes after the
-    tool's."""
-    from operations.remote.progress_command import progress_command
-    root, marker = tmp_path / "streams", tmp_path / "stopped-at"
-    tool = f"trap 'sleep 2; date +%s.%N > {marker}; exit 0' TERM; echo working; while :; do sleep 0.1; done"
-    launch(root, "tool", [progress_command("the tool", tool, every=1).get_raw_value()])
-    wait_for(lambda: "the tool: " in read(root, "tool", "log"), "the tool's first line", 10)
-    time.sleep(0.5)
-    sh(f"kill -TERM -$(cat {root}/tool/pid)")
-    settle(root, "tool", timeout=15)
-    assert marker.exists() and float(read(root, "tool", "ended")) >= float(marker.read_text())
-
-
-def test_a_stream_that_is_stopping_is_not_adopted_but_waited_for(tmp_path):
-    """A run started again while the stream of the run just lost is still stopping (its work ending) does not take
-    over a runner about to record 143: it waits for it and starts the work afresh."""
-    root, marker = tmp_path / "streams", tmp_path / "stopped-at"
-    work = [SLOW_TO_STOP.format(marker=marker)]
-    session = fake_session(tmp_path, launch_command(str(root), "s", "test", "the s work", (), work, run="earlier1"))
-    try:
-        assert session.stdout is not None and "started in the background" in session.stdout.readline()
-        wait_for(lambda: "working" in read(root, "s", "log"), "the work to start", 10)
-        session.kill()  # the run is lost: its watchdog stops the stream (within its 2 s poll)
-        session.wait()
-        wait_for((root / "s" / "stopping").exists, "the stream to be stopping", 10)
-        again = launch(root, "s", work)  # the same work, by the next run
-    finally:
-        session.kill()
-    assert "running already" not in again.stdout and "started in the background" in again.stdout
-    assert float(read(root, "s", "queued")) >= float(marker.read_text())  # after the old work ended
-    assert read(root, "s", "run").strip() == RUN
-    sh(f"kill -TERM -$(cat {root}/s/pid)")
-    settle(root, "s")
-
-
-def test_work_that_will_not_stop_is_killed_after_the_wait(tmp_path, monkeypatch):
-    from operations.remote import stream_runner
-    monkeypatch.setattr(stream_runner, "RUNNER", stream_runner.RUNNER.replace(
-        f"$i -lt {stream_runner.WORK_STOP_S * 10} ]", "$i -lt 10 ]"))  # a one-second wait, for the test
-    root = tmp_path / "streams"
-    launch(root, "stubborn", ["trap '' TERM; echo working; while :; do sleep 0.1; done"])
-    wait_for(lambda: "working" in read(root, "stubborn", "log"), "the work to start", 10)
-    work = int(read(root, "stubborn", "work"))
-    sh(f"kill -TERM -$(cat {root}/stubborn/pid)")
-    settle(root, "stubborn", timeout=10)
-    assert "the stubborn work: killed" in read(root, "stubborn", "log") and state(root, "stubborn")["rc"] == STOPPED_RC
-    wait_for(lambda: running_in_group(work) == [], "the killed work to be gone", 10)  # a moment later
-
-
-def test_the_same_work_running_is_adopted_and_other_work_restarts_it(tmp_path):
-    root = tmp_path / "streams"
-    launch(root, "w", ["sleep 30"], run="earlier1")
-    pid = read(root, "w", "pid")
-    adopted = launch(root, "w", ["sleep 30"])
-    assert "running already, followed by this run" in adopted.stdout
-    assert read(root, "w", "pid") == pid and read(root, "w", "run").strip() == RUN  # the same runner, now ours
-    restarted = launch(root, "w", ["echo other work"])
-    assert "started in the background" in restarted.stdout
-    settle(root, "w")
-    assert read(root, "w", "pid") != pid and state(root, "w")["rc"] == 0
-    assert sh(f"kill -0 {pid.strip()}").returncode != 0  # the old runner was stopped
-
-
-def test_a_stream_that_cannot_be_followed_fails_its_start(tmp_path):
-    """Adopting writes the stream's watch and run; when that fails, the start fails (the stream stays the earlier
-    run's, which the waiter would never see)."""
-    root = tmp_path / "streams"
-    launch(root, "w", ["sleep 30"], run="earlier1")
-    try:
-        (root / "w" / "watch.tmp").mkdir()  # no file can be written there, not even by root
-        adopted = launch(root, "w", ["sleep 30"])
-        assert adopted.returncode != 0 and "this run cannot follow it" in adopted.stderr
-        assert read(root, "w", "run").strip() == "earlier1"
-    finally:
-        sh(f"kill -TERM -$(cat {root}/w/pid)")
+def test_adopting_names_this_run_and_stopping_is_systemctl_stop(tmp_path):
+    (tmp_path / "w").mkdir()
+    (tmp_path / "w" / "run").write_text("earlier\n")
+    done = sh(adopt_command(str(tmp_path), "w", "the w work", run=RUN))
+    assert done.stdout == "sparkfold: the w work: running already (sparkfold-w), followed by this run\n"
+    assert (tmp_path / "w" / "run").read_text() == f"{RUN}\n"
+    assert stop_command("engram-to-worker") == "sudo -n systemctl stop sparkfold-engram-to-worker"
 
 
 def test_the_inputs_leave_the_run_token_out():
     mine = inputs_digest([f"ssh -o ControlPath=x-{RUN_TOKEN}-%C w"], ())
     assert mine == inputs_digest(["ssh -o ControlPath=x-<run>-%C w"], ())
     assert inputs_digest(["a"], ()) != inputs_digest(["a"], ("b",)) != inputs_digest(["b"], ("b",))
+    assert f"SPARKFOLD_INPUTS={mine}" in systemd_run_words("w", "l", "/d", mine)
+
+
+def test_each_stream_has_its_own_ssh_connection_to_the_worker():
+    # journald files a line under the writer's unit: a master shared with the run's foreground or another stream
+    # would print this stream's remote output into that one's journal
+    command = f"{ssh_prefix()} w 'echo hi'"
+    paths = {name: re.findall(r"ControlPath=(\S+)", script_text([command], name)) for name in ("a", "b")}
+    run_path = re.findall(r"ControlPath=(\S+)", command)
+    assert all(len(p) == 1 for p in paths.values()), paths
+    assert len({paths["a"][0], paths["b"][0], run_path[0]}) == 3, paths
+    assert all(p[0].endswith("-%C") and RUN_TOKEN in p[0] for p in paths.values())
+    assert f"ControlPath={paths['a'][0]}" in launch_command("/r", "a", "lane", "l", (), [command])
+
+
+# --- the unit's script, for real with a stand-in systemctl ---
+
+
+def folder(root: Path, name: str, run: str = RUN, after: str = "", commands: str = "echo ran") -> Path:
+    d = root / name
+    d.mkdir(parents=True)
+    for key, value in {"run": run, "label": f"the {name} work", "after": after}.items():
+        (d / key).write_text(f"{value}\n")
+    (d / "script").write_text(commands + "\n")
+    return d
+
+
+def runner(d: Path, env: dict, timeout: float = 20) -> subprocess.CompletedProcess:
+    return subprocess.run(["sh", "-c", RUNNER, "sh", str(d)], capture_output=True, text=True, env=env, timeout=timeout)
+
+
+def test_the_units_script_runs_the_work_and_records_its_times(tmp_path):
+    env, root = standins(tmp_path), tmp_path / "streams"
+    d = folder(root, "one", commands="echo working\nfalse\necho never")
+    done = runner(d, env)
+    assert done.returncode == 1 and done.stdout == "working\n"  # sh -e: the first failure ends it
+    assert float((d / "began").read_text()) <= float((d / "ended").read_text())
+
+
+def test_the_units_script_waits_for_a_stream_of_its_run_while_that_ones_unit_runs(tmp_path):
+    env, root = standins(tmp_path), tmp_path / "streams"
+    folder(root, "first")
+    d = folder(root, "second", after="first", commands=f"touch {root}/second/ran")
+    unit(tmp_path, "first", ActiveState="active", SubState="running")
+    waiting = subprocess.Popen(["sh", "-c", RUNNER, "sh", str(d)], stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        assert waiting.stdout is not None
+        assert waiting.stdout.readline() == "the second work: waits for the first work\n"
+        assert not (root / "second" / "began").exists()
+        unit(tmp_path, "first", ActiveState="active", SubState="exited", Result="success", ExecMainStatus="0")
+        assert waiting.wait(timeout=10) == 0 and (d / "ran").exists()
+    finally:
+        waiting.kill()
+
+
+@pytest.mark.parametrize("properties", [
+    {"ActiveState": "failed", "SubState": "failed", "Result": "exit-code", "ExecMainStatus": "3"},
+    {"LoadState": "not-found", "ActiveState": "inactive"},  # stopped: its unit is gone
+])
+def test_the_units_script_does_not_start_when_a_stream_of_its_run_did_not_finish(tmp_path, properties):
+    env, root = standins(tmp_path), tmp_path / "streams"
+    folder(root, "first")
+    d = folder(root, "second", after="first", commands="echo ran")
+    unit(tmp_path, "first", **properties)
+    done = runner(d, env)
+    assert done.returncode == 1 and not (d / "began").exists()
+    assert done.stdout == "sparkfold: the second work: not started: the first work did not finish\n"
+
+
+def test_a_stream_of_another_run_is_not_waited_for(tmp_path):
+    env, root = standins(tmp_path), tmp_path / "streams"
+    folder(root, "old", run="otherrun")
+    unit(tmp_path, "old", ActiveState="active", SubState="running")
+    done = runner(folder(root, "new", after="old", commands="echo mine"), env, timeout=5)
+    assert done.returncode == 0 and done.stdout == "mine\n"
+
+
+# --- a unit's state and journal ---
+
+SHOW = {
+    "not-found": "LoadState=not-found\nActiveState=inactive\nSubState=dead\nResult=success\nExecMainStatus=0\n"
+                 "InvocationID=\nEnvironment=\n",
+    "running": "LoadState=loaded\nActiveState=active\nSubState=running\nResult=success\nExecMainStatus=0\n"
+               "InvocationID=4f1c\nEnvironment=PATH=/usr/bin SPARKFOLD_INPUTS=abc123\n",
+    "exited ok": "LoadState=loaded\nActiveState=active\nSubState=exited\nResult=success\nExecMainStatus=0\n"
+                 "InvocationID=4f1d\nEnvironment=SPARKFOLD_INPUTS=abc123\n",
+    "exited bad": "LoadState=loaded\nActiveState=active\nSubState=exited\nResult=exit-code\nExecMainStatus=2\n"
+                  "InvocationID=4f1e\n",
+    "failed": "LoadState=loaded\nActiveState=failed\nSubState=failed\nResult=exit-code\nExecMainStatus=1\n"
+              "InvocationID=4f1f\n",
+    "activating": "LoadState=loaded\nActiveState=activating\nSubState=start\nResult=success\nExecMainStatus=0\n",
+    "deactivating": "LoadState=loaded\nActiveState=deactivating\nSubState=stop-sigterm\nResult=success\n",
+    "inactive": "LoadState=loaded\nActiveState=inactive\nSubState=dead\nResult=success\n",
+}
+
+
+@pytest.mark.parametrize("case, status, rc", [
+    ("not-found", "none", 0), ("running", "running", 0), ("exited ok", "done", 0), ("exited bad", "failed", 2),
+    ("failed", "failed", 1), ("activating", "running", 0), ("deactivating", "stopping", None),
+    ("inactive", "stopped", None),
+])
+def test_a_units_state_reads_as_the_streams_status(case, status, rc):
+    units = parse_show(SHOW[case].splitlines())
+    assert len(units) == 1 and unit_status(units[0]) == status
+    from operations.remote.stream_unit import exit_status
+    assert exit_status(units[0]) == rc
+    assert unit_status(None) == "none"
+
+
+def test_show_reads_one_block_per_unit_and_the_inputs_from_the_environment():
+    units = parse_show((SHOW["running"] + "\n" + SHOW["failed"] + "\n").splitlines())
+    assert [u["InvocationID"] for u in units] == ["4f1c", "4f1f"]
+    assert unit_inputs(units[0]) == "abc123" and unit_inputs(units[1]) == ""
+    assert unit_inputs({"Environment": '"PATH=/a b" SPARKFOLD_INPUTS=ff00'}) == "ff00"
+    assert show_words(["a", "b"]) == ["systemctl", "show", "sparkfold-a", "sparkfold-b", "-p",
+                                      "LoadState,ActiveState,SubState,Result,ExecMainStatus,InvocationID,Environment"]
+
+
+def test_the_journal_is_read_by_invocation_after_the_last_cursor():
+    assert journal_words("4f1c") == ["journalctl", "_SYSTEMD_INVOCATION_ID=4f1c", "-o", "cat", "-q", "--no-pager",
+                                     "--show-cursor"]
+    assert journal_words("4f1c", "s=1;i=2")[-1] == "--after-cursor=s=1;i=2"
+    lines = "a: 10 %\rb: 20 %\n\nlast\n-- cursor: s=1;i=2\n"
+    assert journal_lines(lines) == (["a: 10 %", "b: 20 %", "last"], "s=1;i=2")
+    assert journal_lines("") == ([], None)
+
+
+def test_the_relay_asks_for_what_came_after_what_it_printed():
+    asked: list[list[str]] = []
+    answers = iter(["one\n-- cursor: c1\n", "", "two\n-- cursor: c2\n"])
+
+    def journal(words: list[str]) -> str:
+        asked.append(words)
+        return next(answers)
+
+    relay = stream_wait.Relay(journal)
+    assert relay.new_lines("") == [] and asked == []  # no unit: nothing to read
+    assert [relay.new_lines("inv") for _ in range(3)] == [["one"], [], ["two"]]
+    assert [w[-1] for w in asked] == ["--show-cursor", "--after-cursor=c1", "--after-cursor=c1"]
+
+
+# --- the one decision of what a start does ---
+
+
+@pytest.mark.parametrize("status, inputs, ours, action", [
+    ("none", "", False, ("start", None)),  # never started, stopped, or gone with a reboot
+    ("running", "i", False, ("adopt", None)),  # a cut connection or a killed run: the same work goes on
+    ("running", "j", False, ("restart", "stop")),  # an input changed: the old work stops first
+    ("stopping", "i", False, ("restart", "stop")),  # never adopted: waited for, then started afresh
+    ("done", "i", False, ("start", "stop")),  # its result keeps the name until it is freed
+    ("failed", "i", False, ("start", "reset-failed")),
+    ("stopped", "i", False, ("start", "stop")),
+    ("running", "i", True, ("ours", None)),  # this run started or adopted it already
+    ("done", "i", True, ("ours", None)),
+    ("running", "j", True, ("restart", "stop")),  # ours, but other work: not ours any more
+])
+def test_stream_action(status, inputs, ours, action):
+    assert stream_action(status, "i", inputs, ours) == action
 
 
 # --- the fact ---
 
 
-def test_the_fact_reads_every_stream_and_none_when_there_is_no_folder(tmp_path):
-    assert sh(StreamStates().command(root=str(tmp_path / "none"))).stdout == ""
+def test_the_fact_reads_every_streams_folder_and_unit(tmp_path):
+    env = standins(tmp_path)
+    assert sh(StreamStates().command(root=str(tmp_path / "none")), env).stdout == ""
     assert parse_fact(StreamStates, "") == {}
-    got = parse_fact(StreamStates, "#STREAM a\nrun=r1 \nafter=x y \nqueued=10.5 \nrc=0 \nalive=0\n#STREAM b\nalive=1\n")
-    assert got["a"]["after"] == ["x", "y"] and got["a"]["queued"] == 10.5 and got["a"]["rc"] == 0
-    assert stream_status(got["a"]) == "done" and stream_status(got["b"]) == "running"
-    assert stream_status(dict(got["b"], alive=False)) == "stopped"
+    root = tmp_path / "streams"
+    d = folder(root, "a", after="x y")
+    (d / "queued").write_text("10.5\n")
+    unit(tmp_path, "a", ActiveState="failed")
+    read = sh(StreamStates().command(root=str(root)), env).stdout
+    assert read.startswith("#STREAM a\nrun=run00001 \nlabel=the a work \nafter=x y \nqueued=10.5 \n#UNIT\n"), read
+    got = parse_fact(StreamStates, "#STREAM a\nrun=r1 \nafter=x y \nqueued=10.5 \n#UNIT\n" + SHOW["exited bad"]
+                     + "#STREAM b\n#UNIT\n" + SHOW["running"] + "#STREAM c\n#UNIT\n" + SHOW["not-found"])
+    assert got["a"]["after"] == ["x", "y"] and got["a"]["queued"] == 10.5 and got["a"]["run"] == "r1"
+    assert (got["a"]["status"], got["a"]["rc"], got["a"]["invocation"]) == ("failed", 2, "4f1e")
+    assert (got["b"]["status"], got["b"]["rc"], got["b"]["unit_inputs"]) == ("running", None, "abc123")
+    assert (got["c"]["status"], got["c"]["rc"], got["c"]["began"]) == ("none", None, None)
 
 
 # --- the waiter ---
 
 
-def stream_folder(root: Path, name: str, log: str = "", **fields) -> None:
-    """A stream's folder as its runner leaves it (no runner: it has ended, or it is judged stopped)."""
-    folder = root / name
-    folder.mkdir(parents=True)
+class Spark:
+    """systemctl show and journalctl as the waiter runs them, answered from plain data."""
+
+    def __init__(self, units: dict[str, str], journals: dict[str, str] | None = None):
+        self.units, self.journals = units, journals or {}
+
+    def __call__(self, words: list[str]) -> str:
+        if words[0] == "systemctl":
+            return "\n".join(self.units.get(w.removeprefix("sparkfold-"), SHOW["not-found"])
+                             for w in words[2:-2])
+        invocation = words[1].split("=", 1)[1]
+        if any(w.startswith("--after-cursor") for w in words):
+            return ""
+        return self.journals.get(invocation, "") + "-- cursor: end\n"
+
+
+def stream_folder(root: Path, name: str, **fields) -> None:
+    """A stream's folder as its start and its unit's script leave it."""
+    d = root / name
+    d.mkdir(parents=True)
     for key, value in {"run": RUN, "lane": "download", "label": name, "after": "", **fields}.items():
-        (folder / key).write_text(f"{value}\n")
-    (folder / "log").write_text(log)
+        (d / key).write_text(f"{value}\n")
+
+
+def done_unit(invocation: str, status: int = 0) -> str:
+    state = "ActiveState=active\nSubState=exited\nResult=success" if status == 0 else \
+        "ActiveState=failed\nSubState=failed\nResult=exit-code"
+    return f"LoadState=loaded\n{state}\nExecMainStatus={status}\nInvocationID={invocation}\n"
+
+
+def waited(root: Path, spark: Spark) -> tuple[int, list[str]]:
+    out = io.StringIO()
+    rc = stream_wait.wait(str(root), RUN, poll=0.01, out=out, runner=spark, relay=stream_wait.Relay(spark))
+    return rc, out.getvalue().splitlines()
 
 
 def test_the_waiter_relays_each_streams_lines_and_ends_with_the_critical_path(tmp_path):
     root = tmp_path / "streams"
-    stream_folder(root, "engram", label="the Engram tables download", queued=0, began=0, ended=200, rc=0,
-                  log="Engram tables download: started\r\nEngram tables download: done in 3 min 20 s\n")
+    stream_folder(root, "engram", label="the Engram tables download", queued=0, began=0, ended=200)
     stream_folder(root, "checkpoint", label="the checkpoint download", after="engram", queued=1, began=200,
-                  ended=410, rc=0, log="Checkpoint download: done in 3 min 30 s\n")
-    stream_folder(root, "image", lane="build", label="build x", queued=2, began=2, ended=362, rc=0, log="")
+                  ended=410)
+    stream_folder(root, "image", lane="build", label="build x", queued=2, began=2, ended=362)
     stream_folder(root, "rank1", lane="weights", label="rank 1's weight file", after="image checkpoint",
-                  queued=3, began=410, ended=515, rc=0, log="")
-    stream_folder(root, "other", run="another", queued=0, began=0, ended=9999, rc=0)  # not this run's
-    out = io.StringIO()
-    assert stream_wait.wait(str(root), RUN, poll=0.01, out=out) == 0
-    lines = out.getvalue().splitlines()
+                  queued=3, began=410, ended=515)
+    stream_folder(root, "other", run="another", queued=0, began=0, ended=9999)  # not this run's
+    spark = Spark({n: done_unit(f"i-{n}") for n in ("engram", "checkpoint", "image", "rank1", "other")},
+                  {"i-engram": "Engram tables download: started\r\nEngram tables download: done in 3 min 20 s\n",
+                   "i-checkpoint": "Checkpoint download: done in 3 min 30 s\n"})
+    rc, lines = waited(root, spark)
+    assert rc == 0
     assert lines[:2] == ["Engram tables download: started", "Engram tables download: done in 3 min 20 s"]
     assert "background download: the checkpoint download: 3 min 30 s (after waiting 3 min 19 s)" in lines
     assert lines[-1] == ("background work: 4 streams in 8 min 35 s; critical path 8 min 35 s: the Engram tables "
@@ -324,24 +379,35 @@ def test_the_waiter_relays_each_streams_lines_and_ends_with_the_critical_path(tm
     assert not any("\r" in line for line in lines)
 
 
-def test_the_waiter_says_a_failure_at_once_and_fails_at_the_end(tmp_path, capsys):
+def test_the_waiter_says_a_failure_at_once_and_a_stopped_stream_and_fails_at_the_end(tmp_path, capsys):
     root = tmp_path / "streams"
-    stream_folder(root, "a", queued=0, began=0, ended=5, rc=7, log="a: failed after 5 s; its last output:\nboom\n")
-    stream_folder(root, "b", queued=0, began=0, ended=9, rc=0)
-    out = io.StringIO()
-    assert stream_wait.wait(str(root), RUN, poll=0.01, out=out) == 1
-    assert "sparkfold: a failed (exit 7); the other background work goes on" in out.getvalue()
-    assert "background download: a: 5 s, failed (exit 7)" in out.getvalue()
-    assert "background work did not finish: a (the lines above say why)" in capsys.readouterr().err
+    stream_folder(root, "a", queued=0, began=0, ended=5)
+    stream_folder(root, "b", queued=0, began=0, ended=9)
+    stream_folder(root, "c", queued=0, began=0)  # stopped (stop.py, a reboot): its unit is gone
+    spark = Spark({"a": done_unit("i-a", 7), "b": done_unit("i-b")}, {"i-a": "a: failed after 5 s\nboom\n"})
+    rc, lines = waited(root, spark)
+    assert rc == 1 and lines[:2] == ["a: failed after 5 s", "boom"]
+    assert "sparkfold: a failed (exit 7); the other background work goes on" in lines
+    assert "sparkfold: c stopped; the other background work goes on" in lines
+    assert "background download: a: 5 s, failed (exit 7)" in lines
+    assert "background work did not finish: a, c (the lines above say why)" in capsys.readouterr().err
 
 
-def test_the_waiter_follows_streams_that_run(tmp_path):
+def test_the_waiter_follows_a_unit_until_it_ends(tmp_path, monkeypatch):
     root = tmp_path / "streams"
-    launch(root, "slow", ["echo one", "sleep 1", "echo two"])
-    out = io.StringIO()
-    assert stream_wait.wait(str(root), RUN, poll=0.05, out=out) == 0
-    assert out.getvalue().splitlines()[:2] == ["one", "two"]
-    assert re.search(r"background test: the slow work: [1-3] s\n", out.getvalue()), out.getvalue()
+    stream_folder(root, "slow", queued=0, began=0, ended=2)
+    states = iter([SHOW["running"].replace("4f1c", "i-s"), SHOW["running"].replace("4f1c", "i-s")])
+
+    class Slow(Spark):
+        def __call__(self, words: list[str]) -> str:
+            if words[0] == "systemctl":
+                return next(states, done_unit("i-s"))
+            return super().__call__(words)
+
+    spark = Slow({}, {"i-s": "one\ntwo\n"})
+    rc, lines = waited(root, spark)
+    assert rc == 0 and lines[:2] == ["one", "two"] and lines.count("one") == 1  # each line once
+    assert re.search(r"background download: slow: 2 s$", "\n".join(lines), re.M), lines
 
 
 def test_a_lane_is_busy_while_any_of_its_streams_runs():
@@ -394,11 +460,16 @@ def started(states: dict, upstream=(), work=()) -> list[str]:
                   stream=STREAM, upstream=tuple(upstream), work=tuple(work))[0]
 
 
+def state(status: str, inputs: str, run: str = "earlier") -> dict:
+    return {"run": run, "status": status, "unit_inputs": inputs}
+
+
 def test_a_stream_starts_with_what_its_work_yields_and_not_when_it_is_converged():
     assert started({}, work=[(converge_op([]), {})]) == []  # converged: no stream, no fact read
     commands = started({}, work=[(converge_op(["rsync a b", "echo checked"]), {})])
     steps = "( set +e\nrsync a b\n) || exit $?\n( set +e\necho checked\n) || exit $?\n"  # each a step of its own
-    assert len(commands) == 1 and steps in commands[0] and "setsid sh -c" in commands[0]
+    assert len(commands) == 1 and steps in commands[0] and "systemd-run --quiet --unit=sparkfold-engram-to-worker" \
+        in commands[0] and "sudo -n systemctl" not in commands[0].split("systemd-run")[0]
 
 
 def test_a_stream_runs_a_fresh_start_when_what_it_reads_starts_in_this_run():
@@ -407,25 +478,18 @@ def test_a_stream_runs_a_fresh_start_when_what_it_reads_starts_in_this_run():
     assert started({}, upstream=[Meta(False)], work=[(converge_op([]), {})]) == []
 
 
-def test_a_stream_this_run_started_already_is_not_started_again():
+def test_what_a_start_does_follows_its_units_state():
+    work = [(converge_op(["rsync a b"]), {})]
     inputs = inputs_digest(["rsync a b"], STREAM.after)
-    ours = {STREAM.name: {"run": RUN_TOKEN, "inputs": inputs, "rc": None, "alive": True}}
-    assert started(ours, work=[(converge_op(["rsync a b"]), {})]) == []
-    earlier = {STREAM.name: {"run": "earlier", "inputs": inputs, "rc": None, "alive": True}}
-    assert len(started(earlier, work=[(converge_op(["rsync a b"]), {})])) == 1  # adopted by the launcher
-
-
-@pytest.mark.parametrize("state, action", [
-    (None, "start"),
-    ({"run": "r0", "inputs": "i", "rc": None, "alive": True}, "adopt"),
-    ({"run": "r0", "inputs": "j", "rc": None, "alive": True}, "restart"),
-    ({"run": "r1", "inputs": "i", "rc": None, "alive": True}, "ours"),
-    ({"run": "r1", "inputs": "i", "rc": 0, "alive": False}, "ours"),
-    ({"run": "r0", "inputs": "i", "rc": 0, "alive": False}, "start"),  # done by an earlier run: its facts say again
-    ({"run": "r1", "inputs": "i", "rc": None, "alive": False}, "ours"),
-])
-def test_stream_action(state, action):
-    assert stream_action(state, "i", "r1") == action
+    assert started({STREAM.name: state("running", inputs, RUN_TOKEN)}, work=work) == []  # ours already
+    adopted = started({STREAM.name: state("running", inputs)}, work=work)
+    assert len(adopted) == 1 and "followed by this run" in adopted[0] and "systemd-run" not in adopted[0]
+    restarted = started({STREAM.name: state("running", "other")}, work=work)
+    assert "sudo -n systemctl stop sparkfold-engram-to-worker && " in restarted[0] and "systemd-run" in restarted[0]
+    failed = started({STREAM.name: state("failed", inputs)}, work=work)
+    assert "sudo -n systemctl reset-failed sparkfold-engram-to-worker && " in failed[0]
+    fresh = started({STREAM.name: state("none", "")}, work=work)
+    assert "sudo -n systemctl" not in fresh[0].split("systemd-run")[0]
 
 
 def test_a_stream_refuses_an_upload():
@@ -434,18 +498,34 @@ def test_a_stream_refuses_an_upload():
         started({}, work=[(converge_op([FileUploadCommand("a", "b")]), {})])
 
 
+def test_stop_stops_the_running_streams_only():
+    facts = {StreamStates: with_args({f"root={ROOT}": {"a": state("running", "i"), "b": state("done", "i"),
+                                                        "c": state("stopping", "i"), "d": state("failed", "i")}})}
+    commands, _ = run_op(streams_ended, facts, executing=True, root=ROOT)
+    assert commands == ["sudo -n systemctl stop sparkfold-a", "sudo -n systemctl stop sparkfold-c"]
+    idle = {StreamStates: with_args({f"root={ROOT}": {"b": state("done", "i")}})}
+    commands, host = run_op(streams_ended, idle, executing=True, root=ROOT)
+    assert commands == [] and host.noops == ["no background stream runs"]
+
+
 def test_the_wait_runs_only_when_a_stream_was_started():
     commands, host = run_op(streams_awaited, {}, executing=True, root=ROOT, started=(Meta(False), Meta(False)))
     assert commands == [] and host.noops == ["no background work in this run"]
     commands, _ = run_op(streams_awaited, {}, executing=True, root=ROOT, started=(Meta(False), Meta(True)))
     assert len(commands) == 1 and commands[0].startswith(f"python3 - {ROOT} {RUN_TOKEN} <<'SPARKFOLD_PY_EOF'")
-    assert "def critical_path" in commands[0] and "def clock" in commands[0]  # the waiter, behind the progress runner
+    assert "def critical_path" in commands[0] and "def clock" in commands[0] and "def unit_status" in commands[0]
 
 
 def test_the_bundled_waiter_runs(tmp_path):
-    commands, _ = run_op(streams_awaited, {}, executing=True, root=str(tmp_path), started=(Meta(True),))
-    done = sh(commands[0].replace(RUN_TOKEN, RUN, 1))
+    env = standins(tmp_path)
+    (tmp_path / "bin" / "systemctl").write_text(f"#!/bin/sh\nprintf '{done_unit('i-a')}'\n")
+    (tmp_path / "bin" / "journalctl").write_text("#!/bin/sh\ncase \"$*\" in *after-cursor*) ;; *) "
+                                                 "printf 'a: done in 2 s\\n-- cursor: c\\n';; esac\n")
+    (tmp_path / "bin" / "journalctl").chmod(stat.S_IRWXU)
+    commands, _ = run_op(streams_awaited, {}, executing=True, root=str(tmp_path / "streams"), started=(Meta(True),))
+    command = commands[0].replace(RUN_TOKEN, RUN, 1)
+    done = sh(command, env)
     assert done.returncode == 0 and done.stdout == "", done.stderr  # no stream of that run under the folder
-    stream_folder(tmp_path, "a", queued=0, began=0, ended=2, rc=0, log="a: done in 2 s\n")
-    done = sh(commands[0].replace(RUN_TOKEN, RUN, 1))
+    stream_folder(tmp_path / "streams", "a", queued=0, began=0, ended=2)
+    done = sh(command, env)
     assert done.returncode == 0 and done.stdout.splitlines()[0] == "a: done in 2 s", done.stderr

@@ -239,4 +239,4 @@ def test_a_missed_spark_fails_the_stop_after_the_rest_of_it(caplog):
 def test_stop_py_runs_the_reach_check_last(monkeypatch):
     source = (ROOT / "stop.py").read_text()
     steps = [line.split("(")[0] for line in source.splitlines() if line.endswith("(s=s)") or "(s=s," in line]
-    assert steps == ["locked", "supervisor_paused", "ranks_stopped", "unlocked", "peer_rank_reached"]
+    assert steps == ["locked", "supervisor_paused", "streams_stopped", "ranks_stopped", "unlocked", "peer_rank_reached"]
