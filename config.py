@@ -7,7 +7,7 @@ from pyinfra import config
 # The read-only tools show what they can when one Spark does not answer (its rows say so), and stop.py stops the
 # rank it can reach (a rank left running holds ~98 GiB; the run names the Spark it missed and fails); whatever else
 # changes a Spark stops on the first failure of either.
-READ_ONLY_TOOLS, CHANGING = {"status.py", "logs.py"}, {"deploy.py", "restart.py", "rollback.py"}
+READ_ONLY_TOOLS, CHANGING = {"status.py", "logs.py"}, {"deploy.py", "restart.py", "rollback.py", "link_check.py"}
 GO_ON_WITH_ONE = READ_ONLY_TOOLS | {"stop.py"}
 _files = {os.path.basename(a) for a in sys.argv[1:]}
 config.FAIL_PERCENT = 50 if _files & GO_ON_WITH_ONE and not _files & CHANGING else 0

@@ -12,6 +12,7 @@ from operations.folders import folders
 from operations.gpu_clock import gpu_clock
 from operations.image import engine_image, engine_image_checked
 from operations.link import link
+from operations.link_measure import link_measure
 from operations.memguard import memguard
 from operations.model_data import model_data, model_data_checked
 from operations.nfs import nfs, nfs_view_checked
@@ -59,6 +60,9 @@ both_sparks_reached(name="Data in place on both Sparks", step="the data")
 memguard(s=s, _sudo=True)
 api_key(s=s)
 both_sparks_reached(name="Guards in place on both Sparks", step="the guards")
+
+# the link's bandwidth per rail, measured when its inputs changed; a slow link stops here, before any rank loads
+link_measure(s=s)
 
 # 10. the pair: rank 1, then rank 0; then the health wait, the smoke test and the LIVE line (or the last good
 # generation back); then the serving generation recorded and old ones pruned

@@ -82,6 +82,9 @@ link_mtu = 9000  # MTU on every link netdev (both Sparks must match)
 link_netplan_file = "/etc/netplan/60-sparkfold-cx7.yaml"  # netplan file this project owns
 link_prefix_min = 16  # widest rail prefix accepted, 8-31 (a rail subnet is routed over the cable; below 16 warns)
 link_rollback_s = 120  # a netplan apply not confirmed over a new ssh connection within this is undone (90-3600 s)
+link_measure = "stop"  # a slow link found before the ranks start: "stop", "warn" and go on, or "off" (docs/link.md)
+link_min_gbps = 80.0  # RDMA write Gb/s each rail must carry alone; both at once, their sum (docs/link.md)
+link_check_stop = False  # True lets link_check.py stop running ranks to measure (one run: --data link_check_stop=true)
 master_port = 29620  # rank 0's rendezvous port on the head's link address
 nccl_channels = 4  # NCCL_MIN_NCHANNELS = NCCL_MAX_NCHANNELS
 nccl_rails = 2  # how many rails (PCIe twins) NCCL and the RDMA ring use (1 or 2)

@@ -197,6 +197,10 @@ class Layout:
         return f"{self.state_dir}/link.json"
 
     @property
+    def link_bandwidth(self) -> str:  # the last link measurement and its inputs (operations/link_measure.py)
+        return f"{self.state_dir}/link-bandwidth.json"
+
+    @property
     def generations(self) -> str:
         """The served pairs' records (root's, GENERATIONS_DIR): <id>.json each, last-good and seq."""
         return GENERATIONS_DIR

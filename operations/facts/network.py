@@ -357,3 +357,106 @@ class SshServerAddress(FactBase[str | None]):
 
     def process(self, output: list[str]) -> str | None:
         return output[0].strip() or None if output else None
+
+
+class RailHardwareDict(TypedDict):
+    net: dict[str, dict[str, Any]]  # netdev -> {"speed_mbps": int | None, "operstate": str}
+    ib: dict[str, str]  # ibdev -> port 1's state as sysfs prints it ("4: ACTIVE")
+
+
+class RailHardware(FactBase[RailHardwareDict]):
+    """Each twin's link speed (Mb/s; None when the netdev cannot say, e.g. no carrier) and operstate from
+    /sys/class/net, and its RoCE port's state from /sys/class/infiniband (what `rdma link` shows)."""
+
+    @staticmethod
+    def default() -> RailHardwareDict:
+        return {"net": {}, "ib": {}}
+
+    def command(self, netdevs: list[str], ibdevs: list[str]) -> StringCommand:
+        parts: list[Any] = []
+        for netdev in netdevs:
+            base = f"/sys/class/net/{netdev}"
+            parts += ["printf 'net %s %s %s\\n'", QuoteString(netdev),
+                      StringCommand('"$(cat', QuoteString(f"{base}/speed"), '2>/dev/null || echo -)"'),
+                      StringCommand('"$(cat', QuoteString(f"{base}/operstate"), '2>/dev/null || echo -)";')]
+        for ibdev in ibdevs:
+            parts += ["printf 'ib %s %s\\n'", QuoteString(ibdev),
+                      StringCommand('"$(cat', QuoteString(f"{SYSFS_IB}/{ibdev}/ports/1/state"),
+                                    '2>/dev/null || echo -)";')]
+        return StringCommand(*parts, "true")
+
+    def process(self, output: list[str]) -> RailHardwareDict:
+        found: RailHardwareDict = {"net": {}, "ib": {}}
+        for line in output:
+            words = line.strip().split(" ", 2)
+            if len(words) < 3:
+                continue
+            if words[0] == "net":
+                speed, _, oper = words[2].partition(" ")
+                found["net"][words[1]] = {"speed_mbps": int(speed) if speed.lstrip("-").isdigit() and
+                                          int(speed) > 0 else None, "operstate": oper.strip("- ")}
+            elif words[0] == "ib":
+                found["ib"][words[1]] = words[2].strip("- ")
+        return found
+
+
+class BandwidthSideDict(TypedDict):
+    kernel: str
+    perftest: bool  # ib_write_bw is on the PATH
+    cma_total_kb: int | None  # CmaTotal in /proc/meminfo (None: the line is absent)
+    record: dict[str, Any] | None  # the last measurement (<state_dir>/link-bandwidth.json)
+
+
+class BandwidthSide(FactBase[BandwidthSideDict]):
+    """What the link measurement reads on one Spark in one round trip: the kernel, whether perftest's ib_write_bw is
+    installed, CmaTotal, and the last measurement's record."""
+
+    @staticmethod
+    def default() -> BandwidthSideDict:
+        return {"kernel": "", "perftest": False, "cma_total_kb": None, "record": None}
+
+    def command(self, path: str) -> StringCommand:
+        # each probe prints only what it finds: an absent tool, line or record is an absent line, not an error
+        return StringCommand("echo \"kernel $(uname -r)\"; if command -v ib_write_bw >/dev/null; then echo perftest",
+                             "yes; fi; grep -s '^CmaTotal:' /proc/meminfo; echo record; if [ -f", QuoteString(path),
+                             "]; then cat", QuoteString(path), "; fi")
+
+    def process(self, output: list[str]) -> BandwidthSideDict:
+        found = self.default()
+        cut = output.index("record") if "record" in output else len(output)
+        for line in output[:cut]:
+            if line.startswith("kernel "):
+                found["kernel"] = line[len("kernel "):].strip()
+            elif line.strip() == "perftest yes":
+                found["perftest"] = True
+            elif match := re.match(r"CmaTotal:\s+(\d+)", line.strip()):
+                found["cma_total_kb"] = int(match.group(1))
+        try:
+            record = json.loads("\n".join(output[cut + 1:]))
+        except ValueError:
+            record = None
+        found["record"] = record if isinstance(record, dict) else None
+        return found
+
+
+NCCL_CONF = "/etc/nccl.conf"
+NCCL_CONF_MARK = "#sparkfold: nccl.conf present"
+
+
+class ImageNcclConf(FactBase[str | None]):
+    """The text of /etc/nccl.conf in an image (NCCL reads it before the environment), or None when it has none."""
+
+    def requires_command(self, image: str) -> str:
+        return "docker"
+
+    def command(self, image: str) -> StringCommand:
+        # a missing image or docker failing fails the fact: only a file that is not there reads as None
+        script = f"if [ -f {NCCL_CONF} ]; then cat {NCCL_CONF}; echo; echo '{NCCL_CONF_MARK}'; fi"
+        return StringCommand("docker run --rm --network none --entrypoint sh", QuoteString(image), "-c",
+                             QuoteString(script))
+
+    def process(self, output: list[str]) -> str | None:
+        if not output or output[-1].strip() != NCCL_CONF_MARK:
+            return None
+        return "\n".join(output[:-1]).rstrip()
+

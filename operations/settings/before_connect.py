@@ -32,9 +32,9 @@ from operations.settings.ssh_login import Run, hint_unanswered, ssh_config_login
 
 # The scripts that stop on a settings problem (restart.py includes deploy.py); the others go on despite one (stop.py,
 # rollback.py) or list it (status.py).
-STOP_ON_SETTINGS = frozenset(("deploy.py", "restart.py"))
+STOP_ON_SETTINGS = frozenset(("deploy.py", "restart.py", "link_check.py"))
 # The scripts that change the pair: run on both Sparks or on none (--limit and --exclude are refused).
-WHOLE_PAIR = frozenset(("deploy.py", "restart.py", "stop.py", "rollback.py"))
+WHOLE_PAIR = frozenset(("deploy.py", "restart.py", "stop.py", "rollback.py", "link_check.py"))
 # pyinfra gives every host of inventory.py the group `inventory` too (the file's name), after its role's group
 INVENTORY_GROUP = "inventory"
 # Two homes, neither below the other: a problem found under one only depends on the home, which only the Spark knows.

@@ -97,6 +97,9 @@ class Settings:
     link_netplan_file: str
     link_rollback_s: int
     link_prefix_min: int
+    link_measure: str
+    link_min_gbps: float
+    link_check_stop: bool
     master_port: int
     nccl_channels: int
     nccl_rails: int

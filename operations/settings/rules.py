@@ -37,12 +37,14 @@ from operations.settings.sources import HUB_SWITCHES, HUB_TIMEOUTS, hub_timeout_
 # The engine's window: dsv41's max_position_embeddings.
 MAX_CONTEXT = 1_048_576
 REASONING_EFFORTS = ("", "low", "medium", "high", "xhigh")
+LINK_MEASURE_MODES = ("stop", "warn", "off")
 # Settings both ranks must agree on (the pair is one server).
 PAIR_SETTINGS = (
     "context", "pool", "parallel", "drafts", "master_port", "gpu_clock_mhz", "link_mtu", "nccl_rails",
-    "nccl_channels", "engine_image", "engine_context", "base_image", "tf_repo", "tf_ref", "tools_ref",
-    "prebuilt_image", "eaq_v1_1", "ablit", "container_name", "model_repo", "model_revision", "model_repo_v1_1",
-    "model_revision_v1_1", "kv_shard", "spill_gib", "engine_env", "keep_generations", "upgrade_gate", "verify_data",
+    "link_measure", "link_min_gbps", "nccl_channels", "engine_image", "engine_context", "base_image", "tf_repo",
+    "tf_ref", "tools_ref", "prebuilt_image", "eaq_v1_1", "ablit", "container_name", "model_repo", "model_revision",
+    "model_repo_v1_1", "model_revision_v1_1", "kv_shard", "spill_gib", "engine_env", "keep_generations", "upgrade_gate",
+    "verify_data",
 )
 
 _HEX = re.compile(r"[0-9a-f]+")
@@ -185,6 +187,11 @@ def validate(s: Settings) -> list[str]:
                         f"off would stay that long; set it from {MIN_ROLLBACK_S} to {MAX_ROLLBACK_S}")
     _check_range(problems, s, "link_prefix_min", LINK_PREFIX_WIDEST, LINK_PREFIX_NARROWEST,
                  f"{LINK_PREFIX_USUAL} unless the link needs a wider subnet (a wider prefix is routed over the cable)")
+    if s.link_measure not in LINK_MEASURE_MODES:
+        problems.append(f"link_measure = {s.link_measure!r} must be one of {', '.join(LINK_MEASURE_MODES)}: \"stop\" "
+                        "(a slow link stops the deploy before the ranks), \"warn\" (it warns and goes on) or \"off\"")
+    _check_range(problems, s, "link_min_gbps", 0.001, 200.0, "a rail (one PCIe twin) carries ~100 Gb/s at most; "
+                 "docs/link.md gives the figures")
     _check_range(problems, s, "gpu_clock_mhz", 300, 4000)
     _check_range(problems, s, "nccl_rails", 1, 2, "1 uses the first twin only, 2 both")
     _check_range(problems, s, "nccl_channels", 1, 64)

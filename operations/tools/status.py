@@ -40,6 +40,7 @@ from operations.gpu_clock import lock_verdict
 from operations.layout import GPU_CLOCK_RECORD, GPU_CLOCK_TIMER, MEMGUARD_UNIT, SUPERVISOR_UNIT, InContainer, unit_path
 from operations.link import rails_from_facts
 from operations.model_data import BLOB_SUMS, fetch_summary
+from operations.network.link_bandwidth import figures_line
 from operations.rank import exposure
 from operations.rank.generation import Generation, read_records
 from operations.rank.plan import pair_plan, rank_inputs_args
@@ -93,6 +94,7 @@ class SparkFacts(TypedDict, total=False):
     weights_check: FolderCheckDict | None  # worker: its copy verified against SHA256SUMS
     units: dict[str, UnitStateDict]
     data_verified: str | None  # <state_dir>/data-verified: when verify_data last passed here
+    link_bandwidth: str | None  # <state_dir>/link-bandwidth.json: the link's last measurement
 
 
 class ApiProbe(TypedDict):
@@ -203,6 +205,34 @@ def data_verified_row(role: str, text: str | None) -> Row:
     """When this Spark's data last passed a full re-hash (verify_data): nothing is wrong when it never did."""
     at = verified_at(text)
     return Row(role, "data verified", at or "never", verified_note(text), None, {"verified_at": at})
+
+
+def bandwidth_row(role: str, text: str | None, now: datetime, measure: str = "stop") -> Row:
+    """The link's last measured figures per rail and when they were taken, from the record the deploy (or
+    link_check.py) writes on both Sparks (<state_dir>/link-bandwidth.json, operations/link_measure.py)."""
+    item = "link bandwidth"
+    if text is None:
+        how = ("link_measure = \"off\": deploy.py does not measure it" if measure == "off" else
+               "deploy.py measures it before the ranks start")
+        return Row(role, item, "not measured", f"{how}; link_check.py measures it now", None, {"taken": None})
+    try:
+        record = json.loads(text)
+        figures, inputs = record["figures"], record.get("inputs") or {}
+        netdevs = [r["netdev"] for r in (inputs.get("head") or {}).get("rails") or []] or list(figures["alone"])
+        shown = figures_line(figures, netdevs)
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        return Row(role, item, "unreadable", f"{type(e).__name__} in the record: link_check.py measures again",
+                   False, {"taken": None})
+    passed = bool(record.get("passed"))
+    findings = [str(f) for f in record.get("findings") or []]
+    detail = f"{shown}; taken {when(parse_time(record.get('taken')), now)}"
+    if "min_gbps" in inputs:
+        detail += f"; link_min_gbps {inputs['min_gbps']:g}"
+    if findings:
+        detail += f"; {findings[0]}"
+    facts = {"taken": record.get("taken"), "passed": passed, "min_gbps": inputs.get("min_gbps"),
+             "alone": figures.get("alone"), "together": figures.get("together"), "findings": findings}
+    return Row(role, item, "passed" if passed else "short", detail, passed and not findings, facts)
 
 
 def unreachable_row(role: str, why: str) -> Row:
@@ -478,6 +508,8 @@ def build_rows(head_settings: Settings, worker_settings: Settings, head: SparkFa
         rows += rail_rows(s.role, s.link_rails, s.the_peer.link_rails, facts.get("addrs") or {},
                           facts.get("roce") or {}, facts.get("pings") or [], s.link_mtu)
     for s, facts in sparks:
+        rows.append(bandwidth_row(s.role, facts.get("link_bandwidth"), now, s.link_measure))
+    for s, facts in sparks:
         running = bool((facts.get("container") or {}).get("running"))
         rows.append(memory_row(s.role, facts.get("meminfo") or {}, s.min_avail_gib, running, s.memguard,
                                s.memguard_gib))
@@ -662,6 +694,7 @@ def spark_facts(spark: Any, s: Settings, said: str = "") -> SparkFacts:
                       for r, peer in zip(s.link_rails, s.the_peer.link_rails, strict=False)]
     facts["meminfo"] = _fact(spark, MemInfo)
     facts["data_verified"] = _fact(spark, FileText, path=record_path(layout.state_dir))
+    facts["link_bandwidth"] = _fact(spark, FileText, path=layout.link_bandwidth)
     facts["engram"] = _fact(spark, FolderCheck, path=layout.engram, sums="SHA256SUMS",
                             marker=SUMS_STATE if s.is_head else MARKER)
     facts["kit"] = _fact(spark, FolderCheck, path=layout.kit, sums="MANIFEST", marker=MARKER)

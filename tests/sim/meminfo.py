@@ -15,13 +15,15 @@ import json
 import os
 
 MEM_TOTAL_GIB = 121.0
-DEFAULTS = {"base_gib": 118.0, "rank_gib": 98.0, "load_s": 8.0, "release_s": 6.0}
+CMA_TOTAL_KB = 65536  # a plausible contiguous reservation (the kernel's cma= size); `sim.py set-cma ROLE 0`: none
+DEFAULTS = {"base_gib": 118.0, "rank_gib": 98.0, "load_s": 8.0, "release_s": 6.0, "cma_total_kb": CMA_TOTAL_KB}
 KIB_PER_GIB = 1024 * 1024
 
 
-def text(total_gib: float, avail_gib: float) -> str:
-    """The real file's fields (kB = KiB) for a Spark whose MemAvailable is avail_gib; every line has the same width
-    whatever the figures, so rewrites keep the length."""
+def text(total_gib: float, avail_gib: float, cma_total_kb: int = CMA_TOTAL_KB) -> str:
+    """The real file's fields (kB = KiB) for a Spark whose MemAvailable is avail_gib and whose kernel reserved
+    cma_total_kb of contiguous memory; every line has the same width whatever the figures, so rewrites keep the
+    length."""
     kb = lambda gib: int(gib * KIB_PER_GIB)  # noqa: E731
     total, avail = kb(total_gib), kb(avail_gib)
     free = max(avail - kb(1.0), 0)
@@ -35,6 +37,7 @@ def text(total_gib: float, avail_gib: float) -> str:
         ("Slab", kb(0.4)), ("SReclaimable", kb(0.2)), ("SUnreclaim", kb(0.2)), ("KernelStack", 16384),
         ("PageTables", 32768), ("CommitLimit", total // 2), ("Committed_AS", kb(2.0) + used),
         ("VmallocTotal", 133143592960), ("VmallocUsed", 65536), ("VmallocChunk", 0),
+        ("CmaTotal", int(cma_total_kb)), ("CmaFree", int(cma_total_kb)),
         ("HugePages_Total", None), ("HugePages_Free", None), ("Hugepagesize", 2048),
     ]
     out = []

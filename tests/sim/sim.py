@@ -9,6 +9,9 @@
     python -m tests.sim.sim set-memavail ROLE GIB   lower (or raise) the MemAvailable ROLE shows with no rank running
     python -m tests.sim.sim set-rank-memory ROLE [--gib G] [--load-s S] [--release-s S]   what a running rank holds
     python -m tests.sim.sim reboot ROLE [--hard]   reboot a Spark (--hard: power cut) and wait until it is up again
+    python -m tests.sim.sim link-fault slow|down|mtu1500|clear NETDEV [--role R]   slow a twin, its RoCE port down,
+        its MTU 1500 (the deploy's link step sets link_mtu again), or clear
+    python -m tests.sim.sim set-cma ROLE KB   CmaTotal in ROLE's /proc/meminfo (0: no contiguous memory reserved)
 
 See tests/sim/README.md. Needs root (veth links between the containers' namespaces) and a Docker engine.
 """
@@ -56,6 +59,9 @@ RAILS = (("enp1s0f0np0", "rocep1s0f0", "192.168.100"), ("enP2p1s0f0np0", "roceP2
 SIM_ROCE = ",".join(f"{ib}:{nd}" for nd, ib, _ in RAILS)
 HOST_OCTET = {"head": 1, "worker": 2}
 LINK_MTU = 1500  # what a fresh Spark has; the deploy sets link_mtu
+LINK_MIN_GBPS = 0.2  # the site's link_min_gbps: far below a veth's rate, far above a twin slowed by `link-fault slow`
+LINK_FAULTS = ("slow", "down", "mtu1500", "clear")
+SLOW_RATE = "20mbit"  # a slowed twin (tc tbf on the head's end: the stand-in's bytes flow head -> worker)
 
 MEM_TOTAL_GIB = meminfo.MEM_TOTAL_GIB
 MEM_AVAIL_GIB = meminfo.DEFAULTS["base_gib"]
@@ -144,10 +150,11 @@ def _meminfo_path(role: str) -> Path:
     return WORK / "meminfo" / role
 
 
-def _write_meminfo(role: str, total_gib: float, avail_gib: float) -> None:
+def _write_meminfo(role: str, total_gib: float, avail_gib: float,
+                   cma_total_kb: int = meminfo.CMA_TOTAL_KB) -> None:
     path = _meminfo_path(role)
     path.parent.mkdir(parents=True, exist_ok=True)
-    meminfo.write_in_place(str(path), meminfo.text(total_gib, avail_gib))
+    meminfo.write_in_place(str(path), meminfo.text(total_gib, avail_gib, cma_total_kb))
 
 
 def _memory_settings(role: str) -> dict:
@@ -160,12 +167,13 @@ def _set_memory(role: str, **changes: float) -> None:
     meminfo.write_json(f"{_meminfo_path(role)}.json", cfg)
     info = _inspect(role)
     if not info or not info["State"]["Running"]:
-        _write_meminfo(role, MEM_TOTAL_GIB, cfg["base_gib"])
+        _write_meminfo(role, MEM_TOTAL_GIB, cfg["base_gib"], int(cfg["cma_total_kb"]))
         return
     deadline = time.monotonic() + 15
     while time.monotonic() < deadline:
         status = meminfo.read_json(f"{_meminfo_path(role)}.status", {})
-        if status.get("base_gib") == cfg["base_gib"] and _memory_settings(role) == cfg:
+        if (status.get("base_gib"), status.get("cma_total_kb")) == (cfg["base_gib"], int(cfg["cma_total_kb"])) and \
+                _memory_settings(role) == cfg:
             time.sleep(1.0)  # one more tick: the watcher read the new rank figures too
             return
         time.sleep(0.2)
@@ -191,6 +199,15 @@ def set_rank_memory(role: str, gib: float | None = None, load_s: float | None = 
     if any(v < 0 for v in changes.values()) or changes.get("rank_gib", 0) > MEM_TOTAL_GIB:
         raise SimError(f"rank memory figures must be >= 0 (and at most {MEM_TOTAL_GIB} GiB): {changes}")
     _set_memory(role, **changes)
+
+
+def set_cma(role: str, kb: int = meminfo.CMA_TOTAL_KB) -> None:
+    """ROLE's CmaTotal (and CmaFree) in /proc/meminfo, kB: 0 is a kernel that reserved no contiguous memory (RDMA
+    registration then fails with ENOMEM, and the ib_write_bw stand-in fails as perftest does)."""
+    _check_role(role)
+    if kb < 0:
+        raise SimError(f"CmaTotal must be >= 0 kB, not {kb}")
+    _set_memory(role, cma_total_kb=int(kb))
 
 
 def memory_status(role: str) -> dict:
@@ -239,6 +256,8 @@ def site_data() -> dict:
             "nvidia_smi_path": "/usr/local/bin/nvidia-smi",
             # the e2e tests watch the timer put a reset lock back: a short period keeps that wait short
             "gpu_clock_period_s": GPU_CLOCK_PERIOD_S,
+            # a veth carries ~10 Gb/s here, not a CX7 twin's ~100 (the ib_write_bw stand-in moves real bytes)
+            "link_min_gbps": LINK_MIN_GBPS,
         },
     }
 
@@ -518,6 +537,35 @@ def status() -> dict:
     return out
 
 
+def link_fault(kind: str, netdev: str, role: str = "head") -> None:
+    """A fault on one twin: "slow" (tc shapes ROLE's end to SLOW_RATE), "down" (its RoCE port DOWN on ROLE, as
+    `rdma link` would show; the netdev still pings), "mtu1500" (ROLE's end back to a fresh Spark's MTU, as a hand
+    `ip link set` leaves it; the deploy's link step sets link_mtu again), "clear" (slow and down undone)."""
+    _check_role(role)
+    ibdev = {nd: ib for nd, ib, _ in RAILS}.get(netdev)
+    if ibdev is None or kind not in LINK_FAULTS:
+        raise SimError(f"link-fault takes {'|'.join(LINK_FAULTS)} and one of {[nd for nd, _, _ in RAILS]}")
+    if kind == "mtu1500":
+        _nsenter(role, "ip", "link", "set", "dev", netdev, "mtu", str(LINK_MTU))
+        return
+    if kind == "slow":
+        _nsenter(role, "tc", "qdisc", "replace", "dev", netdev, "root", "tbf", "rate", SLOW_RATE, "burst", "32kb",
+                 "latency", "400ms")
+    elif kind == "down":
+        exec_in(role, f"mkdir -p /run/sim/roce-down && touch /run/sim/roce-down/{ibdev}", check=True)
+    else:
+        _nsenter(role, "tc", "qdisc", "del", "dev", netdev, "root", check=False)
+        exec_in(role, f"rm -f /run/sim/roce-down/{ibdev}", check=True)
+    deadline = time.monotonic() + 10  # the GID loop (init.d/20-roce-gids.sh) writes the port state twice a second
+    want = "DOWN" if kind == "down" else "ACTIVE"
+    while kind != "slow" and time.monotonic() < deadline:
+        if want in exec_in(role, f"cat /sys/class/infiniband/{ibdev}/ports/1/state").stdout:
+            return
+        time.sleep(0.2)
+    if kind != "slow":
+        raise SimError(f"{ibdev}'s port on {role} did not become {want}")
+
+
 def exec_in(role: str, cmd: str | list[str], user: str | None = None, check: bool = False,
             timeout: float | None = 300) -> subprocess.CompletedProcess:
     """Run cmd (a shell string, or an argv list) in ROLE's container; root unless user is given."""
@@ -553,6 +601,13 @@ def main(argv: list[str] | None = None) -> int:
     p_rank.add_argument("--gib", type=float, default=None)
     p_rank.add_argument("--load-s", type=float, default=None)
     p_rank.add_argument("--release-s", type=float, default=None)
+    p_fault = sub.add_parser("link-fault", help="slow a twin (tc), take its RoCE port down, MTU 1500, or clear")
+    p_fault.add_argument("kind", choices=LINK_FAULTS)
+    p_fault.add_argument("netdev")
+    p_fault.add_argument("--role", choices=ROLES, default="head")
+    p_cma = sub.add_parser("set-cma", help="set CmaTotal in ROLE's /proc/meminfo (kB; 0: none reserved)")
+    p_cma.add_argument("role", choices=ROLES)
+    p_cma.add_argument("kb", type=int, nargs="?", default=meminfo.CMA_TOTAL_KB)
     p_reboot = sub.add_parser("reboot", help="reboot ROLE as a Spark reboots, and wait until it is up again")
     p_reboot.add_argument("role", choices=ROLES)
     p_reboot.add_argument("--hard", action="store_true", help="a power cut: nothing is stopped in order")
@@ -584,6 +639,10 @@ def main(argv: list[str] | None = None) -> int:
             set_memavail(args.role, args.gib)
         elif args.cmd == "set-rank-memory":
             set_rank_memory(args.role, args.gib, args.load_s, args.release_s)
+        elif args.cmd == "set-cma":
+            set_cma(args.role, args.kb)
+        elif args.cmd == "link-fault":
+            link_fault(args.kind, args.netdev, args.role)
         elif args.cmd == "reboot":
             took = reboot(args.role, hard=args.hard)
             _log(f"{args.role} rebooted and up again in {took:.1f} s")

@@ -24,7 +24,8 @@ def fail_percent(argv: list[str]) -> int | None:
     return config.FAIL_PERCENT
 
 
-@pytest.mark.parametrize("script", ["deploy.py", "restart.py", "rollback.py", "/home/me/sparkfold/deploy.py"])
+@pytest.mark.parametrize("script", ["deploy.py", "restart.py", "rollback.py", "link_check.py",
+                                    "/home/me/sparkfold/deploy.py"])
 def test_a_run_that_changes_a_spark_stops_on_either_failing(script):
     assert fail_percent(["pyinfra", "inventory.py", script, "-y"]) == 0
 

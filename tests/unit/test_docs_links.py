@@ -9,7 +9,7 @@ from pathlib import Path
 from urllib.parse import unquote
 
 ROOT = Path(__file__).resolve().parents[2]
-SCRIPTS = ("deploy.py", "status.py", "logs.py", "stop.py", "restart.py", "rollback.py")
+SCRIPTS = ("deploy.py", "status.py", "logs.py", "stop.py", "restart.py", "rollback.py", "link_check.py")
 COMMANDS_PAGE = "docs/commands.md"
 
 _FENCED = re.compile(r"^ {0,3}(```|~~~).*?^ {0,3}\1", re.M | re.S)
@@ -116,5 +116,6 @@ def test_the_header_check_reads_only_the_opening_comment_or_docstring(tmp_path):
         "stop.py": "# Stop both ranks.\n\n# See docs/commands.md (after a blank line: not the header)\n",
         "restart.py": "import os  # See docs/commands.md\n",
         "rollback.py": "#!/usr/bin/env python3\n# See docs/commands.md\n",
+        "link_check.py": "# Measure the link now.\n# See docs/commands.md\n",
     })
     assert scripts_without_commands_page(root) == ["logs.py", "stop.py", "restart.py"]

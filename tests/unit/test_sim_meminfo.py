@@ -53,3 +53,11 @@ def test_settings_are_written_into_a_folder_a_fresh_checkout_lacks(tmp_path):
     path = tmp_path / "fresh" / "meminfo" / "head.json"  # tests/sim/.work/meminfo is made on first use
     meminfo.write_json(str(path), {"base_gib": 118})
     assert meminfo.read_json(str(path), {}) == {"base_gib": 118}
+
+
+def test_cma_total_is_shown_and_zero_keeps_the_length():
+    usual, none = meminfo.text(121.0, 118.0), meminfo.text(121.0, 118.0, cma_total_kb=0)
+    assert len(usual) == len(none)
+    fields = {line.split(":")[0]: line.split()[1] for line in none.splitlines()}
+    assert fields["CmaTotal"] == "0"
+    assert f"{meminfo.CMA_TOTAL_KB} kB" in next(line for line in usual.splitlines() if line.startswith("CmaTotal:"))

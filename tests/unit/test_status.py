@@ -233,8 +233,10 @@ def test_nothing_deployed_yet():
     assert by_item(rows, "head", "weight file").state == "missing"
     assert by_item(rows, "worker", "sparkfold-memguard").ok is False  # memguard = true, not installed
     assert by_item(rows, "head", "memory").ok is True  # enough to start
-    informational = ("memory", "sparkfold-supervise", "generations", "metrics", "sampling", "data verified")
+    informational = ("memory", "sparkfold-supervise", "generations", "metrics", "sampling", "data verified",
+                     "link bandwidth")
     assert {r.ok for r in rows if r.item not in informational} == {False}
+    assert by_item(rows, "worker", "link bandwidth").state == "not measured"
     assert (by_item(rows, "head", "metrics").state, by_item(rows, "head", "metrics").ok) == ("not read", None)
     assert by_item(rows, "head", "generations").state == "none"  # information: nothing has served yet
     assert st.not_serving({0: {}, 1: {}}, API_DOWN) == ("rank 0 has no container; rank 1 has no container; "
@@ -422,7 +424,7 @@ def test_the_json_document_of_a_pair_that_is_not_serving():
                    "facts": {"answers": False, "problem": "spark-b did not answer over ssh"}}
     assert [r["spark"] for r in doc["rows"] if r["item"] not in ("ssh", "API", "requests_total",
                                                                 "completion_tokens_total", "requests_inflight",
-                                                                "decode_seconds_total")] == ["head"] * 14
+                                                                "decode_seconds_total")] == ["head"] * 15
 
 
 def test_the_watched_table_says_when_it_was_read_and_how_often():
@@ -910,6 +912,51 @@ def test_the_sampling_row_reads_what_rank_0_serves_not_the_settings():
     assert row.state == "served" and row.detail == "sampling: temperature 0.6, top_p 0.9, top_k engine default"
     idle = st.sampling_row(hs, {"running": False, "args": ["serve", "--temperature", "0.6"]})
     assert idle.state == "not served" and "temperature 1.0, top_p 0.95, top_k 20 (the settings" in idle.detail
+
+
+LINK_RECORD = {"inputs": {"head": {"rails": [{"netdev": "enp1s0f0np0"}, {"netdev": "enP2p1s0f0np0"}]},
+                          "min_gbps": 80.0},
+               "taken": "2026-03-01T09:00:00Z", "passed": True, "findings": [],
+               "figures": {"alone": {"enp1s0f0np0": 96.5, "enP2p1s0f0np0": 96.2},
+                           "together": {"enp1s0f0np0": 94.8, "enP2p1s0f0np0": 94.6}, "errors": {}}}
+
+
+def test_the_link_bandwidth_row_shows_the_last_figures_per_rail_and_when():
+    row = st.bandwidth_row("head", json.dumps(LINK_RECORD), NOW)
+    assert (row.item, row.state, row.ok) == ("link bandwidth", "passed", True)
+    assert row.detail == ("enp1s0f0np0 96.5 Gb/s alone, 94.8 Gb/s together; enP2p1s0f0np0 96.2 Gb/s alone, "
+                          "94.6 Gb/s together; both 189.4 Gb/s; taken 2026-03-01 09:00 UTC (3 h 0 min ago); "
+                          "link_min_gbps 80")
+    assert row.facts["alone"] == {"enp1s0f0np0": 96.5, "enP2p1s0f0np0": 96.2} and row.facts["taken"] == LINK_RECORD[
+        "taken"]
+
+
+def test_a_warned_measurement_shows_short_with_its_first_finding():
+    warned = {**LINK_RECORD, "passed": False, "findings": ["the twin enP2p1s0f0np0 is slow", "also"],
+              "figures": {**LINK_RECORD["figures"], "alone": {"enp1s0f0np0": 96.5, "enP2p1s0f0np0": 0.1}}}
+    row = st.bandwidth_row("worker", json.dumps(warned), NOW)
+    assert (row.state, row.ok) == ("short", False)
+    assert "enP2p1s0f0np0 0.1 Gb/s alone" in row.detail and row.detail.endswith("; the twin enP2p1s0f0np0 is slow")
+
+
+def test_no_link_record_says_how_it_gets_measured():
+    row = st.bandwidth_row("head", None, NOW)
+    assert (row.state, row.ok) == ("not measured", None) and "link_check.py measures it now" in row.detail
+    assert "link_measure = \"off\"" in st.bandwidth_row("head", None, NOW, "off").detail
+    broken = st.bandwidth_row("head", "{not json", NOW)
+    assert (broken.state, broken.ok) == ("unreadable", False)
+
+
+def test_the_link_bandwidth_record_is_read_on_each_spark():
+    hs, _ = make_pair()
+    facts = {RankInputs: rank_inputs(container(0)), GpuClockState: GPU_LOCKED, "pyinfra.facts.files.File": None,
+             IpAddresses: {}, RoceDevices: {}, PingOk: True, MemInfo: {}, FileText: json.dumps(LINK_RECORD),
+             FolderCheck: None, LinkTarget: None, RankFolder: RankFolder.default(), UnitState: UNIT_ON,
+             HfPlan: HfPlan.default(), DockerVolumeInfo: None}
+    h = FakeHost(facts, name="head")
+    f = st.spark_facts(h, hs)
+    assert json.loads(f["link_bandwidth"]) == LINK_RECORD
+    assert ("FileText", {"path": hs.layout.link_bandwidth}) in [(n.rsplit(".", 1)[1], kw) for n, kw in h.fact_calls]
 
 
 def test_the_data_verified_row_says_when_and_how_to_ask_again():

@@ -54,7 +54,9 @@ sync_device() {
     [ -f "$port/link_layer" ] || put "$port/link_layer" Ethernet
     mac=$(cat "/sys/class/net/$netdev/address" 2>/dev/null || true)
     ips=$(ip -o -4 addr show dev "$netdev" 2>/dev/null | awk '{ split($4, a, "/"); print a[1] }' | tr '\n' ' ')
-    sig="$mac|$ips"
+    down=no
+    [ -e "/run/sim/roce-down/$ibdev" ] && down=yes  # sim.py link-fault down: the port DOWN, the netdev still up
+    sig="$mac|$ips|$down"
     [ "$sig" = "$(cat "$STATE/$ibdev.sig" 2>/dev/null)" ] && return 0
     local -a gids=() kinds=()
     if [ -n "$mac" ]; then
@@ -64,7 +66,7 @@ sync_device() {
             gid=$(mapped_gid "$ip")
             gids+=("$gid" "$gid") kinds+=("IB/RoCE v1" "RoCE v2")
         done
-        put "$port/state" "4: ACTIVE"
+        if [ "$down" = yes ]; then put "$port/state" "1: DOWN"; else put "$port/state" "4: ACTIVE"; fi
     else
         put "$port/state" "1: DOWN"
     fi
