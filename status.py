@@ -3,8 +3,9 @@
 # not serving. With pyinfra's --json it prints one JSON document instead of the table; with status_watch = N
 # (--data status_watch=5) it shows it again every N seconds until Ctrl-C; with status_plan = true it also counts
 # what a deploy would change (deploy.py --dry, seconds more).
-# The head's run prints the table, reading the worker through the worker's connection (operations/tools/status.py); the
-# worker's run prints it when the head does not answer over ssh (config.py lets these tools go on without one).
+# The head's run prints the table, reading the worker through the worker's connection
+# (operations/tools/status_gather.py; status_render.py the table, status_watch.py the refreshes); the worker's run
+# prints it when the head does not answer over ssh (config.py lets these tools go on without one).
 # See docs/commands.md for its flags and exit statuses.
 import os
 import sys
@@ -13,7 +14,9 @@ from pyinfra import state
 from pyinfra.api.exceptions import DeployError
 
 from operations.settings.context import pair_hosts, pair_settings, reports_for_pair
-from operations.tools.status import gather, render_json, render_text, watch, watch_frame
+from operations.tools.status_gather import gather
+from operations.tools.status_render import render_json, render_text
+from operations.tools.status_watch import watch, watch_frame
 
 # pyinfra's spinner would draw over the table and its refreshes: it reads this once it starts, which is after this
 # file's first fact read

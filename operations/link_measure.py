@@ -2,9 +2,9 @@
 `ib_write_bw` (server on the worker, client on the head; each rail alone, then both at once), read beside each
 twin's speed and state, CmaTotal, the MTU at both ends and the image's /etc/nccl.conf, and judged against
 link_min_gbps (operations/network/link_bandwidth.py). Measured on the first run and whenever its inputs change
-(addresses, MTU, GIDs, devices, kernel, image); the figures and their inputs are recorded on both Sparks, so a
-converged run does not measure again. A finding stops the run before any rank starts (link_measure = "warn": a
-warning)."""
+(addresses, MTU, GIDs, devices, kernel, link_min_gbps); the figures and their inputs are recorded on both Sparks,
+so a converged run does not measure again. The image's /etc/nccl.conf is read on every run. A finding stops the
+run before any rank starts (link_measure = "warn": a warning)."""
 
 from __future__ import annotations
 
@@ -33,6 +33,7 @@ from operations.network.link_bandwidth import (
     judge,
     measure_inputs,
     measure_reasons,
+    nccl_conf_finding,
     parse_write_bw,
     verdict_text,
 )
@@ -143,10 +144,12 @@ def unmeasurable(head: dict, worker: dict) -> str | None:
     return None
 
 
-def record_text(inputs: dict, figures: dict, findings: list[tuple[str, str]], passed: bool) -> str:
-    """<state_dir>/link-bandwidth.json: what the figures were taken with (inputs), when, the figures, the findings."""
+def record_text(inputs: dict, figures: dict, findings: list[tuple[str, str]], passed: bool, mode: str = "stop") -> str:
+    """<state_dir>/link-bandwidth.json: what the figures were taken with (inputs), when, the figures, the findings,
+    and the link_measure mode that judged them (a short link let through with "warn" is not measured again)."""
     return json.dumps({"inputs": inputs, "taken": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                       "figures": figures, "findings": [text for _, text in findings], "passed": passed},
+                       "figures": figures, "findings": [text for _, text in findings], "passed": passed,
+                       "mode": mode},
                       indent=2, sort_keys=True) + "\n"
 
 
@@ -203,7 +206,7 @@ def _measured(state: Any, host: Any, s: Settings, worker: Host, image: str, mode
     wside = _readings(worker, s.worker, worker_record, worker_side)
     # the inputs as the link records hold them (the plan compared the same), the live MTU only judged
     inputs = measure_inputs(side_readings(head_record, head_side, {}, {}),
-                            side_readings(worker_record, worker_side, {}, {}), image, s.link_min_gbps)
+                            side_readings(worker_record, worker_side, {}, {}), s.link_min_gbps)
     missing = [role for role, side in (("head", head_side), ("worker", worker_side)) if not side["perftest"]]
     why_not = unmeasurable(head, wside) or (f"perftest's ib_write_bw is not installed on the {' and '.join(missing)}"
                                             " (apt-get install perftest)" if missing else None)
@@ -219,7 +222,7 @@ def _measured(state: Any, host: Any, s: Settings, worker: Host, image: str, mode
     findings = judge(head, wside, figures, float(s.link_min_gbps), nccl_conf)
     passed = not findings
     if passed or mode == "warn" or record_short:
-        text = record_text(inputs, figures, findings, passed)
+        text = record_text(inputs, figures, findings, passed, mode)
         for spark, side in ((host, s), (worker, s.worker)):
             written, _ = spark.run_shell_command(_write_command(side.layout.link_bandwidth, text), print_output=False,
                                                  print_input=False)
@@ -231,6 +234,12 @@ def _measured(state: Any, host: Any, s: Settings, worker: Host, image: str, mode
                  + ("" if built else f"; the image {image} is not built yet: its /etc/nccl.conf was not read"))
         return True
     return _finding(host, mode, verdict_text(findings, figures, netdevs))
+
+
+def _nccl_conf_checked(state: Any, host: Any, image: str, mode: str) -> bool:
+    """Execution, for an image built in this run: its /etc/nccl.conf judged as the plan judges a built one's."""
+    nccl_conf = host.get_fact(ImageNcclConf, image=image)
+    return True if nccl_conf is None else _finding(host, mode, nccl_conf_finding(nccl_conf)[1])
 
 
 def _finding(host: Any, mode: str, message: str) -> bool:
@@ -265,12 +274,22 @@ def link_measured(s: Settings, worker: Host | None, image: str):
     theirs = gevent.spawn(_read_on, worker, ctx_config.get(), s.worker, False)
     (head_record, head_side), (worker_record, worker_side) = _read(host, s, False), theirs.get()
     head = side_readings(head_record, head_side, {}, {})
-    inputs = measure_inputs(head, side_readings(worker_record, worker_side, {}, {}), image, s.link_min_gbps)
-    why = measure_reasons(head_side["record"], worker_side["record"], inputs)
+    inputs = measure_inputs(head, side_readings(worker_record, worker_side, {}, {}), s.link_min_gbps)
+    why = measure_reasons(head_side["record"], worker_side["record"], inputs, s.link_measure)
     if not why:
         record = head_side["record"] or {}
         netdevs = [r["netdev"] for r in head["rails"]]
         shown = figures_line(record.get("figures") or {"alone": {}, "together": {}}, netdevs)
+        # the image's /etc/nccl.conf on every run: read now, or once a new image is built (an earlier step)
+        if not host.get_fact(DockerImageInfo, image=image):
+            yield FunctionCommand(_nccl_conf_checked, (image, s.link_measure), {})
+        elif (nccl_conf := host.get_fact(ImageNcclConf, image=image)) is not None:
+            _, text = nccl_conf_finding(nccl_conf)
+            if s.link_measure == "warn":
+                warned(CHECK, text)
+            else:
+                yield from check_failed(CHECK, [f"{text}. {GO_ON}"])
+                return
         host.noop(f"the link was measured at {record.get('taken', '?')} ({shown}); its inputs are unchanged: not "
                   "measured again")
         return

@@ -16,6 +16,7 @@ from typing import Any, TypedDict
 from pyinfra.api import FactBase, QuoteString, StringCommand
 
 from operations.facts.host import HostTools
+from operations.rank.inputs import RankContainerDict
 from operations.util import sh
 from operations.util.peer_ssh import ssh_words
 
@@ -55,21 +56,6 @@ def parse_size(text: str) -> int | None:
 
 
 # --- the rank container ------------------------------------------------------------------------------------------
-
-class RankContainerDict(TypedDict, total=False):
-    exists: bool
-    running: bool
-    status: str
-    exit_code: int
-    oom_killed: bool
-    labels: dict[str, str]
-    image: str
-    created: str
-    started_at: str  # State.StartedAt (RFC 3339); docker's zero time when it never started
-    finished_at: str  # State.FinishedAt
-    ports: list[int]  # what it was started to listen on (listening_ports)
-    args: list[str]  # its command line after the entrypoint (status.py reads rank 0's key and --host from it)
-
 
 class RankContainer(FactBase[RankContainerDict]):
     """The container named `container` as the pair plan decides from it (state, labels, image), or {} when there is

@@ -15,32 +15,13 @@ from typing import Any, TypedDict
 
 from pyinfra.api import FactBase
 
-from operations.facts.docker import EngineCapabilities, RankContainer, RankContainerDict
+from operations.facts.docker import EngineCapabilities, RankContainer
 from operations.facts.files import LinkTarget
 from operations.facts.host import MemInfo
 from operations.facts.network import InfinibandDevices, LinkRecord, PortListeners
+from operations.rank.inputs import GenerationFilesDict, RankInputsDict  # the shapes, pure for the plan
 
 _MARK = "@@sparkfold-rank-input "
-
-
-class RankInputsDict(TypedDict):
-    container: RankContainerDict  # {} when there is no container of that name (or no docker yet)
-    link_record: dict[str, Any] | None  # the link step's record of the rails
-    served: str | None  # real path of the served-snapshot symlink in this Spark's Hugging Face cache
-    kit: str | None  # real path of <data_dir>/kit
-    rank_folder: str | None  # real path of this rank's active-rank symlink (its weight folder)
-    ablit: str | None  # real path of <data_dir>/ablit/current, when asked for
-    infiniband: bool  # /dev/infiniband exists
-    capabilities: dict[str, Any]  # the image's `capabilities --json` ({} when no image was given or it is absent)
-    port_holders: dict[int, list[str]]  # port -> who listens there ([] free)
-    mem_available: int | None  # MemAvailable in bytes
-    generations: GenerationFilesDict  # the generation records kept on this Spark
-
-
-class GenerationFilesDict(TypedDict):
-    files: dict[str, str]  # file name -> text, of layout.GENERATIONS_DIR/*.json
-    last_good: str  # the text of its last-good ("" when absent)
-    now: float  # the Spark's clock when read (0: not known), to refuse a record dated in its future
 
 
 def generation_files_command(folder: str) -> str:

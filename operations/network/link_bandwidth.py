@@ -52,27 +52,31 @@ def failure_of(text: str) -> str:
     for line in text.splitlines():
         words = line.strip()
         if words and not words.startswith(("-", "*", "#")) and ("Couldn't" in words or "Unable" in words
-                                                                 or "state is" in words or "error" in words.lower()):
+                                                                 or "state is" in words or "error" in words.lower()
+                                                                 or words.startswith("sudo:")):
             return words
     return "no report"
 
 
-def measure_inputs(head: dict[str, Any], worker: dict[str, Any], image: str, min_gbps: float) -> dict[str, Any]:
+def measure_inputs(head: dict[str, Any], worker: dict[str, Any], min_gbps: float) -> dict[str, Any]:
     """What a measurement and its judgment depend on: each side's rails (addresses, MTU, GIDs, devices) and kernel,
-    the image (its /etc/nccl.conf is judged) and link_min_gbps. Equal inputs and a passing record: the link is not
-    measured again."""
+    and link_min_gbps. Equal inputs and a passing record: the link is not measured again. The image is not one:
+    what it changes is its /etc/nccl.conf, read on every run (nccl_conf_finding), and an upgrade or a rollback
+    would otherwise measure the rails while the old pair serves on them."""
     def side(found: dict[str, Any]) -> dict[str, Any]:
         keys = ("netdev", "ibdev", "gid_index", "address", "mtu")
         return {"rails": [{k: rail.get(k) for k in keys} for rail in found.get("rails", [])],
                 "kernel": found.get("kernel", "")}
-    return {"head": side(head), "worker": side(worker), "image": image, "min_gbps": float(min_gbps)}
+    return {"head": side(head), "worker": side(worker), "min_gbps": float(min_gbps)}
 
 
-def changed_inputs(record: dict[str, Any] | None, inputs: dict[str, Any]) -> list[str]:
-    """Why the link is measured in this run ([] when it is not): nothing recorded, the last measurement did not
-    pass, or which inputs changed."""
-    if not record or not isinstance(record.get("inputs"), dict):
+def changed_inputs(record: dict[str, Any] | None, inputs: dict[str, Any], mode: str = "stop") -> list[str]:
+    """Why the link is measured in this run ([] when it is not): nothing recorded (or a record of another shape),
+    the last measurement did not pass, or which inputs changed. A short measurement the user let through
+    (link_measure = "warn" then and now) stands: measuring it again each run would change nothing."""
+    if not well_formed(record):
         return ["nothing is recorded"]
+    assert record is not None
     old = record["inputs"]
     why = []
     for role in ("head", "worker"):
@@ -86,20 +90,30 @@ def changed_inputs(record: dict[str, Any] | None, inputs: dict[str, Any]) -> lis
                 label = f"the {role}'s {what}"
                 if label not in why:
                     why.append(label)
-    if old.get("image") != inputs["image"]:
-        why.append("the image")
     if old.get("min_gbps") != inputs["min_gbps"]:
         why.append("link_min_gbps")
-    if not why and not record.get("passed"):
+    if not why and record.get("passed") is not True and not (record.get("mode") == "warn" and mode == "warn"):
         why.append("the last measurement did not pass")
     return why
 
 
+def well_formed(record: Any) -> bool:
+    """A record as record_text writes it, in the parts the decision reads (a hand-edited or older file is measured
+    again rather than trusted or crashed on)."""
+    if not isinstance(record, dict) or not isinstance(record.get("inputs"), dict):
+        return False
+    sides = [record["inputs"].get(role) for role in ("head", "worker")]
+    return all(isinstance(side, dict) and isinstance(side.get("rails", []), list)
+               and all(isinstance(rail, dict) for rail in side.get("rails", [])) for side in sides) \
+        and isinstance(record.get("figures"), dict) \
+        and all(isinstance(record["figures"].get(key), dict) for key in ("alone", "together"))
+
+
 def measure_reasons(head_record: dict[str, Any] | None, worker_record: dict[str, Any] | None,
-                    inputs: dict[str, Any]) -> list[str]:
+                    inputs: dict[str, Any], mode: str = "stop") -> list[str]:
     """Why the deploy measures ([] when it does not): the head's record judged by changed_inputs, and the worker's
     record must hold the same inputs (both Sparks keep the figures)."""
-    why = changed_inputs(head_record, inputs)
+    why = changed_inputs(head_record, inputs, mode)
     if not why and (worker_record or {}).get("inputs") != inputs:
         why = ["the worker has no record of it"]
     return why
@@ -131,10 +145,19 @@ def _ends(head: dict, worker: dict) -> list[tuple[dict, dict]]:
     return list(zip(head["rails"], worker["rails"], strict=False))
 
 
+def nccl_conf_finding(nccl_conf: str) -> tuple[str, str]:
+    """The finding for an image that carries /etc/nccl.conf (its text): whatever the figures, NCCL reads it."""
+    return ("nccl.conf", "the engine image carries /etc/nccl.conf, which NCCL reads before the variables sparkfold "
+            "sets" + (f" ({_one_line(nccl_conf)})" if nccl_conf.strip() else "") + ": a stale one freezes the "
+            "warm-up or pins the wrong HCA. Fix: remove it from the image (engine_context's Dockerfile or the base "
+            "image)")
+
+
 def judge(head: dict[str, Any], worker: dict[str, Any], figures: dict[str, Any], min_gbps: float,
           nccl_conf: str | None) -> list[tuple[str, str]]:
     """The findings, most likely cause first: [(cause, text naming the fix)]. Causes, in this order: "twin" (one
-    twin down, idle or slow), "mtu", "cma", "speed", "cabling", "nccl.conf", "figures" (short, no cause known).
+    twin down, idle or slow), "mtu", "cma", "speed", "server" (the worker's ib_write_bw server did not answer:
+    a firewall, sudo), "cabling", "nccl.conf", "figures" (short, no cause known).
     A short link always yields at least one finding; a stale /etc/nccl.conf in the image is one even when the
     figures pass (it reaches NCCL, which perftest never reads)."""
     rails = [r["netdev"] for r in head["rails"]]
@@ -193,17 +216,22 @@ def judge(head: dict[str, Any], worker: dict[str, Any], figures: dict[str, Any],
                     findings.append(("speed", f"{rail['netdev']} on the {role} links at {speed / 1000:g} Gb/s, below "
                                      f"the {min_gbps:g} Gb/s a rail must carry. Fix: `ethtool {rail['netdev']}`; "
                                      "reseat or replace the cable (a 200G QSFP112 DAC between the Sparks)"))
-        for n in rails:
+        for i, n in enumerate(rails):
             if alone[n] is None and together[n] is None and not any(c in ("twin", "cma") for c, _ in findings):
                 why = figures.get("errors", {}).get(n, "no report")
+                # the link step's pings crossed this rail before: a refused TCP exchange is the server's side
+                if why.startswith("Couldn't connect") or why.startswith("sudo:"):
+                    findings.append(("server", f"the ib_write_bw server on the worker did not answer on {n} "
+                                     f"({why}). Fix: let TCP {PERFTEST_PORT + i} in on {n} on the worker "
+                                     "(`ufw allow in on <netdev> to any port 18515:18516 proto tcp`), give the ssh "
+                                     "user passwordless sudo (README: Set up the Sparks), and run "
+                                     "`ib_write_bw -d <ibdev>` there by hand to see it start"))
+                    continue
                 findings.append(("cabling", f"nothing crossed {n} ({why}): its RoCE pair did not connect. Fix: "
                                  "check that the cable joins the same port on both Sparks (two cables on the same "
                                  "port index break NCCL's pairing), and `ibdev2netdev` on both"))
     if nccl_conf is not None:
-        findings.append(("nccl.conf", "the engine image carries /etc/nccl.conf, which NCCL reads before the "
-                         "variables sparkfold sets" + (f" ({_one_line(nccl_conf)})" if nccl_conf.strip() else "") +
-                         ": a stale one freezes the warm-up or pins the wrong HCA. Fix: remove it from the image "
-                         "(engine_context's Dockerfile or the base image)"))
+        findings.append(nccl_conf_finding(nccl_conf))
     if (short_rails or short_total) and not any(c != "nccl.conf" for c, _ in findings):
         need = f"{min_gbps:g} Gb/s per rail" + (f", {need_total:g} together" if len(rails) > 1 else "")
         findings.append(("figures", f"the link is short of link_min_gbps ({need}) with no known cause found "

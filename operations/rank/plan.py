@@ -12,7 +12,7 @@ from __future__ import annotations
 import posixpath
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from operations.layout import ABLIT_CURRENT, InContainer
 from operations.rank.flags import check_ported_settings, check_serve_argv
@@ -25,12 +25,10 @@ from operations.rank.generation import (
     read_records,
     switch_of,
 )
+from operations.rank.inputs import RankInputsDict
 from operations.rank.sampling import sampling_plan
 from operations.rank.spec import LABEL_HASH, LABEL_MANAGED, ContainerSpec, rail_problems, rank0_argv, rank_spec
 from operations.settings import Settings
-
-if TYPE_CHECKING:  # the plan reads plain data: the fact's shape only
-    from operations.facts.rank import RankInputsDict
 
 GIB = 1024**3
 

@@ -12,8 +12,9 @@ holds what systemd does not:
     run      the run that started or adopted it (peer_ssh.RUN_TOKEN)
     queued, began, ended   epoch seconds (began: its waits are over; ended: its work exited, not when stopped)
 
-The unit's script waits for each stream named in `after` that belongs to the same run while that one's unit runs
-(one of another run is not this run's work), then runs the work; it does not start when such a stream failed.
+The unit's script waits for each stream named in `after` while that one's unit runs, whichever run follows it (a
+run adopting streams names itself in them one at a time), then runs the work. It does not start when a stream it
+waited for, or one of its own run, did not finish; one an earlier run left failed is not this run's work.
 """
 
 from __future__ import annotations
@@ -36,17 +37,18 @@ RUNNER = r'''
 d=$1; root=${d%/*}
 put() { printf '%s\n' "$2" > "$d/$1.tmp" && mv -f "$d/$1.tmp" "$d/$1"; }
 field() { systemctl show "''' + unit_name("") + r'''$1" -p "$2" --value; }
-ours() { [ "$(cat "$root/$1/run" 2>/dev/null)" = "$(cat "$d/run")" ]; }
+first=$(cat "$d/run")
+ours() { r=$(cat "$root/$1/run" 2>/dev/null); [ "$r" = "$first" ] || [ "$r" = "$(cat "$d/run")" ]; }
 running() { case "$(field "$1" ActiveState)/$(field "$1" SubState)" in
   activating/*|reloading/*|deactivating/*) true;; active/exited) false;; active/*) true;; *) false;; esac; }
 succeeded() { [ "$(field "$1" ActiveState)/$(field "$1" Result)/$(field "$1" ExecMainStatus)" = active/success/0 ]; }
 for a in $(cat "$d/after"); do
   said=
-  while ours "$a" && running "$a"; do
+  while running "$a"; do
     [ -n "$said" ] || { said=1; echo "$(cat "$d/label"): waits for $(cat "$root/$a/label")"; }
     sleep 1
   done
-  if ours "$a" && ! succeeded "$a"; then
+  if { [ -n "$said" ] || ours "$a"; } && ! succeeded "$a"; then
     echo "sparkfold: $(cat "$d/label"): not started: $(cat "$root/$a/label" 2>/dev/null || echo "$a") did not finish"
     exit 1
   fi
@@ -93,7 +95,7 @@ def own_mux(text: str, name: str) -> str:
     out of this unit's journal. One per stream keeps them in it."""
     if not name:
         return text
-    tag = hashlib.sha256(name.encode()).hexdigest()[:6]
+    tag = "s" + hashlib.sha256(name.encode()).hexdigest()[:7]
     return text.replace(mux_socket_prefix(), mux_socket_prefix(tag))
 
 

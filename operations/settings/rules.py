@@ -190,7 +190,7 @@ def validate(s: Settings) -> list[str]:
     if s.link_measure not in LINK_MEASURE_MODES:
         problems.append(f"link_measure = {s.link_measure!r} must be one of {', '.join(LINK_MEASURE_MODES)}: \"stop\" "
                         "(a slow link stops the deploy before the ranks), \"warn\" (it warns and goes on) or \"off\"")
-    _check_range(problems, s, "link_min_gbps", 0.001, 200.0, "a rail (one PCIe twin) carries ~100 Gb/s at most; "
+    _check_range(problems, s, "link_min_gbps", 0.001, 120.0, "a rail (one PCIe twin) carries ~100 Gb/s at most; "
                  "docs/link.md gives the figures")
     _check_range(problems, s, "gpu_clock_mhz", 300, 4000)
     _check_range(problems, s, "nccl_rails", 1, 2, "1 uses the first twin only, 2 both")

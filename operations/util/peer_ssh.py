@@ -19,9 +19,11 @@ RUN_TOKEN = secrets.token_hex(4)  # one per pyinfra process: both hosts of a run
 
 
 def mux_socket_prefix(tag: str = "") -> str:
-    """The start of the shared connection's socket path (ControlPath; %C, a digest of the target, follows): this
-    run's, or one of its own for a background stream (stream_runner.own_mux)."""
-    return f"%d/.ssh/sparkfold-{RUN_TOKEN}{'-' + tag if tag else ''}-"
+    """The start of the shared connection's socket path (ControlPath; %C, a 40-character digest of the target,
+    follows): this run's, or a background stream's own (tag: 8 characters, as long as the run's token; a stream's
+    unit ends its master when it stops). The path stays short: a Unix socket path holds 107 bytes, and ssh adds a
+    17-character suffix while it makes the socket."""
+    return f"%d/.ssh/sparkfold-{tag or RUN_TOKEN}-"
 
 
 OPTIONS = ("-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=accept-new",

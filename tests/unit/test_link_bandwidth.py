@@ -132,33 +132,35 @@ def test_a_header_without_its_row_is_no_report():
 
 def test_what_makes_a_converged_run_measure_again():
     head, worker = pair()
-    inputs = measure_inputs(head, worker, "sparkfold/dsv41-tf:abc", 80.0)
+    inputs = measure_inputs(head, worker, 80.0)
     assert changed_inputs(None, inputs) == ["nothing is recorded"]
-    assert changed_inputs({"inputs": inputs, "passed": True}, inputs) == []
-    assert changed_inputs({"inputs": inputs, "passed": False}, inputs) == ["the last measurement did not pass"]
+    assert changed_inputs({"inputs": inputs, "passed": True, "figures": HEALTHY}, inputs) == []
+    assert changed_inputs({"inputs": inputs, "passed": False, "figures": HEALTHY}, inputs) == [
+        "the last measurement did not pass"]
     mtu_head, _ = pair(head_rails=[rail("enp1s0f0np0", "rocep1s0f0", "192.168.100.1/24", mtu=8000),
                                    rail("enP2p1s0f0np0", "roceP2p1s0f0", "192.168.101.1/24", mtu=8000)])
-    assert changed_inputs({"inputs": inputs, "passed": True},
-                          measure_inputs(mtu_head, worker, "sparkfold/dsv41-tf:abc", 80.0)) == ["the head's MTU"]
-    assert changed_inputs({"inputs": inputs, "passed": True},
-                          measure_inputs(head, worker, "sparkfold/dsv41-tf:def", 80.0)) == ["the image"]
+    assert changed_inputs({"inputs": inputs, "passed": True, "figures": HEALTHY},
+                          measure_inputs(mtu_head, worker, 80.0)) == ["the head's MTU"]
+    # the image is no input: an upgrade or a rollback does not measure the rails the old pair serves on
+    assert changed_inputs({"inputs": inputs, "passed": True, "figures": HEALTHY}, measure_inputs(head, worker, 80.0)
+                          ) == []
     newer = {**worker, "kernel": "6.11.0-1017-nvidia"}
-    assert changed_inputs({"inputs": inputs, "passed": True},
-                          measure_inputs(head, newer, "sparkfold/dsv41-tf:abc", 80.0)) == ["the worker's kernel"]
+    assert changed_inputs({"inputs": inputs, "passed": True, "figures": HEALTHY},
+                          measure_inputs(head, newer, 80.0)) == ["the worker's kernel"]
 
 
 
 def test_a_new_link_min_gbps_measures_again():
     head, worker = pair()
-    inputs = measure_inputs(head, worker, "i", 80.0)
-    assert changed_inputs({"inputs": inputs, "passed": True}, measure_inputs(head, worker, "i", 90.0)) == [
-        "link_min_gbps"]
+    inputs = measure_inputs(head, worker, 80.0)
+    recorded = {"inputs": inputs, "passed": True, "figures": HEALTHY}
+    assert changed_inputs(recorded, measure_inputs(head, worker, 90.0)) == ["link_min_gbps"]
 
 
 def test_both_sparks_must_hold_the_measurement():
     head, worker = pair()
-    inputs = measure_inputs(head, worker, "i", 80.0)
-    passed = {"inputs": inputs, "passed": True}
+    inputs = measure_inputs(head, worker, 80.0)
+    passed = {"inputs": inputs, "passed": True, "figures": HEALTHY}
     assert measure_reasons(passed, passed, inputs) == []
     assert measure_reasons(passed, None, inputs) == ["the worker has no record of it"]
     assert measure_reasons(None, passed, inputs) == ["nothing is recorded"]
@@ -166,7 +168,7 @@ def test_both_sparks_must_hold_the_measurement():
 
 def test_the_record_holds_its_inputs_figures_and_findings():
     head, worker = pair()
-    inputs = measure_inputs(head, worker, "img", 80.0)
+    inputs = measure_inputs(head, worker, 80.0)
     found = json.loads(record_text(inputs, HEALTHY, [("twin", "slow")], False))
     assert found["inputs"] == inputs and found["figures"] == HEALTHY
     assert (found["findings"], found["passed"]) == (["slow"], False)
@@ -177,7 +179,7 @@ def test_the_record_holds_its_inputs_figures_and_findings():
 def test_live_speed_and_states_are_not_inputs():
     head, worker = pair()
     slow = {**head, "rails": [{**r, "speed_mbps": 10000, "port_state": "1: DOWN"} for r in head["rails"]]}
-    assert measure_inputs(head, worker, "i", 80.0) == measure_inputs(slow, worker, "i", 80.0)
+    assert measure_inputs(head, worker, 80.0) == measure_inputs(slow, worker, 80.0)
 
 
 # --- the judgment -------------------------------------------------------------------------------------------
@@ -245,12 +247,26 @@ def test_a_slow_link_speed_is_named():
     assert "enp1s0f0np0 on the head links at 25 Gb/s" in found[0][1]
 
 
-def test_nothing_crossing_a_rail_that_is_up_points_at_the_cabling():
+def test_a_pair_that_exchanged_but_did_not_connect_points_at_the_cabling():
     head, worker = pair()
-    found = judge(head, worker, figures(96.0, None, 96.0, None, {"enP2p1s0f0np0": "Couldn't connect to x:18516"}),
-                  80.0, None)
+    why = "Unable to Connect the HCA's through the link"  # past the TCP exchange: the RDMA connection failed
+    found = judge(head, worker, figures(96.0, None, 96.0, None, {"enP2p1s0f0np0": why}), 80.0, None)
     assert causes(found) == ["cabling"]
-    assert "nothing crossed enP2p1s0f0np0 (Couldn't connect to x:18516)" in found[0][1]
+    assert f"nothing crossed enP2p1s0f0np0 ({why})" in found[0][1]
+
+
+@pytest.mark.parametrize("why", ["Couldn't connect to 192.168.101.2:18516",
+                                 "sudo: a password is required"])
+def test_a_server_that_did_not_answer_points_at_the_firewall_and_sudo_not_the_cable(why):
+    # the link step's pings crossed the rail before: a refused TCP exchange or a sudo that asks is the worker's side
+    head, worker = pair()
+    found = judge(head, worker, figures(96.0, None, 96.0, None, {"enP2p1s0f0np0": why}), 80.0, None)
+    assert causes(found) == ["server"]
+    assert "TCP 18516 in on enP2p1s0f0np0" in found[0][1] and "passwordless sudo" in found[0][1]
+
+
+def test_sudos_refusal_is_a_failed_runs_reason():
+    assert failure_of("sudo: a password is required\n") == "sudo: a password is required"
 
 
 def test_a_stale_nccl_conf_is_a_finding_even_when_the_figures_pass():
@@ -318,10 +334,10 @@ def test_a_rail_without_a_gid_cannot_be_measured():
 def test_link_measure_and_link_min_gbps_are_checked():
     from operations.settings.rules import validate
 
-    s, _ = load_one("head", link_measure="loud", link_min_gbps=500.0)
+    s, _ = load_one("head", link_measure="loud", link_min_gbps=150.0)
     problems = validate(s)
     assert any(p.startswith("link_measure = 'loud' must be one of stop, warn, off") for p in problems), problems
-    assert any(p.startswith("link_min_gbps = 500.0 is outside 0.001..200.0") for p in problems), problems
+    assert any(p.startswith("link_min_gbps = 150.0 is outside 0.001..120.0") for p in problems), problems
 
 
 # --- the facts ----------------------------------------------------------------------------------------------
@@ -369,3 +385,22 @@ def test_link_check_stop_is_a_setting_off_by_default():
 def test_a_throttled_twin_is_shown_in_significant_digits_not_as_zero():
     line = figures_line(figures(10.5, 0.0213, 12.6, 0.0198), ["enp1s0f0np0", "enP2p1s0f0np0"])
     assert "enP2p1s0f0np0 0.021 Gb/s alone, 0.02 Gb/s together" in line and "enp1s0f0np0 10.5 Gb/s alone" in line
+
+
+def test_a_short_link_let_through_with_warn_is_not_measured_again_while_warn_stands():
+    head, worker = pair()
+    inputs = measure_inputs(head, worker, 80.0)
+    warned = json.loads(record_text(inputs, HEALTHY, [("twin", "slow")], False, "warn"))
+    assert measure_reasons(warned, warned, inputs, "warn") == []
+    assert measure_reasons(warned, warned, inputs, "stop") == ["the last measurement did not pass"]
+    checked = json.loads(record_text(inputs, HEALTHY, [("twin", "slow")], False, "check"))  # link_check.py's
+    assert measure_reasons(checked, checked, inputs, "warn") == ["the last measurement did not pass"]
+
+
+@pytest.mark.parametrize("record", [
+    [], {"inputs": []}, {"inputs": {"head": [], "worker": {}}}, {"inputs": {"head": {"rails": ["x"]}, "worker": {}}},
+    {"inputs": {"head": {}, "worker": {"rails": "enp1"}}}, {"inputs": {"head": {}, "worker": {}}, "figures": "x"},
+])
+def test_a_record_of_another_shape_is_measured_again_not_crashed_on(record):
+    head, worker = pair()
+    assert changed_inputs(record, measure_inputs(head, worker, 80.0)) == ["nothing is recorded"]

@@ -26,7 +26,9 @@ from operations.facts.systemd import UnitState
 from operations.layout import GPU_CLOCK_TIMER, MEMGUARD_UNIT, SUPERVISOR_UNIT
 from operations.link import ipv4_mapped_gid
 from operations.rank.spec import LABEL_HASH
-from operations.tools import status as st
+from operations.tools import status_gather as sg
+from operations.tools import status_render as sr
+from operations.tools import status_watch as sw
 from operations.util.net import ip_of
 
 NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
@@ -83,9 +85,9 @@ UNIT_ON = {"enabled": "enabled", "active": "active", "sha256": "f" * 64}
 UNIT_NONE = {"enabled": "", "active": "inactive", "sha256": None}
 
 
-def up_facts(s) -> st.SparkFacts:
+def up_facts(s) -> sr.SparkFacts:
     """A Spark of a converged, serving pair."""
-    f: st.SparkFacts = {
+    f: sr.SparkFacts = {
         "container": container(s.rank), "want_hash": HASH[s.rank], "spec_note": "",
         "gpu": GPU_LOCKED,
         "meminfo": {"MemTotal": 119 * GIB, "MemAvailable": 8 * GIB},
@@ -105,9 +107,9 @@ def up_facts(s) -> st.SparkFacts:
     return f
 
 
-def nothing_facts(s) -> st.SparkFacts:
+def nothing_facts(s) -> sr.SparkFacts:
     """A Spark nothing was deployed on: every fact's default."""
-    f: st.SparkFacts = {
+    f: sr.SparkFacts = {
         "container": {}, "want_hash": None, "gpu": GpuClockState.default(),
         "spec_note": f"rank {s.rank} cannot be launched yet: the link record (rails) missing",
         "addrs": {}, "roce": {}, "pings": [False, False], "meminfo": {"MemTotal": 119 * GIB, "MemAvailable": 117 * GIB},
@@ -121,11 +123,11 @@ def nothing_facts(s) -> st.SparkFacts:
     return f
 
 
-API_OK: st.ApiProbe = {"problem": None, "latency_ms": 12.4, "key_on": False, "key_read": False}
+API_OK: sr.ApiProbe = {"problem": None, "latency_ms": 12.4, "key_on": False, "key_read": False}
 METRICS_URL = "http://spark-a.local:8888/metrics"
-METRICS_NONE: st.MetricsProbe = {"url": METRICS_URL, "problem": "not served by this engine (404)", "values": {},
+METRICS_NONE: sr.MetricsProbe = {"url": METRICS_URL, "problem": "not served by this engine (404)", "values": {},
                                  "kinds": {}, "read_at": None}
-API_DOWN: st.ApiProbe = {"problem": "no answer from http://spark-a.local:8888/v1/models (ConnectionError)",
+API_DOWN: sr.ApiProbe = {"problem": "no answer from http://spark-a.local:8888/v1/models (ConnectionError)",
                          "latency_ms": 3.0, "key_on": False, "key_read": False}
 
 
@@ -133,10 +135,10 @@ def rows_of(head_facts, worker_facts, api=API_OK, plan=None, settings=None):
     hs, ws = make_pair(**(settings or {}))
     head = head_facts(hs) if callable(head_facts) else head_facts
     worker = worker_facts(ws) if callable(worker_facts) else worker_facts
-    return st.build_rows(hs, ws, head, worker, api, plan, NOW, {"head": "spark-a", "worker": "spark-b"})
+    return sr.build_rows(hs, ws, head, worker, api, plan, NOW, {"head": "spark-a", "worker": "spark-b"})
 
 
-def by_item(rows, spark, item) -> st.Row:
+def by_item(rows, spark, item) -> sr.Row:
     found = [r for r in rows if r.spark == spark and r.item == item]
     assert len(found) == 1, (spark, item, rows)
     return found[0]
@@ -168,7 +170,7 @@ def test_both_up_and_current():
     assert by_item(rows, "head", "sparkfold-supervise").state == "not installed"  # supervise = false: as wanted
     assert by_item(rows, "head", "sparkfold-supervise").ok is True
     assert by_item(rows, "head", "memory").ok is None  # the rank runs: memory is information only
-    assert st.not_serving({0: container(0), 1: container(1)}, API_OK) is None
+    assert sr.not_serving({0: container(0), 1: container(1)}, API_OK) is None
 
 
 def test_worker_down():
@@ -183,7 +185,7 @@ def test_worker_down():
     assert by_item(rows, "head", "API").state == "no answer"
     mem = by_item(rows, "worker", "memory")  # not running: judged against min_avail_gib
     assert mem.ok is False and "a rank needs min_avail_gib = 112 GiB to start" in mem.detail
-    verdict = st.not_serving({0: container(0), 1: container(1, running=False, exit_code=137)}, API_DOWN)
+    verdict = sr.not_serving({0: container(0), 1: container(1, running=False, exit_code=137)}, API_DOWN)
     assert verdict == ("rank 1 is not running (exit code 137); no answer from "
                        "http://spark-a.local:8888/v1/models (ConnectionError)")
 
@@ -195,7 +197,7 @@ def test_spec_stale_is_marked_but_the_pair_still_serves():
     r0 = by_item(rows, "head", "rank 0")
     assert (r0.state, r0.ok) == ("running", False) and "spec stale" in r0.detail
     assert by_item(rows, "worker", "rank 1").ok is True
-    assert st.not_serving({0: container(0, label="f" * 32), 1: container(1)}, API_OK) is None
+    assert sr.not_serving({0: container(0, label="f" * 32), 1: container(1)}, API_OK) is None
 
 
 def test_spec_unknown_names_why():
@@ -206,13 +208,13 @@ def test_spec_unknown_names_why():
 
 
 def test_api_answering_with_a_key():
-    api: st.ApiProbe = {"problem": None, "latency_ms": 40.2, "key_on": True, "key_read": True}
+    api: sr.ApiProbe = {"problem": None, "latency_ms": 40.2, "key_on": True, "key_read": True}
     row = by_item(rows_of(up_facts, up_facts, api=api, settings={"head": {"api_key": True}}), "head", "API")
     assert (row.state, row.ok) == ("answers", True)
     assert row.detail.endswith("in 40 ms; key on")
-    refused: st.ApiProbe = {"problem": "http://h:8888/v1/models refused the API key (401)", "latency_ms": 5.0,
+    refused: sr.ApiProbe = {"problem": "http://h:8888/v1/models refused the API key (401)", "latency_ms": 5.0,
                             "key_on": True, "key_read": False}
-    row = st.api_row("http://h:8888", "m", refused)
+    row = sr.api_row("http://h:8888", "m", refused)
     assert (row.state, row.ok) == ("no answer", False)
     assert row.detail == ("http://h:8888/v1/models refused the API key (401); key on, but the key file on the head "
                           "gave no key")
@@ -239,7 +241,7 @@ def test_nothing_deployed_yet():
     assert by_item(rows, "worker", "link bandwidth").state == "not measured"
     assert (by_item(rows, "head", "metrics").state, by_item(rows, "head", "metrics").ok) == ("not read", None)
     assert by_item(rows, "head", "generations").state == "none"  # information: nothing has served yet
-    assert st.not_serving({0: {}, 1: {}}, API_DOWN) == ("rank 0 has no container; rank 1 has no container; "
+    assert sr.not_serving({0: {}, 1: {}}, API_DOWN) == ("rank 0 has no container; rank 1 has no container; "
                                                         + API_DOWN["problem"])
 
 
@@ -252,24 +254,24 @@ def test_facts_that_were_not_read_still_give_every_row():
 def test_gpu_lock_drift_is_shown():
     timer_on = {"enabled": "enabled", "active": "active"}
     reset = {**GPU_LOCKED, "gpus": [{**GPU_LOCKED["gpus"][0], "clocks_sm": 2405}]}
-    row = st.gpu_row("head", reset, 2200, 300, timer_on)
+    row = sr.gpu_row("head", reset, 2200, 300, timer_on)
     assert (row.state, row.ok) == ("not locked", False)
     assert row.detail.startswith("GPU 0 runs at 2405 MHz, above the 2200 MHz ceiling (lock reset)")
     rebooted = {**GPU_LOCKED, "boot_id": "boot-2"}
-    assert "no lock recorded since this boot" in st.gpu_row("head", rebooted, 2200, 300, timer_on).detail
+    assert "no lock recorded since this boot" in sr.gpu_row("head", rebooted, 2200, 300, timer_on).detail
 
 
 def test_gpu_stale_and_failed_applications_are_shown():
     stale = {**GPU_LOCKED, "applied": GPU_LOCKED["now"] - 2400}
-    row = st.gpu_row("worker", stale, 2200, 300, {"enabled": "enabled", "active": "inactive"})
+    row = sr.gpu_row("worker", stale, 2200, 300, {"enabled": "enabled", "active": "inactive"})
     assert (row.state, row.ok) == ("stale", False)
     assert row.detail == ("last applied 40 min ago, more than 2 timer periods of 300 s: sparkfold-gpu-clock.timer "
                           "is not running; wanted ceiling 2200 MHz")
     failed = {**GPU_LOCKED, "recorded": {}, "applied": None, "failed_at": GPU_LOCKED["now"] - 60, "failed": "why"}
-    row = st.gpu_row("worker", failed, 2200, 300, {"active": "active"})
+    row = sr.gpu_row("worker", failed, 2200, 300, {"active": "active"})
     assert (row.state, row.detail) == ("failed", "the last application failed 1 min ago: why; wanted ceiling 2200 MHz")
     # held, but nothing keeps it: not a problem yet, still marked
-    row = st.gpu_row("worker", GPU_LOCKED, 2200, 300, {"active": "inactive"})
+    row = sr.gpu_row("worker", GPU_LOCKED, 2200, 300, {"active": "inactive"})
     assert (row.state, row.ok) == ("locked", False) and "timer is not running" in row.detail
 
 
@@ -293,52 +295,52 @@ def test_a_folder_changed_since_its_check_is_not_verified():
 
 
 def test_weight_folder_with_an_interrupted_build():
-    row = st.weights_row("head", 0, "/d/rank-cache/active-rank0", f"{COMMIT}/rank0",
+    row = sr.weights_row("head", 0, "/d/rank-cache/active-rank0", f"{COMMIT}/rank0",
                          {"bins": {}, "partial": [0], "source": None}, None, verify=False)
     assert (row.state, row.ok) == ("incomplete", False) and "an interrupted build" in row.detail
 
 
 def test_unit_wanted_off_but_running():
-    row = st.unit_row("head", SUPERVISOR_UNIT, UNIT_ON, "supervise", False)
+    row = sr.unit_row("head", SUPERVISOR_UNIT, UNIT_ON, "supervise", False)
     assert (row.item, row.state, row.ok) == ("sparkfold-supervise", "active", False)
     assert row.detail == "enabled: enabled; supervise = false"
 
 
 def test_memory_is_shown_against_the_memguard_floor_while_the_rank_runs():
     mem = by_item(rows_of(up_facts, up_facts), "head", "memory")
-    assert st.render_table([mem]).splitlines()[1] == ("· head   memory  8.0 GiB  MemAvailable of 119.0 GiB; 5.5 GiB "
+    assert sr.render_table([mem]).splitlines()[1] == ("· head   memory  8.0 GiB  MemAvailable of 119.0 GiB; 5.5 GiB "
                                                       "above the memguard floor of 2.5 GiB")
     assert mem.ok is None and mem.facts == {"mem_available_gib": 8.0, "mem_total_gib": 119.0, "rank_running": True,
                                             "min_avail_gib": 112.0, "memguard": True, "memguard_floor_gib": 2.5}
-    low = st.memory_row("worker", {"MemTotal": 119 * GIB, "MemAvailable": 2 * GIB}, 112, True, True, 2.5)
+    low = sr.memory_row("worker", {"MemTotal": 119 * GIB, "MemAvailable": 2 * GIB}, 112, True, True, 2.5)
     assert (low.state, low.detail, low.ok) == ("2.0 GiB", "MemAvailable of 119.0 GiB; below the memguard floor of "
                                                "2.5 GiB: memguard kills the rank", False)
-    off = st.memory_row("worker", {"MemTotal": 119 * GIB, "MemAvailable": 2 * GIB}, 112, True, False, 2.5)
+    off = sr.memory_row("worker", {"MemTotal": 119 * GIB, "MemAvailable": 2 * GIB}, 112, True, False, 2.5)
     assert (off.detail, off.ok) == ("MemAvailable of 119.0 GiB; memguard off (memguard = false)", None)
     # no rank: the floor a start needs, as before
-    idle = st.memory_row("worker", {"MemTotal": 119 * GIB, "MemAvailable": 117 * GIB}, 112, False, True, 2.5)
+    idle = sr.memory_row("worker", {"MemTotal": 119 * GIB, "MemAvailable": 117 * GIB}, 112, False, True, 2.5)
     assert (idle.detail, idle.ok) == ("MemAvailable of 119.0 GiB; a rank needs min_avail_gib = 112 GiB to start", True)
 
 
 METRIC_KINDS = {"tensorfold_requests_total": "counter", "tensorfold_completion_tokens_total": "counter",
                 "tensorfold_requests_inflight": "gauge", "tensorfold_decode_seconds_total": "counter"}
-METRICS_1: st.MetricsProbe = {"url": METRICS_URL, "problem": None, "kinds": METRIC_KINDS, "read_at": 1000.0,
+METRICS_1: sr.MetricsProbe = {"url": METRICS_URL, "problem": None, "kinds": METRIC_KINDS, "read_at": 1000.0,
                               "values": {"tensorfold_requests_total": 12.0, "tensorfold_completion_tokens_total": 789.0,
                                          "tensorfold_requests_inflight": 1.0, "tensorfold_decode_seconds_total": 3.25}}
-METRICS_2: st.MetricsProbe = {**METRICS_1, "read_at": 1005.0,  # type: ignore[typeddict-item]
+METRICS_2: sr.MetricsProbe = {**METRICS_1, "read_at": 1005.0,  # type: ignore[typeddict-item]
                               "values": {"tensorfold_requests_total": 14.0, "tensorfold_completion_tokens_total": 909.0,
                                          "tensorfold_requests_inflight": 0.0, "tensorfold_decode_seconds_total": 1.5}}
 
 
 def test_metric_rows_show_each_metric_then_each_counters_rise_since_the_last_refresh():
-    assert st.render_table(st.metric_rows(METRICS_1, None)).splitlines()[1:] == [
+    assert sr.render_table(sr.metric_rows(METRICS_1, None)).splitlines()[1:] == [
         "· head   requests_total           12     counter",
         "· head   completion_tokens_total  789    counter",
         "· head   requests_inflight        1      gauge",
         "· head   decode_seconds_total     3.25   counter",
     ]
-    rows = st.metric_rows(METRICS_2, METRICS_1)
-    assert st.render_table(rows).splitlines()[1:] == [
+    rows = sr.metric_rows(METRICS_2, METRICS_1)
+    assert sr.render_table(rows).splitlines()[1:] == [
         "· head   requests_total           14     counter, +2 in 5 s (0.4/s)",
         "· head   completion_tokens_total  909    counter, +120 in 5 s (24.0/s)",
         "· head   requests_inflight        0      gauge",
@@ -350,18 +352,18 @@ def test_metric_rows_show_each_metric_then_each_counters_rise_since_the_last_ref
 
 
 def test_metrics_that_were_not_read_give_one_row_saying_why():
-    assert st.render_table(st.metric_rows(None, None)).splitlines()[1] == (
+    assert sr.render_table(sr.metric_rows(None, None)).splitlines()[1] == (
         "· head   metrics  not read  the API does not answer")
-    assert st.render_table(st.metric_rows(METRICS_NONE, METRICS_1)).splitlines()[1] == (
+    assert sr.render_table(sr.metric_rows(METRICS_NONE, METRICS_1)).splitlines()[1] == (
         "· head   metrics  not read  http://spark-a.local:8888/metrics: not served by this engine (404)")
     empty = {**METRICS_1, "values": {}, "kinds": {}}
-    assert st.render_table(st.metric_rows(empty, None)).splitlines()[1] == (  # type: ignore[arg-type]
+    assert sr.render_table(sr.metric_rows(empty, None)).splitlines()[1] == (  # type: ignore[arg-type]
         "· head   metrics  none   http://spark-a.local:8888/metrics lists no counter or gauge")
 
 
 def test_the_metric_rows_follow_the_api_row():
     hs, ws = make_pair()
-    rows = st.build_rows(hs, ws, up_facts(hs), up_facts(ws), API_OK, None, NOW, None, METRICS_2, METRICS_1)
+    rows = sr.build_rows(hs, ws, up_facts(hs), up_facts(ws), API_OK, None, NOW, None, METRICS_2, METRICS_1)
     assert [r.item for r in rows[:7]] == ["rank 0", "rank 1", "API", "requests_total", "completion_tokens_total",
                                           "requests_inflight", "decode_seconds_total"]
     assert rows[3].detail == "counter, +2 in 5 s (0.4/s)"
@@ -370,13 +372,13 @@ def test_the_metric_rows_follow_the_api_row():
 def serving_report(head_facts=up_facts, worker_facts=up_facts, api=API_OK, verdict=None, ssh=None):
     hs, ws = make_pair()
     hosts = {"head": "spark-a", "worker": "spark-b"}
-    rows = st.build_rows(hs, ws, head_facts(hs), worker_facts(ws), api, None, NOW, hosts, METRICS_1, None)
-    return hs, st.Report(rows, verdict, hosts, ssh or {"head": True, "worker": True}, METRICS_1, NOW)
+    rows = sr.build_rows(hs, ws, head_facts(hs), worker_facts(ws), api, None, NOW, hosts, METRICS_1, None)
+    return hs, sr.Report(rows, verdict, hosts, ssh or {"head": True, "worker": True}, METRICS_1, NOW)
 
 
 def test_the_json_document_holds_every_row_with_its_facts():
     hs, report = serving_report()
-    text = st.render_json(report, hs, [])
+    text = sr.render_json(report, hs, [])
     assert "\n" not in text  # one document, one line
     doc = json.loads(text)
     assert {k: doc[k] for k in ("time", "serving", "verdict", "api", "settings_problems", "sparks")} == {
@@ -414,7 +416,7 @@ def test_the_json_document_of_a_pair_that_is_not_serving():
     hs, report = serving_report(worker_facts=lambda s: {"unreachable": "spark-b did not answer over ssh"},
                                 api=API_DOWN, verdict="rank 1's Spark does not answer over ssh",
                                 ssh={"head": True, "worker": False})
-    doc = json.loads(st.render_json(report, hs, ["context = 3 must be a power of two"]))
+    doc = json.loads(sr.render_json(report, hs, ["context = 3 must be a power of two"]))
     assert (doc["serving"], doc["verdict"]) == (False, "rank 1's Spark does not answer over ssh")
     assert doc["settings_problems"] == ["context = 3 must be a power of two"]
     assert doc["sparks"]["worker"] == {"host": "spark-b", "ssh": False}
@@ -429,17 +431,17 @@ def test_the_json_document_of_a_pair_that_is_not_serving():
 
 def test_the_watched_table_says_when_it_was_read_and_how_often():
     hs, report = serving_report()
-    lines = st.render_text(report, hs, [], every_s=5).splitlines()
+    lines = sr.render_text(report, hs, [], every_s=5).splitlines()
     assert lines[0] == ("sparkfold status: head spark-a, worker spark-b; 2026-03-01 12:00:00 UTC, again every 5 s "
                         "(Ctrl-C stops)")
-    assert st.render_text(report, hs, []).splitlines()[0] == "sparkfold status: head spark-a, worker spark-b"
+    assert sr.render_text(report, hs, []).splitlines()[0] == "sparkfold status: head spark-a, worker spark-b"
     assert lines[-1] == "serving: DeepSeek-V4.1-Flash-1017 at http://spark-a.local:8888/v1"
 
 
 def test_each_refresh_replaces_the_last_on_a_terminal_and_follows_it_elsewhere():
-    assert st.watch_frame("table", terminal=True, as_json=False) == "\x1b[H\x1b[2Jtable"
-    assert st.watch_frame("table", terminal=False, as_json=False) == "table\n"  # a blank line between refreshes
-    assert st.watch_frame('{"serving": true}', terminal=True, as_json=True) == '{"serving": true}'  # a line each
+    assert sw.watch_frame("table", terminal=True, as_json=False) == "\x1b[H\x1b[2Jtable"
+    assert sw.watch_frame("table", terminal=False, as_json=False) == "table\n"  # a blank line between refreshes
+    assert sw.watch_frame('{"serving": true}', terminal=True, as_json=True) == '{"serving": true}'  # a line each
 
 
 def test_watch_reads_again_every_interval_from_the_start_of_each_read():
@@ -450,27 +452,27 @@ def test_watch_reads_again_every_interval_from_the_start_of_each_read():
         reads.append(previous)
         return f"report {len(reads)}"
 
-    st.watch(read, shown.append, 5, sleep=sleeps.append, clock=lambda: next(ticks), frames=3)
+    sw.watch(read, shown.append, 5, sleep=sleeps.append, clock=lambda: next(ticks), frames=3)
     assert shown == ["report 1", "report 2", "report 3"]
     assert reads == [None, "report 1", "report 2"]  # each read gets the last one: the counters' rates
     assert sleeps == [3.5, 0.0]  # none after the last frame
 
 
 def test_time_parsing():
-    assert st.parse_time("2026-03-01T09:30:00.123456789Z") == datetime(2026, 3, 1, 9, 30, 0, 123456, tzinfo=UTC)
-    assert st.parse_time("2026-03-01T10:30:00+01:00") == datetime(2026, 3, 1, 9, 30, tzinfo=UTC)
-    assert st.parse_time("0001-01-01T00:00:00Z") is None and st.parse_time("") is None
-    assert st.ago(datetime(2026, 2, 27, 10, 0, tzinfo=UTC), NOW) == "2 d 2 h"
-    assert st.ago(datetime(2026, 3, 1, 11, 59, 30, tzinfo=UTC), NOW) == "30 s"
+    assert sr.parse_time("2026-03-01T09:30:00.123456789Z") == datetime(2026, 3, 1, 9, 30, 0, 123456, tzinfo=UTC)
+    assert sr.parse_time("2026-03-01T10:30:00+01:00") == datetime(2026, 3, 1, 9, 30, tzinfo=UTC)
+    assert sr.parse_time("0001-01-01T00:00:00Z") is None and sr.parse_time("") is None
+    assert sr.ago(datetime(2026, 2, 27, 10, 0, tzinfo=UTC), NOW) == "2 d 2 h"
+    assert sr.ago(datetime(2026, 3, 1, 11, 59, 30, tzinfo=UTC), NOW) == "30 s"
 
 
 # --- the table --------------------------------------------------------------------------------------------------
 
 def test_render_table_aligns_columns_and_marks_rows():
-    rows = [st.Row("head", "rank 0", "running", "since x", True),
-            st.Row("worker", "rank 1", "exited", "exit code 1", False),
-            st.Row("head", "memory", "8.0 GiB", "", None)]
-    assert st.render_table(rows) == "\n".join([
+    rows = [sr.Row("head", "rank 0", "running", "since x", True),
+            sr.Row("worker", "rank 1", "exited", "exit code 1", False),
+            sr.Row("head", "memory", "8.0 GiB", "", None)]
+    assert sr.render_table(rows) == "\n".join([
         "  SPARK   ITEM    STATE    DETAIL",
         "✔ head    rank 0  running  since x",
         "✘ worker  rank 1  exited   exit code 1",
@@ -479,9 +481,9 @@ def test_render_table_aligns_columns_and_marks_rows():
 
 
 def test_rendered_table_of_a_serving_pair_has_no_problem_mark():
-    text = st.render_table(rows_of(up_facts, up_facts))
+    text = sr.render_table(rows_of(up_facts, up_facts))
     assert "✘" not in text and text.count("\n") == len(rows_of(up_facts, up_facts))
-    assert "✘ worker  rank 1" in st.render_table(rows_of(up_facts, {}, api=API_DOWN))
+    assert "✘ worker  rank 1" in sr.render_table(rows_of(up_facts, {}, api=API_DOWN))
 
 
 # --- the deploy plan's count ----------------------------------------------------------------------------------
@@ -494,27 +496,27 @@ PLAN = [
 
 
 def test_count_changes_and_the_plan_row():
-    assert st.count_changes(PLAN) == ({"spark-a": 1, "spark-b": 2}, {"spark-a": 1})
-    plan = st.read_plan(json.dumps({"plan": PLAN, "results": None}), "", 0)
-    row = st.plan_row(plan, {"head": "spark-a", "worker": "spark-b"})
+    assert sg.count_changes(PLAN) == ({"spark-a": 1, "spark-b": 2}, {"spark-a": 1})
+    plan = sg.read_plan(json.dumps({"plan": PLAN, "results": None}), "", 0)
+    row = sr.plan_row(plan, {"head": "spark-a", "worker": "spark-b"})
     assert (row.state, row.ok) == ("3 to change", False)
     assert row.detail.startswith("head 1, worker 2 operations would change (head 1, worker 0 may change)")
-    converged = st.read_plan(json.dumps({"plan": PLAN[2:], "results": None}), "", 0)
-    assert st.plan_row(converged, {"head": "spark-a", "worker": "spark-b"}).state == "converged"
+    converged = sg.read_plan(json.dumps({"plan": PLAN[2:], "results": None}), "", 0)
+    assert sr.plan_row(converged, {"head": "spark-a", "worker": "spark-b"}).state == "converged"
 
 
 def test_a_plan_that_cannot_be_read_says_why():
-    plan = st.read_plan("", "--> Loading config...\n--> \x1b[31mpyinfra error\x1b[0m in deploy.py line 22: the "
+    plan = sg.read_plan("", "--> Loading config...\n--> \x1b[31mpyinfra error\x1b[0m in deploy.py line 22: the "
                             "settings need fixing\n", 1)
     assert plan["error"] == "--> pyinfra error in deploy.py line 22: the settings need fixing"
-    assert st.plan_row(plan, {"head": "a"}).state == "unknown"
+    assert sr.plan_row(plan, {"head": "a"}).state == "unknown"
 
 
 def test_dry_run_argv_runs_deploy_py_with_the_same_options():
     argv = ["/x/.venv/bin/pyinfra", "inventory.py", "status.py", "-y", "--data", "context=524288", "--limit", "head"]
-    assert st.dry_run_argv(argv) == [sys.executable, "-m", "pyinfra", "inventory.py", "deploy.py", "--data",
+    assert sg.dry_run_argv(argv) == [sys.executable, "-m", "pyinfra", "inventory.py", "deploy.py", "--data",
                                      "context=524288", "--limit", "head", "--dry", "--json"]
-    assert st.dry_run_argv(["pyinfra", "inv.py", "/src/sparkfold/status.py"])[4] == "/src/sparkfold/deploy.py"
+    assert sg.dry_run_argv(["pyinfra", "inv.py", "/src/sparkfold/status.py"])[4] == "/src/sparkfold/deploy.py"
 
 
 def test_the_plan_row_is_left_out_when_status_plan_is_off():
@@ -532,7 +534,7 @@ def test_spark_facts_reads_each_fact_once_and_pings_the_peer(monkeypatch, role):
              LinkTarget: None, RankFolder: RankFolder.default(), UnitState: UNIT_ON, HfPlan: HfPlan.default(),
              DockerVolumeInfo: None}
     h = FakeHost(facts, name=role)
-    f = st.spark_facts(h, s)
+    f = sg.spark_facts(h, s)
     assert f["container"] == container(s.rank) and f["pings"] == [True, True] and f["gpu"] == GPU_LOCKED
     calls = [(name.rsplit(".", 1)[1], kwargs) for name, kwargs in h.fact_calls]
     pings = [kw for name, kw in calls if name == "PingOk"]
@@ -548,18 +550,18 @@ def test_wanted_hashes_come_from_the_pair_plan_of_both_sparks(monkeypatch):
     hs, ws = make_pair(head={"nccl_rails": 1}, worker={"nccl_rails": 1})
     from rank_inputs import found
     head, worker = {"rank_inputs": found(hs)}, {"rank_inputs": found(ws)}
-    st.wanted_hashes(hs, ws, head, worker)
+    sg.wanted_hashes(hs, ws, head, worker)
     assert len(head["want_hash"]) == len(worker["want_hash"]) == 32 and head["want_hash"] != worker["want_hash"]
     head, worker = {"rank_inputs": found(hs, caps={})}, {"unreachable": "no answer"}
-    st.wanted_hashes(hs, ws, head, worker)
+    sg.wanted_hashes(hs, ws, head, worker)
     assert head["want_hash"] is None and head["spec_note"] == "the other Spark's inputs are not known"
 
     def broken(*args, **kwargs):
         raise ValueError("bad setting")
 
-    monkeypatch.setattr(st, "pair_plan", broken)
+    monkeypatch.setattr(sg, "pair_plan", broken)
     head, worker = {"rank_inputs": found(hs)}, {"rank_inputs": found(ws)}
-    st.wanted_hashes(hs, ws, head, worker)
+    sg.wanted_hashes(hs, ws, head, worker)
     assert (head["want_hash"], head["spec_note"]) == (None, "the spec cannot be built (ValueError: bad setting)")
 
 
@@ -578,7 +580,7 @@ STATUS_ARGV = ("/x/.venv/bin/pyinfra", "inventory.py", "status.py", "-y")
 
 def _run_status_py(monkeypatch, capsys, api_problem, unreachable: str = "", run_on: str = "head",
                    argv: tuple[str, ...] = STATUS_ARGV, settings: dict | None = None,
-                   metrics: st.MetricsProbe | None = None) -> StatusRun:
+                   metrics: sr.MetricsProbe | None = None) -> StatusRun:
     """status.py's run on `run_on` ("head" or "worker") with the default settings (and `settings`); `unreachable`
     names a Spark pyinfra could not connect to; `metrics`: what /metrics gives (none by default)."""
     from pyinfra.api.exceptions import DeployError
@@ -599,8 +601,8 @@ def _run_status_py(monkeypatch, capsys, api_problem, unreachable: str = "", run_
         hosts[unreachable].connected = False
     monkeypatch.setattr(context, "pair_settings", lambda: (hs, ws, ["context = 3 must be a power of two"]))
     monkeypatch.setattr(context, "pair_hosts", lambda: (head, worker))
-    monkeypatch.setattr(st, "models_listed", lambda url, name, key: api_problem)
-    monkeypatch.setattr(st, "probe_metrics", lambda url, key: metrics or METRICS_NONE)
+    monkeypatch.setattr(sg, "models_listed", lambda url, name, key: api_problem)
+    monkeypatch.setattr(sg, "probe_metrics", lambda url, key: metrics or METRICS_NONE)
     monkeypatch.setattr(sys, "argv", list(argv))
     monkeypatch.setenv("PYINFRA_PROGRESS", "on")  # restored after the test: status.py turns it off
     source = (ROOT / "status.py").read_text()
@@ -670,10 +672,10 @@ def test_the_api_is_asked_without_a_key_the_head_could_not_give(monkeypatch):
     head = FakeHost({}, name="spark-a")
     head.connected = False
     asked = []
-    monkeypatch.setattr(st, "models_listed", lambda url, name, key: asked.append(key) or "401 Unauthorized")
-    api = st.probe_api(hs, st.api_key_for(head, hs))
+    monkeypatch.setattr(sg, "models_listed", lambda url, name, key: asked.append(key) or "401 Unauthorized")
+    api = sg.probe_api(hs, sg.api_key_for(head, hs))
     assert asked == [""] and api["key_on"] and api["key_read"] is None and head.fact_calls == []
-    assert "key on, but the head did not answer" in st.api_row(hs.api_base_url, hs.served_name, api).detail
+    assert "key on, but the head did not answer" in sr.api_row(hs.api_base_url, hs.served_name, api).detail
 
 
 # --- the API as the running rank 0 serves it -------------------------------------------------------------------------
@@ -700,10 +702,10 @@ def _gather_api(monkeypatch, settings: dict, args: list[str] | None, running: bo
     head = FakeHost({**facts, RankInputs: rank_inputs(rank0)}, name="spark-a")
     worker = FakeHost({**facts, RankInputs: rank_inputs(container(1))}, name="spark-b")
     sent = []
-    monkeypatch.setattr(st, "models_listed", lambda url, name, key: sent.append(key))
-    monkeypatch.setattr(st, "read_api_key", lambda spark, path: "the-key")
-    monkeypatch.setattr(st, "probe_metrics", lambda url, key: METRICS_NONE)
-    report = st.gather(head, worker, hs, ws, None)
+    monkeypatch.setattr(sg, "models_listed", lambda url, name, key: sent.append(key))
+    monkeypatch.setattr(sg, "read_api_key", lambda spark, path: "the-key")
+    monkeypatch.setattr(sg, "probe_metrics", lambda url, key: METRICS_NONE)
+    report = sg.gather(head, worker, hs, ws, None)
     return by_item(report.rows, "head", "API"), sent
 
 
@@ -757,15 +759,15 @@ def test_a_refresh_connects_again_to_a_spark_that_did_not_answer(monkeypatch):
              UnitState: UNIT_NONE, HfPlan: HfPlan.default(), DockerVolumeInfo: None}
     head = FakeHost({**facts, RankInputs: rank_inputs(container(0))}, name="spark-a")
     worker = Reconnecting({**facts, RankInputs: rank_inputs(container(1))}, "spark-b", ["Connection refused"])
-    monkeypatch.setattr(st, "models_listed", lambda url, name, key: "no answer")
-    first = st.gather(head, worker, hs, ws, None)
+    monkeypatch.setattr(sg, "models_listed", lambda url, name, key: "no answer")
+    first = sg.gather(head, worker, hs, ws, None)
     assert worker.tries == 0  # pyinfra has just tried: the first reading does not wait on it again
     assert by_item(first.rows, "worker", "ssh").detail == ("spark-b did not answer over ssh; `ssh -p 22 spark-b true` "
                                                            "shows why; nothing else of this Spark is known")
-    second = st.gather(head, worker, hs, ws, None, first)
+    second = sg.gather(head, worker, hs, ws, None, first)
     assert by_item(second.rows, "worker", "ssh").detail.startswith("spark-b did not answer over ssh (Connection "
                                                                    "refused); `ssh -p 22 spark-b true` shows why")
-    third = st.gather(head, worker, hs, ws, None, second)
+    third = sg.gather(head, worker, hs, ws, None, second)
     assert worker.tries == 2 and by_item(third.rows, "worker", "rank 1").state == "running"
     assert third.ssh == {"head": True, "worker": True} and third.ssh_checks == {}
 
@@ -775,11 +777,11 @@ def test_deploy_plan_counts_a_real_dry_run(tmp_path):
     (tmp_path / "deploy.py").write_text("from pyinfra.operations import files, server\n"
                                         "server.shell(name='would run', commands=['true'])\n"
                                         "files.directory(name='exists already', path='/tmp')\n")
-    plan = st.deploy_plan(["pyinfra", "@local", str(tmp_path / "status.py"), "-y"])
+    plan = sg.deploy_plan(["pyinfra", "@local", str(tmp_path / "status.py"), "-y"])
     assert plan == {"changes": {"@local": 1}, "conditional": {}, "error": None}
     (tmp_path / "deploy.py").write_text("from pyinfra.api.exceptions import DeployError\n"
                                         "raise DeployError('the settings need fixing')\n")
-    failed = st.deploy_plan(["pyinfra", "@local", str(tmp_path / "status.py")])
+    failed = sg.deploy_plan(["pyinfra", "@local", str(tmp_path / "status.py")])
     assert failed["error"] is not None and failed["error"].endswith("the settings need fixing")
 
 
@@ -809,7 +811,7 @@ def test_status_py_with_json_exits_1_when_not_serving_or_a_spark_did_not_answer(
 
 def test_status_py_counts_the_deploy_plan_only_with_status_plan(monkeypatch, capsys):
     asked = []
-    monkeypatch.setattr(st, "deploy_plan", lambda argv: asked.append(list(argv)) or
+    monkeypatch.setattr(sg, "deploy_plan", lambda argv: asked.append(list(argv)) or
                         {"changes": {}, "conditional": {}, "error": None})
     out = _run_status_py(monkeypatch, capsys, None).out
     assert asked == [] and not [line for line in out.splitlines() if line[2:].startswith("pair")]
@@ -825,13 +827,13 @@ def test_status_py_turns_pyinfras_spinner_off(monkeypatch, capsys):
 
 
 def test_status_py_with_status_watch_shows_the_table_again_until_stopped(monkeypatch, capsys):
-    real_watch, intervals, sleeps = st.watch, [], []
+    real_watch, intervals, sleeps = sw.watch, [], []
 
     def two_frames(read, show, every_s):  # the real loop, stopped after two refreshes
         intervals.append(every_s)
         real_watch(read, show, every_s, sleep=sleeps.append, frames=2)
 
-    monkeypatch.setattr(st, "watch", two_frames)
+    monkeypatch.setattr(sw, "watch", two_frames)
     run = _run_status_py(monkeypatch, capsys, "no answer from http://spark-a.local:8888/v1/models",
                          settings={"status_watch": 5})
     titles = [line for line in run.out.splitlines() if line.startswith("sparkfold status: ")]
@@ -889,32 +891,33 @@ def metrics_server():
 
 def test_probe_metrics_reads_the_engines_counters_with_the_key(metrics_server):
     base = f"http://127.0.0.1:{metrics_server.server_address[1]}"
-    probe = st.probe_metrics(base, "")
+    probe = sg.probe_metrics(base, "")
     assert probe["problem"] is None and probe["url"] == f"{base}/metrics" and probe["read_at"] is not None
     # the histogram's series are left out: its buckets do not add up
     assert probe["values"] == {"tensorfold_requests_total": 3.0, "tensorfold_requests_inflight": 1.0}
     assert probe["kinds"] == {"tensorfold_requests_total": "counter", "tensorfold_requests_inflight": "gauge"}
     metrics_server.key = True
-    assert st.probe_metrics(base, "")["problem"] == "refused the API key (401)"
-    assert st.probe_metrics(base, "k")["values"]["tensorfold_requests_total"] == 3.0
+    assert sg.probe_metrics(base, "")["problem"] == "refused the API key (401)"
+    assert sg.probe_metrics(base, "k")["values"]["tensorfold_requests_total"] == 3.0
     metrics_server.served = False
-    assert st.probe_metrics(base, "k")["problem"] == "not served by this engine (404)"
+    assert sg.probe_metrics(base, "k")["problem"] == "not served by this engine (404)"
     port = metrics_server.server_address[1]
     metrics_server.shutdown()
     metrics_server.server_close()
-    assert st.probe_metrics(f"http://127.0.0.1:{port}", "", timeout=2)["problem"] == "no answer (ConnectionError)"
+    assert sg.probe_metrics(f"http://127.0.0.1:{port}", "", timeout=2)["problem"] == "no answer (ConnectionError)"
 
 
 def test_the_sampling_row_reads_what_rank_0_serves_not_the_settings():
     hs, _ = make_pair()
     running = {"running": True, "args": ["serve", "/x", "--temperature", "0.6", "--top-p", "0.9"]}
-    row = st.sampling_row(hs, running)
+    row = sr.sampling_row(hs, running)
     assert row.state == "served" and row.detail == "sampling: temperature 0.6, top_p 0.9, top_k engine default"
-    idle = st.sampling_row(hs, {"running": False, "args": ["serve", "--temperature", "0.6"]})
+    idle = sr.sampling_row(hs, {"running": False, "args": ["serve", "--temperature", "0.6"]})
     assert idle.state == "not served" and "temperature 1.0, top_p 0.95, top_k 20 (the settings" in idle.detail
 
 
 LINK_RECORD = {"inputs": {"head": {"rails": [{"netdev": "enp1s0f0np0"}, {"netdev": "enP2p1s0f0np0"}]},
+                          "worker": {"rails": [{"netdev": "enp1s0f0np0"}, {"netdev": "enP2p1s0f0np0"}]},
                           "min_gbps": 80.0},
                "taken": "2026-03-01T09:00:00Z", "passed": True, "findings": [],
                "figures": {"alone": {"enp1s0f0np0": 96.5, "enP2p1s0f0np0": 96.2},
@@ -922,7 +925,7 @@ LINK_RECORD = {"inputs": {"head": {"rails": [{"netdev": "enp1s0f0np0"}, {"netdev
 
 
 def test_the_link_bandwidth_row_shows_the_last_figures_per_rail_and_when():
-    row = st.bandwidth_row("head", json.dumps(LINK_RECORD), NOW)
+    row = sr.bandwidth_row("head", json.dumps(LINK_RECORD), NOW)
     assert (row.item, row.state, row.ok) == ("link bandwidth", "passed", True)
     assert row.detail == ("enp1s0f0np0 96.5 Gb/s alone, 94.8 Gb/s together; enP2p1s0f0np0 96.2 Gb/s alone, "
                           "94.6 Gb/s together; both 189.4 Gb/s; taken 2026-03-01 09:00 UTC (3 h 0 min ago); "
@@ -934,16 +937,16 @@ def test_the_link_bandwidth_row_shows_the_last_figures_per_rail_and_when():
 def test_a_warned_measurement_shows_short_with_its_first_finding():
     warned = {**LINK_RECORD, "passed": False, "findings": ["the twin enP2p1s0f0np0 is slow", "also"],
               "figures": {**LINK_RECORD["figures"], "alone": {"enp1s0f0np0": 96.5, "enP2p1s0f0np0": 0.1}}}
-    row = st.bandwidth_row("worker", json.dumps(warned), NOW)
+    row = sr.bandwidth_row("worker", json.dumps(warned), NOW)
     assert (row.state, row.ok) == ("short", False)
     assert "enP2p1s0f0np0 0.1 Gb/s alone" in row.detail and row.detail.endswith("; the twin enP2p1s0f0np0 is slow")
 
 
 def test_no_link_record_says_how_it_gets_measured():
-    row = st.bandwidth_row("head", None, NOW)
+    row = sr.bandwidth_row("head", None, NOW)
     assert (row.state, row.ok) == ("not measured", None) and "link_check.py measures it now" in row.detail
-    assert "link_measure = \"off\"" in st.bandwidth_row("head", None, NOW, "off").detail
-    broken = st.bandwidth_row("head", "{not json", NOW)
+    assert "link_measure = \"off\"" in sr.bandwidth_row("head", None, NOW, "off").detail
+    broken = sr.bandwidth_row("head", "{not json", NOW)
     assert (broken.state, broken.ok) == ("unreadable", False)
 
 
@@ -954,13 +957,20 @@ def test_the_link_bandwidth_record_is_read_on_each_spark():
              FolderCheck: None, LinkTarget: None, RankFolder: RankFolder.default(), UnitState: UNIT_ON,
              HfPlan: HfPlan.default(), DockerVolumeInfo: None}
     h = FakeHost(facts, name="head")
-    f = st.spark_facts(h, hs)
+    f = sg.spark_facts(h, hs)
     assert json.loads(f["link_bandwidth"]) == LINK_RECORD
     assert ("FileText", {"path": hs.layout.link_bandwidth}) in [(n.rsplit(".", 1)[1], kw) for n, kw in h.fact_calls]
 
 
 def test_the_data_verified_row_says_when_and_how_to_ask_again():
-    row = st.data_verified_row("worker", "2026-12-06T01:00:00Z\n")
+    row = sr.data_verified_row("worker", "2026-12-06T01:00:00Z\n")
     assert (row.state, row.ok) == ("2026-12-06T01:00:00Z", None) and "--data verify_data=true" in row.detail
-    never = st.data_verified_row("head", None)
+    never = sr.data_verified_row("head", None)
     assert never.state == "never" and "never verified in full" in never.detail
+
+
+@pytest.mark.parametrize("change", [{"findings": "one finding"}, {"inputs": {"head": []}},
+                                    {"inputs": {**LINK_RECORD["inputs"], "min_gbps": "eighty"}}])
+def test_a_link_record_of_another_shape_is_unreadable_not_a_crash(change):
+    row = sr.bandwidth_row("head", json.dumps({**LINK_RECORD, **change}), NOW)
+    assert (row.state, row.ok) == ("unreadable", False)

@@ -10,6 +10,7 @@ import os
 import re
 import stat
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -147,7 +148,7 @@ def test_each_stream_has_its_own_ssh_connection_to_the_worker():
     run_path = re.findall(r"ControlPath=(\S+)", command)
     assert all(len(p) == 1 for p in paths.values()), paths
     assert len({paths["a"][0], paths["b"][0], run_path[0]}) == 3, paths
-    assert all(p[0].endswith("-%C") and RUN_TOKEN in p[0] for p in paths.values())
+    assert all(p[0].endswith("-%C") and len(p[0]) == len(run_path[0]) for p in paths.values())  # no longer
     assert f"ControlPath={paths['a'][0]}" in launch_command("/r", "a", "lane", "l", (), [command])
 
 
@@ -205,12 +206,33 @@ def test_the_units_script_does_not_start_when_a_stream_of_its_run_did_not_finish
     assert done.stdout == "sparkfold: the second work: not started: the first work did not finish\n"
 
 
-def test_a_stream_of_another_run_is_not_waited_for(tmp_path):
+def test_a_failed_stream_an_earlier_run_left_is_not_this_runs_failure(tmp_path):
     env, root = standins(tmp_path), tmp_path / "streams"
     folder(root, "old", run="otherrun")
-    unit(tmp_path, "old", ActiveState="active", SubState="running")
+    unit(tmp_path, "old", ActiveState="failed", SubState="failed", Result="exit-code", ExecMainStatus="3")
     done = runner(folder(root, "new", after="old", commands="echo mine"), env, timeout=5)
     assert done.returncode == 0 and done.stdout == "mine\n"
+
+
+def test_a_running_stream_is_waited_for_while_a_new_run_adopts_the_chain_one_stream_at_a_time(tmp_path):
+    # the next run writes its name into the upstream first and into this stream operations later: this stream must
+    # still wait for the upstream's work, and not start on its half-made output
+    env, root = standins(tmp_path), tmp_path / "streams"
+    upstream = folder(root, "first")
+    d = folder(root, "second", after="first", commands="echo ran")
+    unit(tmp_path, "first", ActiveState="active", SubState="running")
+    waiting = subprocess.Popen(["sh", "-c", RUNNER, "sh", str(d)], stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        time.sleep(1.5)
+        (upstream / "run").write_text("nextrun\n")  # adopt_command of the upstream
+        time.sleep(2.5)
+        assert waiting.poll() is None and not (d / "began").exists()
+        unit(tmp_path, "first", ActiveState="active", SubState="exited", Result="exit-code", ExecMainStatus="2")
+        out, _ = waiting.communicate(timeout=10)
+    finally:
+        waiting.kill()
+    assert waiting.returncode == 1 and not (d / "began").exists()  # the upstream it waited for failed
+    assert out.endswith("sparkfold: the second work: not started: the first work did not finish\n"), out
 
 
 # --- a unit's state and journal ---

@@ -1,62 +1,41 @@
-"""status.py: both Sparks in one table, read-only.
+"""status.py's table from fact values, pure: the rows, the text, the JSON document and the exit verdict.
 
-The rows are pure over fact values: `build_rows` takes each Spark's facts (`SparkFacts`), the API probe, the
-engine's /metrics and the deploy plan's count, and each row builder decides one line of the table and the facts
-behind it; `render_text` prints the table, `render_json` the same rows as one JSON document, and `not_serving` is
-the exit verdict. `gather` reads the facts through the Sparks' Host objects (the head's run reads the worker's
-through the worker's Host, as operations/rank/serving.py does) and yields nothing, so no operation exists; `watch`
-gathers and shows it again every few seconds.
+`build_rows` takes each Spark's facts (`SparkFacts`), the API probe, the engine's /metrics and the deploy plan's
+count, and each row builder decides one line of the table and the facts behind it; `render_text` prints the
+table (a `Report`), `render_json` the same rows as one JSON document, and `not_serving` is the exit verdict.
+The values come from operations/tools/status_gather.py.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
-import sys
-import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, NotRequired, TypedDict
 
-import requests
-from pyinfra.api.exceptions import ConnectError
-
-from operations.build.image_hash import image_ref
-from operations.data.copy import MARKER, SUMS_STATE, listing_digest
-from operations.data.hub import checkpoint_plan_args
-from operations.data.verified_record import record_path, verified_at, verified_note
-from operations.facts.docker import DockerVolumeInfo, RankContainerDict
-from operations.facts.files import FileText, FolderCheck, FolderCheckDict, FolderSizes, LinkTarget
-from operations.facts.gpu import GpuClockState, GpuClockStateDict
-from operations.facts.host import MemInfo, mem_available_gib
-from operations.facts.model import HfPlan, HfPlanDict, RankFolder, RankFolderDict
-from operations.facts.network import IpAddresses, PingOk, RoceDevices
-from operations.facts.rank import RankInputs, RankInputsDict
-from operations.facts.systemd import UnitState, UnitStateDict
+from operations.data.copy import listing_digest
+from operations.data.verified_record import verified_at, verified_note
+from operations.facts.files import FolderCheckDict
+from operations.facts.gpu import GpuClockStateDict
+from operations.facts.host import mem_available_gib
+from operations.facts.model import HfPlanDict, RankFolderDict
+from operations.facts.systemd import UnitStateDict
 from operations.gpu_clock import lock_verdict
-from operations.layout import GPU_CLOCK_RECORD, GPU_CLOCK_TIMER, MEMGUARD_UNIT, SUPERVISOR_UNIT, InContainer, unit_path
+from operations.layout import GPU_CLOCK_TIMER, MEMGUARD_UNIT, SUPERVISOR_UNIT, InContainer
 from operations.link import rails_from_facts
 from operations.model_data import BLOB_SUMS, fetch_summary
-from operations.network.link_bandwidth import figures_line
-from operations.rank import exposure
+from operations.network.link_bandwidth import figures_line, well_formed
 from operations.rank.generation import Generation, read_records
-from operations.rank.plan import pair_plan, rank_inputs_args
+from operations.rank.inputs import RankContainerDict, RankInputsDict
 from operations.rank.sampling import SAMPLING_FLAGS, sampling_line, served_sampling
-from operations.rank.serving import auth_headers, models_listed, read_api_key
-from operations.rank.spec import LABEL_HASH, template_digest
+from operations.rank.spec import LABEL_HASH
 from operations.settings import Settings
-from operations.settings.site import ssh_check
-from operations.util import prometheus
 from operations.util.durations import duration
 from operations.util.net import ip_of
 
-PLAN_TIMEOUT_S = 900  # deploy.py --dry reads every fact of both Sparks once
 _MARKS = {True: "✔", False: "✘", None: "·"}
-_ANSI = re.compile(r"\x1b\[[0-9;]*m")
-CLEAR = "\x1b[H\x1b[2J"  # cursor home, then clear the screen: on a terminal each refresh replaces the last
 METRIC_PREFIX = "tensorfold_"  # the engine's metric names; the table leaves it out
 
 
@@ -68,6 +47,7 @@ class Row:
     detail: str = ""
     ok: bool | None = None  # None: information only
     facts: Mapping[str, Any] = field(default_factory=dict)  # what the row was decided from, for --json
+
 
 
 class SparkFacts(TypedDict, total=False):
@@ -97,6 +77,7 @@ class SparkFacts(TypedDict, total=False):
     link_bandwidth: str | None  # <state_dir>/link-bandwidth.json: the link's last measurement
 
 
+
 class ApiProbe(TypedDict):
     problem: str | None  # None: /v1/models lists the served model
     latency_ms: float | None
@@ -108,6 +89,7 @@ class ApiProbe(TypedDict):
     settings_host: NotRequired[str]  # host
 
 
+
 class MetricsProbe(TypedDict):
     url: str
     problem: str | None  # None: /metrics answered
@@ -116,13 +98,27 @@ class MetricsProbe(TypedDict):
     read_at: float | None  # time.time() of the answer: the rates between two refreshes
 
 
+
 class PlanCount(TypedDict):
     changes: dict[str, int]  # host name -> operations a deploy would change
     conditional: dict[str, int]  # host name -> operations that may change
     error: str | None  # why the plan could not be read
 
 
-# --- time ---------------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Report:
+    rows: list[Row]
+    verdict: str | None  # None: serving
+    hosts: Mapping[str, str] = field(default_factory=dict)  # role -> inventory name
+    ssh: Mapping[str, bool] = field(default_factory=dict)  # role -> whether it answered over ssh
+    metrics: MetricsProbe | None = None  # the next refresh's previous_metrics
+    taken_at: datetime | None = None
+    ssh_checks: Mapping[str, str] = field(default_factory=dict)  # role -> the command showing why it did not answer
+
+
+
+# --- time -------------------------------------------------------------------------------------------------------------
 
 def parse_time(text: str | None) -> datetime | None:
     """docker's RFC 3339 time (nanoseconds, Z) as an aware UTC datetime; None for empty or docker's zero time."""
@@ -136,14 +132,17 @@ def parse_time(text: str | None) -> datetime | None:
     return datetime.fromisoformat(match.group(1) + fraction + zone).astimezone(UTC)
 
 
+
 def ago(then: datetime, now: datetime) -> str:
     return duration((now - then).total_seconds())
+
 
 
 def iso(text: str | None) -> str | None:
     """docker's time as ISO 8601 UTC, None for its zero time."""
     then = parse_time(text)
     return then.isoformat() if then else None
+
 
 
 def when(then: datetime | None, now: datetime) -> str:
@@ -154,7 +153,8 @@ def when(then: datetime | None, now: datetime) -> str:
     return f"{then.astimezone(UTC):%Y-%m-%d %H:%M} UTC ({ago(then, now)} ago)"
 
 
-# --- rows (pure) --------------------------------------------------------------------------------------------------
+
+# --- rows -------------------------------------------------------------------------------------------------------------
 
 def spec_word(container: Mapping[str, Any], want_hash: str | None) -> str:
     """current / stale against the wanted spec, unknown when it cannot be built, - without a container."""
@@ -163,6 +163,7 @@ def spec_word(container: Mapping[str, Any], want_hash: str | None) -> str:
     if not want_hash:
         return "unknown"
     return "current" if (container.get("labels") or {}).get(LABEL_HASH) == want_hash else "stale"
+
 
 
 def rank_row(role: str, rank: int, name: str, container: Mapping[str, Any], want_hash: str | None,
@@ -189,6 +190,7 @@ def rank_row(role: str, rank: int, name: str, container: Mapping[str, Any], want
                f"exit code {container.get('exit_code')}{oom}{ended_text}; {spec_text}; {image}", False, facts)
 
 
+
 def sampling_row(s: Settings, container: Mapping[str, Any]) -> Row:
     """What rank 0 serves as the default sampling, read from its own command line (a rollback may serve a pair
     recorded before the settings changed); the settings' values only while no rank 0 runs."""
@@ -201,10 +203,12 @@ def sampling_row(s: Settings, container: Mapping[str, Any]) -> Row:
     return Row("head", "sampling", "served", sampling_line(served), True, {"served": served})
 
 
+
 def data_verified_row(role: str, text: str | None) -> Row:
     """When this Spark's data last passed a full re-hash (verify_data): nothing is wrong when it never did."""
     at = verified_at(text)
     return Row(role, "data verified", at or "never", verified_note(text), None, {"verified_at": at})
+
 
 
 def bandwidth_row(role: str, text: str | None, now: datetime, measure: str = "stop") -> Row:
@@ -215,19 +219,20 @@ def bandwidth_row(role: str, text: str | None, now: datetime, measure: str = "st
         how = ("link_measure = \"off\": deploy.py does not measure it" if measure == "off" else
                "deploy.py measures it before the ranks start")
         return Row(role, item, "not measured", f"{how}; link_check.py measures it now", None, {"taken": None})
-    try:
+    try:  # a hand-edited or older record is said to be unreadable, never a crash of status.py
         record = json.loads(text)
-        figures, inputs = record["figures"], record.get("inputs") or {}
-        netdevs = [r["netdev"] for r in (inputs.get("head") or {}).get("rails") or []] or list(figures["alone"])
+        if not well_formed(record) or not isinstance(record.get("findings") or [], list):
+            raise ValueError("not the shape the deploy writes")
+        figures, inputs = record["figures"], record["inputs"]
+        netdevs = [r["netdev"] for r in inputs["head"].get("rails") or []] or list(figures["alone"])
         shown = figures_line(figures, netdevs)
+        minimum = f"; link_min_gbps {float(inputs['min_gbps']):g}" if "min_gbps" in inputs else ""
     except (ValueError, KeyError, TypeError, AttributeError) as e:
         return Row(role, item, "unreadable", f"{type(e).__name__} in the record: link_check.py measures again",
                    False, {"taken": None})
-    passed = bool(record.get("passed"))
+    passed = record.get("passed") is True
     findings = [str(f) for f in record.get("findings") or []]
-    detail = f"{shown}; taken {when(parse_time(record.get('taken')), now)}"
-    if "min_gbps" in inputs:
-        detail += f"; link_min_gbps {inputs['min_gbps']:g}"
+    detail = f"{shown}; taken {when(parse_time(record.get('taken')), now)}{minimum}"
     if findings:
         detail += f"; {findings[0]}"
     facts = {"taken": record.get("taken"), "passed": passed, "min_gbps": inputs.get("min_gbps"),
@@ -235,18 +240,11 @@ def bandwidth_row(role: str, text: str | None, now: datetime, measure: str = "st
     return Row(role, item, "passed" if passed else "short", detail, passed and not findings, facts)
 
 
+
 def unreachable_row(role: str, why: str) -> Row:
     return Row(role, "ssh", "no answer", f"{why}; nothing else of this Spark is known", False,
                {"answers": False, "problem": why})
 
-
-def served_api(container: Mapping[str, Any] | None) -> tuple[bool | None, str | None]:
-    """(whether it wants a key, the address it listens on) as the running rank 0 was started, from its command
-    line; (None, None) when no rank 0 runs (or its command line was not read)."""
-    if not container or not container.get("running") or "args" not in container:
-        return None, None
-    args = list(container["args"])
-    return exposure.of_argv(args).keyed, exposure.flag_value(args, "--host")
 
 
 def key_text(api: ApiProbe) -> str:
@@ -264,6 +262,7 @@ def key_text(api: ApiProbe) -> str:
     return key
 
 
+
 def listen_text(api: ApiProbe) -> str:
     """The address the running rank 0 listens on, and the settings' when they differ ("" when not known)."""
     served, wanted = api.get("served_host"), api.get("settings_host")
@@ -273,6 +272,7 @@ def listen_text(api: ApiProbe) -> str:
                                        else "")
 
 
+
 def api_row(base_url: str, served_name: str, api: ApiProbe) -> Row:
     key = key_text(api) + listen_text(api)
     facts = {"base_url": base_url, "model": served_name, "answers": api["problem"] is None, **api}
@@ -280,6 +280,7 @@ def api_row(base_url: str, served_name: str, api: ApiProbe) -> Row:
         latency = f" in {api['latency_ms']:.0f} ms" if api["latency_ms"] is not None else ""
         return Row("head", "API", "answers", f"model {served_name} at {base_url}/v1{latency}; {key}", True, facts)
     return Row("head", "API", "no answer", f"{api['problem']}; {key}", False, facts)
+
 
 
 def gpu_row(role: str, gpu_state: GpuClockStateDict | None, mhz: int, period_s: int,
@@ -306,6 +307,7 @@ def gpu_row(role: str, gpu_state: GpuClockStateDict | None, mhz: int, period_s: 
                   f"{GPU_CLOCK_TIMER} is not running (deploy.py starts it)")
     detail = "; ".join(x for x in (f"ceiling {mhz} MHz", age, timer_text, clocks) if x)
     return Row(role, "GPU clock", "locked", detail, timer_active, {"state": "locked", **facts})
+
 
 
 def rail_rows(role: str, rails: Sequence[Mapping[str, Any]], peer_rails: Sequence[Mapping[str, Any]],
@@ -350,6 +352,7 @@ def rail_rows(role: str, rails: Sequence[Mapping[str, Any]], peer_rails: Sequenc
     return rows
 
 
+
 def memory_row(role: str, meminfo: Mapping[str, int], min_avail_gib: float, rank_running: bool, memguard: bool,
                floor_gib: float) -> Row:
     """MemAvailable: against memguard's floor while the rank runs (below it memguard kills the rank), against
@@ -377,16 +380,19 @@ def memory_row(role: str, meminfo: Mapping[str, int], min_avail_gib: float, rank
     return Row(role, "memory", f"{avail:.1f} GiB", f"MemAvailable{total_text}; {need}", enough, facts)
 
 
+
 def marker_verified(check: Mapping[str, Any] | None) -> bool:
     """folder_verified's marker matches the folder as it is (the list's sha256 and the files' sizes/mtimes)."""
     return bool(check and check.get("sums_sha")
                 and check.get("marker") == listing_digest(check["files"], check["names"], check["sums_sha"]))
 
 
+
 def sums_current(check: Mapping[str, Any] | None, names: Sequence[str]) -> bool:
     """checksums_written's state file matches `names` as they are (the head's Engram list)."""
     return bool(check and check.get("sums_sha") and sorted(check["names"]) == sorted(names)
                 and check.get("marker") == listing_digest(check["files"], names))
+
 
 
 def folder_row(role: str, item: str, path: str, check: Mapping[str, Any] | None, sums: str, verified: bool) -> Row:
@@ -400,6 +406,7 @@ def folder_row(role: str, item: str, path: str, check: Mapping[str, Any] | None,
     facts.update(listed=len(check["names"]), files=files, verified=verified)
     detail = f"{files} of {len(check['names'])} files of {sums} in {path}"
     return Row(role, item, "verified" if verified else "not verified", detail, verified, facts)
+
 
 
 def checkpoint_row(s: Settings, facts: SparkFacts) -> Row:
@@ -423,6 +430,7 @@ def checkpoint_row(s: Settings, facts: SparkFacts) -> Row:
     return folder_row(role, "checkpoint", s.layout.model_folder, copy, BLOB_SUMS, marker_verified(copy))
 
 
+
 def weights_row(role: str, rank: int, symlink: str, target: str | None, folder: Mapping[str, Any] | None,
                 check: Mapping[str, Any] | None, verify: bool) -> Row:
     item = "weight file"
@@ -443,6 +451,7 @@ def weights_row(role: str, rank: int, symlink: str, target: str | None, folder: 
     return Row(role, item, "whole (no checksum list)", f"{bins[0]} in {symlink} -> {target}", True, facts)
 
 
+
 def unit_row(role: str, unit: str, unit_state: Mapping[str, Any] | None, setting: str, wanted: bool) -> Row:
     unit_state = unit_state or {}
     installed = bool(unit_state.get("enabled"))
@@ -454,17 +463,6 @@ def unit_row(role: str, unit: str, unit_state: Mapping[str, Any] | None, setting
              "wanted": wanted}
     return Row(role, unit.removesuffix(".service"), state, detail, running == wanted, facts)
 
-
-def count_changes(plan: Sequence[Mapping[str, Any]]) -> tuple[dict[str, int], dict[str, int]]:
-    """deploy.py --dry --json's plan: (host -> operations that change, host -> operations that may change)."""
-    changes: dict[str, int] = {}
-    conditional: dict[str, int] = {}
-    for op in plan:
-        for name in op.get("hosts_with_change") or []:
-            changes[name] = changes.get(name, 0) + 1
-        for name in op.get("hosts_with_conditional_change") or []:
-            conditional[name] = conditional.get(name, 0) + 1
-    return changes, conditional
 
 
 def plan_row(plan: PlanCount, names: Mapping[str, str]) -> Row:
@@ -481,6 +479,7 @@ def plan_row(plan: PlanCount, names: Mapping[str, str]) -> Row:
         detail += " (" + ", ".join(f"{role} {n}" for role, n in maybe.items()) + " may change)"
     return Row("pair", "deploy", "converged" if total == 0 else f"{total} to change",
                detail + "; pyinfra inventory.py deploy.py --dry shows them", total == 0, facts)
+
 
 
 def build_rows(head_settings: Settings, worker_settings: Settings, head: SparkFacts, worker: SparkFacts,
@@ -534,8 +533,10 @@ def build_rows(head_settings: Settings, worker_settings: Settings, head: SparkFa
     return rows
 
 
+
 def metric_number(value: float) -> str:
     return f"{value:.0f}" if value.is_integer() else f"{value:.2f}"
+
 
 
 def metric_rows(probe: MetricsProbe | None, previous: MetricsProbe | None) -> list[Row]:
@@ -570,9 +571,11 @@ def metric_rows(probe: MetricsProbe | None, previous: MetricsProbe | None) -> li
     return rows
 
 
+
 def generation_folder(s: Settings, generation: Generation) -> str:
     """The weight folder this Spark's rank of `generation` mounts (its bulk on disk)."""
     return next((src for src, dst, _ro in generation.specs[s.rank].mounts if dst == InContainer.RANK_CACHE), "")
+
 
 
 def generations_row(s: Settings, facts: SparkFacts) -> Row:
@@ -597,8 +600,10 @@ def generations_row(s: Settings, facts: SparkFacts) -> Row:
                f"{s.keep_generations})", None, kept_facts)
 
 
+
 def gib(size: int) -> str:
     return f"{size / 1024**3:.1f} GiB"
+
 
 
 def not_serving(containers: Mapping[int, Mapping[str, Any] | None], api: ApiProbe,
@@ -620,6 +625,7 @@ def not_serving(containers: Mapping[int, Mapping[str, Any] | None], api: ApiProb
     return "; ".join(reasons + [api["problem"]])
 
 
+
 def render_table(rows: Sequence[Row]) -> str:
     """Rows as aligned text columns: mark, Spark, item, state, detail."""
     header = Row("SPARK", "ITEM", "STATE", "DETAIL")
@@ -632,202 +638,8 @@ def render_table(rows: Sequence[Row]) -> str:
     return "\n".join(lines)
 
 
-# --- reading the Sparks (the head's run) --------------------------------------------------------------------------
 
-def _fact(spark: Any, cls: type, **kwargs: Any) -> Any:
-    # a fact that fails (e.g. sudo refused) reads as its default instead of failing the run
-    return spark.get_fact(cls, _ignore_errors=True, **kwargs)
-
-
-def wanted_hashes(head_settings: Settings, worker_settings: Settings, head: SparkFacts, worker: SparkFacts) -> None:
-    """Set each reachable Spark's want_hash and spec_note from the pair plan of both Sparks' rank inputs."""
-    found = [facts.get("rank_inputs") for facts in (head, worker)]
-    if found[0] is None or found[1] is None:
-        for facts in (head, worker):
-            facts["want_hash"], facts["spec_note"] = None, "the other Spark's inputs are not known"
-        return
-    try:
-        plan = pair_plan(head_settings, worker_settings, found[0], found[1], image=image_ref(head_settings),
-                         template_digest=template_digest(head_settings), force=False)
-    except Exception as e:  # settings with problems: the rest of the table still shows
-        for facts in (head, worker):
-            facts["want_hash"], facts["spec_note"] = None, f"the spec cannot be built ({type(e).__name__}: {e})"
-        return
-    for rank, facts in enumerate((head, worker)):
-        spec = plan.rank(rank).spec
-        facts["want_hash"] = spec.spec_hash() if spec else None
-        facts["spec_note"] = "" if spec else "; ".join(plan.rank(rank).problems) or "its inputs are missing"
-
-
-def unanswered(spark: Any, said: str = "") -> str:
-    """Why a Spark is not read: it did not answer over ssh (`said`: ssh's reason, when known), and the command that
-    shows why."""
-    return (f"{spark.name} did not answer over ssh" + (f" ({said})" if said else "") +
-            f"; `{ssh_check(spark.data, spark.name)}` shows why")
-
-
-def reconnected(spark: Any) -> str:
-    """Connect again to a Spark that did not answer (a refresh of status_watch): "" once it answers, else ssh's
-    reason."""
-    try:
-        spark.connect(show_errors=False, raise_exceptions=True)
-    except ConnectError as e:
-        return str(e.args[0] if e.args else e)
-    return ""
-
-
-def spark_facts(spark: Any, s: Settings, said: str = "") -> SparkFacts:
-    """said: why connecting failed, when this run knows (else pyinfra printed it above)."""
-    if not spark.connected:  # asking a fact would try to connect again
-        return {"unreachable": unanswered(spark, said)}
-    layout = s.layout
-    inputs = _fact(spark, RankInputs, **rank_inputs_args(s, image_ref(s)))
-    facts: SparkFacts = {"container": inputs["container"], "rank_inputs": inputs}
-    found = dict(inputs.get("generations") or {})
-    folders = tuple(generation_folder(s, g) for g in read_records(found.get("files") or {}, "").generations)
-    facts["generation_sizes"] = _fact(spark, FolderSizes, paths=folders) if folders else {}
-    facts["gpu"] = _fact(spark, GpuClockState, nvidia_smi=s.nvidia_smi_path, record_path=GPU_CLOCK_RECORD)
-    facts["addrs"], facts["roce"] = _fact(spark, IpAddresses), _fact(spark, RoceDevices)
-    # sudo: binding ping to a netdev (-I) needs CAP_NET_RAW, as in the link step
-    facts["pings"] = [bool(_fact(spark, PingOk, netdev=r["netdev"], address=ip_of(peer["address"]),
-                                 size=int(s.link_mtu) - 28, _sudo=True))
-                      for r, peer in zip(s.link_rails, s.the_peer.link_rails, strict=False)]
-    facts["meminfo"] = _fact(spark, MemInfo)
-    facts["data_verified"] = _fact(spark, FileText, path=record_path(layout.state_dir))
-    facts["link_bandwidth"] = _fact(spark, FileText, path=layout.link_bandwidth)
-    facts["engram"] = _fact(spark, FolderCheck, path=layout.engram, sums="SHA256SUMS",
-                            marker=SUMS_STATE if s.is_head else MARKER)
-    facts["kit"] = _fact(spark, FolderCheck, path=layout.kit, sums="MANIFEST", marker=MARKER)
-    facts["weights_symlink"] = _fact(spark, LinkTarget, path=layout.active_rank_link())
-    facts["weights"] = _fact(spark, RankFolder, path=layout.active_rank_link())
-    units = [MEMGUARD_UNIT, SUPERVISOR_UNIT] if s.is_head else [MEMGUARD_UNIT]
-    facts["units"] = {u: _fact(spark, UnitState, unit=u, path=unit_path(u)) for u in units}
-    facts["units"][GPU_CLOCK_TIMER] = _fact(spark, UnitState, unit=GPU_CLOCK_TIMER)  # read by the GPU row
-    if s.is_head:
-        facts["checkpoint"] = _fact(spark, HfPlan, **checkpoint_plan_args(s))
-    else:
-        facts["weights_check"] = _fact(spark, FolderCheck, path=layout.active_rank_link(), sums="SHA256SUMS",
-                                       marker=MARKER)
-        if s.worker_weights == "nfs":
-            facts["nfs_volume"] = _fact(spark, DockerVolumeInfo, volume=s.nfs_volume)
-        else:
-            facts["checkpoint_copy"] = _fact(spark, FolderCheck, path=layout.model_folder, sums=BLOB_SUMS,
-                                             marker=MARKER)
-    return facts
-
-
-def api_key_for(head: Any, s: Settings, keyed: bool | None = None) -> str | None:
-    """The key rank 0 wants, from the head's key file ("" when it wants none, or when the file gives none); None when
-    the head did not answer to be asked. keyed: whether the running rank 0 wants one (served_api); None: as the
-    settings ask."""
-    if not head.connected:
-        return None
-    return read_api_key(head, s.layout.api_key) if (s.api_key if keyed is None else keyed) else ""
-
-
-def probe_api(s: Settings, key: str | None, served: tuple[bool | None, str | None] = (None, None)) -> ApiProbe:
-    """GET /v1/models from this machine (with `key`, from api_key_for), timed. served: served_api's answer for the
-    running rank 0."""
-    start = time.monotonic()
-    problem = models_listed(s.api_base_url, s.served_name, key or "")
-    served_key, served_host = served
-    return {"problem": problem, "latency_ms": (time.monotonic() - start) * 1000,
-            "key_on": s.api_key if served_key is None else served_key, "key_read": None if key is None else bool(key),
-            "served_key": served_key, "served_host": served_host, "settings_key": s.api_key, "settings_host": s.host}
-
-
-def probe_metrics(base_url: str, key: str, timeout: float = 5) -> MetricsProbe:
-    """GET /metrics from this machine (the engine asks for the key there as on /v1), parsed."""
-    url = f"{base_url}/metrics"
-    probe: MetricsProbe = {"url": url, "problem": None, "values": {}, "kinds": {}, "read_at": None}
-    try:
-        r = requests.get(url, headers=auth_headers(key), timeout=timeout)
-    except requests.RequestException as e:
-        return {**probe, "problem": f"no answer ({type(e).__name__})"}
-    if r.status_code != 200:
-        said = {401: "refused the API key (401)", 404: "not served by this engine (404)"}
-        return {**probe, "problem": said.get(r.status_code, f"answered {r.status_code}")}
-    exposition = prometheus.parse(r.text)
-    values = prometheus.totals(exposition)
-    kinds = {name: prometheus.family_type(name, exposition.types) for name in values}
-    return {**probe, "values": values, "kinds": kinds, "read_at": time.time()}
-
-
-def dry_run_argv(argv: Sequence[str]) -> list[str]:
-    """This pyinfra command line with deploy.py in status.py's place, as a --dry --json plan (prompts dropped)."""
-    args = []
-    for arg in argv[1:]:
-        if arg in ("-y", "--yes", "--dry", "--json"):
-            continue
-        if os.path.basename(arg) == "status.py":
-            arg = os.path.join(os.path.dirname(arg), "deploy.py")
-        args.append(arg)
-    return [sys.executable, "-m", "pyinfra", *args, "--dry", "--json"]
-
-
-def read_plan(stdout: str, stderr: str, returncode: int) -> PlanCount:
-    """The counts from deploy.py --dry --json's output, or why there are none."""
-    try:
-        plan = json.loads(stdout)["plan"] if returncode == 0 else None
-    except (ValueError, KeyError, TypeError):
-        plan = None
-    if not isinstance(plan, list):
-        said = [ln.strip() for ln in _ANSI.sub("", stderr).splitlines() if ln.strip()]
-        return {"changes": {}, "conditional": {}, "error": (said[-1] if said else f"exit status {returncode}")[:300]}
-    changes, conditional = count_changes(plan)
-    return {"changes": changes, "conditional": conditional, "error": None}
-
-
-def deploy_plan(argv: Sequence[str]) -> PlanCount:
-    """Run deploy.py --dry --json from this machine with this run's command line and environment."""
-    try:
-        done = subprocess.run(dry_run_argv(argv), capture_output=True, text=True, timeout=PLAN_TIMEOUT_S,
-                              stdin=subprocess.DEVNULL, env=os.environ.copy())
-    except (OSError, subprocess.TimeoutExpired) as e:
-        return {"changes": {}, "conditional": {}, "error": f"{type(e).__name__}: {e}"}
-    return read_plan(done.stdout, done.stderr, done.returncode)
-
-
-@dataclass(frozen=True)
-class Report:
-    rows: list[Row]
-    verdict: str | None  # None: serving
-    hosts: Mapping[str, str] = field(default_factory=dict)  # role -> inventory name
-    ssh: Mapping[str, bool] = field(default_factory=dict)  # role -> whether it answered over ssh
-    metrics: MetricsProbe | None = None  # the next refresh's previous_metrics
-    taken_at: datetime | None = None
-    ssh_checks: Mapping[str, str] = field(default_factory=dict)  # role -> the command showing why it did not answer
-
-
-def gather(head: Any, worker: Any, head_settings: Settings, worker_settings: Settings,
-           argv: Sequence[str] | None, previous: Report | None = None) -> Report:
-    """Read both Sparks (and, with argv, the deploy plan) and build the table. argv: this run's command line;
-    previous: the last refresh's report (status_watch), for the counters' rates."""
-    # a refresh connects again to a Spark that did not answer, so a watch shows it once it is back
-    said = {spark.name: reconnected(spark) for spark in (head, worker) if previous is not None and not spark.connected}
-    head_facts = spark_facts(head, head_settings, said.get(head.name, ""))
-    worker_facts = spark_facts(worker, worker_settings, said.get(worker.name, ""))
-    wanted_hashes(head_settings, worker_settings, head_facts, worker_facts)
-    served = served_api(None if "unreachable" in head_facts else head_facts.get("container"))
-    key = api_key_for(head, head_settings, served[0])
-    api = probe_api(head_settings, key, served)
-    metrics = probe_metrics(head_settings.api_base_url, key or "") if api["problem"] is None else None
-    # deploy.py --dry stops at a Spark that does not answer: its plan would say only that, after a timeout
-    plan = deploy_plan(argv) if argv is not None and head.connected and worker.connected else None
-    now = datetime.now(UTC)
-    hosts = {"head": head.name, "worker": worker.name}
-    rows = build_rows(head_settings, worker_settings, head_facts, worker_facts, api, plan, now, hosts, metrics,
-                      previous.metrics if previous else None)
-    both = ((head_settings, head_facts, head), (worker_settings, worker_facts, worker))
-    containers = {s.rank: None if "unreachable" in facts else facts.get("container") or {} for s, facts, _ in both}
-    unreached = {s.rank: (spark.name, ssh_check(spark.data, spark.name)) for s, facts, spark in both
-                 if "unreachable" in facts}
-    return Report(rows, not_serving(containers, api, unreached), hosts,
-                  {"head": head.connected, "worker": worker.connected}, metrics, now,
-                  {s.role or "?": unreached[s.rank][1] for s, _, _ in both if s.rank in unreached})
-
-
-# --- what status.py prints ----------------------------------------------------------------------------------------
+# --- what status.py prints --------------------------------------------------------------------------------------------
 
 def render_text(report: Report, s: Settings, problems: Sequence[str], every_s: int = 0) -> str:
     """The table for a person: who, the settings problems, the rows, then whether the pair serves."""
@@ -839,6 +651,7 @@ def render_text(report: Report, s: Settings, problems: Sequence[str], every_s: i
     lines.append(f"serving: {s.served_name} at {s.api_base_url}/v1" if report.verdict is None
                  else f"NOT serving: {report.verdict}")
     return "\n".join(lines)
+
 
 
 def render_json(report: Report, s: Settings, problems: Sequence[str]) -> str:
@@ -857,26 +670,3 @@ def render_json(report: Report, s: Settings, problems: Sequence[str]) -> str:
     }
     return json.dumps(doc, default=str)
 
-
-def watch_frame(text: str, terminal: bool, as_json: bool) -> str:
-    """One refresh as printed: on a terminal it replaces the last one; in a file or a pipe it follows it (a JSON
-    document a line)."""
-    if as_json:
-        return text
-    return CLEAR + text if terminal else text + "\n"
-
-
-def watch(read: Callable[[Report | None], Report], show: Callable[[Report], None], every_s: float,
-          sleep: Callable[[float], None] = time.sleep, clock: Callable[[], float] = time.monotonic,
-          frames: int | None = None) -> None:
-    """Read and show the table every `every_s` seconds, counted from the start of one read to the next, until
-    interrupted (pyinfra ends the run on Ctrl-C); `frames` stops after that many."""
-    report: Report | None = None
-    shown = 0
-    while frames is None or shown < frames:
-        started = clock()
-        report = read(report)
-        show(report)
-        shown += 1
-        if frames is None or shown < frames:
-            sleep(max(0.0, every_s - (clock() - started)))
