@@ -25,6 +25,7 @@ from operations.util.templates import render
 
 OVER_CEILING_MHZ = 15  # a locked GPU reads at most the ceiling (one clock step of slack)
 STALE_PERIODS = 2  # a record older than this many timer periods (plus slack) means the timer is not doing its job
+BOOT_DELAY_S = 30  # the timer's first run after boot (OnBootSec), at most gpu_clock_period_s
 STALE_SLACK_S = 60  # the timer's OnBootSec and a slow run of the service
 NOT_LOCKED, FAILED, STALE = "not locked", "failed", "stale"  # lock_verdict's words (status.py shows them)
 
@@ -39,7 +40,9 @@ def render_unit(mhz: int, nvidia_smi: str, period_s: int) -> str:
 
 
 def render_timer(mhz: int, period_s: int) -> str:
-    return render("sparkfold-gpu-clock.timer.j2", mhz=int(mhz), period_s=int(period_s), service=GPU_CLOCK_UNIT)
+    # after boot: once the driver is up (BOOT_DELAY_S), and never later than the period would have it
+    return render("sparkfold-gpu-clock.timer.j2", mhz=int(mhz), period_s=int(period_s),
+                  boot_s=min(BOOT_DELAY_S, int(period_s)), service=GPU_CLOCK_UNIT)
 
 
 def lock_verdict(gpu_state: GpuClockStateDict, mhz: int, period_s: int,

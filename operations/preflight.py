@@ -36,7 +36,7 @@ from operations.util.fact_reuse import fact_once, fact_until_change
 GIB = 1024**3
 GB = 1000**3
 DEFAULT_DOCKER_ROOT = "/var/lib/docker"  # measured when docker is not installed or not reachable yet
-MEMORY_WAIT_TRIES = 15  # x rank.commands.MEMORY_POLL_S: a stopped rank's ~98 GiB comes back within seconds
+MEMORY_WAIT_TRIES = 30  # x rank.commands.MEMORY_POLL_S (1 s): a stopped rank's ~98 GiB comes back within seconds
 
 TOOL_FIX = {
     "docker": "install Docker (apt-get install docker.io) or set docker_install = True",

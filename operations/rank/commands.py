@@ -16,7 +16,7 @@ from operations.rank.spec import ContainerSpec, env_file_text
 from operations.remote.progress_command import TICK_S, LiveCommand
 from operations.util import sh
 
-MEMORY_POLL_S = 2  # between two reads of MemAvailable while a rank's memory comes back
+MEMORY_POLL_S = 1  # between two reads of MemAvailable while a rank's memory comes back (one awk: cheap)
 
 
 def save_log_command(name: str, rank: int, log_dir: str, log_keep: int) -> StringCommand:
@@ -42,7 +42,7 @@ def removal_commands(name: str, rank: int, running: bool, stop_timeout: int, log
     yield StringCommand(sh("docker", "rm", "-f", name), ">/dev/null")
 
 
-def memory_wait_command(rank: int, min_avail_gib: float, tries: int = 30, failure: str = "") -> StringCommand:
+def memory_wait_command(rank: int, min_avail_gib: float, tries: int = 60, failure: str = "") -> StringCommand:
     """Fail unless MemAvailable reaches min_avail_gib within about a minute (memory comes back after a stop).
     failure: the message on timeout (default: rank `rank` needs ...)."""
     need_kib = int(min_avail_gib * 1024 * 1024)

@@ -22,6 +22,8 @@ from operations.validate.result import PASS
 from operations.validate.smoke import smoke_parts
 
 POLL_S = 3
+# a stand-in or a warm restart answers within seconds: the first polls come quickly, then every POLL_S
+FIRST_POLL_S, FIRST_POLLS_FOR_S = 0.5, 10
 PROGRESS_S = 15
 LOG_LINES = 25
 
@@ -70,7 +72,7 @@ def wait_for_api(base_url: str, served_name: str, api_key: str, timeout: float,
         if now - last_note >= PROGRESS_S:
             progress(f"waiting for rank 0's API at {base_url}: {int(now - start)} s of {timeout:g} s")
             last_note = now
-        sleep(POLL_S)
+        sleep(FIRST_POLL_S if now - start < FIRST_POLLS_FOR_S else POLL_S)
 
 
 def smoke_test(base_url: str, served_name: str, api_key: str = "") -> tuple[bool, list[str]]:

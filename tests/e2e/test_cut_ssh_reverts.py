@@ -1,7 +1,9 @@
 """A netplan apply that cuts a Spark's management path is undone by the Spark itself, the run fails saying so, and
 the next run converges (issue 9). A power cycle in the window, before anything decided, boots the files as they
-were before the apply, and the next run settles the apply it left (issue 19). The cut comes from the stand-in
-netplan's test-only fault hook (tests/sim/standins/netplan): operations/ knows nothing of it.
+were before the apply, and the next run settles the apply it left (issue 19). The Sparks run the real netplan and
+systemd-networkd; the cut comes from a test-only fault armed on the worker (tests/sim/bin/sim-management-fault): the
+networkd restart of the deploy's real `netplan apply` drops the management path, the next restart (the revert's
+apply) restores it. operations/ knows nothing of it.
 
 Starts from a converged pair (converged_pair) and leaves one.
 """
@@ -21,6 +23,7 @@ ROLLBACK = {"SPARKFOLD_LINK_ROLLBACK_S": str(ROLLBACK_S)}
 RAIL, ADDRESS = "enP2p1s0f0np0", "192.168.101.2/24"
 NETPLAN = "/etc/netplan/60-sparkfold-cx7.yaml"
 RUN_LOCK = "/var/lib/sparkfold/run.lock"
+FAULT, CUT = "/run/sim/management-cut.fault", "/run/sim/management-cut"
 
 pytestmark = pytest.mark.usefixtures("converged_pair")
 
@@ -46,7 +49,7 @@ def unit_ended(sim_exec, role: str, unit: str) -> dict[str, str] | None:
 def power_cycle(sim, role: str) -> None:
     """A power cut and a boot of the Spark (sim.reboot): every process gone (the transient revert timer, the killed
     run's ssh session its run lock records), /run empty (the staged /run/netplan, the fault's cut), and the network
-    up from the files under /etc/netplan, as a Spark's boot brings it."""
+    up from the files under /etc/netplan (netplan's generator, then systemd-networkd), as a Spark's boot brings it."""
     sim.reboot(role, hard=True)
 
 
@@ -55,23 +58,23 @@ def test_an_apply_that_cuts_ssh_is_reverted_by_the_spark_and_the_next_run_conver
     # the controller's ssh to it
     assert sim_exec("worker", f"echo '# edited by hand' >> {NETPLAN}").returncode == 0
     assert sim_exec("worker", f"ip addr del {ADDRESS} dev {RAIL}").returncode == 0
-    assert sim_exec("worker", "echo cut-management > /run/sim-netplan.fault").returncode == 0
+    assert sim_exec("worker", f"touch {FAULT}").returncode == 0
     try:
         run = run_pyinfra(*DEPLOY, "-y", env=ROLLBACK)
     finally:  # a run that stopped before its apply leaves the fault for the next file's deploy otherwise
-        sim_exec("worker", "rm -f /run/sim-netplan.fault")
+        sim_exec("worker", f"rm -f {FAULT}")
     assert run.returncode != 0, "a run whose apply cut ssh must fail"
     said = run.stderr
     assert "sim-worker" in said and ("no new ssh connection succeeded" in said
                                      or "automatic revert ran before the confirmation" in said), said[-4000:]
-    assert sim_exec("worker", "test -e /run/sim-netplan.cut").returncode == 0 or \
+    assert sim_exec("worker", f"test -e {CUT}").returncode == 0 or \
         sim_exec("worker", f"test -e {newest_apply(sim_exec)}/reverted").returncode == 0  # the fault did fire
 
     # the Spark undoes the apply by itself (ROLLBACK_S after it) and ssh answers again
     folder = newest_apply(sim_exec)
     wait_until(lambda: sim_exec("worker", f"test -e {folder}/reverted").returncode == 0, ROLLBACK_S + 60,
                "the automatic revert")
-    assert sim_exec("worker", "test -e /run/sim-netplan.cut").returncode != 0
+    assert sim_exec("worker", f"test -e {CUT}").returncode != 0
     assert sim_exec("worker", f"test -e {folder}/confirmed").returncode != 0
     log = sim_exec("worker", f"cat {folder}/revert.log").stdout
     assert "reverting at" in log and "exit 0" in log, log
@@ -106,7 +109,7 @@ def test_a_power_cycle_in_the_window_boots_the_files_from_before_and_the_next_ru
     before = newest_apply(sim_exec)
     assert sim_exec("worker", f"echo '# edited by hand' >> {NETPLAN}").returncode == 0
     assert sim_exec("worker", f"ip addr del {ADDRESS} dev {RAIL}").returncode == 0
-    assert sim_exec("worker", "echo cut-management > /run/sim-netplan.fault").returncode == 0
+    assert sim_exec("worker", f"touch {FAULT}").returncode == 0
     monkeypatch.setenv("SPARKFOLD_LINK_ROLLBACK_S", "3600")  # the timer cannot fire: only the power cycle acts
     run = start_deploy(site_file)
     said: list[str] = []
@@ -117,7 +120,7 @@ def test_a_power_cycle_in_the_window_boots_the_files_from_before_and_the_next_ru
         # the worker's apply ran and cut ssh: the Spark stops answering, the run waits to confirm over ssh
         folder = wait_until(lambda: (f := newest_apply(sim_exec)) != before and
                             sim_exec("worker", f"test -e {f}/applied").returncode == 0 and f, 300, "the apply")
-        wait_until(lambda: sim_exec("worker", "test -e /run/sim-netplan.cut").returncode == 0, 30, "the cut")
+        wait_until(lambda: sim_exec("worker", f"test -e {CUT}").returncode == 0, 30, "the cut")
         assert "# edited by hand" in sim_exec("worker", f"cat {NETPLAN}").stdout  # the new file is staged only
         assert sim_exec("worker", f"test -e /run/netplan/{NETPLAN.rsplit('/', 1)[1]}").returncode == 0
     finally:  # the user gives up on the run and power-cycles the Spark that stopped answering

@@ -15,10 +15,10 @@ import pytest
 ROLES = ("head", "worker")
 STANDINS_DIR = Path(__file__).resolve().parents[1] / "sim" / "standins"
 # what a real Spark has and this machine lacks (tests/sim/standins/, the README says why each remains)
-EXPECTED_STANDINS = ("nvidia-smi", "nvidia-container-runtime", "nvidia-container-runtime-hook", "netplan")
+EXPECTED_STANDINS = ("nvidia-smi", "nvidia-container-runtime", "nvidia-container-runtime-hook", "ib_write_bw")
 # the real programs the simulated Spark runs instead of a stand-in
 REAL_TOOLS = {"systemctl": "/usr/bin/systemctl", "systemd-run": "/usr/bin/systemd-run",
-              "exportfs": "/usr/sbin/exportfs"}
+              "exportfs": "/usr/sbin/exportfs", "netplan": "/usr/sbin/netplan"}
 
 
 def ssh(sim, role: str, command: str, timeout: float = 120) -> subprocess.CompletedProcess:

@@ -140,7 +140,7 @@ def test_an_interrupted_switch_converges_on_the_next_run(run_pyinfra, sim_exec, 
     os.environ["SPARKFOLD_CONTEXT"] = "524288"  # a changed setting: the pair is switched
     # the old pair's memory comes back slowly, so the run waits a while between the stop and the start (a loaded
     # machine's polls would miss a window of a few seconds); still well within the start's wait of a minute
-    sim.set_rank_memory("worker", release_s=30)
+    sim.set_rank_memory("worker", release_s=15)
     try:
         run = start_deploy(site_file)
         wait_until(lambda: pair_ids(sim_exec) == ("", "") or run.poll() is not None, 600, "the old pair stopped")

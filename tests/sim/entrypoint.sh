@@ -36,6 +36,14 @@ if [ ! -e /run/sim/boot_id ]; then
 fi
 link_standins
 
+# /sys read-only (so systemd-udevd never starts and never sees the host's devices) but for the netdevs, which are all
+# virtual here (the veths of the link, eth0, docker0): netplan apply writes their uevents through `udevadm trigger`
+if ! grep -q ' /sys/devices/virtual/net ' /proc/self/mountinfo; then
+  mount -o remount,rw /sys
+  mount --bind /sys/devices/virtual/net /sys/devices/virtual/net
+  mount -o remount,bind,ro /sys
+fi
+
 # the sim's units, linked from the read-only mount (an edited unit applies at the next boot)
 units=/etc/systemd/system
 for f in "$SIM"/systemd/*.service "$SIM"/systemd/*.target; do
@@ -55,7 +63,7 @@ done
 req="$units/sim-boot.target.requires"
 rm -rf "$req" && mkdir -p "$req" "$units/multi-user.target.wants"
 ln -sfn "$units/sim-ready.service" "$units/multi-user.target.wants/sim-ready.service"
-for u in sim-gpu-reset.service sim-hostkeys.service sim-link.service sim-netplan.service sim-engine-base.service \
+for u in sim-gpu-reset.service sim-hostkeys.service sim-link.service sim-link-settled.service sim-management-fault.service sim-engine-base.service \
          sim-rank-memory.service ssh.service docker.service; do
   ln -sfn "$units/$u" "$req/$u"
 done

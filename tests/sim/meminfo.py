@@ -16,7 +16,7 @@ import os
 
 MEM_TOTAL_GIB = 121.0
 CMA_TOTAL_KB = 65536  # a plausible contiguous reservation (the kernel's cma= size); `sim.py set-cma ROLE 0`: none
-DEFAULTS = {"base_gib": 118.0, "rank_gib": 98.0, "load_s": 8.0, "release_s": 6.0, "cma_total_kb": CMA_TOTAL_KB}
+DEFAULTS = {"base_gib": 118.0, "rank_gib": 98.0, "load_s": 8.0, "release_s": 2.0, "cma_total_kb": CMA_TOTAL_KB}
 KIB_PER_GIB = 1024 * 1024
 
 

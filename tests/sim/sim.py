@@ -50,7 +50,7 @@ VOLUME = {r: f"sparkfold-sim-{r}-docker" for r in ROLES}
 SSH_PORT = {"head": int(os.environ.get("SPARKSIM_HEAD_SSH_PORT", "2221")),
             "worker": int(os.environ.get("SPARKSIM_WORKER_SSH_PORT", "2222"))}
 API_PORT = int(os.environ.get("SPARKSIM_API_PORT", "18888"))  # -> the head's 8888
-GPU_CLOCK_PERIOD_S = 15  # the site's gpu_clock_period_s: the timer re-applies the GPU clock lock this often
+GPU_CLOCK_PERIOD_S = 10  # the site's gpu_clock_period_s: the timer re-applies the GPU clock lock this often
 HEAD_API_PORT = 8888
 SSH_USER = "nvidia"
 
@@ -511,8 +511,8 @@ def reboot(role: str, hard: bool = False) -> float:
     # the rebooted namespace took both veth pairs with it: the cable is plugged in again at both ends
     _make_link()
     peer = "worker" if role == "head" else "head"
-    # the peer's link came back as new netdevs: configured again from its netplan, as networkd does on a Spark
-    _docker("exec", CONTAINER[peer], "/usr/local/bin/netplan", "apply", check=False)
+    # the peer's link came back as new netdevs: its systemd-networkd configures them again from its netplan files
+    _docker("exec", CONTAINER[peer], "/opt/sim/bin/sim-link-settled")
     _wait_ready((role,))
     _wait_ssh(roles=(role,))
     return time.monotonic() - start

@@ -313,6 +313,12 @@ def test_timer_template_repeats_the_service():
     assert "OnUnitActiveSec=300s" in gc.render_timer(2200, 300).splitlines()
 
 
+def test_timer_runs_after_boot_within_its_own_period():
+    # a period shorter than the boot delay: the first run after boot comes no later than the period would have it
+    assert "OnBootSec=10s" in gc.render_timer(2200, 10).splitlines()
+    assert "OnBootSec=30s" in gc.render_timer(2200, 30).splitlines()
+
+
 def test_deploy_installs_script_and_service_locks_then_starts_the_timer(monkeypatch):
     from types import SimpleNamespace
     calls = []

@@ -128,7 +128,20 @@ def test_wait_for_api_until_ready(api):
     a = api(fail_first=3)
     slept = []
     assert health.wait_for_api(a.url, NAME, "", 100, lambda: None, sleep=slept.append) is None
-    assert slept == [health.POLL_S] * 3
+    assert slept == [health.FIRST_POLL_S] * 3
+
+
+def test_wait_for_api_polls_quickly_at_first_then_every_poll_s(api):
+    a = api(fail_first=6)
+    now = [0.0]
+    slept: list[float] = []
+
+    def sleep(s):
+        slept.append(s)
+        now[0] += s if s != health.FIRST_POLL_S else 4  # each quick poll is taken 4 s apart on this clock
+
+    assert health.wait_for_api(a.url, NAME, "", 100, lambda: None, sleep=sleep, clock=lambda: now[0]) is None
+    assert slept == [health.FIRST_POLL_S] * 3 + [health.POLL_S] * 3  # 0, 4, 8 s quick; from 12 s every POLL_S
 
 
 def test_wait_for_api_stops_when_a_rank_exits(api):
@@ -148,7 +161,7 @@ def test_wait_for_api_times_out_with_progress(api):
     problem = health.wait_for_api(a.url, NAME, "", 40, lambda: None, sleep=sleep, clock=lambda: now[0],
                                   progress=notes.append)
     assert "within wait_timeout = 40 s" in problem and "answered 503" in problem
-    assert len(notes) == 2 and "15 s of 40 s" in notes[0]
+    assert len(notes) == 2 and "16 s of 40 s" in notes[0]  # quick polls to 10 s, then 13, 16 (the first note)
 
 
 @pytest.fixture
