@@ -1,6 +1,7 @@
 """Run a sparkfold operation or fact outside pyinfra's CLI, with scripted facts.
 
-run_op(op, facts, executing=False, **kwargs) -> (commands as strings, host)
+run_op(op, facts, executing=False, **kwargs) -> (commands as strings, host); host.yielded keeps the commands as
+  yielded (their connector arguments, an upload's source), as tests/unit/test_operation_scenarios.py renders them.
   facts: {FactClass or "module.Class": value} for facts called without arguments, or
          {FactClass: {"k=v, k2=v2": value}} keyed like pyinfra-testing (sorted kwargs) for facts with arguments.
 first_planned(op, facts, diff=False, **kwargs) -> (the first command or None, host): what --dry (--diff) runs of an
@@ -46,6 +47,7 @@ class FakeHost:
         self.noops: list[str] = []
         self.fact_calls: list[tuple[str, dict]] = []
         self.current_op_global_arguments = {}
+        self.yielded: list = []  # run_op: the operation's commands as yielded
 
     def get_fact(self, cls, *args, **kwargs):
         kwargs = {k: v for k, v in kwargs.items() if not k.startswith("_")}
@@ -86,8 +88,8 @@ def run_op(op, facts: dict, executing: bool = False, data: dict | None = None, *
     state = _State(executing)
     host = FakeHost(facts, data)
     with ctx_state.use(state), ctx_host.use(host):
-        commands = [_render(c) for c in op._inner(**kwargs)]
-    return commands, host
+        host.yielded = list(op._inner(**kwargs))
+    return [_render(c) for c in host.yielded], host
 
 
 def first_planned(op, facts: dict, diff: bool = False, **kwargs) -> tuple[str | None, FakeHost]:

@@ -1,6 +1,6 @@
-"""API key: the fact (stat only), the operation both ways, the generation command run for real in a temp dir,
-rotation, the deploy function, and your own key (api_key_file): read and checked on this machine, uploaded, never
-shown."""
+"""API key: the fact (stat only), the generation command run for real in a temp dir, rotation, the deploy function,
+and your own key (api_key_file): read and checked on this machine, uploaded, never shown. The operation on scripted
+facts, both ways: tests/operations/api_key.api_key_present/."""
 
 from __future__ import annotations
 
@@ -57,33 +57,6 @@ def test_fact_command_on_real_files(tmp_path):
     key.chmod(0o640)
     got = run()
     assert got["present"] and got["mode"] == "640" and got["owner"]
-
-
-def test_converged_key_file_yields_nothing():
-    commands, host = run_op(ak.api_key_present, facts(present()), path=PATH, owner="nvidia")
-    assert commands == [] and host.noops
-
-
-def test_missing_key_is_generated_on_the_head_under_umask_077():
-    commands, _ = run_op(ak.api_key_present, facts(MISSING), path=PATH, owner="nvidia")
-    assert len(commands) == 1
-    cmd = commands[0]
-    assert cmd.startswith("umask 077 && mkdir -p /home/nvidia/.local/state/sparkfold/api-key.d &&")
-    assert "secrets.token_hex(32)" in cmd
-    assert f"[ -s {PATH} ] || " in cmd  # never overwrites a key that appeared meanwhile
-    assert not re.search(r"[0-9a-f]{64}", cmd)  # no key on the controller's command line
-
-
-def test_wrong_mode_or_owner_is_fixed_without_a_new_key():
-    commands, _ = run_op(ak.api_key_present, facts(present(mode="644")), path=PATH, owner="nvidia")
-    assert commands == [f"chmod 600 {PATH}"]
-    commands, _ = run_op(ak.api_key_present, facts(present(owner="root")), path=PATH, owner="nvidia")
-    assert commands == [f"chown nvidia {PATH}"]
-
-
-def test_rotation_replaces_the_key_even_when_present():
-    commands, _ = run_op(ak.api_key_present, facts(present()), path=PATH, owner="nvidia", rotate=True)
-    assert len(commands) == 1 and "token_hex" in commands[0] and f"[ -s {PATH} ] ||" not in commands[0]
 
 
 def _sh(command):
@@ -225,26 +198,6 @@ def test_the_sum_fact_reads_the_digest_and_never_the_key(tmp_path):
     assert run_fact(ApiKeyFileSum, path=str(tmp_path / "none")) == ApiKeyFileSum.default()
     command = ApiKeyFileSum().command(str(key))
     assert "sha256sum <" in command and "cat " not in command and "base64" not in command
-
-
-def test_a_head_holding_your_key_changes_nothing():
-    commands, host = run_op(ak.api_key_present, own_facts(holding(OWN)), path=PATH, owner="nvidia", key=OWN)
-    assert commands == [] and host.noops == [f"API key file {PATH} holds your key (600, nvidia)"]
-
-
-@pytest.mark.parametrize("have", [ApiKeyFileSum.default(), holding("a generated key"), holding(None)])
-def test_your_key_is_uploaded_then_renamed_over_the_file(have):
-    commands, _ = run_op(ak.api_key_present, own_facts(have), path=PATH, owner="nvidia", key=OWN)
-    assert commands[0] == f"umask 077 && mkdir -p {PATH.rsplit('/', 1)[0]} && install -m 600 /dev/null {PATH}.new"
-    assert commands[1].startswith("FileUploadCommand(") and commands[2] == f"mv -f {PATH}.new {PATH}"
-    assert not any(OWN in c for c in commands)  # never on a command line
-
-
-def test_your_key_with_a_wrong_mode_or_owner_is_fixed_in_place():
-    commands, _ = run_op(ak.api_key_present, own_facts(holding(OWN, mode="644")), path=PATH, owner="nvidia", key=OWN)
-    assert commands == [f"chmod 600 {PATH}"]
-    commands, _ = run_op(ak.api_key_present, own_facts(holding(OWN, owner="root")), path=PATH, owner="nvidia", key=OWN)
-    assert commands == [f"chown nvidia {PATH}"]
 
 
 def test_your_key_for_real_and_then_converged(tmp_path):

@@ -1,6 +1,6 @@
 """The folders sparkfold owns: the operation both ways (on real folders through pyinfra's Directory fact), a chown
 only as root, a symlink to a folder followed, a file in the way refused; which folders each Spark converges, and the
-API key's folder in its own step."""
+API key's folder in its own step. Cases on scripted facts: tests/operations/owned.folders.owned_folders/."""
 
 from __future__ import annotations
 
@@ -9,8 +9,7 @@ import os
 import stat
 import subprocess
 
-from harness import FakeHost, _State, run_fact, run_op
-from pyinfra.context import ctx_host, ctx_state
+from harness import FakeHost, run_fact, run_op
 from settings_factory import make_settings
 
 from operations import folders
@@ -56,21 +55,6 @@ def test_several_folders_are_read_in_one_round_trip(tmp_path):
     commands, host = converge(tuple((str(path), "755") for path in made))
     assert len(commands) == 3 and all(path.is_dir() for path in made)
     assert [name for name, _kwargs in host.fact_calls] == ["operations.facts.files.FolderStates"]
-
-
-def test_another_owner_is_given_back_by_root_only():
-    state = {"/d": {"kind": "folder", "user": "root", "mode": "755"}}
-    host = FakeHost({FolderStates: state})
-    with ctx_state.use(_State(False)), ctx_host.use(host):
-        commands = list(owned.owned_folders._inner(folders=(("/d", "700"),), owner="nvidia"))
-    assert [c.get_raw_value() for c in commands] == ["chown nvidia /d", "chmod 700 /d"]
-    assert commands[0].connector_arguments.get("_sudo") is True and not commands[1].connector_arguments.get("_sudo")
-
-
-def test_a_set_group_id_bit_is_kept_and_not_chmoded_every_run():
-    state = {"/d": {"kind": "folder", "user": "nvidia", "mode": "2755"}}
-    commands, host = run_op(owned.owned_folders, {FolderStates: state}, folders=(("/d", "755"),), owner="nvidia")
-    assert commands == [] and host.noops
 
 
 def test_a_symlink_to_a_folder_is_judged_by_the_folder_and_a_file_is_refused(tmp_path, caplog):

@@ -175,36 +175,6 @@ def test_strange_values_stay_one_word_each_in_the_docker_run_line():
     assert all("\n" not in w for w in argv)
 
 
-# --- files sparkfold owns: a foreign file at the path is refused, never overwritten -------------------------------
-
-def test_a_foreign_file_at_an_owned_path_is_refused_both_phases(caplog):
-    from io import StringIO
-
-    from core_facts import remote_file, run_put
-
-    from operations.owned.files import owned_file_put
-    from operations.util.commands import MANAGED_HEADER
-
-    path = "/etc/netplan/50-cloud-init.yaml"
-    ours = MANAGED_HEADER + "\nnetwork: {}\n"
-
-    def run(text, executing):
-        cmds, uploads, host = run_put(owned_file_put, remote_file(path, text, mode=600), executing=executing,
-                                      src=StringIO(ours), dest=path, mode="600")
-        return cmds, uploads, host
-
-    cmds, uploads, _ = run(None, True)
-    assert uploads == {path: ours}  # absent: free to write
-    cmds, uploads, host = run(ours, True)
-    assert cmds == [] and host.noops  # ours, already right
-    cmds, uploads, _ = run("network:\n  version: 2\n", True)
-    assert len(cmds) == 1 and "exit 1" in cmds[0] and f"{path} exists and was not written by sparkfold" in cmds[0]
-    assert uploads == {}
-    with caplog.at_level("WARNING", logger="pyinfra"):
-        cmds, uploads, _ = run("network:\n  version: 2\n", False)
-    assert cmds == [] and "will fail: a file sparkfold would write: " + path in caplog.text
-
-
 # --- a trailing line break, on every setting and site field ---------------------------------------------------------
 
 DEFAULTS = make_settings()

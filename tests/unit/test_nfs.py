@@ -1,4 +1,5 @@
-"""NFS: the export file and table on the head, the docker volume on the worker."""
+"""NFS: the export file and table on the head, the docker volume on the worker. The operations on scripted facts
+(nfs_exported, nfs_unexported, nfs_server_installed, nfs_volume): tests/operations/nfs.*/."""
 
 from __future__ import annotations
 
@@ -6,10 +7,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from core_facts import merged, remote_file, run_put, unit
-from harness import parse_fact, refused, run_fact, run_op, with_args
-from pyinfra.facts.deb import DebPackages
-from pyinfra.facts.files import File
+from harness import parse_fact, run_fact, run_op, with_args
 from settings_factory import make_pair
 
 from operations import nfs
@@ -17,7 +15,6 @@ from operations.facts.docker import DockerVolumeInfo, VolumeContainers
 from operations.facts.files import FileText
 from operations.facts.nfs import ExportTable
 from operations.facts.systemd import UnitState
-from operations.owned.units import unit_service
 from operations.util import MANAGED_HEADER
 
 FIX = Path(__file__).parent / "fixtures" / "nfs"
@@ -89,122 +86,6 @@ def test_rendered_exports_lines():
         '"/data/my models" 10.0.0.2(ro,subtree_check)'
 
 
-def export_facts(current, table, dir_exists=True):
-    return merged(remote_file(EXPORTS, current, dir_exists=dir_exists), {ExportTable: table})
-
-
-def export(current, table, clients=CLIENTS, dir_exists=True):
-    return run_put(nfs.nfs_exported, export_facts(current, table, dir_exists), path=CACHE, clients=clients,
-                   exports_file=EXPORTS)
-
-
-def test_export_written_and_reloaded_when_missing():
-    commands, uploads, _ = export(None, [], dir_exists=False)
-    assert commands[0] == "mkdir -p /etc/exports.d" and commands[1].startswith("FileUploadCommand")
-    assert f"{CACHE} 192.168.101.2(ro,subtree_check)" in uploads[EXPORTS]
-    assert commands[2:] == [f"chmod 644 {EXPORTS}", "exportfs -ra"]
-
-
-def test_export_converged_yields_nothing():
-    table = parse_fact(ExportTable, fixture("exportfs-v.txt"))
-    commands, _, host = export(nfs.render_exports(CACHE, CLIENTS), table)
-    assert commands == [] and host.noops
-    # one read of the file (content, mode, header) and the live table: not files.put's three
-    assert [name.rsplit(".", 1)[1] for name, _ in host.fact_calls] == ["FileSum", "ExportTable"]
-
-
-def test_export_refuses_an_exports_file_that_is_not_sparkfolds():
-    table = parse_fact(ExportTable, fixture("exportfs-v.txt"))
-    commands, uploads, _ = run_put(nfs.nfs_exported, export_facts("/srv/share 10.0.0.0/24(rw)\n", table),
-                                   executing=True, path=CACHE, clients=CLIENTS, exports_file=EXPORTS)
-    assert len(commands) == 1 and "was not written by sparkfold" in commands[0] and uploads == {}
-
-
-def test_export_reloaded_when_the_live_table_lacks_a_client():
-    table = [e for e in parse_fact(ExportTable, fixture("exportfs-v.txt")) if e["client"] != "192.168.101.2"]
-    commands, _, _ = export(nfs.render_exports(CACHE, CLIENTS), table)
-    assert commands == ["exportfs -ra"]
-
-
-def test_export_rewritten_when_the_worker_address_changes():
-    table = parse_fact(ExportTable, fixture("exportfs-v.txt"))
-    commands, uploads, _ = export(nfs.render_exports(CACHE, CLIENTS), table, clients=["192.168.100.3"])
-    assert "192.168.100.3(ro,subtree_check)" in uploads[EXPORTS] and commands[-1] == "exportfs -ra"
-
-
-def test_server_package_both_ways():
-    apt = {DebPackages: {}, File: with_args({"path=/var/lib/apt/periodic/update-success-stamp": None})}
-    commands, _ = run_op(nfs.nfs_server_installed, apt)
-    assert commands[0] == "apt-get update" and "install nfs-kernel-server" in commands[-1]
-    commands, host = run_op(nfs.nfs_server_installed, {DebPackages: {"nfs-kernel-server": ["1:2.6.4"]}})
-    assert commands == [] and host.noops  # no apt-get update on a converged run
-
-
-def test_server_service_both_ways():
-    commands, _, _ = run_put(unit_service, unit("nfs-server.service", False, False), service="nfs-server.service",
-                             file_put=None, running=True, enabled=True)
-    assert commands == ["systemctl start nfs-server.service", "systemctl enable nfs-server.service"]
-    commands, _, _ = run_put(unit_service, unit("nfs-server.service", True, True), service="nfs-server.service",
-                             file_put=None, running=True, enabled=True)
-    assert commands == []
-
-
-# --- worker -------------------------------------------------------------------------------------------------
-
-def volume_facts(volume, users=()):
-    return {DockerVolumeInfo: with_args({"volume=sparkfold-hf": volume}),
-            VolumeContainers: with_args({"volume=sparkfold-hf": list(users)})}
-
-
-def run_volume(volume, users=(), server_ip="192.168.100.1"):
-    return run_op(nfs.nfs_volume, volume_facts(volume, users), executing=True, volume="sparkfold-hf",
-                  server_ip=server_ip, export_path=CACHE, options=OPTIONS)[0]
-
-
-CREATE = ("docker volume create --driver local --opt type=nfs "
-          f"--opt o=addr=192.168.100.1,{OPTIONS} --opt device=:{CACHE} --label sparkfold.managed=1 sparkfold-hf")
-
-
-def test_volume_created_when_absent():
-    assert run_volume(None) == [CREATE]
-
-
-def test_volume_converged():
-    assert run_volume(parse_fact(DockerVolumeInfo, fixture("volume-managed.json"))) == []
-
-
-def test_volume_recreated_when_options_differ_and_unused():
-    volume = parse_fact(DockerVolumeInfo, fixture("volume-managed.json"))
-    commands = run_volume(volume, server_ip="192.168.101.1")
-    assert commands == ["docker volume rm sparkfold-hf", CREATE.replace("addr=192.168.100.1", "addr=192.168.101.1")]
-
-
-def refused_volume(caplog, volume, users=(), server_ip="192.168.100.1"):
-    return refused(caplog, nfs.nfs_volume, volume_facts(volume, users), volume="sparkfold-hf", server_ip=server_ip,
-                   export_path=CACHE, options=OPTIONS)
-
-
-def test_volume_in_use_is_not_touched(caplog):
-    volume = parse_fact(DockerVolumeInfo, fixture("volume-managed.json"))
-    command, warnings = refused_volume(caplog, volume, users=["dsv41-1017-exl3-tf"], server_ip="192.168.101.1")
-    assert "container(s) dsv41-1017-exl3-tf use it" in command and "docker rm -f dsv41-1017-exl3-tf" in command
-    assert "volume rm" not in command.split("sparkfold:")[0]
-    assert "will fail: the NFS volume: docker volume sparkfold-hf needs new options" in warnings
-
-
-def test_foreign_volume_is_never_removed(caplog):
-    command, warnings = refused_volume(caplog, parse_fact(DockerVolumeInfo, fixture("volume-user.json")))
-    assert "sparkfold did not create it" in command and "set nfs_volume" in command
-    assert "addr=169.254.10.1" in command
-    assert "will fail: the NFS volume: docker volume sparkfold-hf exists" in warnings
-
-
-def test_foreign_volume_with_the_same_options_is_accepted():
-    volume = parse_fact(DockerVolumeInfo, fixture("volume-managed.json"))
-    volume["Labels"] = None
-    assert run_volume(volume) == []
-
-
 # --- deploy function ----------------------------------------------------------------------------------------
 
 def settings(is_head=True, **over):
@@ -252,31 +133,12 @@ def test_deploy_nfs_off_removes_only_the_owned_export(monkeypatch):
                                          "_sudo": True})]
 
 
-def test_nfs_unexported_both_ways():
-    def run(text):
-        return run_op(nfs.nfs_unexported, {FileText: with_args({f"path={EXPORTS}": text})}, executing=True,
-                      exports_file=EXPORTS)[0]
-
-    assert run(MANAGED_HEADER + "\n/x 10.0.0.2(ro)\n") == [f"rm -f {EXPORTS}", "exportfs -ra"]
-    assert run(None) == []  # nothing to remove
-    assert run("/srv 10.0.0.0/24(rw)\n") == []  # someone else's file at that path stays
-
-
 # --- what the export reaches (subtree_check, and a file system shared with the home) ---------------------------
 
 def test_the_export_checks_each_file_handle_against_the_exported_folder():
     assert nfs.EXPORT_OPTIONS == "ro,subtree_check"
     lines = [line for line in nfs.render_exports(CACHE, CLIENTS).splitlines() if not line.startswith("#")]
     assert lines and all(line.endswith("(ro,subtree_check)") and "no_subtree_check" not in line for line in lines)
-
-
-def test_a_live_export_without_the_subtree_check_is_reloaded():
-    table = parse_fact(ExportTable, fixture("exportfs-v.txt"))  # the cache's entries as exportfs -v shows them now
-    for entry in table:
-        if entry["path"] == CACHE:
-            entry["options"].append("no_subtree_check")  # exported by an older sparkfold, not reloaded since
-    commands, _, _ = export(nfs.render_exports(CACHE, CLIENTS), table)
-    assert commands == ["exportfs -ra"]
 
 
 def test_same_filesystem_fact_reads_the_device_of_each_or_its_nearest_folder(tmp_path):

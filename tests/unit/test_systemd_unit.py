@@ -1,6 +1,7 @@
 """operations/owned/units.py and file_put.py: a unit's file through files.put (path, mode 644, content), the unit
 through systemd.service; daemon-reload and the restart only when the file changed, enable/start only when needed;
-one fact each when the file and the unit are already right."""
+one fact each when the file and the unit are already right. The operations on scripted facts (file_put,
+owned_file_put, unit_service): tests/operations/owned.*/."""
 
 import hashlib
 from io import StringIO
@@ -13,7 +14,7 @@ from pyinfra.operations import systemd
 from operations.facts.files import FileSum
 from operations.facts.systemd import UnitState, unit_enabled, unit_running
 from operations.owned import units
-from operations.owned.files import already_there, file_put, owned_file_put
+from operations.owned.files import already_there, file_put
 from operations.util import MANAGED_HEADER
 
 UNIT = "sparkfold-test.service"
@@ -22,23 +23,10 @@ CONTENT = "[Service]\nType=oneshot\nExecStart=/bin/true\n\n[Install]\nWantedBy=m
 
 
 class PutResult:
-    """What a files.put returns: an OperationMeta that reports whether it changed the file (or will)."""
+    """What a files.put returns (its OperationMeta), as the recorded operations hand it on."""
 
-    def __init__(self, changed: bool, complete: bool = True):
-        self.changed_file, self.complete = changed, complete
-        self.facts_read = 0  # will_change evaluates the put again (its facts): counted
-
-    def is_complete(self):
-        return self.complete
-
-    def did_change(self):
-        assert self.complete
-        return self.changed_file
-
-    @property
-    def will_change(self):
-        self.facts_read += 1
-        return self.changed_file
+    def __init__(self, changed: bool):
+        self.changed_file = changed
 
 
 @pytest.fixture
@@ -70,26 +58,6 @@ def test_unit_installed_puts_the_file_then_runs_its_service(calls):
     assert calls["ops"][1][1]["restart_on_change"] is True
 
 
-@pytest.mark.parametrize("changed, restart, want", [
-    (True, False, ["systemctl daemon-reload"]),
-    (True, True, ["systemctl daemon-reload", f"systemctl restart {UNIT}"]),
-    (False, True, []),  # unchanged file: neither reload nor restart
-])
-def test_the_service_reloads_and_restarts_only_after_its_file_changed(changed, restart, want):
-    put = PutResult(changed)
-    cmds, _, _ = run_put(units.unit_service, unit(UNIT, True, True), service=UNIT, file_put=put, running=True,
-                         enabled=True, restart_on_change=restart)
-    assert cmds == want
-    assert put.facts_read == 0  # the put already ran: its result, not its facts again
-
-
-def test_while_planning_the_service_asks_whether_the_put_will_change():
-    put = PutResult(True, complete=False)
-    cmds, _, _ = run_put(units.unit_service, unit(UNIT, True, True), service=UNIT, file_put=put, running=True,
-                         enabled=True)
-    assert cmds == ["systemctl daemon-reload"] and put.facts_read == 1
-
-
 def test_unit_off_stops_and_disables(calls):
     units.unit_off(UNIT, _sudo=True)
     assert calls["ops"] == [("service", {"name": f"{UNIT} stopped and disabled (if present)", "service": UNIT,
@@ -104,29 +72,6 @@ def test_script_installed_uploads_the_remote_script(calls):
 
 
 # --- what the file operations do with the facts --------------------------------------------------------------
-
-def fact_names(host):
-    return [name.rsplit(".", 1)[1] for name, _ in host.fact_calls]
-
-
-@pytest.mark.parametrize("op", [file_put, owned_file_put])
-def test_new_unit_file_is_uploaded_with_mode_644(op):
-    cmds, uploads, _ = run_put(op, remote_file(PATH), src=StringIO(CONTENT), dest=PATH, mode="644")
-    assert uploads == {PATH: CONTENT}
-    assert cmds[0].startswith("FileUploadCommand") and cmds[1:] == [f"chmod 644 {PATH}"]
-
-
-@pytest.mark.parametrize("op", [file_put, owned_file_put])
-def test_converged_unit_file_yields_nothing_from_one_fact(op):
-    text = f"{MANAGED_HEADER}\n{CONTENT}"
-    cmds, _, host = run_put(op, remote_file(PATH, text), src=StringIO(text), dest=PATH, mode="644")
-    assert cmds == [] and host.noops == [f"{PATH} is up to date"]
-    assert fact_names(host) == ["FileSum"]  # not files.put's stat, folder and sha1
-    cmds, _, _ = run_put(op, remote_file(PATH, text, mode=600), src=StringIO(text), dest=PATH, mode="644")
-    assert cmds == [f"chmod 644 {PATH}"]
-    cmds, uploads, _ = run_put(op, remote_file(PATH, text), src=StringIO(text + "# new\n"), dest=PATH, mode="644")
-    assert cmds[0].startswith("FileUploadCommand") and uploads[PATH].endswith("# new\n")
-
 
 def test_a_local_file_is_compared_by_its_bytes(tmp_path):
     local = tmp_path / "script.sh"
@@ -150,12 +95,6 @@ def test_a_link_or_an_unreadable_file_goes_to_files_put():
     assert not already_there(None, StringIO(CONTENT), "644")
 
 
-def test_owned_put_refuses_a_file_that_is_not_sparkfolds():
-    cmds, uploads, _ = run_put(owned_file_put, remote_file(PATH, CONTENT), executing=True,
-                               src=StringIO(f"{MANAGED_HEADER}\n{CONTENT}"), dest=PATH, mode="644")
-    assert len(cmds) == 1 and "was not written by sparkfold" in cmds[0] and uploads == {}
-
-
 def test_file_sum_fact_on_real_files(tmp_path):
     path = tmp_path / "unit.service"
     assert run_fact(FileSum, path=str(path)) is None
@@ -174,17 +113,6 @@ def test_file_sum_fact_on_real_files(tmp_path):
 
 
 # --- what the service operation does with the facts ------------------------------------------------------------
-
-def test_converged_service_reads_one_fact():
-    cmds, _, host = run_put(units.unit_service, unit(UNIT, True, True), service=UNIT, file_put=None, running=True,
-                            enabled=True)
-    assert cmds == [] and host.noops and fact_names(host) == ["UnitState"]
-    cmds, _, host = run_put(units.unit_service, unit(UNIT, False, False), service=UNIT, file_put=None,
-                            running=False, enabled=False)
-    assert cmds == [] and fact_names(host) == ["UnitState"]
-    cmds, _, _ = run_put(units.unit_service, unit(UNIT, False, True), service=UNIT, file_put=None, running=True)
-    assert cmds == [f"systemctl start {UNIT}"]  # enabled None: left as it is
-
 
 def test_unit_state_fact_reads_pyinfras_words():
     waiting = parse_fact(UnitState, "UnitFileState=enabled\nActiveState=active\nSubState=waiting\n")

@@ -1,0 +1,156 @@
+"""Every operation scenario under tests/operations/<operation>/<case>.json, one test each: facts in, commands out.
+
+The folder names the operation by its dotted path below the `operations` package (`owned.folders.owned_folders`);
+a case is one JSON object (docs/testing.md, "Operation scenarios"):
+
+  about       why the case exists, one line (required)
+  settings    {"role": "head" or "worker", "home": ..., other names: overrides}: the operation's `s`, built as
+              tests/unit/settings_factory.make_settings builds it
+  args        the operation's other keyword arguments. Values JSON cannot hold are tagged objects:
+              {"$text": "..."} an in-memory file (StringIO), {"$repo_file": "operations/remote/x.py"} a file of this
+              checkout, {"$earlier_op": {"complete": bool, "changed": bool}} an operation run earlier (its
+              OperationMeta, e.g. a unit file's put)
+  facts       {"module.FactClass": value} for a fact read without arguments, {"module.FactClass": {"k=v, k2=v2":
+              value}} for one read with them (keyword arguments sorted, as pyinfra's own scenarios key them)
+  executing   true: the run executes (pyinfra's state.is_executing); false (default): --dry plans
+  commands    what the operation yields, in order: a command line; {"command": ..., "_sudo": true} for one with
+              connector arguments; {"upload": dest, "text": ...} or {"upload": dest, "src": repo path}
+  noop        what it reports when it yields nothing (absent: it reports nothing)
+  fails       the check it refuses with (operations/util/checks.check_failed), in place of commands and executing:
+              a run yields one failing command with it, --dry plans nothing and warns "will fail: " with it
+  facts_read  the short names of the facts it reads, in order, when how many round trips matters
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+import json
+from io import BytesIO, StringIO
+from pathlib import Path
+from typing import Any
+
+import pytest
+from harness import _render, refused, run_op, with_args
+from pyinfra.api import FileUploadCommand
+from settings_factory import ROOT, make_settings
+
+from operations.util.commands import fail_command
+
+SCENARIOS = ROOT / "tests" / "operations"
+KEYS = {"about", "settings", "args", "facts", "executing", "commands", "noop", "fails", "facts_read"}
+
+
+def scenario_files() -> list[Path]:
+    return sorted(SCENARIOS.glob("*/*.json"))
+
+
+def _import(dotted: str, what: str) -> Any:
+    module, _, name = dotted.rpartition(".")
+    try:
+        return getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError, ValueError) as e:
+        raise AssertionError(f"{what} {dotted!r} does not exist ({e})") from None
+
+
+class EarlierOp:
+    """An operation that ran before the one under test, as operations/util/checks.op_changed reads it: once complete,
+    its result; asked whether it will change only while planning (asking a completed one would read its facts again)."""
+
+    def __init__(self, complete: bool = True, changed: bool = True):
+        self.complete, self.changed = complete, changed
+
+    def is_complete(self) -> bool:
+        return self.complete
+
+    def did_change(self) -> bool:
+        assert self.complete, "did_change asked of an operation that has not run"
+        return self.changed
+
+    @property
+    def will_change(self) -> bool:
+        assert not self.complete, "will_change asked of an operation that already ran: its facts would be read again"
+        return self.changed
+
+
+TAGS = {
+    "$text": lambda text: StringIO(text),
+    "$repo_file": lambda path: str(ROOT / path),
+    "$earlier_op": lambda fields: EarlierOp(**fields),
+}
+
+
+def _arg(value: Any) -> Any:
+    if isinstance(value, dict) and len(value) == 1 and next(iter(value)) in TAGS:
+        tag, inner = next(iter(value.items()))
+        return TAGS[tag](inner)
+    if isinstance(value, dict):
+        return {k: _arg(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_arg(v) for v in value]
+    return value
+
+
+def _facts(facts: dict) -> dict:
+    """The harness's fact table (tests/unit/harness.py): a value keyed by "k=v" strings is the table of a fact read
+    with arguments."""
+    out = {}
+    for name, value in facts.items():
+        _import(name, "fact")
+        keyed = isinstance(value, dict) and value and all("=" in key for key in value)
+        out[name] = with_args(value) if keyed else value
+    return out
+
+
+def _shown(command: Any) -> Any:
+    """A yielded command as a scenario writes it."""
+    if isinstance(command, FileUploadCommand):
+        src = command.src
+        if isinstance(src, StringIO | BytesIO):
+            text = src.getvalue()
+            return {"upload": command.dest, "text": text.decode() if isinstance(text, bytes) else text}
+        path = Path(str(src))
+        return {"upload": command.dest, "src": str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)}
+    arguments = {k: v for k, v in getattr(command, "connector_arguments", {}).items() if v}
+    return {"command": _render(command), **arguments} if arguments else _render(command)
+
+
+def _same(got: Any, want: Any, what: str, path: Path) -> None:
+    __tracebackhide__ = True  # the diff says it all
+    if got == want:
+        return
+    wanted, found = (json.dumps(x, indent=2, sort_keys=True).splitlines() for x in (want, got))
+    diff = "\n".join(difflib.unified_diff(wanted, found, "scenario", "operation", lineterm=""))
+    raise AssertionError(f"{path.relative_to(ROOT)}: {what} differ (- the scenario, + the operation)\n{diff}")
+
+
+@pytest.mark.parametrize("path", scenario_files(), ids=lambda p: f"{p.parent.name}/{p.stem}")
+def test_operation_scenario(path: Path, caplog) -> None:
+    case = json.loads(path.read_text())
+    unknown = set(case) - KEYS
+    assert not unknown, f"{path.name}: unknown keys {sorted(unknown)} (known: {sorted(KEYS)})"
+    assert case.get("about"), f"{path.name}: say in `about` why the case exists"
+    assert ("fails" in case) != ("commands" in case), f"{path.name}: give `commands` or `fails`, one of them"
+    op = _import(f"operations.{path.parent.name}", "operation")
+    kwargs = {k: _arg(v) for k, v in case.get("args", {}).items()}
+    if "settings" in case:
+        kwargs["s"] = make_settings(**case["settings"])
+    facts = _facts(case.get("facts", {}))
+    if "fails" in case:
+        command, warnings = refused(caplog, op, facts, **kwargs)
+        _same(command, fail_command(case["fails"]).get_raw_value(), "failing commands", path)
+        assert f": will fail: {case['fails']}" in warnings, f"{path.name}: --dry warns\n{warnings}"
+        return
+    _, host = run_op(op, facts, executing=case.get("executing", False), **kwargs)
+    _same([_shown(c) for c in host.yielded], case["commands"], "commands", path)
+    _same(host.noops, [case["noop"]] if "noop" in case else [], "noop descriptions", path)
+    if "facts_read" in case:
+        _same([name.rsplit(".", 1)[1] for name, _kwargs in host.fact_calls], case["facts_read"], "facts read", path)
+
+
+def test_every_scenario_folder_names_an_operation_and_holds_a_case() -> None:
+    folders = sorted(p for p in SCENARIOS.iterdir() if p.is_dir())
+    assert folders, "no scenarios found"
+    for folder in folders:
+        assert list(folder.glob("*.json")), f"{folder} holds no scenario"
+        assert hasattr(_import(f"operations.{folder.name}", "operation"), "_inner"), f"{folder.name}: not an operation"
