@@ -4,7 +4,6 @@
 import os
 
 from pyinfra import logger
-from pyinfra.api.exceptions import DeployError
 
 from operations.api_key import api_key
 from operations.docker_runtime import docker_runtime
@@ -24,12 +23,13 @@ from operations.settings.context import current_settings, refuse_part_of_pair
 from operations.streams import streams_finished
 from operations.supervise import supervision
 from operations.util.barrier import both_sparks_reached
+from operations.util.checks import RunStopped
 
 # 1. the settings of both Sparks, validated together before any operation exists; both Sparks or none
 refuse_part_of_pair("deploy.py")
 s, problems = current_settings()
 if problems:
-    raise DeployError("the settings need fixing before anything is changed:\n  - " + "\n  - ".join(problems))
+    raise RunStopped("the settings need fixing before anything is changed:\n  - " + "\n  - ".join(problems))
 if s.is_head and (note := passthrough_note(os.environ)):
     logger.info(note)  # once (the head's pass), in --dry and every run: both ranks get them, silently otherwise
 

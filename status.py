@@ -11,12 +11,12 @@ import os
 import sys
 
 from pyinfra import state
-from pyinfra.api.exceptions import DeployError
 
 from operations.settings.context import pair_hosts, pair_settings, reports_for_pair
 from operations.tools.status_gather import gather
 from operations.tools.status_render import render_json, render_text
 from operations.tools.status_watch import watch, watch_frame
+from operations.util.checks import RunStopped
 
 # pyinfra's spinner would draw over the table and its refreshes: it reads this once it starts, which is after this
 # file's first fact read
@@ -41,6 +41,6 @@ if reports_for_pair():
         report = gather(head, worker, hs, ws, plan_argv)
         print(render(report), flush=True)
         if report.verdict is not None:
-            raise DeployError(f"the pair is not serving: {report.verdict}")
+            raise RunStopped(f"the pair is not serving: {report.verdict}")
         if as_json:  # pyinfra would print its own (empty) run document after ours: end here, with its exit status
             raise SystemExit(1 if state.failed_hosts else 0)

@@ -16,7 +16,7 @@ from operations.facts.docker import ContainerRuntimeTools, DaemonJson, DockerRun
 from operations.facts.host import UserGroups
 from operations.layout import DOCKER_DAEMON_JSON
 from operations.owned.files import put_changes
-from operations.util import check_failed, sh, warned
+from operations.util import check_failed, failing_shell, sh, warned
 from operations.util.commands import APT_CACHE_S
 from operations.util.fact_reuse import fact_until_change
 
@@ -30,12 +30,13 @@ PACKAGES = {  # missing tool -> the apt package that provides it
 
 def _wait_for_default_runtime(runtime: str) -> StringCommand:
     """After a restart: wait until the daemon answers and uses `runtime`, else fail naming the log to read."""
-    message = (f"sparkfold: docker did not come back using the {runtime} runtime within {RESTART_WAIT_S} s; "
-               "read journalctl -u docker (a bad daemon.json or a missing nvidia-container-runtime)")
+    failed = failing_shell("a Docker restart", f"docker did not come back using the {runtime} runtime within "
+                           f"{RESTART_WAIT_S} s; read journalctl -u docker (a bad daemon.json or a missing "
+                           "nvidia-container-runtime)")
     return StringCommand(
         f"i=0; while [ $i -lt {RESTART_WAIT_S} ]; do "
         f"[ \"$(docker info --format '{{{{.DefaultRuntime}}}}' 2>/dev/null)\" = {sh(runtime)} ] && exit 0; "
-        f"i=$((i+1)); sleep 1; done; echo {sh(message)} >&2; exit 1"
+        f"i=$((i+1)); sleep 1; done; {failed}"
     )
 
 

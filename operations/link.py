@@ -442,10 +442,11 @@ def link_ping(rails: list[dict], peer_rails: list[dict], mtu: int):
 @operation()
 def roce_gids(rails: list[dict], settled: bool | Callable[[], bool] = False):
     """Check: each rail's RoCE device has a RoCE v2 GID holding this rail's IPv4 address. settled: no netplan
-    apply in this run. Its is_executing branch stays: only a run that applied netplan has GIDs worth waiting for."""
+    apply in this run."""
     records = rails_from_facts(rails, {}, fact_until_change(host, RoceDevices))
     # the driver adds a new address's GIDs shortly after `netplan apply` (asynchronously): an executing run that
     # applied it waits for them a little before judging
+    # why: only a run that applied netplan has GIDs worth waiting for; the plan judges what the Spark holds now
     for _ in range(GID_WAIT_TRIES if state.is_executing and not is_settled(settled) else 0):
         if all(r["ibdev"] is None or r["gid_index"] is not None for r in records):
             break
@@ -492,7 +493,7 @@ def link(s) -> None:
     peer_rails = [dict(r) for r in s.peer.link_rails]
     mtu = int(s.link_mtu)
     for note in rail_warnings(rails):  # a prefix wider than usual that link_prefix_min allowed: said once, planning
-        logger.warning(f"{host.name}: warning: {note}")
+        warned("link_prefix_min", note)
     rails_safe(name="no rail on the management network", rails=rails)
     # an apply a killed run or a reboot left is settled before a new one is planned against /etc/netplan
     settle = netplan_applies_settled(name="netplan apply an earlier run left", netplan_file=s.link_netplan_file,

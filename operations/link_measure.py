@@ -39,7 +39,7 @@ from operations.network.link_bandwidth import (
 )
 from operations.settings import Settings
 from operations.settings.context import peer_host
-from operations.util import check_failed, warned
+from operations.util import check_failed, function_failed, warned
 from operations.util.commands import APT_CACHE_S
 from operations.util.fact_reuse import fact_until_change
 from operations.util.net import ip_of
@@ -211,7 +211,7 @@ def _measured(state: Any, host: Any, s: Settings, worker: Host, image: str, mode
     why_not = unmeasurable(head, wside) or (f"perftest's ib_write_bw is not installed on the {' and '.join(missing)}"
                                             " (apt-get install perftest)" if missing else None)
     if why_not:
-        return _finding(host, mode, f"cannot measure the link: {why_not}")
+        return _finding(mode, f"cannot measure the link: {why_not}")
     ok, out = host.run_shell_command(StringCommand(measure_script(head["rails"], wside["rails"], s.worker_link_ssh)),
                                      print_output=False, print_input=False)
     netdevs = [r["netdev"] for r in head["rails"]]
@@ -227,29 +227,26 @@ def _measured(state: Any, host: Any, s: Settings, worker: Host, image: str, mode
             written, _ = spark.run_shell_command(_write_command(side.layout.link_bandwidth, text), print_output=False,
                                                  print_input=False)
             if not written:  # the next deploy then measures again: worth a line, not a stop
-                host.log(f"warning: {CHECK}: the record {side.layout.link_bandwidth} on {spark.name} could not be "
-                         "written", log_func=logger.warning)
+                warned(CHECK, f"the record {side.layout.link_bandwidth} on {spark.name} could not be written")
     if passed:
         host.log(f"link measured: {figures_line(figures, netdevs)} (link_min_gbps {s.link_min_gbps:g})"
                  + ("" if built else f"; the image {image} is not built yet: its /etc/nccl.conf was not read"))
         return True
-    return _finding(host, mode, verdict_text(findings, figures, netdevs))
+    return _finding(mode, verdict_text(findings, figures, netdevs))
 
 
 def _nccl_conf_checked(state: Any, host: Any, image: str, mode: str) -> bool:
     """Execution, for an image built in this run: its /etc/nccl.conf judged as the plan judges a built one's."""
     nccl_conf = host.get_fact(ImageNcclConf, image=image)
-    return True if nccl_conf is None else _finding(host, mode, nccl_conf_finding(nccl_conf)[1])
+    return True if nccl_conf is None else _finding(mode, nccl_conf_finding(nccl_conf)[1])
 
 
-def _finding(host: Any, mode: str, message: str) -> bool:
-    """Print a finding as a warning (mode "warn": the run goes on) or as the error that fails the head."""
+def _finding(mode: str, message: str) -> bool:
+    """A finding as a warning (mode "warn": the run goes on) or as the failure of the head."""
     if mode == "warn":
-        host.log(f"warning: {CHECK}: {message}", log_func=logger.warning)
+        warned(CHECK, message)
         return True
-    tail = CHECK_TAIL if mode == "check" else GO_ON
-    host.log(f"sparkfold: {CHECK}: {message}. {tail}", log_func=logger.error)
-    return False
+    return function_failed(CHECK, f"{message}. {CHECK_TAIL if mode == 'check' else GO_ON}")
 
 
 # --- operations -------------------------------------------------------------------------------------------------
@@ -293,7 +290,7 @@ def link_measured(s: Settings, worker: Host | None, image: str):
         host.noop(f"the link was measured at {record.get('taken', '?')} ({shown}); its inputs are unchanged: not "
                   "measured again")
         return
-    if not state.is_executing:
+    if not state.is_executing:  # why: the plan's line; an executing run says what it measured instead
         logger.info(f"{host.name}: link: will be measured before the ranks start ({', '.join(why)})")
     yield FunctionCommand(_measured, (s, worker, image, s.link_measure), {})
 
@@ -327,7 +324,7 @@ def link_checked(s: Settings, worker: Host | None, image: str):
     if worker is None:
         host.noop("the head measures the link for both Sparks")
         return
-    if not state.is_executing:
+    if not state.is_executing:  # why: the plan's line; an executing run says what it measured instead
         logger.info(f"{host.name}: link: will be measured now (link_check.py)")
     yield FunctionCommand(_measured, (s, worker, image, "check"), {})
 

@@ -51,7 +51,7 @@ from operations.remote import heredoc_command
 from operations.remote.progress_command import TICK_S, progress_command
 from operations.settings import Settings
 from operations.streams import Stream, background
-from operations.util import check_failed
+from operations.util import check_failed, failing_shell
 from operations.util.barrier import both_sparks_reached
 from operations.util.commands import source_env_file
 from operations.util.fact_reuse import fact_until_change
@@ -86,8 +86,9 @@ def hf_hub_installed(python: str, version: str, venv: str = "", env_file: str = 
                                               "venv"])
         return
     if have is None:
-        yield (f"python3 -m venv {quote(venv)} || {{ echo 'sparkfold: python3 -m venv failed: install python3-venv "
-               "(sudo apt-get install -y python3-venv) or set hf_python' >&2; exit 1; }")
+        yield (f"python3 -m venv {quote(venv)} || {{ " + failing_shell(
+            "hf_python", "python3 -m venv failed: install python3-venv (sudo apt-get install -y python3-venv) or set "
+            "hf_python") + "; }")
     # == installs, upgrades or downgrades to exactly this release; hf_xet for the Hub's Xet storage
     yield (f"{source_env_file(env_file)}{quote(python)} -m pip install --quiet --disable-pip-version-check "
            f"{quote(f'huggingface_hub[hf_xet]=={version}')}")

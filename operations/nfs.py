@@ -13,7 +13,7 @@ from io import StringIO
 from typing import Any
 
 import gevent
-from pyinfra import host, logger, state
+from pyinfra import host, state
 from pyinfra.api import StringCommand, deploy, operation
 from pyinfra.api.host import Host
 from pyinfra.context import ctx_config, ctx_host
@@ -28,7 +28,7 @@ from operations.layout import SERVED_SYMLINK
 from operations.owned.files import owned_put_changes
 from operations.owned.units import unit_service
 from operations.settings.context import peer_host
-from operations.util import check_failed, sh
+from operations.util import check_failed, sh, warned
 from operations.util.commands import APT_CACHE_S
 from operations.util.net import ip_of
 from operations.util.owned import foreign_file_problem
@@ -97,8 +97,9 @@ def shared_filesystem_note(cache: str, home: str) -> str:
 def export_filesystem_checked(cache: str, home: str):
     """While planning, a warning when the exported cache shares a file system with the ssh user's home (a fact:
     the device of each, or of its nearest existing folder). Nothing changes; a run is not stopped by it."""
+    # why: said once, by the plan; the executing run would ask the fact again and say it a second time
     if not state.is_executing and host.get_fact(SameFilesystem, path=cache, other=home):
-        logger.warning(f"{host.name}: warning: {shared_filesystem_note(cache, home)}")
+        warned("the NFS export", shared_filesystem_note(cache, home))
     host.noop(f"the file system of {cache} checked")
     yield from ()
 

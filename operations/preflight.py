@@ -12,7 +12,6 @@ from typing import Any
 import gevent
 from pyinfra import host
 from pyinfra.api import deploy, operation
-from pyinfra.api.exceptions import OperationError
 from pyinfra.api.host import Host
 from pyinfra.context import ctx_config, ctx_host
 
@@ -30,7 +29,7 @@ from operations.facts.host import (
 from operations.rank.commands import memory_wait_command
 from operations.settings import Settings, placed_paths, resolved_path_problems
 from operations.settings.context import peer_host
-from operations.util import check_failed
+from operations.util import RunStopped, check_failed
 from operations.util.fact_reuse import fact_once, fact_until_change
 
 GIB = 1024**3
@@ -160,7 +159,7 @@ def sudo_without_password(user: str, peer: Host | None = None, peer_user: str = 
         answers.append((peer, peer_user, theirs.get()))
     for spark, login, sudo in answers:
         if not sudo["ok"] and not given:
-            raise OperationError(f"{spark.name}: sudo: {sudo_problem(login, sudo)}")
+            raise RunStopped(f"{spark.name}: sudo: {sudo_problem(login, sudo)}")
         asking += [] if sudo["ok"] else [spark.name]
     host.noop(f"sudo asks {', '.join(asking)} for the password this run was given" if asking
               else f"{user} uses sudo without a password" + (f", and {peer_user} on {peer.name}" if peer else ""))
@@ -271,7 +270,7 @@ def tools_present(required=("docker", "git", "python3", "rsync"), installed_late
     installs them, e.g. docker with docker_install)."""
     unknown = [t for t in required if t not in KNOWN_TOOLS]
     if unknown:
-        raise ValueError(f"tools_present cannot check {unknown}; known: {KNOWN_TOOLS}")
+        raise RunStopped(f"tools_present cannot check {unknown}; known: {KNOWN_TOOLS}")
     tools = host.get_fact(HostTools)
     missing = [t for t in required if not tools.get(t) and t not in installed_later]
     fixes = "; ".join(f"{t}: {TOOL_FIX.get(t, 'install it')}" for t in missing)

@@ -1,22 +1,23 @@
-"""The pair of ranks: served by deploy.py (restart.py is deploy.py with `restart` on), stopped by stop.py.
+"""The pair of ranks: served by deploy.py (restart.py is deploy.py with `restart` on), stopped by stop.py, switched
+back by rollback.py.
 
-Each operation reads `RankInputs` of both Sparks (one round trip each, operations/facts/rank.py) and asks the pure
+The step reads `RankInputs` of both Sparks (one round trip each, operations/facts/rank.py) and asks the pure
 `pair_plan` (operations/rank/plan.py) what to do, the way pyinfra's docker.container reads its container and diffs
-a spec. The answers are kept only until an operation of this run changes a Spark (fact_until_change): the executing
-run sees what its earlier operations made (the link record, the image, the weight files, a rank started), while a
-converged run reads each Spark once for the whole step. Both Sparks read the same data and so reach the same
-verdict, and both ranks are removed and started again together. Each plan also takes whether this run's docker step
+a spec: once per phase (`PairPlans`: before the stop, after the start, after the gate), by the first operation of
+the phase that needs it; the others take that plan as data. Both Sparks read the same data and so reach the same
+verdict, and both ranks are removed and started again together. The answers are kept only until an operation of
+this run changes a Spark (fact_until_change): a phase that follows a stop or a start reads again, while both
+Sparks' operations of one phase share one read of each Spark. Each plan also takes whether this run's docker step
 restarts Docker on either Spark (operations/docker/daemon.py, from that step's own answers): the restart stops the
 rank there, so --dry shows the pair's restart that follows.
 """
 
 from __future__ import annotations
 
-import json
 import shlex
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import gevent
@@ -36,18 +37,15 @@ from operations.facts.systemd import UnitState
 from operations.layout import DOCKER_DAEMON_JSON, SUPERVISOR_UNIT, unit_path
 from operations.owned.files import file_put
 from operations.rank import exposure, serving, switch
-from operations.rank.commands import removal_commands, start_commands
+from operations.rank.commands import record_command, removal_commands, root_only
 from operations.rank.generation import (
-    LAST_GOOD,
     Generation,
-    Switch,
     prune_paths,
     prune_plan,
-    read_records,
     runs_last_good,
 )
 from operations.rank.plan import KEEP, REFUSED, START, PairPlan, foreign, pair_plan, rank_inputs_args
-from operations.rank.spec import CHAT_TEMPLATE, template_digest
+from operations.rank.spec import CHAT_TEMPLATE, ContainerSpec, template_digest
 from operations.rank.switch import SwitchNotes
 from operations.settings import Settings
 from operations.settings.context import peer_host
@@ -59,6 +57,8 @@ from operations.util.fact_reuse import fact_until_change
 # the starts run with _ignore_errors (a failed start is pair_serving's to judge), and a fact read inside an operation
 # takes the operation's arguments: a read that fails must still fail, never stand in its default answer
 _STRICT: dict[str, Any] = {"_ignore_errors": False}
+
+BEFORE_STOP, AFTER_START, AFTER_GATE = "before the stop", "after the start", "after the gate"
 
 
 def _holders_named(spark: Host, found: RankInputsDict) -> RankInputsDict:
@@ -73,21 +73,14 @@ def _holders_named(spark: Host, found: RankInputsDict) -> RankInputsDict:
     return {**found, "port_holders": {**found["port_holders"], **named}}
 
 
-def _docker_restart(spark: Host) -> str:
-    """Why this run's docker step restarts Docker on `spark` ("" when it does not), from that step's own answers,
-    kept until an operation changes a Spark (read as root, as that step reads them): a converged run asks nothing
-    more, and once the restart has run the answer is read again and is ""."""
-    daemon = fact_until_change(spark, DaemonJson, path=DOCKER_DAEMON_JSON, _sudo=True, **_STRICT)
-    return docker_restart(daemon, fact_until_change(spark, DockerRuntimeInfo, _sudo=True, **_STRICT))
-
-
-def _rank_inputs(spark: Host, args: dict[str, Any]) -> RankInputsDict:
-    """RankInputs of `spark`, read again once an operation of this run has changed a Spark."""
-    return fact_until_change(spark, RankInputs, **args, **_STRICT)
-
-
 def _read_side(spark: Host, args: dict[str, Any]) -> tuple[RankInputsDict, str]:
-    return _holders_named(spark, _rank_inputs(spark, args)), _docker_restart(spark)
+    """`spark`'s RankInputs (as the ssh user, its held ports' holders as root) and why this run's docker step
+    restarts Docker there ("" when it does not), from that step's own answers (read as root, as that step reads them):
+    all kept until an operation changes a Spark, so a converged run asks nothing more, and once the restart has run
+    the answer is read again and is ""."""
+    daemon = fact_until_change(spark, DaemonJson, path=DOCKER_DAEMON_JSON, _sudo=True, **_STRICT)
+    restarts = docker_restart(daemon, fact_until_change(spark, DockerRuntimeInfo, _sudo=True, **_STRICT))
+    return _holders_named(spark, fact_until_change(spark, RankInputs, **args, **_STRICT)), restarts
 
 
 def _read_on(spark: Host, config: Any, args: dict[str, Any]) -> tuple[RankInputsDict, str]:
@@ -95,40 +88,54 @@ def _read_on(spark: Host, config: Any, args: dict[str, Any]) -> tuple[RankInputs
         return _read_side(spark, args)
 
 
-def read_pair_plan(s: Settings, peer: Host, image: str, template: str) -> PairPlan:
-    """Both Sparks' RankInputs, one round trip each and both at once (the peer's in a greenlet: they are two
-    connections), and whether Docker restarts on each, then the pure plan."""
-    theirs_read = gevent.spawn(_read_on, peer, ctx_config.get(), rank_inputs_args(s.the_peer, image))
-    mine = _read_side(host, rank_inputs_args(s, image))
-    theirs = theirs_read.get()
-    (head_found, head_docker), (worker_found, worker_docker) = (mine, theirs) if s.is_head else (theirs, mine)
-    return pair_plan(s.head, s.worker, head_found, worker_found, image=image, template_digest=template,
-                     force=bool(s.restart), docker_restarts=(head_docker, worker_docker))
+@dataclass(eq=False)
+class PairPlans:
+    """One Spark's pair step: what it serves (the settings, the other Spark, the image and the chat template's
+    digest, read once on this machine) and its `PairPlan` of each phase, read from both Sparks by the first operation
+    of the phase that asks and handed to the others as data:
 
+    - before the stop: the check, the exact gate's record, the stop, each start's spec, and the switch pair_serving
+      judges (a stop and a start change only the containers: the specs, the records and the switch stay as read);
+    - after the start: whether rank 1 runs its spec, asked by rank 0's start once rank 1's start has run;
+    - after the gate: the generation record and the prune, once the new pair passed its gate.
 
-@dataclass
-class CheckedPlan:
-    """pair_checked's plan handed on as data: no operation between it and the stop changes a Spark (the exact gate's
-    record only asks the API), so the stop judges the same plan without asking the Sparks again; and when nothing
-    was started, the API check and the generation record judge it too."""
+    pyinfra runs an operation's generator while planning and again while executing, so each pass fills its own
+    slots: a plan read while planning is never judged by the executing run."""
 
-    plan: PairPlan | None = None
+    s: Settings
+    peer: Host
+    image: str
+    template: str
+    _read: dict[tuple[str, bool], PairPlan] = field(default_factory=dict, repr=False)
 
-    def runs_last_good(self, rank: int) -> bool:
-        """The checked pair's `rank` ran its part of the recorded last good generation (False when not known)."""
-        if self.plan is None:
-            return False
-        return runs_last_good(self.plan.records[rank], self.plan.rank(rank).container, rank)
+    def plan(self, phase: str) -> PairPlan:
+        """The phase's plan: both Sparks' RankInputs, one round trip each and both at once (the peer's in a
+        greenlet: they are two connections), and whether Docker restarts on each, then the pure plan."""
+        key = (phase, bool(state.is_executing))
+        if key not in self._read:
+            s = self.s
+            theirs_read = gevent.spawn(_read_on, self.peer, ctx_config.get(), rank_inputs_args(s.the_peer, self.image))
+            mine = _read_side(host, rank_inputs_args(s, self.image))
+            theirs = theirs_read.get()
+            (head_found, head_docker), (worker_found, worker_docker) = (mine, theirs) if s.is_head else (theirs, mine)
+            self._read[key] = pair_plan(s.head, s.worker, head_found, worker_found, image=self.image,
+                                        template_digest=self.template, force=bool(s.restart),
+                                        docker_restarts=(head_docker, worker_docker))
+        return self._read[key]
+
+    def runs_last_good(self, rank: int, phase: str = BEFORE_STOP) -> bool:
+        """`rank` ran its part of the recorded last good generation when `phase` was read (a pair is recreated
+        together, so the other rank ran its part too)."""
+        plan = self.plan(phase)
+        return runs_last_good(plan.records[rank], plan.rank(rank).container, rank)
 
 
 @operation()
-def pair_checked(s: Settings, peer: Host, image: str, template: str, handoff: CheckedPlan | None = None):
+def pair_checked(plans: PairPlans):
     """Refuse before anything is touched: a foreign container with our name (on either Spark), this rank's launch
     problems (inputs, rails, rank 0's flags against the image), too little memory for a rank that is not there, or
-    one of its ports held by another process."""
-    plan = read_pair_plan(s, peer, image, template)
-    if handoff is not None:
-        handoff.plan = plan
+    one of its ports held by another process. Reads the plan before the stop."""
+    s, plan = plans.s, plans.plan(BEFORE_STOP)
     mine = plan.rank(s.rank)
     if plan.refusals:  # the rest would judge a container that is not ours
         yield from check_failed("the rank containers", plan.refusals)
@@ -150,15 +157,15 @@ def pair_checked(s: Settings, peer: Host, image: str, template: str, handoff: Ch
 
 
 @operation()
-def stale_pair_stopped(s: Settings, peer: Host, image: str, template: str, pause_units: tuple[str, ...] = (),
-                       notes: SwitchNotes | None = None, handoff: CheckedPlan | None = None):
+def stale_pair_stopped(plans: PairPlans, pause_units: tuple[str, ...] = (), notes: SwitchNotes | None = None):
     """Both Sparks: when the pair is stale (either rank missing, stopped or changed, or a restart is asked for),
-    save this rank's log and remove its container, so both ranks start again together.
+    save this rank's log and remove its container, so both ranks start again together. Judges the plan before the
+    stop (no operation between the check and here changes a Spark: the exact gate's record only asks the API).
 
     pause_units: systemd units (the supervisor) stopped first while they run, so they do not restart the old pair
     behind the deploy's back; the deploy starts them again after the health check. notes: the head's, to time how
-    long the API is down when a serving pair is replaced. handoff: pair_checked's plan of this pass."""
-    plan = (handoff.plan if handoff is not None else None) or read_pair_plan(s, peer, image, template)
+    long the API is down when a serving pair is replaced."""
+    s, plan = plans.s, plans.plan(BEFORE_STOP)
     if not plan.stale:
         host.noop("both ranks run the wanted spec")
         return
@@ -176,19 +183,19 @@ def stale_pair_stopped(s: Settings, peer: Host, image: str, template: str, pause
     if mine.action == START:
         host.noop("no rank container here to remove")
         return
-    yield from removal_commands(s.container_name, s.rank, mine.running, s.stop_timeout, s.layout.logs, s.log_keep)
+    yield from switch.rank_stop(s, mine.container)
 
 
 @operation()
-def rank_started(s: Settings, peer: Host, image: str, template: str, notes: SwitchNotes | None = None):
+def rank_started(plans: PairPlans, notes: SwitchNotes | None = None):
     """Start this rank's container unless it runs the wanted spec: mounts checked, memory waited for, the GPU clock
-    lock applied again, then `docker run`. Planned before the stale pair is stopped, a rank to recreate is shown
-    with the start it will get. Rank 0 is not started when rank 1 did not start (its start ran just before): the
-    pair step judges the switch failed and starts the last good pair again (pair_serving). Called with
-    _ignore_errors, so that a start that fails on either Spark reaches that judgement instead of ending the run with
-    no rank serving."""
-    plan = read_pair_plan(s, peer, image, template)
-    mine = plan.rank(s.rank)
+    lock applied again, then `docker run`. Its action and spec are the plan before the stop (the stop removed
+    containers only), so --dry shows a rank to recreate with the start it will get. Rank 0 is not started when rank
+    1 did not start (its start ran just before; read after it): the pair step judges the switch failed and starts
+    the last good pair again (pair_serving). Called with _ignore_errors, so that a start that fails on either Spark
+    reaches that judgement instead of ending the run with no rank serving."""
+    s = plans.s
+    mine = plans.plan(BEFORE_STOP).rank(s.rank)
     if mine.action in (KEEP, REFUSED):
         host.noop(f"rank {s.rank} runs the wanted spec" if mine.action == KEEP else f"rank {s.rank} is not ours")
         return
@@ -200,15 +207,16 @@ def rank_started(s: Settings, peer: Host, image: str, template: str, notes: Swit
         yield StringCommand("docker", "run", "...", f"(rank {s.rank}; its spec is complete once the steps before "
                             "it have run)")
         return
-    theirs = plan.rank(1 - s.rank)
-    if s.is_head and state.is_executing and not theirs.runs_wanted:  # an unknown spec did not start either
-        problem = (f"rank 1 did not start on the worker ({_container_state(theirs.container)}; its error is above), "
-                   "so rank 0 is not started")
-        if notes is not None:
-            notes.start_problem = problem
-        yield from check_failed("the switch", [problem])
-        return
-    yield from start_commands(mine.spec, s.min_avail_gib, s.gpu_clock_mhz, s.nvidia_smi_path, s.layout.rank_env)
+    if s.is_head and state.is_executing:  # only an executing run has started rank 1: read after its start
+        theirs = plans.plan(AFTER_START).rank(1)
+        if not theirs.runs_wanted:  # an unknown spec did not start either
+            problem = (f"rank 1 did not start on the worker ({_container_state(theirs.container)}; its error is "
+                       "above), so rank 0 is not started")
+            if notes is not None:
+                notes.start_problem = problem
+            yield from check_failed("the switch", [problem])
+            return
+    yield from switch.rank_start(s, mine.spec)
 
 
 def _container_state(container: Mapping[str, Any]) -> str:
@@ -217,21 +225,21 @@ def _container_state(container: Mapping[str, Any]) -> str:
     return f"its container is {container.get('status') or '?'}, exit code {container.get('exit_code')}"
 
 
-def _stop_noted(state: Any, host: Any, notes: SwitchNotes) -> bool:
+def _stop_noted(state: Any, host: Host, notes: SwitchNotes) -> bool:
     notes.stopped_at = switch.clock()
     return True
 
 
-def _old_pair_recorded(state: Any, host: Any, s: Settings, notes: SwitchNotes) -> bool:
+def _old_pair_recorded(state: Any, host: Host, s: Settings, notes: SwitchNotes) -> bool:
     notes.replay = switch.replay_record(s, host)
     return True  # an old pair that does not answer is said, and the smoke test alone judges the new one
 
 
 @operation()
-def old_pair_replayed(s: Settings, peer: Host, image: str, template: str, notes: SwitchNotes):
-    """Head, upgrade_gate = "exact": before a serving pair is replaced, its replies to the gate's prompts at
-    temperature 0 are recorded here, for the new pair's to be compared with."""
-    plan = read_pair_plan(s, peer, image, template)
+def old_pair_replayed(plans: PairPlans, notes: SwitchNotes):
+    """Head, upgrade_gate = "exact": before a serving pair is replaced (the plan before the stop says so), its
+    replies to the gate's prompts at temperature 0 are recorded here, for the new pair's to be compared with."""
+    plan = plans.plan(BEFORE_STOP)
     came_from = plan.switch.came_from
     if any(plan.docker_restarts):  # the restart stops the serving pair first: nothing answers by then
         host.noop("Docker's restart stops the serving pair before the switch: nothing to record for the exact gate")
@@ -239,81 +247,29 @@ def old_pair_replayed(s: Settings, peer: Host, image: str, template: str, notes:
     if not plan.stale or came_from is None or plan.running != came_from.id:
         host.noop("no serving pair is replaced: nothing to record for the exact gate")
         return
-    yield FunctionCommand(_old_pair_recorded, (s, notes), {})
-
-
-def _new_pair_served(state: Any, host: Any, worker: Any, s: Settings, change: Switch | None,
-                     notes: SwitchNotes, failed_start: str | None = None) -> bool:
-    """The new pair judged (health, smoke, the exact gate); when it fails, the last good generation again.
-    failed_start: why a rank did not start (the pair is failed without a wait)."""
-    problem = failed_start or switch.pair_problem(s, host, worker, s.wait_timeout)
-    if problem is None and s.upgrade_gate == "exact":
-        if notes.replay is None:
-            host.log("exact gate: no record of the old pair (none served before this run, or it did not answer): "
-                     "the smoke test alone judged the new pair", log_func=logger.warning)
-        else:
-            problem = switch.gate_problem(s, host, notes.replay)
-    if problem is None:
-        for line in serving.live_lines(s.served_name, s.port, s.api_base_url, s.layout.api_key if s.api_key else "",
-                                       serving.open_api_note(s)):
-            host.log(line)
-        downtime = switch.downtime_line(notes, switch.clock())
-        if downtime:
-            host.log(downtime)
-        return True
-    host.log(f"sparkfold: {problem}\n{serving.log_tails(host, worker, s.container_name)}", log_func=logger.error)
-    target = change.came_from if change else None
-    back = switch.switched_to(s, host, worker, target) if target else None
-    if target is not None:
-        switch.supervisor_started(s, host, SUPERVISOR_UNIT)
-    logs = (s.head.layout.logs, s.worker.layout.logs)
-    new_id = change.to.id if change and change.to else "?"
-    opened = ""
-    if target is not None and back is None:  # the old pair serves again, as it was recorded
-        opened = exposure.rollback_warning(exposure.of_argv(target.specs[0].argv), exposure.of_settings(s))
-        _log_live(host, s, target)
-    host.log("sparkfold: " + switch.failure_message(new_id, problem, logs, target, back, opened),
-             log_func=logger.error)
-    return False
-
-
-def _log_live(host: Any, s: Settings, target: Generation) -> None:
-    """The LIVE lines of a recorded pair that serves again: its own port, name, key and open-API warning (a record
-    may predate the settings), not the settings'."""
-    api = switch.api_of(s, target.specs[0])
-    note = exposure.open_note(exposure.of_argv(target.specs[0].argv), api.port)
-    for line in serving.live_lines(api.served_name, api.port, api.base_url, s.layout.api_key if api.keyed else "",
-                                   note):
-        host.log(line)
-
-
-def _fail_with_logs(state: Any, host: Any, worker: Any, s: Settings, message: str) -> bool:
-    host.log(f"sparkfold: {message}\n{serving.log_tails(host, worker, s.container_name)}", log_func=logger.error)
-    return False
+    yield FunctionCommand(_old_pair_recorded, (plans.s, notes), {})
 
 
 @operation()
-def pair_serving(s: Settings, worker: Host, image: str, template: str, rank0: Any, notes: SwitchNotes,
-                 handoff: CheckedPlan | None = None):
+def pair_serving(plans: PairPlans, rank0: Any, notes: SwitchNotes):
     """Head: after a (re)start, the new pair's health wait, smoke test and optional exact gate, and the LIVE line
     with the API's downtime; when it fails, the last good generation started again (operations/rank/switch.py).
     A pair that runs but was never judged (no record says it passed) is judged the same way. Otherwise one quick
     check of the API and the LIVE line. Asking the API is this machine's request, not
     a fact: while planning, only executing can say whether it answers (hence the one is_executing branch).
     A start that failed on either Spark (rank_started ignores its errors) is judged failed at once, without the
-    health wait: the last good pair is started again."""
+    health wait: the last good pair is started again. The switch judged, and whether the pair ran the last good
+    generation, are the plan before the stop's: the starts since changed containers only (and rank0 says whether
+    one ran)."""
+    s, worker, checked = plans.s, plans.peer, plans.plan(BEFORE_STOP)
     if rank0.is_complete() and not rank0.did_succeed():
         failed = notes.start_problem or "rank 0 did not start on the head (its error is above)"
-        plan = read_pair_plan(s, worker, image, template)
-        yield FunctionCommand(_new_pair_served, (worker, s, plan.switch, notes, failed), {})
+        yield FunctionCommand(switch.new_pair_served, (worker, s, checked.switch, notes, failed), {})
         return
-    if op_changed(rank0) or not (  # a pair started now needs no read to say it was never judged
-            handoff.runs_last_good(0) if handoff is not None and handoff.plan is not None
-            else _runs_last_good(0, _rank_inputs(host, rank_inputs_args(s, image)))):
+    if op_changed(rank0) or not plans.runs_last_good(0):
         # started now, or running but never judged (a run cut short after the start, an older sparkfold): judged
         # like any new pair before it may become the last good one
-        plan = read_pair_plan(s, worker, image, template)
-        yield FunctionCommand(_new_pair_served, (worker, s, plan.switch, notes), {})
+        yield FunctionCommand(switch.new_pair_served, (worker, s, checked.switch, notes), {})
         return
     if not state.is_executing:
         host.noop("the pair is not restarted: one quick API check at execute time")
@@ -328,32 +284,11 @@ def pair_serving(s: Settings, worker: Host, image: str, template: str, rank0: An
         host.noop(f"{s.served_name} serves at {s.api_base_url}/v1")
         return
     if down:
-        yield FunctionCommand(_fail_with_logs, (worker, s, f"{down}: run deploy.py again to restart the pair"), {})
+        message = f"{down}: run deploy.py again to restart the pair"
+        yield FunctionCommand(switch.failed_with_logs, (worker, s, message), {})
         return
     logger.info(f"{host.name}: {problem}; waiting for rank 0 (it may still be loading)")
-    plan = read_pair_plan(s, worker, image, template)
-    yield FunctionCommand(_new_pair_served, (worker, s, plan.switch, notes), {})
-
-
-def _root_only(d: str) -> str:
-    """Shell: the records' folder made root's and 0700, and what follows written 0600 (umask)."""
-    return f"mkdir -p {d} && chown root:root {d} && chmod 700 {d} && umask 077"
-
-
-def _record_command(folder: str, generation: Generation) -> StringCommand:
-    """The record written aside then renamed, then last-good: root's, the folder 0700 and every file 0600 (a record
-    is started as it is, and its environment may hold secrets). Its `seq` is counted here, on the Spark, from the
-    folder's `seq` file: the order of the records never depends on which controller's clock wrote them."""
-    d, name = shlex.quote(folder), generation.id
-    # the record's JSON without its closing brace: the Spark adds its seq
-    body = shlex.quote(json.dumps(generation.record(), sort_keys=True)[:-1])
-    return StringCommand("sh", "-c", shlex.quote(
-        f"{_root_only(d)} && "
-        f"n=$(( $(cat {d}/seq 2>/dev/null || echo 0) + 1 )) && printf '%s\\n' \"$n\" > {d}/.seq.tmp && "
-        f"mv -f {d}/.seq.tmp {d}/seq && "
-        f"printf '%s, \"seq\": %s}}\\n' {body} \"$n\" > {d}/.{name}.json.tmp && "
-        f"mv -f {d}/.{name}.json.tmp {d}/{name}.json && printf '%s\\n' {name} > {d}/.last-good.tmp && "
-        f"mv -f {d}/.last-good.tmp {d}/{LAST_GOOD}"), _sudo=True)
+    yield FunctionCommand(switch.new_pair_served, (worker, s, checked.switch, notes), {})
 
 
 def records_moved_command(legacy: str, folder: str) -> StringCommand:
@@ -363,7 +298,7 @@ def records_moved_command(legacy: str, folder: str) -> StringCommand:
     a start (operations/rank/record_check.py)."""
     old, d = shlex.quote(legacy), shlex.quote(folder)
     return StringCommand("sh", "-c", shlex.quote(
-        f"{_root_only(d)} && "
+        f"{root_only(d)} && "
         f"for f in {old}/*.json {old}/last-good; do [ -f \"$f\" ] && [ ! -L \"$f\" ] && "
         f"[ ! -e {d}/\"${{f##*/}}\" ] || continue; cp -P -- \"$f\" {d}/ && chmod 600 {d}/\"${{f##*/}}\"; done && "
         f"rm -rf -- {old}"), _sudo=True)
@@ -378,29 +313,22 @@ def generation_records_moved(legacy: str, folder: str):
     yield records_moved_command(legacy, folder)
 
 
-def _runs_last_good(rank: int, found: RankInputsDict) -> bool:
-    """This Spark's rank runs its part of the recorded last good generation (a pair is recreated together, so the
-    peer's rank runs its part too)."""
-    kept = found.get("generations") or {"files": {}, "last_good": ""}
-    return runs_last_good(read_records(kept["files"], kept["last_good"]), found["container"], rank)
-
-
 @operation()
-def generations_kept(s: Settings, peer: Host, image: str, template: str, started: Any = None,
-                     handoff: CheckedPlan | None = None):
+def generations_kept(plans: PairPlans, started: Any = None):
     """Once a new pair passed its gate: its generation recorded on this Spark as the last good one, then what no
     kept generation uses removed (keep_generations of them and the serving one): weight folders, kit versions, ABLIT
     packs, the engine images sparkfold built, old records. Only then: a run that switched nothing (or rolled back)
     removes nothing. Never a folder moved aside (replaced-*), a symlink, an image a container uses, or an image
-    sparkfold did not build."""
-    if started is not None and not op_changed(started) and handoff is not None and handoff.runs_last_good(s.rank):
+    sparkfold did not build. Nothing started since the check: the plan before the stop judges; else the plan after
+    the gate."""
+    s = plans.s
+    if started is not None and not op_changed(started) and plans.runs_last_good(s.rank):
         host.noop("this rank runs the last good generation")  # nothing started since the check: asked nothing
         return
-    mine = _rank_inputs(host, rank_inputs_args(s, image))
-    if _runs_last_good(s.rank, mine):  # a run that switched nothing: the peer need not be asked
+    if plans.runs_last_good(s.rank, AFTER_GATE):
         host.noop("this rank runs the last good generation")
         return
-    plan = read_pair_plan(s, peer, image, template)
+    plan = plans.plan(AFTER_GATE)
     wanted = plan.wanted
     if wanted is None:
         unknown = ["the serving pair's specs are not known (" + "; ".join(plan.rank(s.rank).problems) + ")"]
@@ -413,7 +341,7 @@ def generations_kept(s: Settings, peer: Host, image: str, template: str, started
     if recorded is not None and recorded.good_at and records.last_good == wanted.id:
         host.noop(f"generation {wanted.id} is the last good one")  # pruned when it became so
         return
-    yield _record_command(s.layout.generations, Generation(wanted.id, wanted.specs, good_at=time.time()))
+    yield record_command(s.layout.generations, Generation(wanted.id, wanted.specs, good_at=time.time()))
     layout = s.layout
     kinds = {"weights": layout.rank_cache, **({"kit": versions_dir(layout.kit)} if s.is_head else {}),
              **({"ablit": layout.ablit} if s.is_head and s.ablit else {})}
@@ -448,72 +376,42 @@ def ranks_serving(s: Settings) -> None:
     if s.is_head:
         file_put(name="Chat template for rank 0", src=str(s.project_root / CHAT_TEMPLATE), dest=layout.chat_template,
                  mode="644")
-    # the controller's inputs, read once: the content-addressed image and the template rank 0 serves
-    pair: dict[str, Any] = dict(s=s, peer=peer, image=image_ref(s), template=template_digest(s))
-    notes, handoff = SwitchNotes(), CheckedPlan()  # what this Spark's operations of the pair step hand on
+    # the controller's inputs, read once (the content-addressed image, the template rank 0 serves), and what this
+    # Spark's operations of the pair step hand on: the plan of each phase, and the head's notes of the switch
+    plans, notes = PairPlans(s, peer, image_ref(s), template_digest(s)), SwitchNotes()
     generation_records_moved(name="Generation records in the root-only folder", legacy=layout.legacy_generations,
                              folder=layout.generations)
     pair_checked(name="Check the launch (container ownership, rank 0's flags, link record, memory, ports)",
-                 handoff=handoff, **pair)
+                 plans=plans)
     if s.is_head and s.upgrade_gate == "exact":
-        old_pair_replayed(name="Exact gate: the serving pair's replies recorded", notes=notes, **pair)
+        old_pair_replayed(name="Exact gate: the serving pair's replies recorded", plans=plans, notes=notes)
     # the supervisor must not restart the old pair while the deploy replaces it (supervision starts it again)
     pause = (SUPERVISOR_UNIT,) if s.is_head and s.supervise else ()
-    stale_pair_stopped(name="Stop the stale pair (logs saved first)", pause_units=pause,
-                       notes=notes if s.is_head else None, handoff=handoff, **pair)
+    stale_pair_stopped(name="Stop the stale pair (logs saved first)", plans=plans, pause_units=pause,
+                       notes=notes if s.is_head else None)
     # a failed start is judged by pair_serving (the last good pair started again), not left to end the run
     if not s.is_head:
-        started = rank_started(name="Start rank 1 (worker)", _ignore_errors=True, **pair)
+        started = rank_started(name="Start rank 1 (worker)", plans=plans, _ignore_errors=True)
     if s.is_head:
-        started = rank_started(name="Start rank 0 (head)", notes=notes, _ignore_errors=True, **pair)
-        pair_serving(name="Rank 0's API: wait, smoke test through both ranks, LIVE (or roll back)", s=s, worker=peer,
-                     image=pair["image"], template=pair["template"], rank0=started, notes=notes, handoff=handoff)
-    generations_kept(name="The serving generation recorded; old generations pruned", started=started,
-                     handoff=handoff, **pair)
+        started = rank_started(name="Start rank 0 (head)", plans=plans, notes=notes, _ignore_errors=True)
+        pair_serving(name="Rank 0's API: wait, smoke test through both ranks, LIVE (or roll back)", plans=plans,
+                     rank0=started, notes=notes)
+    generations_kept(name="The serving generation recorded; old generations pruned", plans=plans, started=started)
 
 
-def start_ready_problem(where: str, spec: Any, ready: Mapping[str, Any]) -> str | None:
+def start_ready_problem(where: str, spec: ContainerSpec, ready: Mapping[str, Any]) -> str | None:
     """Why a recorded rank cannot start on this Spark again (its image or a folder it mounts is gone), or None."""
     gone = ([f"the image {spec.image}"] if not ready.get("image") else []) + list(ready.get("missing") or [])
     return f"on the {where}: {', '.join(gone)} (removed since it served)" if gone else None
 
 
-def _rolled_back(state: Any, host: Any, worker: Any, s: Settings, target: Generation, came_from: str,
-                 notes: SwitchNotes) -> bool:
-    """rollback.py's switch: the serving pair stopped (the supervisor paused), `target` started from its record and
-    judged like any new pair, then recorded as the last good one on both Sparks."""
-    if s.supervise:
-        switch.run(host, StringCommand("systemctl", "stop", SUPERVISOR_UNIT, _sudo=True))
-    notes.stopped_at = switch.clock()
-    problem = switch.switched_to(s, host, worker, target)
-    switch.supervisor_started(s, host, SUPERVISOR_UNIT)
-    if problem is not None:
-        host.log(f"sparkfold: the rollback to generation {target.id} failed: {problem}; run deploy.py to start the "
-                 "pair the settings ask for", log_func=logger.error)
-        return False
-    recorded = Generation(target.id, target.specs, good_at=time.time())
-    for spark, side in ((host, s.head), (worker, s.worker)):
-        ok, out = switch.run(spark, _record_command(side.layout.generations, recorded))
-        if not ok:
-            host.log(f"sparkfold: generation {target.id} serves, but {spark.name} could not record it as the last "
-                     f"good one: {' '.join(out)[-200:]}", log_func=logger.error)
-            return False
-    host.log(f"rolled back: generation {came_from} → {target.id}")
-    _log_live(host, s, target)
-    opened = exposure.more_open(exposure.of_argv(target.specs[0].argv), exposure.of_settings(s))
-    if opened:  # asked for with rollback_open: said again where the run ends
-        host.log(f"⚠ generation {target.id} is more open than the settings ask: {'; and '.join(opened)}. "
-                 f"{exposure.CLOSE_IT}.", log_func=logger.warning)
-    host.log(switch.downtime_line(notes, switch.clock()))
-    return True
-
-
 @operation()
-def previous_generation_served(s: Settings, worker: Host, image: str, template: str):
+def previous_generation_served(plans: PairPlans):
     """Head (rollback.py): the pair switched to the previous good generation, the newest one that served other than
     the one serving now; refused before anything stops when there is none, or when its image or a folder it mounts
-    is gone on either Spark."""
-    plan = read_pair_plan(s, worker, image, template)
+    is gone on either Spark. One plan of the pair: the records, the serving generation and both containers to
+    stop."""
+    s, worker, plan = plans.s, plans.peer, plans.plan(BEFORE_STOP)
     records = plan.records[0]
     current = plan.running
     # nothing serves (a failed rollback, a stop): the last good one is what to start; else the one before the serving
@@ -539,7 +437,9 @@ def previous_generation_served(s: Settings, worker: Host, image: str, template: 
         yield from check_failed(f"rollback to generation {target.id}", problems)
         return
     logger.info(f"{host.name}: rollback: generation {current or '(none)'} → {target.id}")
-    yield FunctionCommand(_rolled_back, (worker, s, target, current or "(none)", SwitchNotes()), {})
+    containers = (plan.rank(0).container, plan.rank(1).container)
+    yield FunctionCommand(switch.rolled_back_to, (worker, s, target, current or "(none)", containers, SwitchNotes()),
+                          {})
 
 
 @deploy("Roll back to the previous generation")
@@ -547,8 +447,8 @@ def rolled_back(s: Settings) -> None:
     """rollback.py: the head switches both ranks to the previous good generation (the worker's part is driven from
     the head, as the health wait is)."""
     if s.is_head:
-        previous_generation_served(name="The previous good generation serves again", s=s, worker=peer_host(s),
-                                   image=image_ref(s), template=template_digest(s))
+        previous_generation_served(name="The previous good generation serves again",
+                                   plans=PairPlans(s, peer_host(s), image_ref(s), template_digest(s)))
 
 
 @operation()

@@ -91,8 +91,7 @@ def holder_problem(path: str, lock: dict[str, str] | None) -> str | None:
 
 @operation()
 def run_locked(path: str):
-    """Take this Spark's run lock (while executing), or refuse because another live run holds it.
-    Its is_executing branch stays: the lock is taken through the connection, not as a command a run would count."""
+    """Take this Spark's run lock (while executing), or refuse because another live run holds it."""
     lock = host.get_fact(RunLock, path=path)
     if (yield from check_failed("one run at a time", [holder_problem(path, lock)])):
         return
@@ -102,6 +101,7 @@ def run_locked(path: str):
     if lock is not None and lock.get("alive") != "1":
         warned("one run at a time", f"taking over the stale run lock {path} of {lock.get('holder')} (run "
                                     f"{lock.get('run')}, since {lock.get('since')}): that run is gone")
+    # why: the lock is taken through the connection while executing, not as a command a run would count
     if state.is_executing:
         ok, output = host.run_shell_command(StringCommand(_take_command(path)), _sudo=True)
         if not ok:  # another run took it between the read and the write
@@ -114,9 +114,9 @@ def run_locked(path: str):
 
 @operation()
 def run_unlocked(path: str):
-    """Release this run's lock (while executing); a lock of another run is left alone.
-    Its is_executing branch stays: the lock is removed through the connection, not as a command a run would count."""
+    """Release this run's lock (while executing); a lock of another run is left alone."""
     lock = host.get_fact(RunLock, path=path)
+    # why: the lock is removed through the connection while executing, not as a command a run would count
     if state.is_executing and lock and lock.get("run") == RUN_ID:
         host.run_shell_command(StringCommand(f"rm -f {sh(path)}"), _sudo=True)
     host.noop(f"{path} released")

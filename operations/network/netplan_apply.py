@@ -42,6 +42,7 @@ from pyinfra.api import FileUploadCommand, FunctionCommand, StringCommand
 
 from operations.layout import BOOT_ID, NETPLAN_APPLY_DIR, NETPLAN_REVERT_UNIT, NETPLAN_STAGE_DIR
 from operations.settings.shapes import CONFIRM_WAIT_APPLY_S
+from operations.util.checks import function_failed
 
 MARK = "sparkfold-confirm="  # the confirmation's verdict on stderr
 SEEN = "sparkfold-applied="  # applied_check's line on stdout: the apply finished, with this exit status
@@ -61,7 +62,8 @@ class Change(TypedDict):
 
 
 class NetplanNotConfirmed(Exception):
-    """The apply was not confirmed over a new ssh connection; the message says what the Spark does about it."""
+    """The apply was not confirmed over a new ssh connection; the message says what the Spark does about it.
+    netplan_confirmed turns it into this Spark's failure (a FunctionCommand that raises prints a traceback)."""
 
 
 def new_apply_dir() -> str:
@@ -335,6 +337,17 @@ def confirm_over_new_connection(state, host, apply_dir: str, mgmt_dev: str | Non
         f"netdevs and that their subnets are the link's own, then re-run.{sent}")
 
 
+def netplan_confirmed(state, host, apply_dir: str, mgmt_dev: str | None, mgmt_ip: str | None, seconds: int,
+                      sudo: dict | None = None) -> bool:
+    """The guarded apply's last command: confirmed over a new connection, or this Spark failed with why and what the
+    Spark does about it (the run stops there)."""
+    try:
+        confirm_over_new_connection(state, host, apply_dir, mgmt_dev, mgmt_ip, seconds, sudo)
+    except NetplanNotConfirmed as exc:
+        return function_failed("netplan apply", str(exc))
+    return True
+
+
 def guarded_apply(apply_dir: str, changes: list[Change], seconds: int, mgmt_dev: str | None,
                   mgmt_ip: str | None, sudo: dict | None = None, stage_dir: str = NETPLAN_STAGE_DIR) -> list:
     """Every command of one guarded apply, in order: prepare (folder, scripts, uploads), arm, stage, apply, confirm.
@@ -342,5 +355,5 @@ def guarded_apply(apply_dir: str, changes: list[Change], seconds: int, mgmt_dev:
     drops the staged files by itself; a reboot drops them anyway."""
     return [*prepare_commands(apply_dir, changes, seconds, stage_dir), arm_command(apply_dir, seconds),
             *([stage_command(apply_dir, changes, stage_dir)] if changes else []), apply_command(apply_dir),
-            FunctionCommand(confirm_over_new_connection, (apply_dir, mgmt_dev, mgmt_ip, int(seconds)),
+            FunctionCommand(netplan_confirmed, (apply_dir, mgmt_dev, mgmt_ip, int(seconds)),
                             {"sudo": SudoArguments(sudo or {})})]

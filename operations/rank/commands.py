@@ -1,10 +1,12 @@
-"""The shell commands that stop and start a rank, shared by the pair step, stop.py and preflight.
+"""The shell commands that stop and start a rank, shared by the pair step, stop.py and preflight, and the one that
+writes a generation record.
 
 Each builder is pure: it returns pyinfra commands for the operation that yields them.
 """
 
 from __future__ import annotations
 
+import json
 import shlex
 from collections.abc import Iterator
 from io import StringIO
@@ -12,6 +14,7 @@ from io import StringIO
 from pyinfra.api import FileUploadCommand, StringCommand
 
 from operations.layout import GPU_CLOCK_RECORD, GPU_CLOCK_SCRIPT, script_path
+from operations.rank.generation import LAST_GOOD, Generation
 from operations.rank.spec import ContainerSpec, env_file_text
 from operations.remote.progress_command import TICK_S, LiveCommand
 from operations.util import sh
@@ -91,3 +94,24 @@ def start_commands(spec: ContainerSpec, min_avail_gib: float, gpu_clock_mhz: int
     yield FileUploadCommand(StringIO(env_file_text(spec)), env_file)
     # removed whether docker run succeeds or not; its exit status is the command's
     yield StringCommand(sh(*spec.run_argv(env_file)), "; rc=$?;", sh("rm", "-f", "--", env_file), "; exit $rc")
+
+
+def root_only(d: str) -> str:
+    """Shell: the records' folder made root's and 0700, and what follows written 0600 (umask)."""
+    return f"mkdir -p {d} && chown root:root {d} && chmod 700 {d} && umask 077"
+
+
+def record_command(folder: str, generation: Generation) -> StringCommand:
+    """The record written aside then renamed, then last-good: root's, the folder 0700 and every file 0600 (a record
+    is started as it is, and its environment may hold secrets). Its `seq` is counted here, on the Spark, from the
+    folder's `seq` file: the order of the records never depends on which controller's clock wrote them."""
+    d, name = shlex.quote(folder), generation.id
+    # the record's JSON without its closing brace: the Spark adds its seq
+    body = shlex.quote(json.dumps(generation.record(), sort_keys=True)[:-1])
+    return StringCommand("sh", "-c", shlex.quote(
+        f"{root_only(d)} && "
+        f"n=$(( $(cat {d}/seq 2>/dev/null || echo 0) + 1 )) && printf '%s\\n' \"$n\" > {d}/.seq.tmp && "
+        f"mv -f {d}/.seq.tmp {d}/seq && "
+        f"printf '%s, \"seq\": %s}}\\n' {body} \"$n\" > {d}/.{name}.json.tmp && "
+        f"mv -f {d}/.{name}.json.tmp {d}/{name}.json && printf '%s\\n' {name} > {d}/.last-good.tmp && "
+        f"mv -f {d}/.last-good.tmp {d}/{LAST_GOOD}"), _sudo=True)

@@ -1,27 +1,42 @@
 """A switch of the serving pair, judged from this machine: the new pair's health, smoke test and optional exact gate,
 and the way back when it fails (the last good generation started again from its record: no rebuild, no download).
 
+One stop and one start of a rank (`rank_stop`, `rank_start`), yielded by deploy.py's switch (operations/ranks.py) and
+run by `pair_switched`, which both the automatic rollback (`new_pair_served`) and rollback.py (`rolled_back_to`) use.
 The head's operations of one run share a `SwitchNotes` (when the old pair was stopped, the old pair's exact record);
-these functions run inside their FunctionCommands and reach the Sparks through pyinfra's Host objects.
+the functions that reach the Sparks run inside the head's FunctionCommands, through pyinfra's Host objects.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from pyinfra import logger
 from pyinfra.api import FileUploadCommand, StringCommand
+from pyinfra.api.host import Host
 
 from operations.facts.docker import RankContainer
+from operations.layout import SUPERVISOR_UNIT
 from operations.rank import exposure
-from operations.rank.commands import removal_commands, start_commands
-from operations.rank.generation import Generation
+from operations.rank.commands import record_command, removal_commands, start_commands
+from operations.rank.generation import Generation, Switch
 from operations.rank.plan import foreign
 from operations.rank.record_check import record_refusal
-from operations.rank.serving import load_status, ranks_down, read_api_key, smoke_test, wait_for_api
+from operations.rank.serving import (
+    live_lines,
+    load_status,
+    log_tails,
+    open_api_note,
+    ranks_down,
+    read_api_key,
+    smoke_test,
+    wait_for_api,
+)
 from operations.rank.spec import ContainerSpec
+from operations.settings import Settings
 from operations.validate import exact
 from operations.validate.client import Client, CouldNotRun, HttpError
 from operations.validate.result import PASS
@@ -38,12 +53,12 @@ class SwitchNotes:
     start_problem: str | None = None  # why the head did not start rank 0 (the worker's rank 1 did not start)
 
 
-def _client(s: Any, head: Any) -> Client:
+def _client(s: Settings, head: Host) -> Client:
     key = read_api_key(head, s.layout.api_key) if s.api_key else ""
     return Client(s.api_base_url, key or None, s.served_name, timeout=300)
 
 
-def replay_record(s: Any, head: Any) -> dict[str, Any] | None:
+def replay_record(s: Settings, head: Host) -> dict[str, Any] | None:
     """The exact gate's record of the pair that serves now (None when it does not answer)."""
     client = _client(s, head)
     try:
@@ -56,7 +71,7 @@ def replay_record(s: Any, head: Any) -> dict[str, Any] | None:
         client.session.close()
 
 
-def gate_problem(s: Any, head: Any, before: dict[str, Any]) -> str | None:
+def gate_problem(s: Settings, head: Host, before: dict[str, Any]) -> str | None:
     """The exact gate: the new pair's replies to the same prompts at temperature 0 must be the old pair's."""
     client = _client(s, head)
     try:
@@ -79,7 +94,7 @@ class Api:
     port: int  # rank 0's own port (the LIVE line's)
 
 
-def api_of(s: Any, spec: ContainerSpec | None = None) -> Api:
+def api_of(s: Settings, spec: ContainerSpec | None = None) -> Api:
     """The API the settings ask for, or the one a recorded rank 0 serves (a rollback across a changed port, name or
     key is judged where the old pair answers)."""
     if spec is None:
@@ -92,7 +107,7 @@ def api_of(s: Any, spec: ContainerSpec | None = None) -> Api:
                int(port))
 
 
-def pair_problem(s: Any, head: Any, worker: Any, timeout: float, api: Api | None = None) -> str | None:
+def pair_problem(s: Settings, head: Host, worker: Host, timeout: float, api: Api | None = None) -> str | None:
     """Wait for rank 0's API (a rank that exits ends the wait), then the smoke test; None when both pass."""
     name, api = s.container_name, api or api_of(s)
     api_key = read_api_key(head, s.layout.api_key) if api.keyed else ""
@@ -108,7 +123,7 @@ def pair_problem(s: Any, head: Any, worker: Any, timeout: float, api: Api | None
     return None
 
 
-def run(spark: Any, command: StringCommand | FileUploadCommand) -> tuple[bool, list[str]]:
+def run(spark: Host, command: StringCommand | FileUploadCommand) -> tuple[bool, list[str]]:
     if isinstance(command, FileUploadCommand):  # a rank's environment file (start_commands)
         uploaded = spark.put_file(command.src, command.dest, print_output=False, print_input=False,
                                   **command.connector_arguments)
@@ -117,48 +132,65 @@ def run(spark: Any, command: StringCommand | FileUploadCommand) -> tuple[bool, l
     return bool(ok), list(out.stdout_lines) + list(out.stderr_lines)
 
 
-def _stop_pair(s: Any, head: Any, worker: Any) -> str | None:
-    """Both ranks stopped and removed, each log saved first (a container sparkfold did not start is left alone)."""
-    for rank, spark, side in ((0, head, s.head), (1, worker, s.worker)):
-        container = spark.get_fact(RankContainer, container=side.container_name)
-        if not container or foreign("Spark", side.container_name, container):
-            continue
-        for command in removal_commands(side.container_name, rank, bool(container.get("running")), side.stop_timeout,
-                                        side.layout.logs, side.log_keep):
-            ok, out = run(spark, command)
-            if not ok:
-                return f"rank {rank} could not be stopped on {spark.name}: {' '.join(out)[-300:]}"
-    return None
+def rank_stop(side: Settings, container: Mapping[str, Any]) -> list[StringCommand]:
+    """Spark `side`'s rank stopped (when it runs) and removed, its log saved first; nothing for no container, or one
+    sparkfold did not start (the pair plan refuses that one before anything stops)."""
+    if not container or foreign(side.role, side.container_name, container):
+        return []
+    return list(removal_commands(side.container_name, side.rank, bool(container.get("running")), side.stop_timeout,
+                                 side.layout.logs, side.log_keep))
 
 
-def refusal_of(s: Any, target: Generation) -> str | None:
+def rank_start(side: Settings, spec: ContainerSpec) -> list[StringCommand | FileUploadCommand]:
+    """Spark `side`'s rank started as `spec`: mounts checked, memory waited for, the GPU clock lock, `docker run`."""
+    return list(start_commands(spec, side.min_avail_gib, side.gpu_clock_mhz, side.nvidia_smi_path,
+                               side.layout.rank_env))
+
+
+def containers_now(s: Settings, head: Host, worker: Host) -> tuple[Mapping[str, Any], Mapping[str, Any]]:
+    """Both rank containers as they are now: the automatic rollback stops the pair this run started, whose containers
+    no plan read (the health wait may have seen one exit, a failed start may have left none)."""
+    return (head.get_fact(RankContainer, container=s.head.container_name),
+            worker.get_fact(RankContainer, container=s.worker.container_name))
+
+
+def refusal_of(s: Settings, target: Generation) -> str | None:
     """Why `target`'s record may not be started (operations/rank/record_check.py), or None."""
     return record_refusal(target, s.engine_image, s.prebuilt_image, (s.head.container_name, s.worker.container_name))
 
 
-def start_generation(s: Any, head: Any, worker: Any, target: Generation) -> str | None:
-    """`target`'s ranks started from its record, rank 1 then rank 0, once the record is checked; None when both
-    started."""
+def pair_switched(s: Settings, head: Host, worker: Host, containers: tuple[Mapping[str, Any], Mapping[str, Any]],
+                  target: Generation) -> str | None:
+    """The pair in `containers` (rank 0's, rank 1's) stopped and `target`'s ranks started from its record, rank 1
+    first, with deploy.py's own stop and start (rank_stop, rank_start); None when both started. A record that fails
+    its check stops nothing; rank 0 is not started when rank 1 did not start."""
     refused = refusal_of(s, target)
     if refused:
         return refused
-    for rank, spark, side in ((1, worker, s.worker), (0, head, s.head)):
-        for command in start_commands(target.specs[rank], side.min_avail_gib, side.gpu_clock_mhz, side.nvidia_smi_path,
-                                      side.layout.rank_env):
+    sides = ((head, s.head), (worker, s.worker))
+    for rank, (spark, side) in enumerate(sides):
+        for command in rank_stop(side, containers[rank]):
             ok, out = run(spark, command)
+            if not ok:
+                return f"rank {rank} could not be stopped on {spark.name}: {' '.join(out)[-300:]}"
+    for rank in (1, 0):
+        spark, side = sides[rank]
+        for started in rank_start(side, target.specs[rank]):
+            ok, out = run(spark, started)
             if not ok:
                 return f"rank {rank} of generation {target.id} did not start on {spark.name}: {' '.join(out)[-300:]}"
     return None
 
 
-def switched_to(s: Any, head: Any, worker: Any, target: Generation) -> str | None:
-    """The pair replaced by `target` (stop, start, health wait, smoke test); None when it serves. A record that
-    fails its check stops nothing."""
-    return (refusal_of(s, target) or _stop_pair(s, head, worker) or start_generation(s, head, worker, target)
+def switched_to(s: Settings, head: Host, worker: Host, containers: tuple[Mapping[str, Any], Mapping[str, Any]],
+                target: Generation) -> str | None:
+    """The pair replaced by `target` (stop, start, health wait, smoke test, judged where `target`'s rank 0 answers);
+    None when it serves."""
+    return (pair_switched(s, head, worker, containers, target)
             or pair_problem(s, head, worker, s.wait_timeout, api_of(s, target.specs[0])))
 
 
-def supervisor_started(s: Any, head: Any, unit: str) -> None:
+def supervisor_started(s: Settings, head: Host, unit: str) -> None:
     """The supervisor the switch paused, started again for the pair that serves now."""
     if s.supervise:
         ok, out = run(head, StringCommand("systemctl", "start", unit, _sudo=True))
@@ -190,3 +222,85 @@ def failure_message(new_id: str, problem: str, logs: tuple[str, str], target: Ge
 
 def clock() -> float:
     return time.monotonic()
+
+
+def new_pair_served(state: Any, host: Host, worker: Host, s: Settings, change: Switch | None,
+                    notes: SwitchNotes, failed_start: str | None = None) -> bool:
+    """pair_serving's judgement of the new pair (health, smoke, the exact gate); when it fails, the last good
+    generation again. failed_start: why a rank did not start (the pair is failed without a wait)."""
+    problem = failed_start or pair_problem(s, host, worker, s.wait_timeout)
+    if problem is None and s.upgrade_gate == "exact":
+        if notes.replay is None:
+            host.log("exact gate: no record of the old pair (none served before this run, or it did not answer): "
+                     "the smoke test alone judged the new pair", log_func=logger.warning)
+        else:
+            problem = gate_problem(s, host, notes.replay)
+    if problem is None:
+        for line in live_lines(s.served_name, s.port, s.api_base_url, s.layout.api_key if s.api_key else "",
+                               open_api_note(s)):
+            host.log(line)
+        downtime = downtime_line(notes, clock())
+        if downtime:
+            host.log(downtime)
+        return True
+    host.log(f"sparkfold: {problem}\n{log_tails(host, worker, s.container_name)}", log_func=logger.error)
+    target = change.came_from if change else None
+    # the way back is decided here, not planned: only the health wait (this function's) says the new pair failed
+    back = switched_to(s, host, worker, containers_now(s, host, worker), target) if target else None
+    if target is not None:
+        supervisor_started(s, host, SUPERVISOR_UNIT)
+    logs = (s.head.layout.logs, s.worker.layout.logs)
+    new_id = change.to.id if change and change.to else "?"
+    opened = ""
+    if target is not None and back is None:  # the old pair serves again, as it was recorded
+        opened = exposure.rollback_warning(exposure.of_argv(target.specs[0].argv), exposure.of_settings(s))
+        _log_live(host, s, target)
+    host.log("sparkfold: " + failure_message(new_id, problem, logs, target, back, opened),
+             log_func=logger.error)
+    return False
+
+
+def _log_live(host: Host, s: Settings, target: Generation) -> None:
+    """The LIVE lines of a recorded pair that serves again: its own port, name, key and open-API warning (a record
+    may predate the settings), not the settings'."""
+    api = api_of(s, target.specs[0])
+    note = exposure.open_note(exposure.of_argv(target.specs[0].argv), api.port)
+    for line in live_lines(api.served_name, api.port, api.base_url, s.layout.api_key if api.keyed else "", note):
+        host.log(line)
+
+
+def failed_with_logs(state: Any, host: Host, worker: Host, s: Settings, message: str) -> bool:
+    host.log(f"sparkfold: {message}\n{log_tails(host, worker, s.container_name)}", log_func=logger.error)
+    return False
+
+
+def rolled_back_to(state: Any, host: Host, worker: Host, s: Settings, target: Generation, came_from: str,
+                   containers: tuple[Mapping[str, Any], Mapping[str, Any]], notes: SwitchNotes) -> bool:
+    """rollback.py's switch: the serving pair (`containers`, as its plan read them) stopped with the supervisor
+    paused, `target` started from its record and judged like any new pair, then recorded as the last good one on
+    both Sparks. A FunctionCommand: the worker's part is driven from the head, and the health wait's result decides
+    whether the record is written."""
+    if s.supervise:
+        run(host, StringCommand("systemctl", "stop", SUPERVISOR_UNIT, _sudo=True))
+    notes.stopped_at = clock()
+    problem = switched_to(s, host, worker, containers, target)
+    supervisor_started(s, host, SUPERVISOR_UNIT)
+    if problem is not None:
+        host.log(f"sparkfold: the rollback to generation {target.id} failed: {problem}; run deploy.py to start the "
+                 "pair the settings ask for", log_func=logger.error)
+        return False
+    recorded = Generation(target.id, target.specs, good_at=time.time())
+    for spark, side in ((host, s.head), (worker, s.worker)):
+        ok, out = run(spark, record_command(side.layout.generations, recorded))
+        if not ok:
+            host.log(f"sparkfold: generation {target.id} serves, but {spark.name} could not record it as the last "
+                     f"good one: {' '.join(out)[-200:]}", log_func=logger.error)
+            return False
+    host.log(f"rolled back: generation {came_from} → {target.id}")
+    _log_live(host, s, target)
+    opened = exposure.more_open(exposure.of_argv(target.specs[0].argv), exposure.of_settings(s))
+    if opened:  # asked for with rollback_open: said again where the run ends
+        host.log(f"⚠ generation {target.id} is more open than the settings ask: {'; and '.join(opened)}. "
+                 f"{exposure.CLOSE_IT}.", log_func=logger.warning)
+    host.log(downtime_line(notes, clock()))
+    return True

@@ -29,6 +29,7 @@ from operations.settings.site import (
 )
 from operations.settings.sources import Layers, load, saved_hf_token
 from operations.settings.ssh_login import Run, hint_unanswered, ssh_config_login
+from operations.util.checks import RunStopped
 
 # The scripts that stop on a settings problem (restart.py includes deploy.py); the others go on despite one (stop.py,
 # rollback.py) or list it (status.py).
@@ -43,8 +44,9 @@ TITLE = "the settings need fixing before anything is changed (checked before con
 Entries = dict[str, tuple[str, dict]]  # role -> (pyinfra's host name, host data): host_entries of the site file
 
 
-class NotReady(Exception):
-    """What must be fixed before pyinfra connects; the message lists every problem with its fix."""
+class NotReady(RunStopped):
+    """What must be fixed before pyinfra connects; the message lists every problem with its fix (inventory.py prints
+    it and exits 2 itself: pyinfra's own error line would name its source file)."""
 
 
 @dataclass(frozen=True)

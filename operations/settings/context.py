@@ -7,7 +7,6 @@ import sys
 
 from pyinfra import host as current_host
 from pyinfra import inventory, state
-from pyinfra.api.exceptions import DeployError
 from pyinfra.api.host import Host
 from pyinfra.facts.server import Home
 
@@ -15,6 +14,7 @@ from operations.settings import Layers, Settings, load, pair, validate_all
 from operations.settings.before_connect import limit_refusal  # inventory.py refuses the same before connecting
 from operations.settings.site import ssh_target
 from operations.settings.sources import saved_hf_token
+from operations.util.checks import RunStopped
 from operations.util.ssh_socket import send_without_delay
 
 _loaded: dict[str, tuple[Settings, list[str]]] = {}
@@ -79,4 +79,4 @@ def refuse_part_of_pair(script: str) -> None:
     problem = limit_refusal(script, [spark.name for spark in inventory],
                             [spark.name for spark in limited] if isinstance(limited, list) else None, sys.argv)
     if problem:
-        raise DeployError(problem)
+        raise RunStopped(problem)

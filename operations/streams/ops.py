@@ -9,7 +9,7 @@ from typing import Any
 from weakref import WeakKeyDictionary
 
 from pyinfra import host
-from pyinfra.api import OperationError, StringCommand, deploy, operation
+from pyinfra.api import StringCommand, deploy, operation
 from pyinfra.api.operation import OperationMeta
 
 from operations.facts.streams import StreamDict, StreamStates
@@ -18,7 +18,7 @@ from operations.remote.progress_command import LiveCommand
 from operations.remote.stream_runner import adopt_command, inputs_digest, launch_command, stop_command
 from operations.remote.stream_unit import stream_action
 from operations.settings import Settings
-from operations.util.checks import op_changed
+from operations.util.checks import RunStopped, op_changed
 from operations.util.peer_ssh import RUN_TOKEN
 
 # the stream operations declared so far, per run (pyinfra's State) and Spark: what streams_finished waits for
@@ -52,8 +52,8 @@ def _text(command: Any) -> str:
         return command
     if isinstance(command, StringCommand):
         return command.get_raw_value()
-    raise OperationError(f"a stream runs shell commands only, not {type(command).__name__}: upload files before "
-                         "the stream starts")
+    raise RunStopped(f"a stream runs shell commands only, not {type(command).__name__}: upload files before "
+                    "the stream starts")
 
 
 @operation()

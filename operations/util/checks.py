@@ -1,9 +1,15 @@
-"""The one rule for a check that only an executing run can judge, and the one way a step warns.
+"""The three failure styles, and the one way a step warns (docs/architecture.md, "Conventions").
 
-While planning (`--dry`, or the plan before a run), a problem is printed as a warning naming the Spark, the check
-and the fix ("will fail: ..."), and the operation goes on to report the change it would make; while executing, the
-same message fails that Spark (and so the run: FAIL_PERCENT is 0). Steps never build a failing command themselves:
-check_failed, or failing_shell inside a script that finds the problem only when it runs on the Spark.
+1. check_failed, at plan time: while planning (`--dry`, or the plan before a run), a problem is printed as a warning
+   naming the Spark, the check and the fix ("will fail: ..."), and the operation goes on to report the change it
+   would make; while executing, the same message fails that Spark (and so the run: FAIL_PERCENT is 0).
+2. failing_shell, at run time: the failing branch of a script that finds the problem only when it runs on the Spark;
+   function_failed is the same line from Python a FunctionCommand runs on this machine (the health wait, the link's
+   measurement), where only execution-time Python can judge.
+3. RunStopped, where a run must stop before anything changes (settings to fix, sudo that asks for a password): one
+   exception type, its message naming the setting and the fix.
+warned prints a step's warning the same way in both phases. Steps never build a failing command or log a warning or
+an error themselves (tests/unit/test_failure_styles.py).
 """
 
 from __future__ import annotations
@@ -13,8 +19,14 @@ from typing import Any
 
 from pyinfra import host, logger, state
 from pyinfra.api import StringCommand
+from pyinfra.api.exceptions import DeployError
 
 from operations.util.commands import fail_command
+
+
+class RunStopped(DeployError):
+    """The one exception where a run must stop: its message names the setting (or the Spark) and the fix. A
+    DeployError, so pyinfra prints it as one line (`--> pyinfra error in <file> line <n>: <message>`), no traceback."""
 
 
 def op_changed(op: Any) -> bool:
@@ -42,7 +54,7 @@ def check_failed(check: str, problems: Iterable[str | None], *, settled: bool | 
     if not found:
         return False
     message = f"{check}: {'; '.join(found)}"
-    if state.is_executing:
+    if state.is_executing:  # why: the rule itself: a plan says "will fail", an executing run fails
         yield fails_with(message) if fails_with else fail_command(message)
         return True
     if is_settled(settled):
@@ -59,3 +71,10 @@ def failing_shell(check: str, problem: str) -> str:
 def warned(check: str, message: str) -> None:
     """A step's warning, printed the same way by --dry and by a run: `<host>: warning: <check>: <message>`."""
     logger.warning(f"{host.name}: warning: {check}: {message}")
+
+
+def function_failed(check: str, problem: str) -> bool:
+    """`return function_failed(check, problem)` from a FunctionCommand: failing_shell's line (`sparkfold: <check>:
+    <problem>`) printed as this host's error, and False, which fails the host (and so the run)."""
+    host.log(f"sparkfold: {check}: {problem}", log_func=logger.error)
+    return False

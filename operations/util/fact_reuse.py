@@ -70,6 +70,7 @@ def _generation(spark: Any) -> tuple[int, bool]:
     # executed, not did_change: an operation that ran commands and then failed (ignored errors) changed things too
     changed = sum(1 for ops in state.ops.values() for data in ops.values()
                   if data.operation_meta.is_complete() and data.operation_meta.executed)
+    # why: a plan's answer is stale once the run executes (the plan changed nothing), so the phase is part of the key
     return changed, bool(state.is_executing)
 
 

@@ -69,6 +69,12 @@ def docker_facts(daemon_json: dict = DAEMON_OK, live: dict = DOCKER_LIVE) -> dic
     return {DaemonJson: with_args({f"path={DOCKER_DAEMON_JSON}": daemon_json}), DockerRuntimeInfo: live}
 
 
+def pair_plans(s, peer, image: str = IMAGE, template: str = TEMPLATE):
+    """The pair step's handoff of Spark `s` (operations/ranks.py), no phase read yet."""
+    from operations.ranks import PairPlans
+    return PairPlans(s, peer, image, template)
+
+
 def rank_facts(inputs: dict, more: dict | None = None) -> dict:
     """A test host's facts for the rank step: its RankInputs, converged docker facts, and `more`."""
     return {**docker_facts(), RankInputs: inputs, **(more or {})}

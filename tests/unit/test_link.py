@@ -290,7 +290,7 @@ def guarded(commands, uploads):
     assert staged is None or staged.startswith("mkdir -p /run/netplan && install -m 600 ")
     assert commands[-2].startswith(f"cat /proc/sys/kernel/random/boot_id > {folder}/boot; {APPLY}")
     assert "netplan generate && netplan apply" in commands[-2]
-    assert commands[-1].startswith("FunctionCommand(confirm_over_new_connection")
+    assert commands[-1].startswith("FunctionCommand(netplan_confirmed")
     assert len(commands) == arm + (4 if uploads else 3)
     assert not any("/etc/netplan" in c for c in commands[1:])  # only promote.sh, written by prepare, writes there
     return types.SimpleNamespace(folder=folder, prepare=commands[0], arm=commands[arm], stage=staged,
@@ -624,21 +624,6 @@ def test_netplan_file_must_be_yaml(name, caplog):
                                 netplan_file="/etc/netplan/" + name)
     assert f"link_netplan_file: /etc/netplan/{name} must end in .yaml" in command
     assert f"will fail: link_netplan_file: /etc/netplan/{name} must end in .yaml" in warnings
-
-
-def test_sim_netplan_standin_reads_the_template_like_yaml():
-    """The simulated Sparks' netplan stand-in has its own small YAML parser: our files must stay in its subset."""
-    import importlib.machinery
-    import importlib.util
-
-    path = Path(__file__).resolve().parents[1] / "sim" / "standins" / "netplan"
-    loader = importlib.machinery.SourceFileLoader("sim_netplan", str(path))
-    module = importlib.util.module_from_spec(importlib.util.spec_from_loader("sim_netplan", loader))
-    loader.exec_module(module)
-    for text in (link.render_netplan(RAILS, 9000), fixture("40-cx7.yaml"), fixture("50-mixed.yaml")):
-        assert module.parse_yaml(text) == yaml.safe_load(text)
-    with pytest.raises(module.YamlError):
-        module.parse_yaml(fixture("broken.yaml"))
 
 
 # --- never strand a Spark: a rail on the management network is refused ------------------------------------------

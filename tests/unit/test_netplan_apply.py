@@ -289,10 +289,9 @@ def test_a_drift_apply_changes_no_file_and_its_revert_applies_again(spark):
     assert confirm(spark).returncode == 0 and os.path.exists(f"{spark.apply}/confirmed") and etc_as_before(spark)
 
 
-# --- what netplan reads: the real tool when installed, and the simulated Sparks' stand-in ------------------------
+# --- what netplan reads: the real tool (the simulated Sparks run it too) -----------------------------------------
 
 REAL_NETPLAN = shutil.which("netplan")
-STANDIN = Path(__file__).resolve().parents[1] / "sim" / "standins" / "netplan"
 
 
 def networkd_of_real_netplan(root: Path) -> str:
@@ -316,33 +315,6 @@ def test_real_netplan_reads_the_staged_files_over_etc_netplan_and_etc_alone_afte
     assert "DHCP" not in netdev.split("[Match]")[0]  # the file moved aside is hidden by its empty shadow
     reboot(spark)
     assert networkd_of_real_netplan(tmp_path) == before
-
-
-def standin(root: Path):
-    import importlib.machinery
-    import importlib.util
-
-    loader = importlib.machinery.SourceFileLoader("sim_netplan", str(STANDIN))
-    module = importlib.util.module_from_spec(importlib.util.spec_from_loader("sim_netplan", loader))
-    loader.exec_module(module)
-    module.ROOT = str(root)
-    return module
-
-
-def test_the_simulated_netplan_reads_run_over_etc_over_lib_like_netplan(spark, tmp_path):
-    sim = standin(tmp_path)
-    (tmp_path / "lib" / "netplan").mkdir(parents=True)
-    (tmp_path / "lib" / "netplan" / "10-lib.yaml").write_text("network:\n  ethernets:\n    eth9: {mtu: 1500}\n")
-    (tmp_path / "lib" / "netplan" / "50-user.yaml").write_text("network:\n  ethernets:\n    eth8: {mtu: 1500}\n")
-    before = sim.load_ethernets()
-    assert before == {"eth9": {"mtu": 1500}, "enp1s0f0np0": {"dhcp4": True}, "enP7s7": {"dhcp4": True},
-                      "enP2p1s0f0np0": {"dhcp4": True}}  # /etc's 50-user.yaml shadows /lib's
-    staged_and_applied(spark)
-    assert [os.path.relpath(p, tmp_path) for p in sim.config_files()] == [
-        "lib/netplan/10-lib.yaml", "run/netplan/40-cx7.yaml", "run/netplan/50-user.yaml", "run/netplan/60-own.yaml"]
-    assert sim.load_ethernets() == {"eth9": {"mtu": 1500}, "enP7s7": {"dhcp4": True}, "enp1s0f0np0": {"mtu": 9000}}
-    reboot(spark)
-    assert sim.load_ethernets() == before
 
 
 def test_arm_runs_the_revert_after_the_window():
@@ -549,6 +521,18 @@ def test_confirm_failure_names_what_happened(monkeypatch, code, says):
     with pytest.raises(rb.NetplanNotConfirmed) as err:
         rb.confirm_over_new_connection(None, remote.host(), "/x/1", "eth0", "10.0.0.5", 90)
     assert says in str(err.value) and "/x/1" in str(err.value)
+
+
+def test_an_unconfirmed_apply_fails_its_spark_with_the_reason_and_no_traceback(monkeypatch, caplog):
+    # the guarded apply's FunctionCommand: a raise there is pyinfra's "Unexpected error in Python callback" and a
+    # traceback; the Spark fails with the one run-time failure line instead
+    from harness import FakeHost
+    from pyinfra.context import ctx_host
+    remote = SparkOverSsh(monkeypatch, ok=False, stderr=["something", f"{rb.MARK}2"])
+    with ctx_host.use(FakeHost({}, name="w")), caplog.at_level("ERROR", logger="pyinfra"):
+        assert rb.netplan_confirmed(None, remote.host(), "/x/1", "eth0", "10.0.0.5", 90) is False
+    said = [r.getMessage() for r in caplog.records]
+    assert len(said) == 1 and "sparkfold: netplan apply: " in said[0] and "netplan apply failed" in said[0], said
 
 
 # --- the window and the confirmation's wait (link_rollback_s) ----------------------------------------------------

@@ -160,8 +160,8 @@ def test_a_cache_on_the_homes_file_system_is_warned_about_while_planning(caplog,
         commands, host = run_op(nfs.export_filesystem_checked, facts, executing=executing, cache=CACHE,
                                 home="/home/nvidia")
     assert commands == [] and host.noops
-    note = (f"spark: warning: hf_cache {CACHE} is on the same file system as /home/nvidia, the ssh user's home "
-            "(~/.ssh, the Hugging Face token)")
+    note = (f"spark: warning: the NFS export: hf_cache {CACHE} is on the same file system as /home/nvidia, the ssh "
+            "user's home (~/.ssh, the Hugging Face token)")
     assert (note in caplog.text) is warned, caplog.text
     if warned:
         assert 'set worker_weights = "copy" and nfs = false to export nothing' in caplog.text

@@ -7,13 +7,14 @@ from pathlib import Path
 import harness
 import pytest
 from harness import parse_fact, refused, run_fact, with_args
-from pyinfra.api.exceptions import OperationError
 from pyinfra.context import ctx_host, ctx_state
 
 from operations import preflight
 from operations.facts.docker import DockerMemoryUse, DockerRuntimeInfo, RunningContainers, parse_size
 from operations.facts.files import DiskFree, DiskSpace, PathUsage, ResolvedPaths
 from operations.facts.host import HostTools, MemInfo, OsRelease, SshReachable, SudoWithoutPassword
+from operations.rank.commands import MEMORY_POLL_S
+from operations.util.checks import RunStopped
 
 # the checks judged as a run judges them; test_a_problem_while_planning_is_a_warning covers --dry
 run_op = functools.partial(harness.run_op, executing=True)
@@ -122,9 +123,9 @@ def test_memory_short_while_executing_waits_for_memory_coming_back_before_refusi
     # ranks stopped a moment ago (rank 0 exits when rank 1 dies) give ~98 GiB back over seconds
     facts = {MemInfo: _mem(46.0), RunningContainers: {}, DockerMemoryUse: {"ok": True, "containers": []}}
     cmds, _ = run_op(preflight.memory_available, facts, executing=True, min_avail_gib=112)
-    assert len(cmds) == 1 and "MemAvailable" in cmds[0] and "sleep 2" in cmds[0]
+    assert len(cmds) == 1 and "MemAvailable" in cmds[0] and f"sleep {MEMORY_POLL_S}" in cmds[0]
     assert f"-ge {112 * 1024 * 1024}" in cmds[0] and "only 46.0 GiB MemAvailable, need 112 GiB" in cmds[0]
-    assert "i -ge 15" in cmds[0]  # about 30 s, then the refusal with the numbers
+    assert f"i -ge {30 // MEMORY_POLL_S}" in cmds[0]  # about 30 s, then the refusal with the numbers
     planned, _ = run_op(preflight.memory_available, facts, executing=False, min_avail_gib=112)
     assert "sleep" not in " ".join(planned)  # planning only warns
 
@@ -282,7 +283,7 @@ def test_tools_missing_and_installed_later():
     assert "docker, rsync" in cmds[0]
     facts = {HostTools: {"docker": True, "git": True, "python3": True, "rsync": True}}
     assert run_op(preflight.tools_present, facts)[0] == []
-    with pytest.raises(ValueError):
+    with pytest.raises(RunStopped, match="tools_present cannot check"):
         run_op(preflight.tools_present, facts, required=["hf"])
 
 
@@ -362,7 +363,7 @@ def test_sudo_without_a_password_passes_quietly():
 @pytest.mark.parametrize("executing", [False, True])
 def test_sudo_that_asks_for_a_password_stops_the_plan_with_the_sudoers_line(executing):
     facts = {SudoWithoutPassword: {"ok": False, "rc": 1, "detail": "sudo: a password is required"}}
-    with pytest.raises(OperationError) as exc:
+    with pytest.raises(RunStopped) as exc:
         harness.run_op(preflight.sudo_without_password, facts, executing=executing, user="nvidia")
     assert str(exc.value) == (
         "spark: sudo: nvidia cannot use sudo without a password (`sudo -n true` gave rc 1: sudo: a password is "
@@ -372,7 +373,7 @@ def test_sudo_that_asks_for_a_password_stops_the_plan_with_the_sudoers_line(exec
 
 def test_a_spark_without_sudo_is_told_to_install_it_first():
     facts = {SudoWithoutPassword: {"ok": False, "rc": 127, "detail": "sh: 1: sudo: not found"}}
-    with pytest.raises(OperationError) as exc:
+    with pytest.raises(RunStopped) as exc:
         run_op(preflight.sudo_without_password, facts, user="nvidia")
     assert str(exc.value) == (
         "spark: sudo: sudo is not installed on this Spark (`sudo -n true` gave rc 127: sh: 1: sudo: not found); "
@@ -384,7 +385,7 @@ def test_the_head_asks_for_the_worker_too_whose_facts_its_plan_reads_as_root():
     worked = {"ok": True, "rc": 0, "detail": ""}
     worker = harness.FakeHost({SudoWithoutPassword: {"ok": False, "rc": 1, "detail": "sudo: a password is required"}},
                               name="spark-b")
-    with pytest.raises(OperationError) as exc:
+    with pytest.raises(RunStopped) as exc:
         run_op(preflight.sudo_without_password, {SudoWithoutPassword: worked}, user="nvidia", peer=worker,
                peer_user="dgx")
     assert str(exc.value).startswith("spark-b: sudo: dgx cannot use sudo without a password (`sudo -n true` gave rc 1")

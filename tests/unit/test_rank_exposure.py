@@ -56,9 +56,9 @@ def test_rollback_py_refuses_a_generation_more_open_than_the_settings_unless_ask
     mine = running_pair(HS, good(EARLIER, 1), good(SERVING, 2), last_good=SERVING.id)
     keyed = HS.replace(api_key=True)
     cmds, _ = rollback_op(mine, running_pair(WS), READY, READY, s=keyed)
-    assert len(cmds) == 1 and "_rolled_back" not in cmds[0] and "exit 1" in cmds[0]
+    assert len(cmds) == 1 and "rolled_back_to" not in cmds[0] and "exit 1" in cmds[0]
     assert "more open than the settings ask: the API answers without a key" in cmds[0]
     assert "rollback_open=true" in cmds[0]
     assert rollback_op(mine, running_pair(WS), READY, READY, s=keyed, executing=False)[0] == []  # --dry: said
     cmds, _ = rollback_op(mine, running_pair(WS), READY, READY, s=keyed.replace(rollback_open=True))
-    assert len(cmds) == 1 and "_rolled_back" in cmds[0]
+    assert len(cmds) == 1 and "rolled_back_to" in cmds[0]

@@ -7,7 +7,7 @@ import json
 
 import pytest
 from harness import FakeHost, run_op
-from rank_inputs import DAEMON_DRIFTED, IMAGE, TEMPLATE, container, docker_facts, found, rank_facts
+from rank_inputs import DAEMON_DRIFTED, IMAGE, TEMPLATE, container, docker_facts, found, pair_plans, rank_facts
 from settings_factory import make_pair
 
 from operations import ranks
@@ -208,7 +208,7 @@ EARLIER = NEW  # another generation, recorded before it
 def kept_op(mine, theirs, prune_inputs=None, executing=True, s=HS, image=IMAGE):
     facts = rank_facts(mine, {PruneInputs: prune_inputs or PruneInputs.default()})
     peer = FakeHost(rank_facts(theirs), name="peer")
-    return run_op(ranks.generations_kept, facts, executing=executing, s=s, peer=peer, image=image, template=TEMPLATE)
+    return run_op(ranks.generations_kept, facts, executing=executing, plans=pair_plans(s, peer, image))
 
 
 def running_pair(s, *generations, last_good=""):
@@ -220,7 +220,9 @@ def test_a_recorded_last_good_generation_with_nothing_to_prune_changes_nothing()
     recorded = good(SERVING, 3)
     cmds, host = kept_op(running_pair(HS, recorded, last_good=SERVING.id), running_pair(WS))
     assert cmds == [] and host.noops == ["this rank runs the last good generation"]
-    assert [name.rsplit(".", 1)[1] for name, _kwargs in host.fact_calls] == ["RankInputs"]  # the peer not asked
+    # one read after the gate (the docker step's answers with it), no prune asked
+    assert sorted(name.rsplit(".", 1)[1] for name, _kwargs in host.fact_calls) == [
+        "DaemonJson", "DockerRuntimeInfo", "RankInputs"]
 
 
 def test_the_serving_generation_is_recorded_as_last_good_as_root():
@@ -256,7 +258,7 @@ def test_the_switch_is_said_while_planning(caplog):
     mine = inputs_with_records(HS, container(EARLIER.specs[0].spec_hash()), good(EARLIER, 1), last_good=EARLIER.id)
     theirs = inputs_with_records(WS, container(EARLIER.specs[1].spec_hash()))
     peer = FakeHost(rank_facts(theirs), name="peer")
-    run_op(ranks.pair_checked, rank_facts(mine), executing=False, s=HS, peer=peer, image=IMAGE, template=TEMPLATE)
+    run_op(ranks.pair_checked, rank_facts(mine), executing=False, plans=pair_plans(HS, peer))
     assert f"generation {EARLIER.id} → {SERVING.id}: image, model revision, weight files" in caplog.text
     assert f"rollback to {EARLIER.id}" in caplog.text
 
@@ -267,12 +269,12 @@ def test_the_old_pair_is_recorded_for_the_exact_gate_only_when_it_serves():
                                        last_good=EARLIER.id),
                    inputs_with_records(WS, container(EARLIER.specs[1].spec_hash())))
     peer = FakeHost(rank_facts(serving_old[1]), name="peer")
-    cmds, _ = run_op(ranks.old_pair_replayed, rank_facts(serving_old[0]), executing=True, s=HS, peer=peer,
-                     image=IMAGE, template=TEMPLATE, notes=notes)
+    cmds, _ = run_op(ranks.old_pair_replayed, rank_facts(serving_old[0]), executing=True, plans=pair_plans(HS, peer),
+                     notes=notes)
     assert len(cmds) == 1 and "_old_pair_recorded" in cmds[0]
     first_run = FakeHost(rank_facts(found(WS)), name="peer")
-    cmds, host = run_op(ranks.old_pair_replayed, rank_facts(found(HS)), executing=True, s=HS, peer=first_run,
-                        image=IMAGE, template=TEMPLATE, notes=notes)
+    cmds, host = run_op(ranks.old_pair_replayed, rank_facts(found(HS)), executing=True,
+                        plans=pair_plans(HS, first_run), notes=notes)
     assert cmds == [] and "nothing to record" in host.noops[0]
 
 
@@ -283,8 +285,8 @@ def test_no_exact_gate_record_of_a_pair_that_dockers_restart_stops_first():
                                        last_good=EARLIER.id),
                    inputs_with_records(WS, container(EARLIER.specs[1].spec_hash())))
     peer = FakeHost(rank_facts(serving_old[1], docker_facts(DAEMON_DRIFTED)), name="peer")
-    cmds, host = run_op(ranks.old_pair_replayed, rank_facts(serving_old[0]), executing=False, s=HS, peer=peer,
-                        image=IMAGE, template=TEMPLATE, notes=ranks.SwitchNotes())
+    cmds, host = run_op(ranks.old_pair_replayed, rank_facts(serving_old[0]), executing=False,
+                        plans=pair_plans(HS, peer), notes=ranks.SwitchNotes())
     assert cmds == [] and host.noops == [
         "Docker's restart stops the serving pair before the switch: nothing to record for the exact gate"]
 
@@ -295,7 +297,7 @@ def rollback_op(mine, theirs, ready_head, ready_worker, executing=True, s=HS):
     from operations.facts.rank import StartReady
     peer = FakeHost(rank_facts(theirs, {StartReady: ready_worker}), name="peer")
     return run_op(ranks.previous_generation_served, rank_facts(mine, {StartReady: ready_head}), executing=executing,
-                  s=s, worker=peer, image=IMAGE, template=TEMPLATE)
+                  plans=pair_plans(s, peer))
 
 
 READY = {"image": True, "missing": []}
@@ -304,7 +306,7 @@ READY = {"image": True, "missing": []}
 def test_rollback_switches_to_the_newest_good_generation_but_the_serving_one():
     mine = running_pair(HS, good(EARLIER, 1), good(SERVING, 2), last_good=SERVING.id)
     cmds, _ = rollback_op(mine, running_pair(WS), READY, READY)
-    assert len(cmds) == 1 and "_rolled_back" in cmds[0]
+    assert len(cmds) == 1 and "rolled_back_to" in cmds[0]
 
 
 def test_rollback_refuses_without_an_earlier_generation_or_with_its_parts_gone():
@@ -327,20 +329,17 @@ def test_rollback_with_nothing_serving_starts_the_last_good_generation():
 
 def test_nothing_started_since_the_check_asks_nothing():
     from types import SimpleNamespace
-    checked = ranks.CheckedPlan()
     recorded = good(SERVING, 3)
+    checked = pair_plans(HS, FakeHost(rank_facts(running_pair(WS)), name="peer"))
     _cmds, _host = run_op(ranks.pair_checked, rank_facts(running_pair(HS, recorded, last_good=SERVING.id)),
-                          executing=True, s=HS, peer=FakeHost(rank_facts(running_pair(WS)), name="peer"),
-                          image=IMAGE, template=TEMPLATE, handoff=checked)
+                          executing=True, plans=checked)
     idle = SimpleNamespace(is_complete=lambda: True, did_change=lambda: False, will_change=False)
-    cmds, host = run_op(ranks.generations_kept, {}, executing=True, s=HS, peer=FakeHost({}, name="peer"),
-                        image=IMAGE, template=TEMPLATE, started=idle, handoff=checked)
+    cmds, host = run_op(ranks.generations_kept, {}, executing=True, plans=checked, started=idle)
     assert cmds == [] and host.fact_calls == [] and host.noops == ["this rank runs the last good generation"]
     started = SimpleNamespace(is_complete=lambda: True, did_change=lambda: True, will_change=True)
     facts = rank_facts(running_pair(HS, recorded, last_good=SERVING.id))
-    cmds, host = run_op(ranks.generations_kept, facts, executing=True, s=HS, peer=FakeHost({}, name="peer"),
-                        image=IMAGE, template=TEMPLATE, started=started, handoff=checked)
-    assert host.fact_calls  # started in this run: this Spark is asked again
+    cmds, host = run_op(ranks.generations_kept, facts, executing=True, plans=checked, started=started)
+    assert host.fact_calls  # started in this run: this Spark is asked again, after the gate
 
 
 def symlinked(s, generation, *generations, last_good=""):

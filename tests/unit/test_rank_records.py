@@ -18,6 +18,7 @@ from test_rank_generation import HS, NEW, OLD
 from operations import ranks
 from operations.facts.rank import generation_files_command, parse_generation_files
 from operations.layout import GENERATIONS_DIR, SYSTEM_STATE_DIR
+from operations.rank import commands
 from operations.rank import generation as gen
 from operations.rank.record_check import record_problems
 
@@ -47,8 +48,8 @@ def test_records_are_root_only_and_ordered_by_the_spark_s_count(tmp_path):
     folder = tmp_path / "generations"
     folder.mkdir(mode=0o755)
     # two controllers: the second one's clock is behind the first's, yet its record is the newer one
-    sh(ranks._record_command(str(folder), gen.Generation(OLD.id, OLD.specs, good_at=2_000.0)))
-    sh(ranks._record_command(str(folder), gen.Generation(NEW.id, NEW.specs, good_at=1_000.0)))
+    sh(commands.record_command(str(folder), gen.Generation(OLD.id, OLD.specs, good_at=2_000.0)))
+    sh(commands.record_command(str(folder), gen.Generation(NEW.id, NEW.specs, good_at=1_000.0)))
     assert stat.S_IMODE(folder.stat().st_mode) == 0o700 and folder.stat().st_uid == 0
     assert {p.name: stat.S_IMODE(p.stat().st_mode) for p in folder.iterdir()} == {
         f"{OLD.id}.json": 0o600, f"{NEW.id}.json": 0o600, "last-good": 0o600, "seq": 0o600}
@@ -137,9 +138,8 @@ def test_a_refused_record_stops_nothing_and_starts_nothing(monkeypatch):
 
     from operations.rank import switch
     monkeypatch.setattr(switch, "pair_problem", lambda s, head, worker, timeout, api=None: None)
-    head, worker = Spark("head", container("new")), Spark("worker", container("new"))
+    head, worker = Spark("head", {}), Spark("worker", {})
     bad = spec_changed(OLD, 1, options=[*OLD.specs[1].options, "--privileged"])
-    problem = switch.switched_to(HS, head, worker, bad)
+    problem = switch.switched_to(HS, head, worker, (container("new"), container("new")), bad)
     assert problem and f"the record of generation {bad.id} is refused" in problem and "--privileged" in problem
     assert head.ran == [] and worker.ran == []  # the serving pair is not even stopped
-    assert switch.start_generation(HS, head, worker, bad) == problem and worker.ran == []

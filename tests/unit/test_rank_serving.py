@@ -277,7 +277,7 @@ def pair_serving(url, executing, restarted=False, worker_state=UP, judged=True, 
     """pair_serving on the head; judged: the running pair is the recorded last good generation."""
     import json as json_
 
-    from rank_inputs import container, found, rank_facts
+    from rank_inputs import container, found, pair_plans, rank_facts
 
     from operations.rank.generation import Generation
     from operations.rank.plan import pair_plan
@@ -289,15 +289,15 @@ def pair_serving(url, executing, restarted=False, worker_state=UP, judged=True, 
     worker = Spark(rank_facts(found(WS), {RankContainer: worker_state}), "worker")
     rank0 = SimpleNamespace(is_complete=lambda: executing, did_change=lambda: restarted and not start_failed,
                             did_succeed=lambda: not start_failed, will_change=restarted)
-    return run_op(ranks.pair_serving, rank_facts(head_inputs, {RankContainer: UP}), executing=executing, s=s,
-                  worker=worker, image="img", template="t", rank0=rank0, notes=notes or switch.SwitchNotes())
+    return run_op(ranks.pair_serving, rank_facts(head_inputs, {RankContainer: UP}), executing=executing,
+                  plans=pair_plans(s, worker, "img", "t"), rank0=rank0, notes=notes or switch.SwitchNotes())
 
 
 def test_a_start_that_failed_is_judged_failed_without_a_wait(api):
     """rank_started ignores its errors: its failure reaches pair_serving, which fails the switch at once (the last
     good pair started again) with the reason the head noted, or rank 0's own failure."""
     cmds, _ = pair_serving(api().url, True, restarted=True, start_failed=True)
-    assert len(cmds) == 1 and cmds[0].startswith("FunctionCommand(_new_pair_served")
+    assert len(cmds) == 1 and cmds[0].startswith("FunctionCommand(new_pair_served")
     assert "'rank 0 did not start on the head (its error is above)'" in cmds[0]
     noted = switch.SwitchNotes(start_problem="rank 1 did not start on the worker (no container; its error is above)")
     cmds, _ = pair_serving(api().url, True, start_failed=True, notes=noted)  # even a pair judged before the check
@@ -306,17 +306,17 @@ def test_a_start_that_failed_is_judged_failed_without_a_wait(api):
 
 def test_a_running_pair_never_judged_is_judged_before_it_becomes_the_last_good(api):
     cmds, _ = pair_serving(api().url, True, judged=False)  # a run cut short after the start, say
-    assert len(cmds) == 1 and cmds[0].startswith("FunctionCommand(_new_pair_served")
+    assert len(cmds) == 1 and cmds[0].startswith("FunctionCommand(new_pair_served")
 
 
 def test_pair_serving_plans_the_wait_only_after_a_start(api):
-    assert pair_serving("http://unused", False, restarted=True)[0][0].startswith("FunctionCommand(_new_pair_served")
+    assert pair_serving("http://unused", False, restarted=True)[0][0].startswith("FunctionCommand(new_pair_served")
     cmds, host = pair_serving("http://unused", False)
     assert cmds == [] and host.noops == ["the pair is not restarted: one quick API check at execute time"]
 
 
 def test_pair_serving_after_a_start_waits(api):
-    assert pair_serving(api().url, True, restarted=True)[0][0].startswith("FunctionCommand(_new_pair_served")
+    assert pair_serving(api().url, True, restarted=True)[0][0].startswith("FunctionCommand(new_pair_served")
 
 
 def test_pair_serving_converged_is_no_change(api, caplog):
@@ -327,14 +327,14 @@ def test_pair_serving_converged_is_no_change(api, caplog):
 
 
 def test_pair_serving_not_answering_waits_and_a_dead_rank_fails(api):
-    assert pair_serving(closed_url(), True)[0][0].startswith("FunctionCommand(_new_pair_served")
+    assert pair_serving(closed_url(), True)[0][0].startswith("FunctionCommand(new_pair_served")
     cmds, _ = pair_serving(api().url, True, worker_state=DOWN)
-    assert len(cmds) == 1 and cmds[0].startswith("FunctionCommand(_fail_with_logs")
+    assert len(cmds) == 1 and cmds[0].startswith("FunctionCommand(failed_with_logs")
     assert "rank 1 exited with code 1" in cmds[0]
 
 
 def test_fail_with_logs_shows_both_ranks():
     head = Spark({}, "head", {"docker logs": ["r0 line"]})
     worker = Spark({}, "worker", {"docker logs": ["r1 line"]})
-    assert ranks._fail_with_logs(None, head, worker, HS, "rank 1 exited") is False
+    assert switch.failed_with_logs(None, head, worker, HS, "rank 1 exited") is False
     assert "rank 1 exited" in head.logged[0] and "r0 line" in head.logged[0] and "r1 line" in head.logged[0]

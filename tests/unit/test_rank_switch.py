@@ -1,16 +1,21 @@
 """A switch judged from this machine (operations/rank/switch.py) and the head's function that serves it or rolls
-it back (operations/ranks.py `_new_pair_served`), with Sparks that record the commands they are sent."""
+it back (operations/rank/switch.py `new_pair_served`), with Sparks that record the commands they are sent; and the one
+switch path: deploy.py's switch, the automatic rollback and rollback.py stop and start ranks alike."""
 
 from __future__ import annotations
 
 from types import SimpleNamespace
 
-from rank_inputs import container
+from harness import FakeHost, _State, ran
+from pyinfra.api import FileUploadCommand
+from pyinfra.context import ctx_host, ctx_state
+from rank_inputs import container, found, pair_plans, rank_facts
 from settings_factory import make_pair
-from test_rank_generation import EARLIER, SERVING, good
+from test_rank_generation import EARLIER, SERVING, good, inputs_with_records
 
 from operations import ranks
 from operations.facts.docker import RankContainer
+from operations.facts.rank import StartReady
 from operations.rank import switch
 from operations.rank.generation import switch_of
 
@@ -24,9 +29,11 @@ class Spark:
         self.name, self.rank_container, self.fails = name, rank_container, fails
         self.ran: list[str] = []
         self.logged: list[str] = []
+        self.reads = 0
 
     def get_fact(self, cls, **kwargs):
         assert cls is RankContainer
+        self.reads += 1
         return self.rank_container
 
     def run_shell_command(self, command, print_output=False, print_input=False, **arguments):
@@ -45,8 +52,8 @@ class Spark:
 
 def test_a_rollback_stops_the_failed_pair_then_starts_the_old_one_rank_1_first(monkeypatch):
     monkeypatch.setattr(switch, "pair_problem", lambda s, head, worker, timeout, api=None: None)
-    head, worker = Spark("head", container("new")), Spark("worker", container("new"))
-    assert switch.switched_to(HS, head, worker, good(EARLIER, 1)) is None
+    head, worker = Spark("head", {}), Spark("worker", {})
+    assert switch.switched_to(HS, head, worker, (container("new"), container("new")), good(EARLIER, 1)) is None
     assert head.ran[0].startswith("docker stop") and "docker rm -f" in head.ran[2]  # logs saved between
     assert worker.ran[0].startswith("docker stop") and "-rank1.log.gz" in worker.ran[1]
     assert f"sparkfold.spec-hash={EARLIER.specs[1].spec_hash()}" in worker.ran[-1]
@@ -56,29 +63,29 @@ def test_a_rollback_stops_the_failed_pair_then_starts_the_old_one_rank_1_first(m
 def test_a_rollback_passes_the_recorded_environment_through_a_file(monkeypatch):
     monkeypatch.setattr(switch, "pair_problem", lambda s, head, worker, timeout, api=None: None)
     head, worker = Spark("head", {}), Spark("worker", {})
-    assert switch.switched_to(HS, head, worker, good(EARLIER, 1)) is None
+    assert switch.switched_to(HS, head, worker, ({}, {}), good(EARLIER, 1)) is None
     env_file = f"{WS.layout.rank_env}/{EARLIER.specs[1].name}.env"
     upload = [c for c in worker.ran if c.startswith(f"(upload to {env_file}: ")]
     assert len(upload) == 1 and "HF_HUB_OFFLINE=1\\n" in upload[0]
     run = worker.ran[-1]
     assert f"--env-file {env_file}" in run and "HF_HUB_OFFLINE" not in run
     failed = Spark("worker", {}, fails="upload")
-    problem = switch.switched_to(HS, Spark("head", {}), failed, good(EARLIER, 1))
+    problem = switch.switched_to(HS, Spark("head", {}), failed, ({}, {}), good(EARLIER, 1))
     assert problem is not None and f"could not upload {env_file}" in problem
 
 
 def test_a_rollback_that_cannot_start_says_which_rank(monkeypatch):
     monkeypatch.setattr(switch, "pair_problem", lambda s, head, worker, timeout, api=None: None)
     head, worker = Spark("head", {}), Spark("worker", {}, fails="docker run")
-    problem = switch.switched_to(HS, head, worker, good(EARLIER, 1))
+    problem = switch.switched_to(HS, head, worker, ({}, {}), good(EARLIER, 1))
     assert problem == f"rank 1 of generation {EARLIER.id} did not start on worker: no such image"
     assert head.ran == []  # rank 0 is not started without rank 1
 
 
 def test_a_foreign_container_is_not_stopped_by_a_rollback(monkeypatch):
     monkeypatch.setattr(switch, "pair_problem", lambda s, head, worker, timeout, api=None: None)
-    head, worker = Spark("head", container(managed=False)), Spark("worker", {})
-    switch.switched_to(HS, head, worker, good(EARLIER, 1))
+    head, worker = Spark("head", {}), Spark("worker", {})
+    switch.switched_to(HS, head, worker, (container(managed=False), {}), good(EARLIER, 1))
     assert not any("docker stop" in c or "docker rm" in c for c in head.ran)
 
 
@@ -106,13 +113,14 @@ def serve(monkeypatch, problem=None, gate=None, replay=None, back=None, upgrade_
     calls = []
     monkeypatch.setattr(switch, "pair_problem", lambda s, head, worker, timeout: calls.append("wait") or problem)
     monkeypatch.setattr(switch, "gate_problem", lambda s, head, before: calls.append("gate") or gate)
-    monkeypatch.setattr(switch, "switched_to", lambda s, head, worker, target: calls.append(target.id) or back)
+    monkeypatch.setattr(switch, "switched_to",
+                        lambda s, head, worker, containers, target: calls.append(target.id) or back)
     monkeypatch.setattr(switch, "clock", lambda: 200.0)
-    monkeypatch.setattr(ranks.serving, "log_tails", lambda head, worker, name: "(the logs)")
+    monkeypatch.setattr(switch, "log_tails", lambda head, worker, name: "(the logs)")
     head, worker = Spark("head", {}), Spark("worker", {})
     change = switch_of(SERVING.specs, SERVING.specs[0].image,
                        SimpleNamespace(get=lambda gid: good(EARLIER, 1), last_good=EARLIER.id))
-    ok = ranks._new_pair_served(None, head, worker, settings.replace(upgrade_gate=upgrade_gate), change,
+    ok = switch.new_pair_served(None, head, worker, settings.replace(upgrade_gate=upgrade_gate), change,
                                 switch.SwitchNotes(stopped_at=170.0, replay=replay), failed_start)
     return ok, head.logged, calls
 
@@ -156,3 +164,69 @@ def test_a_rollback_is_judged_where_the_old_pair_answers():
     assert switch.api_of(hs).base_url == "http://spark-a.local:9000"
     own = HS.replace(port=9000, api_url="http://127.0.0.1:18888")  # a URL the user gave is theirs: kept
     assert switch.api_of(own, EARLIER.specs[0]).base_url == "http://127.0.0.1:18888"
+
+
+# --- one switch path ----------------------------------------------------------------------------------------------
+
+def _shown(commands) -> list[str]:
+    """Commands as the Spark stand-in records them."""
+    return [f"(upload to {c.dest}: {c.src.getvalue()!r})" if isinstance(c, FileUploadCommand) else c.get_raw_value()
+            for c in commands]
+
+
+def _stops_and_starts(spark: Spark) -> list[str]:
+    """What a Spark ran, but the supervisor's pause and start and the generation records."""
+    return [c for c in spark.ran if not c.startswith("systemctl") and "last-good" not in c]
+
+
+def _deploys_switch(running: tuple[str, str]) -> tuple[list[str], list[str]]:
+    """deploy.py's switch from a pair running the spec hashes `running` to the pair the settings ask for (SERVING):
+    each Spark's stale_pair_stopped and rank_started, executing, rank 1's start before rank 0's."""
+    spark_of: dict[int, list[str]] = {}
+    for s, other in ((WS, HS), (HS, WS)):  # rank 1 first, as the run does
+        state = _State(True)
+        peer = FakeHost(rank_facts(found(other, container(running[other.rank]))), name=other.role)
+        here = FakeHost(rank_facts(found(s, container(running[s.rank]))), name=s.role)
+        plans = pair_plans(s, peer)
+        with ctx_state.use(state), ctx_host.use(here):
+            stop = list(ranks.stale_pair_stopped._inner(plans=plans))
+            here._facts["operations.facts.rank.RankInputs"] = found(s)
+            ran(state, here, "the stop")
+            if s.is_head:  # rank 1 started on the worker in between
+                peer._facts["operations.facts.rank.RankInputs"] = found(WS, container(SERVING.specs[1].spec_hash()))
+                ran(state, peer, "rank 1 started")
+            start = list(ranks.rank_started._inner(plans=plans))
+        spark_of[s.rank] = _shown(stop + start)
+    return spark_of[0], spark_of[1]
+
+
+def test_rollback_and_the_automatic_rollback_stop_and_start_as_deploys_switch(monkeypatch):
+    """Issue 30: one switch path. Switching a running pair to generation SERVING, deploy.py's operations, the
+    automatic rollback (new_pair_served after a failed gate) and rollback.py (its plan's containers) send each Spark
+    the same stop and start commands, in the same order."""
+    running = (EARLIER.specs[0].spec_hash(), EARLIER.specs[1].spec_hash())
+    deployed = _deploys_switch(running)
+    assert deployed[0][0].startswith("docker stop") and "sparkfold.spec-hash=" in deployed[0][-1]
+
+    # the automatic rollback: the new pair (EARLIER here) failed its wait; the last good one is SERVING
+    judged = iter(["rank 0 exited with code 1", None])  # the new pair fails, the one started again serves
+    monkeypatch.setattr(switch, "pair_problem", lambda s, head, worker, timeout, api=None: next(judged))
+    monkeypatch.setattr(switch, "log_tails", lambda head, worker, name: "(the logs)")
+    head, worker = Spark("head", container(running[0])), Spark("worker", container(running[1]))
+    change = switch_of(EARLIER.specs, EARLIER.specs[0].image,
+                       SimpleNamespace(get=lambda gid: good(SERVING, 1), last_good=SERVING.id))
+    assert switch.new_pair_served(None, head, worker, HS, change, switch.SwitchNotes()) is False
+    assert (_stops_and_starts(head), _stops_and_starts(worker)) == deployed
+
+    # rollback.py: EARLIER serves, SERVING is the previous good generation
+    monkeypatch.setattr(switch, "pair_problem", lambda s, head, worker, timeout, api=None: None)
+    kept = (good(SERVING, 1), good(EARLIER, 2))
+    ready = {StartReady: {"image": True, "missing": []}}
+    peer = FakeHost(rank_facts(inputs_with_records(WS, container(running[1])), ready), name="worker")
+    here = FakeHost(rank_facts(inputs_with_records(HS, container(running[0]), *kept, last_good=EARLIER.id), ready),
+                    name="head")
+    with ctx_state.use(_State(True)), ctx_host.use(here):
+        [rollback] = list(ranks.previous_generation_served._inner(plans=pair_plans(HS, peer)))
+    head, worker = Spark("head", {}), Spark("worker", {})  # nothing read: the plan's containers are handed on
+    assert rollback.function(None, head, worker, *rollback.args[1:]) is True
+    assert (_stops_and_starts(head), _stops_and_starts(worker)) == deployed and head.reads == worker.reads == 0

@@ -21,6 +21,7 @@ from rank_inputs import (
     container,
     docker_facts,
     found,
+    pair_plans,
     rank_facts,
 )
 from settings_factory import make_pair
@@ -32,7 +33,7 @@ from operations.facts.network import InfinibandDevices, PortListeners
 from operations.facts.rank import RankInputs
 from operations.facts.systemd import UnitState
 from operations.layout import GENERATIONS_DIR
-from operations.rank import commands
+from operations.rank import commands, switch
 from operations.rank.plan import pair_plan
 
 HS, WS = make_pair(head={"nccl_rails": 1}, worker={"nccl_rails": 1})
@@ -43,11 +44,12 @@ SUPERVISOR = "sparkfold-supervise.service"
 
 
 def run(op, s, mine: dict, theirs: dict, executing: bool = True, extra: dict | None = None,
-        daemon: tuple[dict, dict] = (DAEMON_OK, DAEMON_OK), **kwargs):
-    """op on Spark `s`, its RankInputs `mine`, the peer's `theirs`; daemon: daemon.json here, on the peer."""
+        daemon: tuple[dict, dict] = (DAEMON_OK, DAEMON_OK), plans=None, **kwargs):
+    """op on Spark `s`, its RankInputs `mine`, the peer's `theirs`; daemon: daemon.json here, on the peer; plans:
+    the step's handoff (a fresh one: the operation reads its phase's plan)."""
     peer = FakeHost({RankInputs: theirs, **docker_facts(daemon[1])}, name="peer")
-    return run_op(op, {RankInputs: mine, **docker_facts(daemon[0]), **(extra or {})}, executing=executing, s=s,
-                  peer=peer, image=IMAGE, template=TEMPLATE, **kwargs)
+    return run_op(op, {RankInputs: mine, **docker_facts(daemon[0]), **(extra or {})}, executing=executing,
+                  plans=plans or pair_plans(s, peer), **kwargs)
 
 
 # --- the composite fact -------------------------------------------------------------------------------------------
@@ -255,8 +257,8 @@ def test_the_restart_line_comes_before_the_supervisors_pause(caplog):
     caplog.set_level("INFO")
     extra = {UnitState: {"enabled": "enabled", "active": "active", "sha256": "x"}}
     peer = FakeHost(rank_facts(found(WS, container(H1)), docker_facts(DAEMON_DRIFTED)), name="peer")
-    first, _ = first_planned(ranks.stale_pair_stopped, rank_facts(found(HS, container(H0)), extra), s=HS, peer=peer,
-                             image=IMAGE, template=TEMPLATE, pause_units=(SUPERVISOR,))
+    first, _ = first_planned(ranks.stale_pair_stopped, rank_facts(found(HS, container(H0)), extra),
+                             plans=pair_plans(HS, peer), pause_units=(SUPERVISOR,))
     assert first == f"systemctl stop {SUPERVISOR}" and WORKER_RESTARTS in caplog.text
 
 
@@ -273,30 +275,109 @@ def test_a_converged_run_asks_docker_no_more_than_the_docker_step_did():
         host.current_op_global_arguments = {"_sudo": True}  # deploy.py gives the docker step _sudo=True
         assert list(docker_runtime.daemon_uses_nvidia._inner()) == []
         host.current_op_global_arguments = {}
-        assert list(ranks.rank_started._inner(s=HS, peer=peer, image=IMAGE, template=TEMPLATE)) == []
+        assert list(ranks.rank_started._inner(plans=pair_plans(HS, peer))) == []
     asked = [name.rsplit(".", 1)[1] for name, _kwargs in host.fact_calls]
     assert asked.count("DaemonJson") == 1 and asked.count("DockerRuntimeInfo") == 1, asked
 
 
-def test_a_converged_step_reads_each_spark_once_and_again_after_a_change():
-    """pair_checked, then both starts: each Spark's RankInputs is read once while no operation changes a Spark, and
-    again once one has (a rank started), so a start sees what an earlier operation of the run made."""
+def _reads(*sparks: FakeHost) -> list[int]:
+    return [sum(n.endswith(".RankInputs") for n, _ in spark.fact_calls) for spark in sparks]
+
+
+def _counting(monkeypatch) -> list[int]:
+    """pair_plan, counted each time an operation of the step computes it."""
+    computed: list[int] = []
+    monkeypatch.setattr(ranks, "pair_plan", lambda *args, **kwargs: computed.append(1) or pair_plan(*args, **kwargs))
+    return computed
+
+
+def test_a_converged_pass_reads_each_spark_once_and_computes_the_plan_once(monkeypatch):
+    """Issue 30: every operation of a converged pass (the exact gate on) takes the plan before the stop as data: one
+    read of each Spark, one verdict. The old step computed it again in the check, the gate's record and each start."""
+    from harness import _State
+    from pyinfra.context import ctx_host, ctx_state
+
+    from operations.rank.generation import Generation
+
+    computed = _counting(monkeypatch)
+    good = Generation(_CONVERGED.wanted.id, _CONVERGED.wanted.specs, good_at=1.0)  # the pair passed its gate before
+    records = {"files": {f"{good.id}.json": json.dumps(good.record())}, "last_good": good.id}
+    peer = FakeHost(rank_facts(found(WS, container(H1), generations=records)), name="worker")
+    host = FakeHost(rank_facts(found(HS, container(H0), generations=records)), name="head")
+    plans, notes = pair_plans(HS.replace(upgrade_gate="exact"), peer), ranks.SwitchNotes()
+    idle = SimpleNamespace(is_complete=lambda: False, will_change=False)  # planning: rank 0's start changes nothing
+    with ctx_state.use(_State(False)), ctx_host.use(host):
+        assert list(ranks.pair_checked._inner(plans=plans)) == []
+        assert list(ranks.old_pair_replayed._inner(plans=plans, notes=notes)) == []
+        assert list(ranks.stale_pair_stopped._inner(plans=plans, notes=notes)) == []
+        assert list(ranks.rank_started._inner(plans=plans, notes=notes)) == []
+        assert list(ranks.pair_serving._inner(plans=plans, rank0=idle, notes=notes)) == []
+        assert list(ranks.generations_kept._inner(plans=plans, started=idle)) == []
+    assert _reads(host, peer) == [1, 1] and len(computed) == 1
+    assert host.noops == ["the head's launch checks pass", "no serving pair is replaced: nothing to record for the "
+                          "exact gate", "both ranks run the wanted spec", "rank 0 runs the wanted spec",
+                          "the pair is not restarted: one quick API check at execute time",
+                          "this rank runs the last good generation"]
+
+
+def test_a_switch_reads_both_sparks_once_per_phase(monkeypatch):
+    """Executing a switch on the head: the plan before the stop serves the check, the stop and rank 0's spec; rank
+    0's start reads once more after rank 1's start (the worker's rank 1 must run); pair_serving judges the checked
+    switch without a read; the record reads once after the gate. The old step read both Sparks again in the start,
+    in pair_serving and in the record, and computed the plan five times."""
     from harness import _State, ran
     from pyinfra.context import ctx_host, ctx_state
 
-    state = _State(True)
-    peer = FakeHost(rank_facts(found(WS, container(H1))), name="worker")
-    host = FakeHost(rank_facts(found(HS, container(H0))), name="head")
-    pair = dict(s=HS, peer=peer, image=IMAGE, template=TEMPLATE)
+    from operations.facts.rank import PruneInputs
 
-    def reads():
-        return [sum(n.endswith(".RankInputs") for n, _ in spark.fact_calls) for spark in (host, peer)]
+    computed = _counting(monkeypatch)
+    state = _State(True)
+    peer = FakeHost(rank_facts(found(WS, container("older"))), name="worker")
+    host = FakeHost(rank_facts(found(HS, container("older")), {PruneInputs: PruneInputs.default()}), name="head")
+    plans, notes = pair_plans(HS.replace(upgrade_gate="exact"), peer), ranks.SwitchNotes()
+
+    def now(spark: FakeHost, inputs: dict, what: str) -> None:  # an operation of the run changed `spark`
+        spark._facts["operations.facts.rank.RankInputs"] = inputs
+        ran(state, spark, what)
 
     with ctx_state.use(state), ctx_host.use(host):
-        assert list(ranks.pair_checked._inner(**pair)) == []
-        assert list(ranks.rank_started._inner(**pair)) == [] and reads() == [1, 1]
-        ran(state, peer, "rank 1 started")  # an operation of the run changed the worker
-        assert list(ranks.rank_started._inner(**pair)) == [] and reads() == [2, 2]
+        assert list(ranks.pair_checked._inner(plans=plans)) == []
+        assert list(ranks.old_pair_replayed._inner(plans=plans, notes=notes)) == []
+        stop = [str(c) for c in ranks.stale_pair_stopped._inner(plans=plans, notes=notes)]
+        assert stop[-1] == f"docker rm -f {NAME} >/dev/null" and _reads(host, peer) == [1, 1]
+        now(host, found(HS), "the stop")
+        now(peer, found(WS, container(H1)), "rank 1 started")
+        start = [c.get_raw_value() for c in ranks.rank_started._inner(plans=plans, notes=notes)
+                 if isinstance(c, StringCommand)]
+        assert f"sparkfold.spec-hash={H0}" in start[-1] and _reads(host, peer) == [2, 2]
+        now(host, found(HS, container(H0)), "rank 0 started")
+        rank0 = SimpleNamespace(is_complete=lambda: True, did_change=lambda: True, did_succeed=lambda: True)
+        judged = list(ranks.pair_serving._inner(plans=plans, rank0=rank0, notes=notes))
+        assert len(judged) == 1 and judged[0].function is switch.new_pair_served and _reads(host, peer) == [2, 2]
+        assert judged[0].args[2].to.id == _CONVERGED.wanted.id  # the switch checked before the stop
+        ran(state, host, "the gate passed")
+        kept = [c.get_raw_value() for c in ranks.generations_kept._inner(plans=plans, started=rank0)]
+        assert f"{_CONVERGED.wanted.id}.json" in kept[0] and _reads(host, peer) == [3, 3]
+    assert len(computed) == 3  # one plan per phase
+
+
+def test_a_plan_read_while_planning_is_not_judged_by_the_executing_run():
+    """pyinfra runs the generators while planning and again while executing, with the one handoff ranks_serving
+    made: the executing pass reads its own plans (here Docker's restart stopped rank 1 in between)."""
+    from harness import _State
+    from pyinfra.context import ctx_host, ctx_state
+
+    peer = FakeHost(rank_facts(found(WS, container(H1))), name="worker")
+    host = FakeHost(rank_facts(found(HS, container(H0))), name="head")
+    plans = pair_plans(HS, peer)
+    with ctx_state.use(_State(False)), ctx_host.use(host):
+        assert list(ranks.pair_checked._inner(plans=plans)) == []
+        assert list(ranks.stale_pair_stopped._inner(plans=plans)) == []
+    peer._facts["operations.facts.rank.RankInputs"] = found(WS, container(H1, running=False, exit_code=143))
+    with ctx_state.use(_State(True)), ctx_host.use(host):
+        assert list(ranks.pair_checked._inner(plans=plans)) == []
+        stop = [str(c) for c in ranks.stale_pair_stopped._inner(plans=plans)]
+    assert stop[-1] == f"docker rm -f {NAME} >/dev/null" and _reads(host, peer) == [2, 2]
 
 
 # --- rank_started ------------------------------------------------------------------------------------------------
@@ -369,7 +450,7 @@ def test_the_rank_path_reads_its_facts_failing_on_error_whatever_the_operation_i
     for spark in (host, peer):
         spark.current_op_global_arguments = {"_ignore_errors": True}
     with ctx_state.use(_State(True)), ctx_host.use(host):
-        assert list(ranks.rank_started._inner(s=HS, peer=peer, image=IMAGE, template=TEMPLATE)) == []
+        assert list(ranks.rank_started._inner(plans=pair_plans(HS, peer))) == []
     reads = host.raw + peer.raw
     assert {name for name, _ in reads} >= {"RankInputs", "PortListeners", "DaemonJson", "DockerRuntimeInfo"}
     assert all(strict is False for _, strict in reads), reads
@@ -497,11 +578,12 @@ def test_the_pair_step_on_each_spark(monkeypatch):
     assert calls[1][1]["folder"] == GENERATIONS_DIR and calls[1][1]["legacy"] == HS.layout.legacy_generations
     del calls[1]
     start = calls[3][1]
-    assert start["name"] == "Start rank 0 (head)" and start["peer"] is worker_host and start["image"].startswith(
+    plans = start["plans"]
+    assert start["name"] == "Start rank 0 (head)" and plans.peer is worker_host and plans.image.startswith(
         HS.engine_image + ":")
-    assert len(start["template"]) == 64  # the checkout's chat template, hashed once for the run
+    assert len(plans.template) == 64  # the checkout's chat template, hashed once for the run
     serving_ = calls[4][1]
-    assert serving_["worker"] is worker_host and serving_["rank0"].did_change() is True
+    assert serving_["plans"] is plans and serving_["rank0"].did_change() is True
     assert serving_["notes"] is calls[2][1]["notes"]  # the stop's time reaches the LIVE line
     # a failed start reaches pair_serving's judgement (the last good pair again) instead of ending the run
     assert start["_ignore_errors"] is True and start["notes"] is serving_["notes"]
@@ -515,7 +597,7 @@ def test_the_pair_step_on_each_spark(monkeypatch):
     assert [k for k, _ in calls] == ["generation_records_moved", "pair_checked", "stale_pair_stopped", "rank_started",
                                      "generations_kept"]
     del calls[0]
-    assert calls[2][1]["name"] == "Start rank 1 (worker)" and calls[2][1]["peer"] is head_host
+    assert calls[2][1]["name"] == "Start rank 1 (worker)" and calls[2][1]["plans"].peer is head_host
     assert calls[2][1]["_ignore_errors"] is True
     assert calls[1][1]["notes"] is None
 
@@ -547,19 +629,20 @@ def test_a_part_that_ends_early_does_not_cut_the_parts_after_it(tmp_path, monkey
 
 
 def test_the_stop_judges_the_checked_plan_without_asking_again():
-    handoff = ranks.CheckedPlan()
-    _cmds, checked = run(ranks.pair_checked, HS, found(HS, container(H0)), found(WS, container(H1)), handoff=handoff)
-    assert handoff.plan is not None and not handoff.plan.stale
-    cmds, stopped = run(ranks.stale_pair_stopped, HS, {}, {}, handoff=handoff)  # no inputs: the plan is data
+    plans = pair_plans(HS, FakeHost(rank_facts(found(WS, container(H1))), name="peer"))
+    _cmds, checked = run(ranks.pair_checked, HS, found(HS, container(H0)), {}, plans=plans)
+    cmds, stopped = run(ranks.stale_pair_stopped, HS, {}, {}, plans=plans)  # no inputs: the plan is data
     assert cmds == [] and stopped.fact_calls == [] and stopped.noops == ["both ranks run the wanted spec"]
-    assert handoff.plan is not None  # kept for the API check and the record (pair_checked sets it each pass)
+    cmds, started = run(ranks.rank_started, HS, {}, {}, plans=plans)
+    assert cmds == [] and started.fact_calls == [] and started.noops == ["rank 0 runs the wanted spec"]
 
 
-def test_the_pair_step_hands_the_checked_plan_to_the_stop(monkeypatch):
+def test_the_pair_step_hands_one_handoff_to_each_operation(monkeypatch):
     from pyinfra.context import ctx_host
     calls, head_host, _worker_host = _recording(monkeypatch)
     with ctx_host.use(head_host):
-        ranks.ranks_serving._inner(HS)
-    kinds = ("pair_checked", "stale_pair_stopped", "pair_serving", "generations_kept")
-    handoffs = {kind: kw.get("handoff") for kind, kw in calls if kind in kinds}
-    assert len(handoffs) == 4 and len({id(h) for h in handoffs.values()}) == 1 and handoffs["pair_checked"]
+        ranks.ranks_serving._inner(HS.replace(upgrade_gate="exact"))
+    handoffs = {kind: kw.get("plans") for kind, kw in calls if kind not in ("put", "generation_records_moved")}
+    assert set(handoffs) == {"pair_checked", "old_pair_replayed", "stale_pair_stopped", "rank_started",
+                             "pair_serving", "generations_kept"}
+    assert len({id(h) for h in handoffs.values()}) == 1 and isinstance(handoffs["pair_checked"], ranks.PairPlans)

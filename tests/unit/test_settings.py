@@ -384,7 +384,7 @@ def test_link_prefix_min_widens_the_range_and_the_link_step_warns(caplog):
         for op in ops:
             mp.setattr(link, op, lambda _op=op, **kw: calls.append(_op))
         link.link._inner(head)
-    assert f"spark-a: warning: {notes[0]}" in caplog.text and calls == list(ops)
+    assert f"spark-a: warning: link_prefix_min: {notes[0]}" in caplog.text and calls == list(ops)
 
 
 @pytest.mark.parametrize("value", [4, 32])

@@ -515,8 +515,10 @@ def test_what_a_start_does_follows_its_units_state():
 
 
 def test_a_stream_refuses_an_upload():
-    from pyinfra.api import FileUploadCommand, OperationError
-    with pytest.raises(OperationError, match="upload files before the stream starts"):
+    from pyinfra.api import FileUploadCommand
+
+    from operations.util.checks import RunStopped
+    with pytest.raises(RunStopped, match="upload files before the stream starts"):
         started({}, work=[(converge_op([FileUploadCommand("a", "b")]), {})])
 
 

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 from pyinfra.api import Config, Inventory, State
-from pyinfra.api.exceptions import DeployError
 from pyinfra.context import ctx_inventory, ctx_state
 
 from operations.settings.context import limit_refusal, refuse_part_of_pair
+from operations.util.checks import RunStopped
 
 ROOT = Path(__file__).resolve().parents[2]
 PAIR = ["spark-a", "spark-b"]
@@ -69,7 +69,7 @@ def test_the_limit_in_pyinfras_state(monkeypatch, limit, exclude, line):
         if line is None:
             refuse_part_of_pair("deploy.py")
         else:
-            with pytest.raises(DeployError) as refused:
+            with pytest.raises(RunStopped) as refused:
                 refuse_part_of_pair("deploy.py")
             assert str(refused.value) == line
 
