@@ -54,8 +54,7 @@ from operations.util import check_failed
 from operations.util.checks import op_changed, warned
 from operations.util.fact_reuse import fact_until_change
 
-# the starts run with _ignore_errors (a failed start is pair_serving's to judge), and a fact read inside an operation
-# takes the operation's arguments: a read that fails must still fail, never stand in its default answer
+# why: a fact read inside rank_started inherits its _ignore_errors (pyinfra get_fact): a failed read must still fail
 _STRICT: dict[str, Any] = {"_ignore_errors": False}
 
 BEFORE_STOP, AFTER_START, AFTER_GATE = "before the stop", "after the start", "after the gate"
@@ -111,6 +110,7 @@ class PairPlans:
     def plan(self, phase: str) -> PairPlan:
         """The phase's plan: both Sparks' RankInputs, one round trip each and both at once (the peer's in a
         greenlet: they are two connections), and whether Docker restarts on each, then the pure plan."""
+        # why: pyinfra runs each operation while planning and again while executing: a planned read is not judged
         key = (phase, bool(state.is_executing))
         if key not in self._read:
             s = self.s
@@ -207,7 +207,8 @@ def rank_started(plans: PairPlans, notes: SwitchNotes | None = None):
         yield StringCommand("docker", "run", "...", f"(rank {s.rank}; its spec is complete once the steps before "
                             "it have run)")
         return
-    if s.is_head and state.is_executing:  # only an executing run has started rank 1: read after its start
+    # why: only an executing run has started rank 1 (while planning there is no start to read after)
+    if s.is_head and state.is_executing:
         theirs = plans.plan(AFTER_START).rank(1)
         if not theirs.runs_wanted:  # an unknown spec did not start either
             problem = (f"rank 1 did not start on the worker ({_container_state(theirs.container)}; its error is "
@@ -271,7 +272,7 @@ def pair_serving(plans: PairPlans, rank0: Any, notes: SwitchNotes):
         # like any new pair before it may become the last good one
         yield FunctionCommand(switch.new_pair_served, (worker, s, checked.switch, notes), {})
         return
-    if not state.is_executing:
+    if not state.is_executing:  # why: asking the API is this machine's request, not a fact: only a run asks it
         host.noop("the pair is not restarted: one quick API check at execute time")
         return
     key = serving.read_api_key(host, s.layout.api_key) if s.api_key else ""
@@ -389,7 +390,8 @@ def ranks_serving(s: Settings) -> None:
     pause = (SUPERVISOR_UNIT,) if s.is_head and s.supervise else ()
     stale_pair_stopped(name="Stop the stale pair (logs saved first)", plans=plans, pause_units=pause,
                        notes=notes if s.is_head else None)
-    # a failed start is judged by pair_serving (the last good pair started again), not left to end the run
+    # why _ignore_errors: a failed start is pair_serving's to judge (the last good pair again); FAIL_PERCENT 0 would
+    # end the run there, with no rank serving
     if not s.is_head:
         started = rank_started(name="Start rank 1 (worker)", plans=plans, _ignore_errors=True)
     if s.is_head:

@@ -4,7 +4,8 @@ and the way back when it fails (the last good generation started again from its 
 One stop and one start of a rank (`rank_stop`, `rank_start`), yielded by deploy.py's switch (operations/ranks.py) and
 run by `pair_switched`, which both the automatic rollback (`new_pair_served`) and rollback.py (`rolled_back_to`) use.
 The head's operations of one run share a `SwitchNotes` (when the old pair was stopped, the old pair's exact record);
-the functions that reach the Sparks run inside the head's FunctionCommands, through pyinfra's Host objects.
+the functions that reach the Sparks run inside the head's FunctionCommands, through pyinfra's Host objects (so the
+head is the context host that `warned` and `function_failed` speak for).
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from pyinfra import logger
 from pyinfra.api import FileUploadCommand, StringCommand
 from pyinfra.api.host import Host
 
@@ -37,6 +37,7 @@ from operations.rank.serving import (
 )
 from operations.rank.spec import ContainerSpec
 from operations.settings import Settings
+from operations.util.checks import function_failed, warned
 from operations.validate import exact
 from operations.validate.client import Client, CouldNotRun, HttpError
 from operations.validate.result import PASS
@@ -64,8 +65,7 @@ def replay_record(s: Settings, head: Host) -> dict[str, Any] | None:
     try:
         return exact.record(client, GATE_PROMPTS, say=lambda line: head.log(f"exact gate, old pair: {line}"))
     except (CouldNotRun, HttpError, OSError) as e:
-        head.log(f"exact gate: the old pair did not answer ({e}): only the smoke test judges the new one",
-                 log_func=logger.warning)
+        warned("exact gate", f"the old pair did not answer ({e}): only the smoke test judges the new one")
         return None
     finally:
         client.session.close()
@@ -195,7 +195,7 @@ def supervisor_started(s: Settings, head: Host, unit: str) -> None:
     if s.supervise:
         ok, out = run(head, StringCommand("systemctl", "start", unit, _sudo=True))
         if not ok:
-            head.log(f"could not start {unit} again: {' '.join(out)[-200:]}", log_func=logger.warning)
+            warned("supervise", f"could not start {unit} again: {' '.join(out)[-200:]}")
 
 
 def downtime_line(notes: SwitchNotes, now: float) -> str:
@@ -231,8 +231,8 @@ def new_pair_served(state: Any, host: Host, worker: Host, s: Settings, change: S
     problem = failed_start or pair_problem(s, host, worker, s.wait_timeout)
     if problem is None and s.upgrade_gate == "exact":
         if notes.replay is None:
-            host.log("exact gate: no record of the old pair (none served before this run, or it did not answer): "
-                     "the smoke test alone judged the new pair", log_func=logger.warning)
+            warned("exact gate", "no record of the old pair (none served before this run, or it did not answer): "
+                   "the smoke test alone judged the new pair")
         else:
             problem = gate_problem(s, host, notes.replay)
     if problem is None:
@@ -243,7 +243,8 @@ def new_pair_served(state: Any, host: Host, worker: Host, s: Settings, change: S
         if downtime:
             host.log(downtime)
         return True
-    host.log(f"sparkfold: {problem}\n{log_tails(host, worker, s.container_name)}", log_func=logger.error)
+    tails = log_tails(host, worker, s.container_name)  # read before the rollback replaces the failed pair
+    host.log(f"the new pair failed ({problem}); its ranks' last log lines:\n{tails}")
     target = change.came_from if change else None
     # the way back is decided here, not planned: only the health wait (this function's) says the new pair failed
     back = switched_to(s, host, worker, containers_now(s, host, worker), target) if target else None
@@ -255,9 +256,7 @@ def new_pair_served(state: Any, host: Host, worker: Host, s: Settings, change: S
     if target is not None and back is None:  # the old pair serves again, as it was recorded
         opened = exposure.rollback_warning(exposure.of_argv(target.specs[0].argv), exposure.of_settings(s))
         _log_live(host, s, target)
-    host.log("sparkfold: " + failure_message(new_id, problem, logs, target, back, opened),
-             log_func=logger.error)
-    return False
+    return function_failed("the switch", failure_message(new_id, problem, logs, target, back, opened))
 
 
 def _log_live(host: Host, s: Settings, target: Generation) -> None:
@@ -270,8 +269,9 @@ def _log_live(host: Host, s: Settings, target: Generation) -> None:
 
 
 def failed_with_logs(state: Any, host: Host, worker: Host, s: Settings, message: str) -> bool:
-    host.log(f"sparkfold: {message}\n{log_tails(host, worker, s.container_name)}", log_func=logger.error)
-    return False
+    """A pair that was not switched but has a rank down: both ranks' last log lines, then the failure line."""
+    host.log(f"the ranks' last log lines:\n{log_tails(host, worker, s.container_name)}")
+    return function_failed("the serving pair", f"{message} (the ranks' last log lines are above)")
 
 
 def rolled_back_to(state: Any, host: Host, worker: Host, s: Settings, target: Generation, came_from: str,
@@ -286,21 +286,19 @@ def rolled_back_to(state: Any, host: Host, worker: Host, s: Settings, target: Ge
     problem = switched_to(s, host, worker, containers, target)
     supervisor_started(s, host, SUPERVISOR_UNIT)
     if problem is not None:
-        host.log(f"sparkfold: the rollback to generation {target.id} failed: {problem}; run deploy.py to start the "
-                 "pair the settings ask for", log_func=logger.error)
-        return False
+        return function_failed("rollback.py", f"the rollback to generation {target.id} failed: {problem}; run "
+                               "deploy.py to start the pair the settings ask for")
     recorded = Generation(target.id, target.specs, good_at=time.time())
     for spark, side in ((host, s.head), (worker, s.worker)):
         ok, out = run(spark, record_command(side.layout.generations, recorded))
         if not ok:
-            host.log(f"sparkfold: generation {target.id} serves, but {spark.name} could not record it as the last "
-                     f"good one: {' '.join(out)[-200:]}", log_func=logger.error)
-            return False
+            return function_failed("rollback.py", f"generation {target.id} serves, but {spark.name} could not "
+                                   f"record it as the last good one: {' '.join(out)[-200:]}")
     host.log(f"rolled back: generation {came_from} → {target.id}")
     _log_live(host, s, target)
     opened = exposure.more_open(exposure.of_argv(target.specs[0].argv), exposure.of_settings(s))
     if opened:  # asked for with rollback_open: said again where the run ends
-        host.log(f"⚠ generation {target.id} is more open than the settings ask: {'; and '.join(opened)}. "
-                 f"{exposure.CLOSE_IT}.", log_func=logger.warning)
+        warned("rollback_open", f"generation {target.id} is more open than the settings ask: "
+               f"{'; and '.join(opened)}. {exposure.CLOSE_IT}.")
     host.log(downtime_line(notes, clock()))
     return True

@@ -4,18 +4,24 @@ The folder names the operation by its dotted path below the `operations` package
 a case is one JSON object (docs/testing.md, "Operation scenarios"):
 
   about       why the case exists, one line (required)
-  settings    {"role": "head" or "worker", "home": ..., other names: overrides}: the operation's `s`, built as
-              tests/unit/settings_factory.make_settings builds it
+  settings    {"role": "head" or "worker", "home": ..., other names: overrides}: the operation's `s` (when it
+              takes one; else what $pair_plans holds), built as tests/unit/settings_factory.make_settings builds it,
+              paired with the peer's settings below
+  peer        the other Spark, for an operation that reads both (the pair step): {"settings": the other role's
+              overrides, "facts": its facts, as `facts` gives them}: a second fake host named "peer"
   args        the operation's other keyword arguments. Values JSON cannot hold are tagged objects:
               {"$text": "..."} an in-memory file (StringIO), {"$repo_file": "operations/remote/x.py"} a file of this
               checkout, {"$earlier_op": {"complete": bool, "changed": bool}} an operation run earlier (its
-              OperationMeta, e.g. a unit file's put)
+              OperationMeta, e.g. a unit file's put), {"$pair_plans": {"image": ..., "template": ...}} the pair
+              step's handoff (operations/ranks.PairPlans) of `settings` and `peer`, no phase read yet
   facts       {"module.FactClass": value} for a fact read without arguments, {"module.FactClass": {"k=v, k2=v2":
               value}} for one read with them (keyword arguments sorted, as pyinfra's own scenarios key them)
   executing   true: the run executes (pyinfra's state.is_executing); false (default): --dry plans
   commands    what the operation yields, in order: a command line; {"command": ..., "_sudo": true} for one with
               connector arguments; {"upload": dest, "text": ...} or {"upload": dest, "src": repo path}
   noop        what it reports when it yields nothing (absent: it reports nothing)
+  logged      the lines it logs (pyinfra's logger, INFO and up), in order, when what it says is the point
+              (absent: not checked)
   fails       the check it refuses with (operations/util/checks.check_failed), in place of commands and executing:
               a run yields one failing command with it, --dry plans nothing and warns "will fail: " with it
   facts_read  the short names of the facts it reads, in order, when how many round trips matters
@@ -25,20 +31,22 @@ from __future__ import annotations
 
 import difflib
 import importlib
+import inspect
 import json
 from io import BytesIO, StringIO
 from pathlib import Path
 from typing import Any
 
 import pytest
-from harness import _render, refused, run_op, with_args
+from harness import FakeHost, _render, refused, run_op, with_args
 from pyinfra.api import FileUploadCommand
-from settings_factory import ROOT, make_settings
+from settings_factory import PEER, ROOT, make_pair
 
 from operations.util.commands import fail_command
 
 SCENARIOS = ROOT / "tests" / "operations"
-KEYS = {"about", "settings", "args", "facts", "executing", "commands", "noop", "fails", "facts_read"}
+KEYS = {"about", "settings", "peer", "args", "facts", "executing", "commands", "noop", "logged", "fails",
+        "facts_read"}
 
 
 def scenario_files() -> list[Path]:
@@ -73,22 +81,45 @@ class EarlierOp:
         return self.changed
 
 
+class Case:
+    """What a tagged value may be built from besides its own fields: the case's settings and peer host."""
+
+    def __init__(self, s: Any = None, peer: FakeHost | None = None):
+        self.s, self.peer = s, peer
+
+
+def _pair_plans(fields: dict, case: Case) -> Any:
+    from operations.ranks import PairPlans
+
+    assert case.s is not None and case.peer is not None, "$pair_plans needs the case's `settings` and `peer`"
+    return PairPlans(case.s, case.peer, fields["image"], fields["template"])
+
+
 TAGS = {
-    "$text": lambda text: StringIO(text),
-    "$repo_file": lambda path: str(ROOT / path),
-    "$earlier_op": lambda fields: EarlierOp(**fields),
+    "$text": lambda text, case: StringIO(text),
+    "$repo_file": lambda path, case: str(ROOT / path),
+    "$earlier_op": lambda fields, case: EarlierOp(**fields),
+    "$pair_plans": _pair_plans,
 }
 
 
-def _arg(value: Any) -> Any:
+def _arg(value: Any, case: Case) -> Any:
     if isinstance(value, dict) and len(value) == 1 and next(iter(value)) in TAGS:
         tag, inner = next(iter(value.items()))
-        return TAGS[tag](inner)
+        return TAGS[tag](inner, case)
     if isinstance(value, dict):
-        return {k: _arg(v) for k, v in value.items()}
+        return {k: _arg(v, case) for k, v in value.items()}
     if isinstance(value, list):
-        return [_arg(v) for v in value]
+        return [_arg(v, case) for v in value]
     return value
+
+
+def _settings(given: dict, peer: dict) -> Any:
+    """This role's settings with the case's overrides, paired with the other role's (settings_factory.make_pair)."""
+    given = dict(given)
+    role, home, environ = given.pop("role", "head"), given.pop("home", "/home/nvidia"), given.pop("environ", None)
+    head, worker = make_pair(environ, **{role: given, PEER[role]: peer}, home=home)  # type: ignore[arg-type]
+    return head if role == "head" else worker
 
 
 def _facts(facts: dict) -> dict:
@@ -132,18 +163,27 @@ def test_operation_scenario(path: Path, caplog) -> None:
     assert case.get("about"), f"{path.name}: say in `about` why the case exists"
     assert ("fails" in case) != ("commands" in case), f"{path.name}: give `commands` or `fails`, one of them"
     op = _import(f"operations.{path.parent.name}", "operation")
-    kwargs = {k: _arg(v) for k, v in case.get("args", {}).items()}
-    if "settings" in case:
-        kwargs["s"] = make_settings(**case["settings"])
+    peer = case.get("peer", {})
+    assert not set(peer) - {"settings", "facts"}, f"{path.name}: `peer` takes `settings` and `facts`"
+    tagged = Case(_settings(case["settings"], peer.get("settings", {})) if "settings" in case else None,
+                  FakeHost(_facts(peer.get("facts", {})), name="peer") if "peer" in case else None)
+    kwargs = {k: _arg(v, tagged) for k, v in case.get("args", {}).items()}
+    if tagged.s is not None and "s" in inspect.signature(op._inner).parameters:  # else only $pair_plans reads it
+        kwargs["s"] = tagged.s
     facts = _facts(case.get("facts", {}))
     if "fails" in case:
         command, warnings = refused(caplog, op, facts, **kwargs)
         _same(command, fail_command(case["fails"]).get_raw_value(), "failing commands", path)
         assert f": will fail: {case['fails']}" in warnings, f"{path.name}: --dry warns\n{warnings}"
         return
-    _, host = run_op(op, facts, executing=case.get("executing", False), **kwargs)
+    caplog.clear()
+    with caplog.at_level("INFO", logger="pyinfra"):
+        _, host = run_op(op, facts, executing=case.get("executing", False), **kwargs)
     _same([_shown(c) for c in host.yielded], case["commands"], "commands", path)
     _same(host.noops, [case["noop"]] if "noop" in case else [], "noop descriptions", path)
+    if "logged" in case:
+        _same([r.getMessage() for r in caplog.records if r.name.startswith("pyinfra")], case["logged"], "log lines",
+              path)
     if "facts_read" in case:
         _same([name.rsplit(".", 1)[1] for name, _kwargs in host.fact_calls], case["facts_read"], "facts read", path)
 

@@ -7,7 +7,7 @@ import json
 
 import pytest
 from harness import FakeHost, run_op
-from rank_inputs import DAEMON_DRIFTED, IMAGE, TEMPLATE, container, docker_facts, found, pair_plans, rank_facts
+from rank_inputs import IMAGE, TEMPLATE, container, found, pair_plans, rank_facts
 from settings_factory import make_pair
 
 from operations import ranks
@@ -216,15 +216,6 @@ def running_pair(s, *generations, last_good=""):
     return inputs_with_records(s, container(rank_hash), *generations, last_good=last_good)
 
 
-def test_a_recorded_last_good_generation_with_nothing_to_prune_changes_nothing():
-    recorded = good(SERVING, 3)
-    cmds, host = kept_op(running_pair(HS, recorded, last_good=SERVING.id), running_pair(WS))
-    assert cmds == [] and host.noops == ["this rank runs the last good generation"]
-    # one read after the gate (the docker step's answers with it), no prune asked
-    assert sorted(name.rsplit(".", 1)[1] for name, _kwargs in host.fact_calls) == [
-        "DaemonJson", "DockerRuntimeInfo", "RankInputs"]
-
-
 def test_the_serving_generation_is_recorded_as_last_good_as_root():
     cmds, _ = kept_op(running_pair(HS), running_pair(WS))
     assert len(cmds) == 1 and cmds[0].startswith("sudo") is False and f"{SERVING.id}.json" in cmds[0]
@@ -244,25 +235,6 @@ def test_old_generations_are_pruned_once_a_new_one_is_recorded():
     assert len(cmds) == 1  # the record only: two generations are kept
 
 
-def test_a_run_that_switched_nothing_prunes_nothing():
-    # after a rollback, or with keep_generations lowered: the serving one is already the last good one
-    both = running_pair(HS, good(EARLIER, 1), good(SERVING, 2), last_good=SERVING.id)
-    prune_inputs = {"images": [EARLIER.specs[0].image], "in_use": [], "real": {},
-                    "folders": {HS.layout.rank_cache: {"real": HS.layout.rank_cache, "names": ["def"]}}}
-    cmds, _ = kept_op(both, running_pair(WS), prune_inputs=prune_inputs, s=HS.replace(keep_generations=1))
-    assert cmds == []
-
-
-def test_the_switch_is_said_while_planning(caplog):
-    caplog.set_level("INFO")
-    mine = inputs_with_records(HS, container(EARLIER.specs[0].spec_hash()), good(EARLIER, 1), last_good=EARLIER.id)
-    theirs = inputs_with_records(WS, container(EARLIER.specs[1].spec_hash()))
-    peer = FakeHost(rank_facts(theirs), name="peer")
-    run_op(ranks.pair_checked, rank_facts(mine), executing=False, plans=pair_plans(HS, peer))
-    assert f"generation {EARLIER.id} → {SERVING.id}: image, model revision, weight files" in caplog.text
-    assert f"rollback to {EARLIER.id}" in caplog.text
-
-
 def test_the_old_pair_is_recorded_for_the_exact_gate_only_when_it_serves():
     notes = ranks.SwitchNotes()
     serving_old = (inputs_with_records(HS, container(EARLIER.specs[0].spec_hash()), good(EARLIER, 1),
@@ -272,23 +244,6 @@ def test_the_old_pair_is_recorded_for_the_exact_gate_only_when_it_serves():
     cmds, _ = run_op(ranks.old_pair_replayed, rank_facts(serving_old[0]), executing=True, plans=pair_plans(HS, peer),
                      notes=notes)
     assert len(cmds) == 1 and "_old_pair_recorded" in cmds[0]
-    first_run = FakeHost(rank_facts(found(WS)), name="peer")
-    cmds, host = run_op(ranks.old_pair_replayed, rank_facts(found(HS)), executing=True,
-                        plans=pair_plans(HS, first_run), notes=notes)
-    assert cmds == [] and "nothing to record" in host.noops[0]
-
-
-def test_no_exact_gate_record_of_a_pair_that_dockers_restart_stops_first():
-    """A Docker restart earlier in the run (daemon.json drifted on the worker) stops the serving pair before the
-    switch: --dry does not plan to record its replies, as the executing run finds nothing serving."""
-    serving_old = (inputs_with_records(HS, container(EARLIER.specs[0].spec_hash()), good(EARLIER, 1),
-                                       last_good=EARLIER.id),
-                   inputs_with_records(WS, container(EARLIER.specs[1].spec_hash())))
-    peer = FakeHost(rank_facts(serving_old[1], docker_facts(DAEMON_DRIFTED)), name="peer")
-    cmds, host = run_op(ranks.old_pair_replayed, rank_facts(serving_old[0]), executing=False,
-                        plans=pair_plans(HS, peer), notes=ranks.SwitchNotes())
-    assert cmds == [] and host.noops == [
-        "Docker's restart stops the serving pair before the switch: nothing to record for the exact gate"]
 
 
 # --- rollback.py ------------------------------------------------------------------------------------------------------

@@ -10,6 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 from harness import FakeHost, run_op
+from pyinfra.context import ctx_host
 from settings_factory import make_pair
 from validate_fake import MODEL
 from validate_fake import serving as validate_serving
@@ -311,8 +312,6 @@ def test_a_running_pair_never_judged_is_judged_before_it_becomes_the_last_good(a
 
 def test_pair_serving_plans_the_wait_only_after_a_start(api):
     assert pair_serving("http://unused", False, restarted=True)[0][0].startswith("FunctionCommand(new_pair_served")
-    cmds, host = pair_serving("http://unused", False)
-    assert cmds == [] and host.noops == ["the pair is not restarted: one quick API check at execute time"]
 
 
 def test_pair_serving_after_a_start_waits(api):
@@ -336,5 +335,8 @@ def test_pair_serving_not_answering_waits_and_a_dead_rank_fails(api):
 def test_fail_with_logs_shows_both_ranks():
     head = Spark({}, "head", {"docker logs": ["r0 line"]})
     worker = Spark({}, "worker", {"docker logs": ["r1 line"]})
-    assert switch.failed_with_logs(None, head, worker, HS, "rank 1 exited") is False
-    assert "rank 1 exited" in head.logged[0] and "r0 line" in head.logged[0] and "r1 line" in head.logged[0]
+    with ctx_host.use(head):  # the head's FunctionCommand
+        assert switch.failed_with_logs(None, head, worker, HS, "rank 1 exited") is False
+    tails, failure = head.logged  # the logs first, then the failure line that ends the output
+    assert "r0 line" in tails and "r1 line" in tails
+    assert failure == "sparkfold: the serving pair: rank 1 exited (the ranks' last log lines are above)"

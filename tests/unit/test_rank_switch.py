@@ -16,6 +16,7 @@ from test_rank_generation import EARLIER, SERVING, good, inputs_with_records
 from operations import ranks
 from operations.facts.docker import RankContainer
 from operations.facts.rank import StartReady
+from operations.layout import SUPERVISOR_UNIT
 from operations.rank import switch
 from operations.rank.generation import switch_of
 
@@ -120,8 +121,9 @@ def serve(monkeypatch, problem=None, gate=None, replay=None, back=None, upgrade_
     head, worker = Spark("head", {}), Spark("worker", {})
     change = switch_of(SERVING.specs, SERVING.specs[0].image,
                        SimpleNamespace(get=lambda gid: good(EARLIER, 1), last_good=EARLIER.id))
-    ok = switch.new_pair_served(None, head, worker, settings.replace(upgrade_gate=upgrade_gate), change,
-                                switch.SwitchNotes(stopped_at=170.0, replay=replay), failed_start)
+    with ctx_host.use(head):  # the head's FunctionCommand: the head is the host its failure line speaks for
+        ok = switch.new_pair_served(None, head, worker, settings.replace(upgrade_gate=upgrade_gate), change,
+                                    switch.SwitchNotes(stopped_at=170.0, replay=replay), failed_start)
     return ok, head.logged, calls
 
 
@@ -134,7 +136,8 @@ def test_a_new_pair_that_serves_says_live_and_the_downtime(monkeypatch):
 def test_a_new_pair_that_fails_rolls_back_and_fails_the_run(monkeypatch):
     ok, logged, calls = serve(monkeypatch, problem="rank 0 exited with code 1")
     assert not ok and calls == ["wait", EARLIER.id]
-    assert logged[-1].startswith(f"sparkfold: the new pair (generation {SERVING.id}) failed: rank 0 exited")
+    assert logged[0] == "the new pair failed (rank 0 exited with code 1); its ranks' last log lines:\n(the logs)"
+    assert logged[-1].startswith(f"sparkfold: the switch: the new pair (generation {SERVING.id}) failed: rank 0 exited")
     assert f"Generation {EARLIER.id} serves again (rolled back)" in logged[-1]
 
 
@@ -142,16 +145,18 @@ def test_a_start_that_failed_rolls_back_at_once_without_a_wait_or_a_gate(monkeyp
     ok, logged, calls = serve(monkeypatch, failed_start="rank 0 did not start on the head (its error is above)",
                               replay={"prompts": {}}, upgrade_gate="exact")
     assert not ok and calls == [EARLIER.id]  # neither the health wait nor the gate: straight back
-    assert logged[-1].startswith(f"sparkfold: the new pair (generation {SERVING.id}) failed: rank 0 did not start")
+    assert logged[-1].startswith(f"sparkfold: the switch: the new pair (generation {SERVING.id}) failed: rank 0 did "
+                                 "not start")
     assert f"Generation {EARLIER.id} serves again (rolled back)" in logged[-1]
 
 
-def test_the_exact_gate_judges_only_with_a_record_of_the_old_pair(monkeypatch):
+def test_the_exact_gate_judges_only_with_a_record_of_the_old_pair(monkeypatch, caplog):
     ok, logged, calls = serve(monkeypatch, gate="the exact gate found a difference: 1 of 3 prompts differ: prose",
                               replay={"prompts": {}}, upgrade_gate="exact")
     assert not ok and calls == ["wait", "gate", EARLIER.id] and "exact gate found a difference" in logged[-1]
-    ok, logged, calls = serve(monkeypatch, replay=None, upgrade_gate="exact")
-    assert ok and calls == ["wait"] and any("no record of the old pair" in line for line in logged)
+    with caplog.at_level("WARNING", logger="pyinfra"):
+        ok, logged, calls = serve(monkeypatch, replay=None, upgrade_gate="exact")
+    assert ok and calls == ["wait"] and "head: warning: exact gate: no record of the old pair" in caplog.text
     ok, _logged, calls = serve(monkeypatch, gate="differs", replay={"prompts": {}}, upgrade_gate="smoke")
     assert ok and calls == ["wait"]  # smoke: the replies are not compared
 
@@ -215,7 +220,8 @@ def test_rollback_and_the_automatic_rollback_stop_and_start_as_deploys_switch(mo
     head, worker = Spark("head", container(running[0])), Spark("worker", container(running[1]))
     change = switch_of(EARLIER.specs, EARLIER.specs[0].image,
                        SimpleNamespace(get=lambda gid: good(SERVING, 1), last_good=SERVING.id))
-    assert switch.new_pair_served(None, head, worker, HS, change, switch.SwitchNotes()) is False
+    with ctx_host.use(head):
+        assert switch.new_pair_served(None, head, worker, HS, change, switch.SwitchNotes()) is False
     assert (_stops_and_starts(head), _stops_and_starts(worker)) == deployed
 
     # rollback.py: EARLIER serves, SERVING is the previous good generation
@@ -230,3 +236,48 @@ def test_rollback_and_the_automatic_rollback_stop_and_start_as_deploys_switch(mo
     head, worker = Spark("head", {}), Spark("worker", {})  # nothing read: the plan's containers are handed on
     assert rollback.function(None, head, worker, *rollback.args[1:]) is True
     assert (_stops_and_starts(head), _stops_and_starts(worker)) == deployed and head.reads == worker.reads == 0
+
+
+def _rollback_py(monkeypatch, problem=None, worker_fails="", settings=HS):
+    """rollback.py's switch to EARLIER (rolled_back_to) run by the head's FunctionCommand: (its result, the head's
+    lines)."""
+    monkeypatch.setattr(switch, "pair_problem", lambda s, head, worker, timeout, api=None: problem)
+    head, worker = Spark("head", {}), Spark("worker", {}, fails=worker_fails)
+    with ctx_host.use(head):
+        ok = switch.rolled_back_to(None, head, worker, settings, good(EARLIER, 1), SERVING.id, ({}, {}),
+                                   switch.SwitchNotes())
+    return ok, head.logged
+
+
+def test_rollback_py_fails_with_one_line_naming_what_failed_and_the_way_on(monkeypatch):
+    ok, logged = _rollback_py(monkeypatch, problem="rank 0 exited with code 1")
+    assert not ok and logged[-1] == (f"sparkfold: rollback.py: the rollback to generation {EARLIER.id} failed: rank 0 "
+                                     "exited with code 1; run deploy.py to start the pair the settings ask for")
+    ok, logged = _rollback_py(monkeypatch, worker_fails="last-good")  # it serves, but the worker cannot record it
+    assert not ok and logged[-1] == (f"sparkfold: rollback.py: generation {EARLIER.id} serves, but worker could not "
+                                     "record it as the last good one: no such image")
+
+
+def test_rollback_py_warns_when_the_generation_it_started_is_more_open_than_the_settings(monkeypatch, caplog):
+    with caplog.at_level("WARNING", logger="pyinfra"):
+        ok, _logged = _rollback_py(monkeypatch, settings=HS.replace(api_key=True))  # EARLIER was recorded keyless
+    assert ok and (f"head: warning: rollback_open: generation {EARLIER.id} is more open than the settings ask: the "
+                   "API answers without a key") in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="pyinfra"):
+        assert _rollback_py(monkeypatch)[0]
+    assert caplog.text == ""
+
+
+def test_an_old_pair_that_does_not_answer_and_a_supervisor_that_does_not_start_are_warnings(monkeypatch, caplog):
+    def refused(*_args, **_kwargs):
+        raise OSError("connection refused")
+
+    monkeypatch.setattr(switch.exact, "record", refused)
+    head = Spark("head", {}, fails="systemctl start")
+    with ctx_host.use(head), caplog.at_level("WARNING", logger="pyinfra"):
+        assert switch.replay_record(HS, head) is None
+        switch.supervisor_started(HS.replace(supervise=True), head, SUPERVISOR_UNIT)
+    assert ("head: warning: exact gate: the old pair did not answer (connection refused): only the smoke test judges "
+            "the new one") in caplog.text
+    assert f"head: warning: supervise: could not start {SUPERVISOR_UNIT} again: no such image" in caplog.text

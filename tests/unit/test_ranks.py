@@ -13,7 +13,6 @@ import pytest
 from harness import FakeHost, first_planned, parse_fact, run_fact, run_op
 from pyinfra.api import FileUploadCommand, StringCommand
 from rank_inputs import (
-    CAPS,
     DAEMON_DRIFTED,
     DAEMON_OK,
     IMAGE,
@@ -106,12 +105,6 @@ def test_the_parts_facts():
 
 # --- pair_checked --------------------------------------------------------------------------------------------------
 
-def test_pair_checked_passes_quietly_both_phases():
-    for executing in (False, True):
-        cmds, host = run(ranks.pair_checked, HS, found(HS, container(H0)), found(WS, container(H1)), executing)
-        assert cmds == [] and host.noops == ["the head's launch checks pass"]
-
-
 def test_pair_checked_refuses_foreign_containers_here_and_there():
     cmds, _ = run(ranks.pair_checked, HS, found(HS, container(managed=False)), found(WS))
     assert len(cmds) == 1 and "exit 1" in cmds[0] and "on the head was not started by sparkfold" in cmds[0]
@@ -125,24 +118,6 @@ def test_pair_checked_fails_on_flag_problems_and_warns_while_planning(caplog):
     assert "remove --foo from extra_serve_args" in cmds[0] and "exit 1" in cmds[0]
     cmds, _ = run(ranks.pair_checked, hs, found(hs), found(ws), executing=False)
     assert cmds == [] and "will fail: the launch: --foo is not served" in caplog.text
-
-
-def test_pair_checked_says_the_served_sampling_and_warns_of_a_flag_the_image_lacks(caplog):
-    caplog.set_level("INFO")
-    for executing in (False, True):
-        caplog.clear()
-        cmds, _ = run(ranks.pair_checked, HS, found(HS, container(H0)), found(WS, container(H1)), executing)
-        assert cmds == [] and "sampling: temperature 1.0, top_p 0.95, top_k 20" in caplog.text
-        assert "warning" not in caplog.text
-    flags = {f: v for f, v in CAPS["serve"]["flags"].items() if f != "--top-k"}
-    no_top_k = dict(CAPS, serve={"flags": flags})
-    caplog.clear()
-    cmds, _ = run(ranks.pair_checked, HS, found(HS, caps=no_top_k), found(WS), executing=False)
-    assert cmds == [] and "sampling: temperature 1.0, top_p 0.95, top_k engine default" in caplog.text
-    assert "warning: the served sampling: top_k = 20 is not served" in caplog.text
-    caplog.clear()
-    run(ranks.pair_checked, WS, found(WS), found(HS))  # the worker's pass says nothing of rank 0's sampling
-    assert "sampling" not in caplog.text
 
 
 def test_pair_checked_tolerates_missing_inputs_while_planning_only(caplog):
@@ -167,28 +142,6 @@ def test_pair_checked_memory_and_ports_of_this_spark_only():
 
 # --- stale_pair_stopped ------------------------------------------------------------------------------------------
 
-def test_a_converged_pair_is_left_alone():
-    cmds, host = run(ranks.stale_pair_stopped, HS, found(HS, container(H0)), found(WS, container(H1)))
-    assert cmds == [] and host.noops == ["both ranks run the wanted spec"]
-
-
-def test_a_stale_peer_recreates_this_rank_too():
-    cmds, _ = run(ranks.stale_pair_stopped, HS, found(HS, container(H0)), found(WS, container("older")))
-    assert cmds[0] == f"docker stop -t {HS.stop_timeout} {NAME} >/dev/null"
-    assert "docker logs --timestamps" in cmds[1] and "-rank0.log.gz" in cmds[1]
-    assert cmds[2] == f"docker rm -f {NAME} >/dev/null" and len(cmds) == 3
-
-
-def test_a_stopped_rank_is_not_docker_stopped_but_its_log_is_saved():
-    cmds, _ = run(ranks.stale_pair_stopped, WS, found(WS, container(H1, running=False)), found(HS, container(H0)))
-    assert len(cmds) == 2 and "docker logs" in cmds[0] and "-rank1.log.gz" in cmds[0] and "docker rm -f" in cmds[1]
-
-
-def test_nothing_to_remove_here():
-    cmds, host = run(ranks.stale_pair_stopped, HS, found(HS), found(WS, container(H1)))
-    assert cmds == [] and host.noops == ["no rank container here to remove"]
-
-
 def test_a_foreign_container_is_never_planned_as_a_removal():
     for executing in (False, True):
         cmds, _ = run(ranks.stale_pair_stopped, HS, found(HS, container(managed=False)), found(WS, container("x")),
@@ -197,58 +150,9 @@ def test_a_foreign_container_is_never_planned_as_a_removal():
     assert "not started by sparkfold" in cmds[0]
 
 
-def test_a_running_supervisor_is_paused_only_when_the_pair_is_recreated():
-    def stop(head_hash, active):
-        extra = {UnitState: {"enabled": "enabled", "active": active, "sha256": "x"}}
-        return run(ranks.stale_pair_stopped, HS, found(HS, container(head_hash)), found(WS, container(H1)),
-                   extra=extra, pause_units=(SUPERVISOR,))[0]
-
-    stale = stop("older", "active")
-    assert stale[0] == f"systemctl stop {SUPERVISOR}" and f"docker rm -f {NAME} >/dev/null" in stale
-    assert stop("older", "failed")[0].startswith("docker stop")  # a supervisor that gave up stays down
-    assert stop(H0, "active") == []  # converged pair: the supervisor keeps running
-
-
-def test_restart_recreates_a_converged_pair():
-    hs, ws = HS.replace(restart=True), WS
-    cmds, _ = run(ranks.stale_pair_stopped, hs, found(hs, container(H0)), found(ws, container(H1)))
-    assert len(cmds) == 3 and cmds[-1] == f"docker rm -f {NAME} >/dev/null"
-
-
 # --- a Docker restart earlier in the run --------------------------------------------------------------------------
 
 WORKER_RESTARTS = "the pair restarts: rank 1 restarts: Docker restarts on the worker (daemon.json changes)"
-
-
-def test_dry_plans_the_pairs_restart_when_docker_restarts_on_the_worker(caplog):
-    """--dry: daemon.json drifted on the worker, both ranks run the wanted spec. The docker step's restart will stop
-    rank 1, so both Sparks plan the removal and the start, and say why."""
-    caplog.set_level("INFO")
-    head, worker = found(HS, container(H0)), found(WS, container(H1))
-    for s, mine, theirs, daemon in ((HS, head, worker, (DAEMON_OK, DAEMON_DRIFTED)),
-                                    (WS, worker, head, (DAEMON_DRIFTED, DAEMON_OK))):
-        caplog.clear()
-        cmds, _ = run(ranks.stale_pair_stopped, s, mine, theirs, executing=False, daemon=daemon)
-        assert cmds[-1] == f"docker rm -f {NAME} >/dev/null" and f"spark: {WORKER_RESTARTS}" in caplog.text
-        cmds, host = run(ranks.rank_started, s, mine, theirs, executing=False, daemon=daemon)
-        assert cmds[-1].startswith(f"docker run -d --name {NAME}") and host.noops == []
-    # the head says the switch too (the checks pass: a restart is no launch problem)
-    caplog.clear()
-    cmds, host = run(ranks.pair_checked, HS, head, worker, executing=False, daemon=(DAEMON_OK, DAEMON_DRIFTED))
-    assert cmds == [] and host.noops == ["the head's launch checks pass"]
-    assert f"spark: generation {_CONVERGED.wanted.id}:" in caplog.text
-    # the same pair with Docker left alone: nothing planned
-    assert run(ranks.rank_started, WS, worker, head, executing=False)[0] == []
-
-
-def test_after_the_restart_this_run_starts_the_pair_again():
-    """Executing: the docker step has restarted Docker (its facts read converged again) and rank 1 stopped with it;
-    the plan finds it stopped and both Sparks recreate the pair."""
-    stopped = container(H1, running=False, exit_code=143)
-    cmds, _ = run(ranks.stale_pair_stopped, HS, found(HS, container(H0)), found(WS, stopped))
-    assert cmds[-1] == f"docker rm -f {NAME} >/dev/null"
-    cmds, _ = run(ranks.rank_started, WS, found(WS, stopped), found(HS, container(H0)))
-    assert "tf-dsv41-lanes" in cmds[-1] and f"sparkfold.spec-hash={H1}" in cmds[-1]
 
 
 def test_the_restart_line_comes_before_the_supervisors_pause(caplog):
@@ -386,32 +290,6 @@ RELOCK = (f"sh /usr/local/lib/sparkfold/gpu_clock_lock.sh {WS.nvidia_smi_path} {
           "/var/lib/sparkfold/gpu-clock.record")
 
 
-def test_rank_started_converged_both_phases():
-    for executing in (False, True):
-        cmds, host = run(ranks.rank_started, WS, found(WS, container(H1)), found(HS, container(H0)), executing)
-        assert cmds == [] and host.noops == ["rank 1 runs the wanted spec"]
-
-
-def test_rank_started_plans_the_start_a_stale_pair_gets():
-    cmds, _ = run(ranks.rank_started, WS, found(WS, container(H1)), found(HS, container("old")), executing=False)
-    assert cmds[-1].startswith(f"docker run -d --name {NAME}") and any("MemAvailable" in c for c in cmds)
-    assert not any("docker rm" in c for c in cmds)  # the removal is the stale-pair step's
-
-
-def test_rank_started_after_the_removal():
-    cmds, _ = run(ranks.rank_started, WS, found(WS), found(HS))
-    assert cmds[0].startswith(f"mkdir -p {WS.layout.cache_root}/abc")
-    assert any(c.startswith(f"test -e {WS.layout.kit}.d/0123abcd ||") for c in cmds)
-    assert "tf-dsv41-lanes" in cmds[-1] and f"sparkfold.spec-hash={H1}" in cmds[-1]
-    # the GPU clock lock applied again right before the start (then the environment file, then docker run)
-    assert cmds[-4] == RELOCK and cmds[-3].startswith(f"mkdir -p -m 700 {WS.layout.rank_env}")
-
-
-def test_rank_0_starts_once_rank_1_runs():
-    cmds, _ = run(ranks.rank_started, HS, found(HS), found(WS, container(H1)))
-    assert "tensorfold-native serve" in cmds[-1] and f"sparkfold.spec-hash={H0}" in cmds[-1]
-
-
 def test_rank_0_is_not_started_when_rank_1_did_not_start():
     """Executing, after the worker's start: rank 1 not running its wanted spec (a `docker run` that failed leaves a
     created container, or none) stops rank 0's start, noted for pair_serving; planning shows the start."""
@@ -463,11 +341,6 @@ def test_rank_started_needs_a_spec_at_execute():
     assert cmds[0].startswith("docker run ...")
 
 
-def test_rank_started_never_touches_a_foreign_container():
-    cmds, host = run(ranks.rank_started, HS, found(HS, container(managed=False)), found(WS))
-    assert cmds == [] and host.noops == ["rank 0 is not ours"]
-
-
 # --- rank_stopped (stop.py) --------------------------------------------------------------------------------------
 
 def stop_rank(mine, executing=True):
@@ -476,10 +349,6 @@ def stop_rank(mine, executing=True):
 
 
 def test_rank_stopped_both_ways():
-    assert stop_rank({})[0] == []
-    cmds, _ = stop_rank(container(H1))
-    assert cmds[0] == f"docker stop -t 12 {NAME} >/dev/null" and "-rank1.log.gz" in cmds[1]
-    assert cmds[2] == f"docker rm -f {NAME} >/dev/null" and "nvidia-smi" in cmds[3]
     assert "not started by sparkfold" in stop_rank(container(managed=False))[0][0]
     assert stop_rank(container(managed=False), executing=False)[0] == []  # planned: a warning, no removal
 
