@@ -414,6 +414,9 @@ def previous_generation_served(plans: PairPlans):
     is gone on either Spark. One plan of the pair: the records, the serving generation and both containers to
     stop."""
     s, worker, plan = plans.s, plans.peer, plans.plan(BEFORE_STOP)
+    if plan.refusals:  # a container with our name that sparkfold did not start: nothing is stopped
+        yield from check_failed("the rank containers", plan.refusals)
+        return
     records = plan.records[0]
     current = plan.running
     # nothing serves (a failed rollback, a stop): the last good one is what to start; else the one before the serving

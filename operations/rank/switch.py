@@ -282,6 +282,7 @@ def rolled_back_to(state: Any, host: Host, worker: Host, s: Settings, target: Ge
     whether the record is written."""
     if s.supervise:
         run(host, StringCommand("systemctl", "stop", SUPERVISOR_UNIT, _sudo=True))
+        containers = containers_now(s, host, worker)  # it may have restarted a rank since the plan read them
     notes.stopped_at = clock()
     problem = switched_to(s, host, worker, containers, target)
     supervisor_started(s, host, SUPERVISOR_UNIT)

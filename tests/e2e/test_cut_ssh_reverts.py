@@ -2,8 +2,8 @@
 the next run converges (issue 9). A power cycle in the window, before anything decided, boots the files as they
 were before the apply, and the next run settles the apply it left (issue 19). The Sparks run the real netplan and
 systemd-networkd; the cut comes from a test-only fault armed on the worker (tests/sim/bin/sim-management-fault): the
-networkd restart of the deploy's real `netplan apply` drops the management path, the next restart (the revert's
-apply) restores it. operations/ knows nothing of it.
+deploy's real `netplan apply` re-triggers every netdev (a kernel uevent each) and the armed fault drops the management
+path on it; the next apply (the revert's) restores it. operations/ knows nothing of it.
 
 Starts from a converged pair (converged_pair) and leaves one.
 """

@@ -465,8 +465,9 @@ def up(fresh: bool = False) -> Path:
                 and all(_link_present(r) and _ready(r) for r in ROLES))
     if reusable:
         _log("reusing the running pair")
-        for role in ROLES:  # pick up stand-ins added since the start
+        for role in ROLES:  # pick up stand-ins added since the start; clear a test fault a failed test left
             _docker("exec", CONTAINER[role], "/opt/sim/entrypoint.sh", "link-standins")
+            _docker("exec", CONTAINER[role], "/opt/sim/bin/sim-management-fault", "clear")
     else:
         down(quiet=True)
         for role in ROLES:

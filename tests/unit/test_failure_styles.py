@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import inspect
+import re
 from pathlib import Path
 
 import pyinfra.api.exceptions as pyinfra_exceptions
@@ -41,7 +42,7 @@ def _name(node: ast.AST | None) -> str:
 
 
 def _is_logger(node: ast.AST) -> bool:
-    return (isinstance(node, ast.Attribute) and node.attr in ("warning", "warn", "error")
+    return (isinstance(node, ast.Attribute) and node.attr in ("warning", "warn", "error", "critical", "exception")
             and isinstance(node.value, ast.Name) and node.value.id == "logger")
 
 
@@ -120,7 +121,7 @@ def unexplained_executing(trees: dict[str, ast.Module], root: Path = ROOT) -> li
         for node in ast.walk(tree):
             if isinstance(node, ast.Attribute) and node.attr == "is_executing":
                 near = lines[max(node.lineno - 2, 0):node.lineno]
-                if not any("# why:" in line for line in near):
+                if not any(re.search(r"# why: \S", line) for line in near):  # a reason, not the bare tag
                     found.append(f"{path}:{node.lineno}")
     return found
 
@@ -161,10 +162,12 @@ def test_the_scan_finds_each_kind_of_site(tmp_path):
         "    host.log('x', log_func=logger.error)\n"
         "    if state.is_executing:\n        raise OperationError('old style')\n"
         "    # why: a reason\n    if not state.is_executing:\n        raise Refused('the one type')\n"
-        "    raise KeyError(x)\n")
+        "    raise KeyError(x)\n"
+        "    logger.exception('also hand-made')\n"
+        "    x = state.is_executing  # why:\n")  # the bare tag gives no reason
     (tmp_path / "deploy.py").write_text("raise SystemExit(2)\nraise SystemExit('a message')\n")
     trees = sources(tmp_path)
-    assert own_logging(trees) == ["operations/step.py:10", "operations/step.py:11"]
+    assert own_logging(trees) == ["operations/step.py:10", "operations/step.py:11", "operations/step.py:18"]
     assert other_stops(trees) == ["deploy.py:2 SystemExit", "operations/step.py:13 OperationError",
                                   "operations/step.py:17 KeyError"]
-    assert unexplained_executing(trees, tmp_path) == ["operations/step.py:12"]
+    assert unexplained_executing(trees, tmp_path) == ["operations/step.py:12", "operations/step.py:19"]
