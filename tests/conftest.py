@@ -1,3 +1,4 @@
+import os
 import sys
 from pathlib import Path
 
@@ -5,16 +6,24 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests" / "unit"))
 
+from tests.sim.pairs import e2e_scope, pair_of_worker  # noqa: E402 (found through the path set just above)
+
+# before tests.sim.sim is imported: each xdist worker's sim module names its own pair (tests/sim/pairs.py)
+_pair = pair_of_worker(os.environ.get("PYTEST_XDIST_WORKER", ""))
+if _pair is not None and "SPARKSIM_PAIR" not in os.environ:
+    os.environ["SPARKSIM_PAIR"] = _pair
+
 
 def pytest_xdist_make_scheduler(config, log):
-    """pytest-xdist (pyproject.toml's addopts) with the end-to-end tests as one unit of work: one worker runs them
-    all, in the order tests/e2e/conftest.py gives them (there is one simulated pair, and test_deploy.py starts from
-    fresh Sparks), while the others take the unit tests one by one. (xdist's own loadgroup cannot do it with this
-    pytest: its group suffix no longer reaches the node id.)"""
+    """pytest-xdist (pyproject.toml's addopts: three workers) with each pair's end-to-end files as one unit of work:
+    a worker runs them all, in the order tests/e2e/conftest.py gives them, on its own simulated pair; the third takes
+    the unit tests one by one meanwhile. The two units are the largest, so xdist hands them out first, one to each of
+    the first two workers. (xdist's own loadgroup cannot do it with this pytest: its group suffix no longer reaches
+    the node id.)"""
     from xdist.scheduler import LoadScopeScheduling
 
-    class OnePairScheduling(LoadScopeScheduling):
+    class TwoPairScheduling(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            return "tests/e2e" if nodeid.startswith("tests/e2e/") else nodeid
+            return e2e_scope(nodeid) or nodeid
 
-    return OnePairScheduling(config, log)
+    return TwoPairScheduling(config, log)

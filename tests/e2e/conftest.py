@@ -16,9 +16,9 @@ Per test:
                    says it is not, or an earlier test failed); every file uses it but for the tests marked
                    fresh_pair (test_deploy.py's first two, which start from fresh Sparks)
 
-Environment: SPARKSIM_REUSE=1 reuses a running pair (default: recreate it at session start, so every session
-starts from fresh Sparks); SPARKSIM_DOWN=1 removes the pair at the end (default: it stays up for inspection;
-`python -m tests.sim.sim down` removes it).
+Environment: SPARKSIM_PAIR=N picks the pair (each xdist worker its own: tests/sim/pairs.py); SPARKSIM_REUSE=1 reuses
+a running pair (default: recreate it at session start, so every session starts from fresh Sparks); SPARKSIM_DOWN=1
+removes the pair at the end (default: it stays up for inspection; `python -m tests.sim.sim down` removes it).
 """
 
 from __future__ import annotations

@@ -27,9 +27,9 @@ import requests
 
 from operations.gpu_clock import stale_after_s
 from operations.layout import GPU_CLOCK_RECORD, GPU_CLOCK_TIMER
-from tests.sim.sim import GPU_CLOCK_PERIOD_S, deploy_env
+from tests.sim.sim import API_PORT, GPU_CLOCK_PERIOD_S, SSH_PORT, deploy_env
 
-API = "http://127.0.0.1:18888"
+API = f"http://127.0.0.1:{API_PORT}"  # the head's 8888, published for this pair (tests/sim/sim.py)
 NAME = "dsv41-1017-exl3-tf"
 START1 = "The pair of ranks | Start rank 1 (worker)"
 START0 = "The pair of ranks | Start rank 0 (head)"
@@ -457,7 +457,7 @@ def test_nfs_volume_options_changed_is_recreated_with_the_intended_options(run_p
 def test_unreachable_worker_stops_before_anything_changes(run_pyinfra, sim_exec, site_file, tmp_path):
     before = pair_ids(sim_exec)
     bad = tmp_path / "sparks.yaml"
-    bad.write_text(site_file.read_text().replace("ssh_port: 2222", "ssh_port: 2299"))
+    bad.write_text(site_file.read_text().replace(f"ssh_port: {SSH_PORT['worker']}", "ssh_port: 2299"))
     run = run_pyinfra(*DEPLOY, "-y", env={"SPARKFOLD_SITE": str(bad)})
     assert run.returncode != 0
     assert "sim-worker" in run.stderr and ("Could not connect" in run.stderr or "failed" in run.stderr.lower())

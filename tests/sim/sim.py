@@ -18,6 +18,7 @@ See tests/sim/README.md. Needs root (veth links between the containers' namespac
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -33,23 +34,28 @@ from . import meminfo
 
 SIM_DIR = Path(__file__).resolve().parent
 ROOT = SIM_DIR.parent.parent
-WORK = SIM_DIR / ".work"
+WORK = SIM_DIR / ".work"  # what every pair shares: the images' inputs, the keys, the host keys
 KEYS = WORK / "keys"
-SITE_FILE = WORK / "site.yaml"
-KNOWN_HOSTS = WORK / "known_hosts"
+# Several pairs can run on one machine, each its own containers, volumes, network, ports and files (the end-to-end
+# tests run on two at once: tests/conftest.py). SPARKSIM_PAIR numbers them; pair 0 keeps the plain names.
+PAIR = int(os.environ.get("SPARKSIM_PAIR", "0") or "0")
+PAIR_WORK = WORK if PAIR == 0 else WORK / f"pair{PAIR}"  # this pair's site file, known_hosts and memory files
+SITE_FILE = PAIR_WORK / "site.yaml"
+KNOWN_HOSTS = PAIR_WORK / "known_hosts"
+_NAME = "sparkfold-sim" if PAIR == 0 else f"sparkfold-sim{PAIR}"
 
 ROLES = ("head", "worker")
 IMAGE = "sparkfold-sim/host:bookworm"
 ENGINE_BASE = "sparkfold-sim/engine-base:bookworm"
-NETWORK = "sparkfold-sim-mgmt"
+NETWORK = f"{_NAME}-mgmt"
 # pinned outside Docker's default pools: a pool Docker picks itself can be 192.168.96.0/20, which overlaps the link's
 # 192.168.100.0/24 and 192.168.101.0/24 (and the deploy rightly refuses rails that overlap the management network)
-NETWORK_SUBNET = "10.213.70.0/24"
-CONTAINER = {r: f"sparkfold-sim-{r}" for r in ROLES}
-VOLUME = {r: f"sparkfold-sim-{r}-docker" for r in ROLES}
-SSH_PORT = {"head": int(os.environ.get("SPARKSIM_HEAD_SSH_PORT", "2221")),
-            "worker": int(os.environ.get("SPARKSIM_WORKER_SSH_PORT", "2222"))}
-API_PORT = int(os.environ.get("SPARKSIM_API_PORT", "18888"))  # -> the head's 8888
+NETWORK_SUBNET = f"10.213.{70 + PAIR}.0/24"
+CONTAINER = {r: f"{_NAME}-{r}" for r in ROLES}
+VOLUME = {r: f"{_NAME}-{r}-docker" for r in ROLES}
+SSH_PORT = {"head": int(os.environ.get("SPARKSIM_HEAD_SSH_PORT", str(2221 + 10 * PAIR))),
+            "worker": int(os.environ.get("SPARKSIM_WORKER_SSH_PORT", str(2222 + 10 * PAIR)))}
+API_PORT = int(os.environ.get("SPARKSIM_API_PORT", str(18888 + PAIR)))  # -> the head's 8888
 GPU_CLOCK_PERIOD_S = 10  # the site's gpu_clock_period_s: the timer re-applies the GPU clock lock this often
 HEAD_API_PORT = 8888
 SSH_USER = "nvidia"
@@ -143,11 +149,12 @@ def ensure_keys() -> None:
     for role in ROLES:
         key = (WORK / "hostkeys" / role / "ssh_host_ed25519_key.pub").read_text().split()[:2]
         lines.append(f"[127.0.0.1]:{SSH_PORT[role]} {' '.join(key)}")
+    KNOWN_HOSTS.parent.mkdir(parents=True, exist_ok=True)
     KNOWN_HOSTS.write_text("\n".join(lines) + "\n")
 
 
 def _meminfo_path(role: str) -> Path:
-    return WORK / "meminfo" / role
+    return PAIR_WORK / "meminfo" / role
 
 
 def _write_meminfo(role: str, total_gib: float, avail_gib: float,
@@ -368,11 +375,16 @@ def _run_container(role: str, layout: str) -> None:
     )
 
 
+def _link_ends(rail: int) -> tuple[str, str]:
+    """The veth ends of a rail while they are in the machine's namespace (before the move): one name per pair."""
+    return f"sfsim{PAIR}-h{rail}", f"sfsim{PAIR}-w{rail}"
+
+
 def _make_link() -> None:
     """Two veth pairs, one per PCIe twin, renamed in each namespace to the Spark's netdev names; up, no address."""
     hpid, wpid = _pid("head"), _pid("worker")
     for i, (netdev, _, _) in enumerate(RAILS):
-        h, w = f"sfsim-h{i}", f"sfsim-w{i}"
+        h, w = _link_ends(i)
         for leftover in (h, w):
             _run(["ip", "link", "del", leftover], check=False)
         _run(["ip", "link", "add", h, "type", "veth", "peer", "name", w])
@@ -458,8 +470,11 @@ def up(fresh: bool = False) -> Path:
     problems = missing_prerequisites()
     if problems:
         raise SimError("the simulated pair cannot run here:\n  - " + "\n  - ".join(problems))
-    build()
-    ensure_keys()
+    WORK.mkdir(parents=True, exist_ok=True)
+    with open(WORK / "build.lock", "w") as lock:  # pairs brought up at once build the shared images and keys once
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        build()
+        ensure_keys()
     layout = _layout_key()
     reusable = (not fresh and all(_running_layout(r) == layout for r in ROLES)
                 and all(_link_present(r) and _ready(r) for r in ROLES))
@@ -491,7 +506,7 @@ def down(quiet: bool = False) -> None:
         _docker("volume", "rm", "-f", VOLUME[role], check=False)
     _docker("network", "rm", NETWORK, check=False)
     for i in range(len(RAILS)):
-        for end in (f"sfsim-h{i}", f"sfsim-w{i}"):
+        for end in _link_ends(i):
             _run(["ip", "link", "del", end], check=False)
     if not quiet:
         _log("pair removed")
