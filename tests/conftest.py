@@ -15,15 +15,15 @@ if _pair is not None and "SPARKSIM_PAIR" not in os.environ:
 
 
 def pytest_xdist_make_scheduler(config, log):
-    """pytest-xdist (pyproject.toml's addopts: three workers) with each pair's end-to-end files as one unit of work:
-    a worker runs them all, in the order tests/e2e/conftest.py gives them, on its own simulated pair; the third takes
-    the unit tests one by one meanwhile. The two units are the largest, so xdist hands them out first, one to each of
-    the first two workers. (xdist's own loadgroup cannot do it with this pytest: its group suffix no longer reaches
-    the node id.)"""
+    """pytest-xdist (pyproject.toml's addopts: one worker per simulated pair and one more) with each pair's
+    end-to-end files as one unit of work (tests/sim/pairs.py): a worker runs them all, in the order
+    tests/e2e/conftest.py gives them, on its own pair; the last worker takes the unit tests one by one meanwhile.
+    Those units are the largest, so xdist hands them out first, one to each of the first workers. (xdist's own
+    loadgroup cannot do it with this pytest: its group suffix no longer reaches the node id.)"""
     from xdist.scheduler import LoadScopeScheduling
 
-    class TwoPairScheduling(LoadScopeScheduling):
+    class PairScheduling(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
             return e2e_scope(nodeid) or nodeid
 
-    return TwoPairScheduling(config, log)
+    return PairScheduling(config, log)

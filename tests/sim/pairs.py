@@ -1,21 +1,29 @@
 """Which simulated pair runs which end-to-end file when the tests run on several xdist workers (tests/conftest.py).
 
-Two pairs run at once, each file on one of them, in the order tests/e2e/conftest.py gives: the files of PAIR_A (the
-smoke test and test_deploy.py's fresh Sparks first) on one, every other file on the other. Each worker's sim module
+Three pairs run at once, each file on one of them, in the order tests/e2e/conftest.py gives: the files of GROUPS[0]
+(the smoke test and test_deploy.py's fresh Sparks first) on one, those of GROUPS[1] on another, every other file on
+the last. The groups are balanced by the files' durations in CI (`--durations` in .ci/run). Each worker's sim module
 names its own pair (SPARKSIM_PAIR: worker gw0 pair 0, gw1 pair 1, ...; tests/sim/sim.py).
 """
 
 from __future__ import annotations
 
-PAIR_A = ("test_sim_smoke.py", "test_deploy.py", "test_switches.py", "test_upgrade.py", "test_status_tools.py",
-          "test_try_it.py")
+GROUPS = (
+    ("test_sim_smoke.py", "test_deploy.py", "test_status_tools.py", "test_try_it.py", "test_real_tools.py",
+     "test_typos_with_a_spark_down.py", "test_preflight_checks.py", "test_worker_view_volume.py",
+     "test_data_at_rest.py", "test_stop_with_a_spark_down.py", "test_guards.py"),
+    ("test_upgrade.py", "test_switches.py", "test_cut_ssh_reverts.py", "test_memory.py", "test_interrupted.py"),
+)
+PAIRS = len(GROUPS) + 1  # the last takes every file no group names
 
 
 def e2e_scope(nodeid: str) -> str | None:
     """The unit of work of an end-to-end test (one pair runs all of it, in order), or None for a unit test."""
     if not nodeid.startswith("tests/e2e/"):
         return None
-    return "tests/e2e (pair A)" if nodeid.split("::", 1)[0].rsplit("/", 1)[-1] in PAIR_A else "tests/e2e (pair B)"
+    name = nodeid.split("::", 1)[0].rsplit("/", 1)[-1]
+    group = next((n for n, files in enumerate(GROUPS) if name in files), len(GROUPS))
+    return f"tests/e2e (pair group {group})"
 
 
 def pair_of_worker(worker: str) -> str | None:

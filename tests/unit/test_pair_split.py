@@ -10,18 +10,21 @@ from tests.sim import pairs
 E2E = Path(__file__).resolve().parents[1] / "e2e"
 
 
-def test_every_file_named_for_pair_a_exists():
-    missing = [name for name in pairs.PAIR_A if not (E2E / name).is_file()]
-    assert missing == [], f"tests/sim/pairs.py PAIR_A names files that are gone: {missing}"
+def test_every_file_a_group_names_exists_and_is_in_one_group():
+    named = [name for files in pairs.GROUPS for name in files]
+    missing = [name for name in named if not (E2E / name).is_file()]
+    assert missing == [], f"tests/sim/pairs.py GROUPS names files that are gone: {missing}"
+    assert len(named) == len(set(named)), "a file in two groups"
 
 
 def test_each_e2e_file_has_one_pair_and_unit_tests_none():
     files = sorted(p.name for p in E2E.glob("test_*.py"))
     scopes = {name: pairs.e2e_scope(f"tests/e2e/{name}::test_x") for name in files}
-    assert set(scopes.values()) == {"tests/e2e (pair A)", "tests/e2e (pair B)"}
-    assert scopes["test_deploy.py"] == scopes["test_sim_smoke.py"] == "tests/e2e (pair A)"  # fresh Sparks first
+    assert set(scopes.values()) == {f"tests/e2e (pair group {n})" for n in range(pairs.PAIRS)}
+    assert scopes["test_deploy.py"] == scopes["test_sim_smoke.py"] == "tests/e2e (pair group 0)"  # fresh Sparks
+    assert scopes["test_overlap.py"] == f"tests/e2e (pair group {pairs.PAIRS - 1})"  # unnamed: the last group
     assert pairs.e2e_scope("tests/unit/test_x.py::test_y") is None
-    assert pairs.e2e_scope("tests/e2e/test_deploy.py::test_a[x::y]") == "tests/e2e (pair A)"
+    assert pairs.e2e_scope("tests/e2e/test_deploy.py::test_a[x::y]") == "tests/e2e (pair group 0)"
 
 
 def test_a_worker_names_its_pair():
@@ -46,3 +49,10 @@ def test_two_pairs_share_no_name_port_subnet_or_file():
                                           capture_output=True, text=True, check=True).stdout)) for n in ("0", "1")]
     assert held[0] & held[1] == set()
     assert "sparkfold-sim-head" in held[0]  # pair 0 keeps the plain names (a pair brought up before still matches)
+
+
+def test_pytest_has_a_worker_per_pair_and_one_for_the_unit_tests():
+    import tomllib
+
+    pyproject = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())
+    assert pyproject["tool"]["pytest"]["ini_options"]["addopts"] == f"-n {pairs.PAIRS + 1}"
