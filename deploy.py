@@ -16,7 +16,7 @@ from operations.memguard import memguard
 from operations.model_data import model_data, model_data_checked
 from operations.nfs import nfs, nfs_view_checked
 from operations.preflight import preflight
-from operations.ranks import ranks_serving
+from operations.ranks import pair_plans, ranks_serving
 from operations.run_lock import locked, unlocked
 from operations.settings import passthrough_note
 from operations.settings.context import current_settings, refuse_part_of_pair
@@ -65,8 +65,9 @@ both_sparks_reached(name="Guards in place on both Sparks", step="the guards")
 link_measure(s=s)
 
 # 10. the pair: rank 1, then rank 0; then the health wait, the smoke test and the LIVE line (or the last good
-# generation back); then the serving generation recorded and old ones pruned
-ranks_serving(s=s)
+# generation back); then the serving generation recorded and old ones pruned. Its handoff is made here, once: the
+# other Spark, the image and the chat template's digest, and what the switch reads of the settings
+ranks_serving(plans=pair_plans(s))
 
 # 11. the optional supervisor (head), started once the pair serves
 supervision(s=s, _sudo=True)

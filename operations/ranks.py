@@ -46,7 +46,7 @@ from operations.rank.generation import (
 )
 from operations.rank.plan import KEEP, REFUSED, START, PairPlan, foreign, pair_plan, rank_inputs_args
 from operations.rank.spec import CHAT_TEMPLATE, ContainerSpec, template_digest
-from operations.rank.switch import SwitchNotes
+from operations.rank.switch import Api, Side, SwitchInputs, SwitchNotes
 from operations.settings import Settings
 from operations.settings.context import peer_host
 from operations.settings.site import ssh_check
@@ -87,11 +87,27 @@ def _read_on(spark: Host, config: Any, args: dict[str, Any]) -> tuple[RankInputs
         return _read_side(spark, args)
 
 
+def _side(side: Settings) -> Side:
+    layout = side.layout
+    return Side(side.role, side.rank, side.container_name, side.stop_timeout, layout.logs, side.log_keep,
+                side.min_avail_gib, side.gpu_clock_mhz, side.nvidia_smi_path, layout.rank_env, layout.generations)
+
+
+def switch_inputs(s: Settings) -> SwitchInputs:
+    """What a switch (operations/rank/switch.py) reads of the settings: both ranks' stop and start, the API."""
+    return SwitchInputs(sides=(_side(s.head), _side(s.worker)),
+                        api=Api(s.api_base_url, s.served_name, bool(s.api_key), s.port),
+                        api_url_given=bool(s.api_url), api_key_file=s.layout.api_key,
+                        asked=exposure.of_settings(s), wait_timeout=s.wait_timeout, upgrade_gate=s.upgrade_gate,
+                        supervise=s.supervise, engine_image=s.engine_image, prebuilt_image=s.prebuilt_image)
+
+
 @dataclass(eq=False)
 class PairPlans:
     """One Spark's pair step: what it serves (the settings, the other Spark, the image and the chat template's
-    digest, read once on this machine) and its `PairPlan` of each phase, read from both Sparks by the first operation
-    of the phase that asks and handed to the others as data:
+    digest, both Sparks' RankInputs arguments and the switch's inputs, all made once on this machine before the step:
+    `of`) and its `PairPlan` of each phase, read from both Sparks by the first operation of the phase that asks and
+    handed to the others as data:
 
     - before the stop: the check, the exact gate's record, the stop, each start's spec, and the switch pair_serving
       judges (a stop and a start change only the containers: the specs, the records and the switch stay as read);
@@ -105,7 +121,14 @@ class PairPlans:
     peer: Host
     image: str
     template: str
+    inputs_args: tuple[dict[str, Any], dict[str, Any]]  # RankInputs' arguments: this Spark's, the other Spark's
+    switch_inputs: SwitchInputs
     _read: dict[tuple[str, bool], PairPlan] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def of(cls, s: Settings, peer: Host, image: str, template: str) -> PairPlans:
+        return cls(s, peer, image, template, (rank_inputs_args(s, image), rank_inputs_args(s.the_peer, image)),
+                   switch_inputs(s))
 
     def plan(self, phase: str) -> PairPlan:
         """The phase's plan: both Sparks' RankInputs, one round trip each and both at once (the peer's in a
@@ -113,9 +136,9 @@ class PairPlans:
         # why: pyinfra runs each operation while planning and again while executing: a planned read is not judged
         key = (phase, bool(state.is_executing))
         if key not in self._read:
-            s = self.s
-            theirs_read = gevent.spawn(_read_on, self.peer, ctx_config.get(), rank_inputs_args(s.the_peer, self.image))
-            mine = _read_side(host, rank_inputs_args(s, self.image))
+            s, (mine_args, theirs_args) = self.s, self.inputs_args
+            theirs_read = gevent.spawn(_read_on, self.peer, ctx_config.get(), theirs_args)
+            mine = _read_side(host, mine_args)
             theirs = theirs_read.get()
             (head_found, head_docker), (worker_found, worker_docker) = (mine, theirs) if s.is_head else (theirs, mine)
             self._read[key] = pair_plan(s.head, s.worker, head_found, worker_found, image=self.image,
@@ -183,7 +206,7 @@ def stale_pair_stopped(plans: PairPlans, pause_units: tuple[str, ...] = (), note
     if mine.action == START:
         host.noop("no rank container here to remove")
         return
-    yield from switch.rank_stop(s, mine.container)
+    yield from switch.rank_stop(plans.switch_inputs.sides[s.rank], mine.container)
 
 
 @operation()
@@ -217,7 +240,7 @@ def rank_started(plans: PairPlans, notes: SwitchNotes | None = None):
                 notes.start_problem = problem
             yield from check_failed("the switch", [problem])
             return
-    yield from switch.rank_start(s, mine.spec)
+    yield from switch.rank_start(plans.switch_inputs.sides[s.rank], mine.spec)
 
 
 def _container_state(container: Mapping[str, Any]) -> str:
@@ -231,8 +254,8 @@ def _stop_noted(state: Any, host: Host, notes: SwitchNotes) -> bool:
     return True
 
 
-def _old_pair_recorded(state: Any, host: Host, s: Settings, notes: SwitchNotes) -> bool:
-    notes.replay = switch.replay_record(s, host)
+def _old_pair_recorded(state: Any, host: Host, inputs: SwitchInputs, notes: SwitchNotes) -> bool:
+    notes.replay = switch.replay_record(inputs, host)
     return True  # an old pair that does not answer is said, and the smoke test alone judges the new one
 
 
@@ -248,7 +271,7 @@ def old_pair_replayed(plans: PairPlans, notes: SwitchNotes):
     if not plan.stale or came_from is None or plan.running != came_from.id:
         host.noop("no serving pair is replaced: nothing to record for the exact gate")
         return
-    yield FunctionCommand(_old_pair_recorded, (plans.s, notes), {})
+    yield FunctionCommand(_old_pair_recorded, (plans.switch_inputs, notes), {})
 
 
 @operation()
@@ -262,15 +285,15 @@ def pair_serving(plans: PairPlans, rank0: Any, notes: SwitchNotes):
     health wait: the last good pair is started again. The switch judged, and whether the pair ran the last good
     generation, are the plan before the stop's: the starts since changed containers only (and rank0 says whether
     one ran)."""
-    s, worker, checked = plans.s, plans.peer, plans.plan(BEFORE_STOP)
+    s, worker, checked, inputs = plans.s, plans.peer, plans.plan(BEFORE_STOP), plans.switch_inputs
     if rank0.is_complete() and not rank0.did_succeed():
         failed = notes.start_problem or "rank 0 did not start on the head (its error is above)"
-        yield FunctionCommand(switch.new_pair_served, (worker, s, checked.switch, notes, failed), {})
+        yield FunctionCommand(switch.new_pair_served, (worker, inputs, checked.switch, notes, failed), {})
         return
     if op_changed(rank0) or not plans.runs_last_good(0):
         # started now, or running but never judged (a run cut short after the start, an older sparkfold): judged
         # like any new pair before it may become the last good one
-        yield FunctionCommand(switch.new_pair_served, (worker, s, checked.switch, notes), {})
+        yield FunctionCommand(switch.new_pair_served, (worker, inputs, checked.switch, notes), {})
         return
     if not state.is_executing:  # why: asking the API is this machine's request, not a fact: only a run asks it
         host.noop("the pair is not restarted: one quick API check at execute time")
@@ -280,16 +303,16 @@ def pair_serving(plans: PairPlans, rank0: Any, notes: SwitchNotes):
     problem = down or serving.models_listed(s.api_base_url, s.served_name, key)
     if problem is None:
         for line in serving.live_lines(s.served_name, s.port, s.api_base_url, s.layout.api_key if s.api_key else "",
-                                       serving.open_api_note(s)):
+                                       exposure.open_note(inputs.asked, s.port)):
             logger.info(line)
         host.noop(f"{s.served_name} serves at {s.api_base_url}/v1")
         return
     if down:
         message = f"{down}: run deploy.py again to restart the pair"
-        yield FunctionCommand(switch.failed_with_logs, (worker, s, message), {})
+        yield FunctionCommand(switch.failed_with_logs, (worker, s.container_name, message), {})
         return
     logger.info(f"{host.name}: {problem}; waiting for rank 0 (it may still be loading)")
-    yield FunctionCommand(switch.new_pair_served, (worker, s, checked.switch, notes), {})
+    yield FunctionCommand(switch.new_pair_served, (worker, inputs, checked.switch, notes), {})
 
 
 def records_moved_command(legacy: str, folder: str) -> StringCommand:
@@ -368,18 +391,24 @@ def generations_kept(plans: PairPlans, started: Any = None):
         yield StringCommand("rm", "-f", "--", *files, _sudo=True)
 
 
+def pair_plans(s: Settings) -> PairPlans:
+    """The pair step's handoff of this Spark, made where the step is called (deploy.py, rollback.py): the controller's
+    inputs, read once (the other Spark, the content-addressed image, the template rank 0 serves)."""
+    return PairPlans.of(s, peer_host(s), image_ref(s), template_digest(s))
+
+
 @deploy("The pair of ranks")
-def ranks_serving(s: Settings) -> None:
+def ranks_serving(plans: PairPlans) -> None:
     """Check, then (only when stale) switch the pair: the old one recorded for the exact gate, both ranks removed,
     rank 1 started, then rank 0; then the health wait, the smoke test through both ranks (and the exact gate) and
-    the LIVE line, or the last good generation back; then the serving generation recorded and old ones pruned."""
-    peer, layout = peer_host(s), s.layout
+    the LIVE line, or the last good generation back; then the serving generation recorded and old ones pruned.
+    plans: pair_plans of this Spark's settings."""
+    s = plans.s
+    layout = s.layout
     if s.is_head:
         file_put(name="Chat template for rank 0", src=str(s.project_root / CHAT_TEMPLATE), dest=layout.chat_template,
                  mode="644")
-    # the controller's inputs, read once (the content-addressed image, the template rank 0 serves), and what this
-    # Spark's operations of the pair step hand on: the plan of each phase, and the head's notes of the switch
-    plans, notes = PairPlans(s, peer, image_ref(s), template_digest(s)), SwitchNotes()
+    notes = SwitchNotes()  # the head's operations of the switch tell each other when the old pair stopped, its record
     generation_records_moved(name="Generation records in the root-only folder", legacy=layout.legacy_generations,
                              folder=layout.generations)
     pair_checked(name="Check the launch (container ownership, rank 0's flags, link record, memory, ports)",
@@ -426,7 +455,7 @@ def previous_generation_served(plans: PairPlans):
                                              f"{s.layout.generations} (only {current or 'none'}): nothing to roll "
                                              "back to"])
         return
-    opened = exposure.more_open(exposure.of_argv(target.specs[0].argv), exposure.of_settings(s))
+    opened = exposure.more_open(exposure.of_argv(target.specs[0].argv), plans.switch_inputs.asked)
     if opened and not s.rollback_open:  # a rollback must not quietly reopen what the settings closed
         yield from check_failed(f"rollback to generation {target.id}", [
             f"its API is more open than the settings ask: {'; and '.join(opened)}. To start it all the same, for this "
@@ -443,8 +472,8 @@ def previous_generation_served(plans: PairPlans):
         return
     logger.info(f"{host.name}: rollback: generation {current or '(none)'} → {target.id}")
     containers = (plan.rank(0).container, plan.rank(1).container)
-    yield FunctionCommand(switch.rolled_back_to, (worker, s, target, current or "(none)", containers, SwitchNotes()),
-                          {})
+    yield FunctionCommand(switch.rolled_back_to, (worker, plans.switch_inputs, target, current or "(none)", containers,
+                                                  SwitchNotes()), {})
 
 
 @deploy("Roll back to the previous generation")
@@ -453,7 +482,7 @@ def rolled_back(s: Settings) -> None:
     the head, as the health wait is)."""
     if s.is_head:
         previous_generation_served(name="The previous good generation serves again",
-                                   plans=PairPlans(s, peer_host(s), image_ref(s), template_digest(s)))
+                                   plans=pair_plans(s))
 
 
 @operation()

@@ -5,7 +5,8 @@ One stop and one start of a rank (`rank_stop`, `rank_start`), yielded by deploy.
 run by `pair_switched`, which both the automatic rollback (`new_pair_served`) and rollback.py (`rolled_back_to`) use.
 The head's operations of one run share a `SwitchNotes` (when the old pair was stopped, the old pair's exact record);
 the functions that reach the Sparks run inside the head's FunctionCommands, through pyinfra's Host objects (so the
-head is the context host that `warned` and `function_failed` speak for).
+head is the context host that `warned` and `function_failed` speak for). They take `SwitchInputs`, the few values of
+the settings a switch uses, made once by the pair step (operations/ranks.py), not the settings themselves.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from operations.facts.docker import RankContainer
 from operations.layout import SUPERVISOR_UNIT
 from operations.rank import exposure
 from operations.rank.commands import record_command, removal_commands, start_commands
+from operations.rank.exposure import Exposure
 from operations.rank.generation import Generation, Switch
 from operations.rank.plan import foreign
 from operations.rank.record_check import record_refusal
@@ -29,14 +31,12 @@ from operations.rank.serving import (
     live_lines,
     load_status,
     log_tails,
-    open_api_note,
     ranks_down,
     read_api_key,
     smoke_test,
     wait_for_api,
 )
 from operations.rank.spec import ContainerSpec
-from operations.settings import Settings
 from operations.util.checks import function_failed, warned
 from operations.validate import exact
 from operations.validate.client import Client, CouldNotRun, HttpError
@@ -54,36 +54,6 @@ class SwitchNotes:
     start_problem: str | None = None  # why the head did not start rank 0 (the worker's rank 1 did not start)
 
 
-def _client(s: Settings, head: Host) -> Client:
-    key = read_api_key(head, s.layout.api_key) if s.api_key else ""
-    return Client(s.api_base_url, key or None, s.served_name, timeout=300)
-
-
-def replay_record(s: Settings, head: Host) -> dict[str, Any] | None:
-    """The exact gate's record of the pair that serves now (None when it does not answer)."""
-    client = _client(s, head)
-    try:
-        return exact.record(client, GATE_PROMPTS, say=lambda line: head.log(f"exact gate, old pair: {line}"))
-    except (CouldNotRun, HttpError, OSError) as e:
-        warned("exact gate", f"the old pair did not answer ({e}): only the smoke test judges the new one")
-        return None
-    finally:
-        client.session.close()
-
-
-def gate_problem(s: Settings, head: Host, before: dict[str, Any]) -> str | None:
-    """The exact gate: the new pair's replies to the same prompts at temperature 0 must be the old pair's."""
-    client = _client(s, head)
-    try:
-        after = exact.record(client, GATE_PROMPTS, say=lambda line: head.log(f"exact gate, new pair: {line}"))
-    except (CouldNotRun, HttpError, OSError) as e:
-        return f"the exact gate could not record the new pair's replies ({e})"
-    finally:
-        client.session.close()
-    result = exact.compare_records(before, after, say=lambda line: head.log(f"exact gate: {line}"))
-    return None if result.status == PASS else f"the exact gate found a difference: {result.detail}"
-
-
 @dataclass(frozen=True)
 class Api:
     """Where and how this machine asks a pair: its base URL, the model name it serves, whether it wants the key."""
@@ -94,23 +64,87 @@ class Api:
     port: int  # rank 0's own port (the LIVE line's)
 
 
-def api_of(s: Settings, spec: ContainerSpec | None = None) -> Api:
+@dataclass(frozen=True)
+class Side:
+    """One Spark's rank as a switch stops and starts it (deploy.py's own stop and start), and where its records go."""
+
+    role: str
+    rank: int
+    container_name: str
+    stop_timeout: int
+    log_dir: str
+    log_keep: int
+    min_avail_gib: float
+    gpu_clock_mhz: int
+    nvidia_smi_path: str
+    rank_env: str
+    generations: str
+
+
+@dataclass(frozen=True)
+class SwitchInputs:
+    """What a switch reads of the settings, made once by the pair step (operations/ranks.switch_inputs)."""
+
+    sides: tuple[Side, Side]  # rank 0's (the head), rank 1's (the worker)
+    api: Api  # the API the settings ask for
+    api_url_given: bool  # api_url is the user's own view of the port: kept as given across a changed port
+    api_key_file: str  # on the head
+    asked: Exposure  # how open the settings ask rank 0's API to be
+    wait_timeout: int
+    upgrade_gate: str
+    supervise: bool
+    engine_image: str
+    prebuilt_image: str
+
+
+def _client(inputs: SwitchInputs, head: Host) -> Client:
+    key = read_api_key(head, inputs.api_key_file) if inputs.api.keyed else ""
+    return Client(inputs.api.base_url, key or None, inputs.api.served_name, timeout=300)
+
+
+def replay_record(inputs: SwitchInputs, head: Host) -> dict[str, Any] | None:
+    """The exact gate's record of the pair that serves now (None when it does not answer)."""
+    client = _client(inputs, head)
+    try:
+        return exact.record(client, GATE_PROMPTS, say=lambda line: head.log(f"exact gate, old pair: {line}"))
+    except (CouldNotRun, HttpError, OSError) as e:
+        warned("exact gate", f"the old pair did not answer ({e}): only the smoke test judges the new one")
+        return None
+    finally:
+        client.session.close()
+
+
+def gate_problem(inputs: SwitchInputs, head: Host, before: dict[str, Any]) -> str | None:
+    """The exact gate: the new pair's replies to the same prompts at temperature 0 must be the old pair's."""
+    client = _client(inputs, head)
+    try:
+        after = exact.record(client, GATE_PROMPTS, say=lambda line: head.log(f"exact gate, new pair: {line}"))
+    except (CouldNotRun, HttpError, OSError) as e:
+        return f"the exact gate could not record the new pair's replies ({e})"
+    finally:
+        client.session.close()
+    result = exact.compare_records(before, after, say=lambda line: head.log(f"exact gate: {line}"))
+    return None if result.status == PASS else f"the exact gate found a difference: {result.detail}"
+
+
+def api_of(inputs: SwitchInputs, spec: ContainerSpec | None = None) -> Api:
     """The API the settings ask for, or the one a recorded rank 0 serves (a rollback across a changed port, name or
     key is judged where the old pair answers)."""
+    asked = inputs.api
     if spec is None:
-        return Api(s.api_base_url, s.served_name, bool(s.api_key), s.port)
-    port = exposure.flag_value(spec.argv, "--port") or str(s.port)
-    base = s.api_base_url
-    if port != str(s.port) and not s.api_url:  # api_url is the user's own view of the port: kept as given
+        return asked
+    port = exposure.flag_value(spec.argv, "--port") or str(asked.port)
+    base = asked.base_url
+    if port != str(asked.port) and not inputs.api_url_given:
         base = f"{base.rsplit(':', 1)[0]}:{port}"
-    return Api(base, exposure.flag_value(spec.argv, "--name") or s.served_name, exposure.of_argv(spec.argv).keyed,
+    return Api(base, exposure.flag_value(spec.argv, "--name") or asked.served_name, exposure.of_argv(spec.argv).keyed,
                int(port))
 
 
-def pair_problem(s: Settings, head: Host, worker: Host, timeout: float, api: Api | None = None) -> str | None:
+def pair_problem(inputs: SwitchInputs, head: Host, worker: Host, timeout: float, api: Api | None = None) -> str | None:
     """Wait for rank 0's API (a rank that exits ends the wait), then the smoke test; None when both pass."""
-    name, api = s.container_name, api or api_of(s)
-    api_key = read_api_key(head, s.layout.api_key) if api.keyed else ""
+    name, api = inputs.sides[0].container_name, api or api_of(inputs)
+    api_key = read_api_key(head, inputs.api_key_file) if api.keyed else ""
     problem = wait_for_api(api.base_url, api.served_name, api_key, timeout, lambda: ranks_down(head, worker, name),
                            progress=lambda m: head.log(f"{m}; {load_status(head, worker, name)}"))
     if problem is not None:
@@ -132,42 +166,42 @@ def run(spark: Host, command: StringCommand | FileUploadCommand) -> tuple[bool, 
     return bool(ok), list(out.stdout_lines) + list(out.stderr_lines)
 
 
-def rank_stop(side: Settings, container: Mapping[str, Any]) -> list[StringCommand]:
+def rank_stop(side: Side, container: Mapping[str, Any]) -> list[StringCommand]:
     """Spark `side`'s rank stopped (when it runs) and removed, its log saved first; nothing for no container, or one
     sparkfold did not start (the pair plan refuses that one before anything stops)."""
     if not container or foreign(side.role, side.container_name, container):
         return []
     return list(removal_commands(side.container_name, side.rank, bool(container.get("running")), side.stop_timeout,
-                                 side.layout.logs, side.log_keep))
+                                 side.log_dir, side.log_keep))
 
 
-def rank_start(side: Settings, spec: ContainerSpec) -> list[StringCommand | FileUploadCommand]:
+def rank_start(side: Side, spec: ContainerSpec) -> list[StringCommand | FileUploadCommand]:
     """Spark `side`'s rank started as `spec`: mounts checked, memory waited for, the GPU clock lock, `docker run`."""
-    return list(start_commands(spec, side.min_avail_gib, side.gpu_clock_mhz, side.nvidia_smi_path,
-                               side.layout.rank_env))
+    return list(start_commands(spec, side.min_avail_gib, side.gpu_clock_mhz, side.nvidia_smi_path, side.rank_env))
 
 
-def containers_now(s: Settings, head: Host, worker: Host) -> tuple[Mapping[str, Any], Mapping[str, Any]]:
+def containers_now(inputs: SwitchInputs, head: Host, worker: Host) -> tuple[Mapping[str, Any], Mapping[str, Any]]:
     """Both rank containers as they are now: the automatic rollback stops the pair this run started, whose containers
     no plan read (the health wait may have seen one exit, a failed start may have left none)."""
-    return (head.get_fact(RankContainer, container=s.head.container_name),
-            worker.get_fact(RankContainer, container=s.worker.container_name))
+    return (head.get_fact(RankContainer, container=inputs.sides[0].container_name),
+            worker.get_fact(RankContainer, container=inputs.sides[1].container_name))
 
 
-def refusal_of(s: Settings, target: Generation) -> str | None:
+def refusal_of(inputs: SwitchInputs, target: Generation) -> str | None:
     """Why `target`'s record may not be started (operations/rank/record_check.py), or None."""
-    return record_refusal(target, s.engine_image, s.prebuilt_image, (s.head.container_name, s.worker.container_name))
+    return record_refusal(target, inputs.engine_image, inputs.prebuilt_image,
+                          tuple(side.container_name for side in inputs.sides))
 
 
-def pair_switched(s: Settings, head: Host, worker: Host, containers: tuple[Mapping[str, Any], Mapping[str, Any]],
-                  target: Generation) -> str | None:
+def pair_switched(inputs: SwitchInputs, head: Host, worker: Host,
+                  containers: tuple[Mapping[str, Any], Mapping[str, Any]], target: Generation) -> str | None:
     """The pair in `containers` (rank 0's, rank 1's) stopped and `target`'s ranks started from its record, rank 1
     first, with deploy.py's own stop and start (rank_stop, rank_start); None when both started. A record that fails
     its check stops nothing; rank 0 is not started when rank 1 did not start."""
-    refused = refusal_of(s, target)
+    refused = refusal_of(inputs, target)
     if refused:
         return refused
-    sides = ((head, s.head), (worker, s.worker))
+    sides = ((head, inputs.sides[0]), (worker, inputs.sides[1]))
     for rank, (spark, side) in enumerate(sides):
         for command in rank_stop(side, containers[rank]):
             ok, out = run(spark, command)
@@ -182,17 +216,17 @@ def pair_switched(s: Settings, head: Host, worker: Host, containers: tuple[Mappi
     return None
 
 
-def switched_to(s: Settings, head: Host, worker: Host, containers: tuple[Mapping[str, Any], Mapping[str, Any]],
+def switched_to(inputs: SwitchInputs, head: Host, worker: Host, containers: tuple[Mapping[str, Any], Mapping[str, Any]],
                 target: Generation) -> str | None:
     """The pair replaced by `target` (stop, start, health wait, smoke test, judged where `target`'s rank 0 answers);
     None when it serves."""
-    return (pair_switched(s, head, worker, containers, target)
-            or pair_problem(s, head, worker, s.wait_timeout, api_of(s, target.specs[0])))
+    return (pair_switched(inputs, head, worker, containers, target)
+            or pair_problem(inputs, head, worker, inputs.wait_timeout, api_of(inputs, target.specs[0])))
 
 
-def supervisor_started(s: Settings, head: Host, unit: str) -> None:
+def supervisor_started(inputs: SwitchInputs, head: Host, unit: str) -> None:
     """The supervisor the switch paused, started again for the pair that serves now."""
-    if s.supervise:
+    if inputs.supervise:
         ok, out = run(head, StringCommand("systemctl", "start", unit, _sudo=True))
         if not ok:
             warned("supervise", f"could not start {unit} again: {' '.join(out)[-200:]}")
@@ -224,80 +258,81 @@ def clock() -> float:
     return time.monotonic()
 
 
-def new_pair_served(state: Any, host: Host, worker: Host, s: Settings, change: Switch | None,
+def new_pair_served(state: Any, host: Host, worker: Host, inputs: SwitchInputs, change: Switch | None,
                     notes: SwitchNotes, failed_start: str | None = None) -> bool:
     """pair_serving's judgement of the new pair (health, smoke, the exact gate); when it fails, the last good
     generation again. failed_start: why a rank did not start (the pair is failed without a wait)."""
-    problem = failed_start or pair_problem(s, host, worker, s.wait_timeout)
-    if problem is None and s.upgrade_gate == "exact":
+    problem = failed_start or pair_problem(inputs, host, worker, inputs.wait_timeout)
+    if problem is None and inputs.upgrade_gate == "exact":
         if notes.replay is None:
             warned("exact gate", "no record of the old pair (none served before this run, or it did not answer): "
                    "the smoke test alone judged the new pair")
         else:
-            problem = gate_problem(s, host, notes.replay)
+            problem = gate_problem(inputs, host, notes.replay)
     if problem is None:
-        for line in live_lines(s.served_name, s.port, s.api_base_url, s.layout.api_key if s.api_key else "",
-                               open_api_note(s)):
+        api = inputs.api
+        for line in live_lines(api.served_name, api.port, api.base_url, inputs.api_key_file if api.keyed else "",
+                               exposure.open_note(inputs.asked, api.port)):
             host.log(line)
         downtime = downtime_line(notes, clock())
         if downtime:
             host.log(downtime)
         return True
-    tails = log_tails(host, worker, s.container_name)  # read before the rollback replaces the failed pair
+    tails = log_tails(host, worker, inputs.sides[0].container_name)  # read before the rollback replaces the failed pair
     host.log(f"the new pair failed ({problem}); its ranks' last log lines:\n{tails}")
     target = change.came_from if change else None
     # the way back is decided here, not planned: only the health wait (this function's) says the new pair failed
-    back = switched_to(s, host, worker, containers_now(s, host, worker), target) if target else None
+    back = switched_to(inputs, host, worker, containers_now(inputs, host, worker), target) if target else None
     if target is not None:
-        supervisor_started(s, host, SUPERVISOR_UNIT)
-    logs = (s.head.layout.logs, s.worker.layout.logs)
+        supervisor_started(inputs, host, SUPERVISOR_UNIT)
+    logs = (inputs.sides[0].log_dir, inputs.sides[1].log_dir)
     new_id = change.to.id if change and change.to else "?"
     opened = ""
     if target is not None and back is None:  # the old pair serves again, as it was recorded
-        opened = exposure.rollback_warning(exposure.of_argv(target.specs[0].argv), exposure.of_settings(s))
-        _log_live(host, s, target)
+        opened = exposure.rollback_warning(exposure.of_argv(target.specs[0].argv), inputs.asked)
+        _log_live(host, inputs, target)
     return function_failed("the switch", failure_message(new_id, problem, logs, target, back, opened))
 
 
-def _log_live(host: Host, s: Settings, target: Generation) -> None:
+def _log_live(host: Host, inputs: SwitchInputs, target: Generation) -> None:
     """The LIVE lines of a recorded pair that serves again: its own port, name, key and open-API warning (a record
     may predate the settings), not the settings'."""
-    api = api_of(s, target.specs[0])
+    api = api_of(inputs, target.specs[0])
     note = exposure.open_note(exposure.of_argv(target.specs[0].argv), api.port)
-    for line in live_lines(api.served_name, api.port, api.base_url, s.layout.api_key if api.keyed else "", note):
+    for line in live_lines(api.served_name, api.port, api.base_url, inputs.api_key_file if api.keyed else "", note):
         host.log(line)
 
 
-def failed_with_logs(state: Any, host: Host, worker: Host, s: Settings, message: str) -> bool:
+def failed_with_logs(state: Any, host: Host, worker: Host, container_name: str, message: str) -> bool:
     """A pair that was not switched but has a rank down: both ranks' last log lines, then the failure line."""
-    host.log(f"the ranks' last log lines:\n{log_tails(host, worker, s.container_name)}")
+    host.log(f"the ranks' last log lines:\n{log_tails(host, worker, container_name)}")
     return function_failed("the serving pair", f"{message} (the ranks' last log lines are above)")
 
 
-def rolled_back_to(state: Any, host: Host, worker: Host, s: Settings, target: Generation, came_from: str,
+def rolled_back_to(state: Any, host: Host, worker: Host, inputs: SwitchInputs, target: Generation, came_from: str,
                    containers: tuple[Mapping[str, Any], Mapping[str, Any]], notes: SwitchNotes) -> bool:
     """rollback.py's switch: the serving pair (`containers`, as its plan read them) stopped with the supervisor
     paused, `target` started from its record and judged like any new pair, then recorded as the last good one on
     both Sparks. A FunctionCommand: the worker's part is driven from the head, and the health wait's result decides
     whether the record is written."""
-    if s.supervise:
+    if inputs.supervise:
         run(host, StringCommand("systemctl", "stop", SUPERVISOR_UNIT, _sudo=True))
-        containers = containers_now(s, host, worker)  # it may have restarted a rank since the plan read them
+        containers = containers_now(inputs, host, worker)  # it may have restarted a rank since the plan read them
     notes.stopped_at = clock()
-    problem = switched_to(s, host, worker, containers, target)
-    supervisor_started(s, host, SUPERVISOR_UNIT)
+    problem = switched_to(inputs, host, worker, containers, target)
+    supervisor_started(inputs, host, SUPERVISOR_UNIT)
     if problem is not None:
         return function_failed("rollback.py", f"the rollback to generation {target.id} failed: {problem}; run "
                                "deploy.py to start the pair the settings ask for")
     recorded = Generation(target.id, target.specs, good_at=time.time())
-    for spark, side in ((host, s.head), (worker, s.worker)):
-        ok, out = run(spark, record_command(side.layout.generations, recorded))
+    for spark, side in ((host, inputs.sides[0]), (worker, inputs.sides[1])):
+        ok, out = run(spark, record_command(side.generations, recorded))
         if not ok:
             return function_failed("rollback.py", f"generation {target.id} serves, but {spark.name} could not "
                                    f"record it as the last good one: {' '.join(out)[-200:]}")
     host.log(f"rolled back: generation {came_from} → {target.id}")
-    _log_live(host, s, target)
-    opened = exposure.more_open(exposure.of_argv(target.specs[0].argv), exposure.of_settings(s))
+    _log_live(host, inputs, target)
+    opened = exposure.more_open(exposure.of_argv(target.specs[0].argv), inputs.asked)
     if opened:  # asked for with rollback_open: said again where the run ends
         warned("rollback_open", f"generation {target.id} is more open than the settings ask: "
                f"{'; and '.join(opened)}. {exposure.CLOSE_IT}.")

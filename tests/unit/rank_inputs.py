@@ -72,7 +72,7 @@ def docker_facts(daemon_json: dict = DAEMON_OK, live: dict = DOCKER_LIVE) -> dic
 def pair_plans(s, peer, image: str = IMAGE, template: str = TEMPLATE):
     """The pair step's handoff of Spark `s` (operations/ranks.py), no phase read yet."""
     from operations.ranks import PairPlans
-    return PairPlans(s, peer, image, template)
+    return PairPlans.of(s, peer, image, template)
 
 
 def rank_facts(inputs: dict, more: dict | None = None) -> dict:

@@ -92,7 +92,7 @@ def _pair_plans(fields: dict, case: Case) -> Any:
     from operations.ranks import PairPlans
 
     assert case.s is not None and case.peer is not None, "$pair_plans needs the case's `settings` and `peer`"
-    return PairPlans(case.s, case.peer, fields["image"], fields["template"])
+    return PairPlans.of(case.s, case.peer, fields["image"], fields["template"])
 
 
 TAGS = {

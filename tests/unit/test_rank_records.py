@@ -140,6 +140,6 @@ def test_a_refused_record_stops_nothing_and_starts_nothing(monkeypatch):
     monkeypatch.setattr(switch, "pair_problem", lambda s, head, worker, timeout, api=None: None)
     head, worker = Spark("head", {}), Spark("worker", {})
     bad = spec_changed(OLD, 1, options=[*OLD.specs[1].options, "--privileged"])
-    problem = switch.switched_to(HS, head, worker, (container("new"), container("new")), bad)
+    problem = switch.switched_to(ranks.switch_inputs(HS), head, worker, (container("new"), container("new")), bad)
     assert problem and f"the record of generation {bad.id} is refused" in problem and "--privileged" in problem
     assert head.ran == [] and worker.ran == []  # the serving pair is not even stopped

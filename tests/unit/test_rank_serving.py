@@ -234,7 +234,7 @@ def test_a_pair_that_serves_logs_each_smoke_part_and_never_the_key(fake):
     fake.require_key = "k1"
     head = Spark({RankContainer: UP}, "head", {"cat ": ["# key", "k1"]})
     worker = Spark({RankContainer: UP}, "worker")
-    assert switch.pair_problem(HS, head, worker, 60, keyed(fake.url, True)) is None
+    assert switch.pair_problem(ranks.switch_inputs(HS), head, worker, 60, keyed(fake.url, True)) is None
     smoke = [m for m in head.logged if m.startswith("smoke test ")]
     assert [m.split(":", 1)[0] for m in smoke] == [f"smoke test {p}" for p in ("health", "reply", "stream", "tool",
                                                                                   "tool-result")]
@@ -244,14 +244,14 @@ def test_a_pair_that_serves_logs_each_smoke_part_and_never_the_key(fake):
 def test_a_failed_smoke_test_says_which_part(fake):
     fake.bad = {"no-done"}
     head, worker = Spark({RankContainer: UP}, "head"), Spark({RankContainer: UP}, "worker")
-    problem = switch.pair_problem(HS, head, worker, 60, keyed(fake.url))
+    problem = switch.pair_problem(ranks.switch_inputs(HS), head, worker, 60, keyed(fake.url))
     assert problem == "the smoke test failed: FAIL stream: the stream ended without data: [DONE]"
 
 
 def test_a_rank_that_exits_ends_the_wait(api):
     a = api(models=503)
     head, worker = Spark({RankContainer: UP}, "head"), Spark({RankContainer: DOWN}, "worker")
-    assert switch.pair_problem(HS, head, worker, 60, keyed(a.url)) == "rank 1 exited with code 1"
+    assert switch.pair_problem(ranks.switch_inputs(HS), head, worker, 60, keyed(a.url)) == "rank 1 exited with code 1"
 
 
 def test_the_logs_of_both_ranks_are_shown_on_a_failure():
@@ -336,7 +336,7 @@ def test_fail_with_logs_shows_both_ranks():
     head = Spark({}, "head", {"docker logs": ["r0 line"]})
     worker = Spark({}, "worker", {"docker logs": ["r1 line"]})
     with ctx_host.use(head):  # the head's FunctionCommand
-        assert switch.failed_with_logs(None, head, worker, HS, "rank 1 exited") is False
+        assert switch.failed_with_logs(None, head, worker, HS.container_name, "rank 1 exited") is False
     tails, failure = head.logged  # the logs first, then the failure line that ends the output
     assert "r0 line" in tails and "r1 line" in tails
     assert failure == "sparkfold: the serving pair: rank 1 exited (the ranks' last log lines are above)"

@@ -54,7 +54,8 @@ class Spark:
 def test_a_rollback_stops_the_failed_pair_then_starts_the_old_one_rank_1_first(monkeypatch):
     monkeypatch.setattr(switch, "pair_problem", lambda s, head, worker, timeout, api=None: None)
     head, worker = Spark("head", {}), Spark("worker", {})
-    assert switch.switched_to(HS, head, worker, (container("new"), container("new")), good(EARLIER, 1)) is None
+    pair = (container("new"), container("new"))
+    assert switch.switched_to(ranks.switch_inputs(HS), head, worker, pair, good(EARLIER, 1)) is None
     assert head.ran[0].startswith("docker stop") and "docker rm -f" in head.ran[2]  # logs saved between
     assert worker.ran[0].startswith("docker stop") and "-rank1.log.gz" in worker.ran[1]
     assert f"sparkfold.spec-hash={EARLIER.specs[1].spec_hash()}" in worker.ran[-1]
@@ -64,21 +65,21 @@ def test_a_rollback_stops_the_failed_pair_then_starts_the_old_one_rank_1_first(m
 def test_a_rollback_passes_the_recorded_environment_through_a_file(monkeypatch):
     monkeypatch.setattr(switch, "pair_problem", lambda s, head, worker, timeout, api=None: None)
     head, worker = Spark("head", {}), Spark("worker", {})
-    assert switch.switched_to(HS, head, worker, ({}, {}), good(EARLIER, 1)) is None
+    assert switch.switched_to(ranks.switch_inputs(HS), head, worker, ({}, {}), good(EARLIER, 1)) is None
     env_file = f"{WS.layout.rank_env}/{EARLIER.specs[1].name}.env"
     upload = [c for c in worker.ran if c.startswith(f"(upload to {env_file}: ")]
     assert len(upload) == 1 and "HF_HUB_OFFLINE=1\\n" in upload[0]
     run = worker.ran[-1]
     assert f"--env-file {env_file}" in run and "HF_HUB_OFFLINE" not in run
     failed = Spark("worker", {}, fails="upload")
-    problem = switch.switched_to(HS, Spark("head", {}), failed, ({}, {}), good(EARLIER, 1))
+    problem = switch.switched_to(ranks.switch_inputs(HS), Spark("head", {}), failed, ({}, {}), good(EARLIER, 1))
     assert problem is not None and f"could not upload {env_file}" in problem
 
 
 def test_a_rollback_that_cannot_start_says_which_rank(monkeypatch):
     monkeypatch.setattr(switch, "pair_problem", lambda s, head, worker, timeout, api=None: None)
     head, worker = Spark("head", {}), Spark("worker", {}, fails="docker run")
-    problem = switch.switched_to(HS, head, worker, ({}, {}), good(EARLIER, 1))
+    problem = switch.switched_to(ranks.switch_inputs(HS), head, worker, ({}, {}), good(EARLIER, 1))
     assert problem == f"rank 1 of generation {EARLIER.id} did not start on worker: no such image"
     assert head.ran == []  # rank 0 is not started without rank 1
 
@@ -86,7 +87,7 @@ def test_a_rollback_that_cannot_start_says_which_rank(monkeypatch):
 def test_a_foreign_container_is_not_stopped_by_a_rollback(monkeypatch):
     monkeypatch.setattr(switch, "pair_problem", lambda s, head, worker, timeout, api=None: None)
     head, worker = Spark("head", {}), Spark("worker", {})
-    switch.switched_to(HS, head, worker, (container(managed=False), {}), good(EARLIER, 1))
+    switch.switched_to(ranks.switch_inputs(HS), head, worker, (container(managed=False), {}), good(EARLIER, 1))
     assert not any("docker stop" in c or "docker rm" in c for c in head.ran)
 
 
@@ -121,8 +122,9 @@ def serve(monkeypatch, problem=None, gate=None, replay=None, back=None, upgrade_
     head, worker = Spark("head", {}), Spark("worker", {})
     change = switch_of(SERVING.specs, SERVING.specs[0].image,
                        SimpleNamespace(get=lambda gid: good(EARLIER, 1), last_good=EARLIER.id))
+    inputs = ranks.switch_inputs(settings.replace(upgrade_gate=upgrade_gate))
     with ctx_host.use(head):  # the head's FunctionCommand: the head is the host its failure line speaks for
-        ok = switch.new_pair_served(None, head, worker, settings.replace(upgrade_gate=upgrade_gate), change,
+        ok = switch.new_pair_served(None, head, worker, inputs, change,
                                     switch.SwitchNotes(stopped_at=170.0, replay=replay), failed_start)
     return ok, head.logged, calls
 
@@ -163,12 +165,12 @@ def test_the_exact_gate_judges_only_with_a_record_of_the_old_pair(monkeypatch, c
 
 def test_a_rollback_is_judged_where_the_old_pair_answers():
     hs = HS.replace(port=9000)  # the switch moved the API from 8888 to 9000: the old pair still answers on 8888
-    old = switch.api_of(hs, EARLIER.specs[0])
+    old = switch.api_of(ranks.switch_inputs(hs), EARLIER.specs[0])
     assert (old.base_url, old.port, old.served_name, old.keyed) == ("http://spark-a.local:8888", 8888,
                                                                     "DeepSeek-V4.1-Flash-1017", False)
-    assert switch.api_of(hs).base_url == "http://spark-a.local:9000"
+    assert switch.api_of(ranks.switch_inputs(hs)).base_url == "http://spark-a.local:9000"
     own = HS.replace(port=9000, api_url="http://127.0.0.1:18888")  # a URL the user gave is theirs: kept
-    assert switch.api_of(own, EARLIER.specs[0]).base_url == "http://127.0.0.1:18888"
+    assert switch.api_of(ranks.switch_inputs(own), EARLIER.specs[0]).base_url == "http://127.0.0.1:18888"
 
 
 # --- one switch path ----------------------------------------------------------------------------------------------
@@ -221,7 +223,8 @@ def test_rollback_and_the_automatic_rollback_stop_and_start_as_deploys_switch(mo
     change = switch_of(EARLIER.specs, EARLIER.specs[0].image,
                        SimpleNamespace(get=lambda gid: good(SERVING, 1), last_good=SERVING.id))
     with ctx_host.use(head):
-        assert switch.new_pair_served(None, head, worker, HS, change, switch.SwitchNotes()) is False
+        inputs = ranks.switch_inputs(HS)
+        assert switch.new_pair_served(None, head, worker, inputs, change, switch.SwitchNotes()) is False
     assert (_stops_and_starts(head), _stops_and_starts(worker)) == deployed
 
     # rollback.py: EARLIER serves, SERVING is the previous good generation
@@ -244,8 +247,8 @@ def _rollback_py(monkeypatch, problem=None, worker_fails="", settings=HS):
     monkeypatch.setattr(switch, "pair_problem", lambda s, head, worker, timeout, api=None: problem)
     head, worker = Spark("head", {}), Spark("worker", {}, fails=worker_fails)
     with ctx_host.use(head):
-        ok = switch.rolled_back_to(None, head, worker, settings, good(EARLIER, 1), SERVING.id, ({}, {}),
-                                   switch.SwitchNotes())
+        ok = switch.rolled_back_to(None, head, worker, ranks.switch_inputs(settings), good(EARLIER, 1), SERVING.id,
+                                   ({}, {}), switch.SwitchNotes())
     return ok, head.logged
 
 
@@ -276,8 +279,8 @@ def test_an_old_pair_that_does_not_answer_and_a_supervisor_that_does_not_start_a
     monkeypatch.setattr(switch.exact, "record", refused)
     head = Spark("head", {}, fails="systemctl start")
     with ctx_host.use(head), caplog.at_level("WARNING", logger="pyinfra"):
-        assert switch.replay_record(HS, head) is None
-        switch.supervisor_started(HS.replace(supervise=True), head, SUPERVISOR_UNIT)
+        assert switch.replay_record(ranks.switch_inputs(HS), head) is None
+        switch.supervisor_started(ranks.switch_inputs(HS.replace(supervise=True)), head, SUPERVISOR_UNIT)
     assert ("head: warning: exact gate: the old pair did not answer (connection refused): only the smoke test judges "
             "the new one") in caplog.text
     assert f"head: warning: supervise: could not start {SUPERVISOR_UNIT} again: no such image" in caplog.text
@@ -305,8 +308,9 @@ def test_rollback_py_stops_the_containers_as_they_are_once_the_supervisor_is_pau
     restarted = container(SERVING.specs[0].spec_hash())  # running again when the pause comes
     head, worker = Spark("head", restarted), Spark("worker", {})
     stopped_in_plan = (container(SERVING.specs[0].spec_hash(), running=False), {})
+    supervised = ranks.switch_inputs(HS.replace(supervise=True))
     with ctx_host.use(head):
-        assert switch.rolled_back_to(None, head, worker, HS.replace(supervise=True), good(EARLIER, 1), SERVING.id,
-                                     stopped_in_plan, switch.SwitchNotes()) is True
+        assert switch.rolled_back_to(None, head, worker, supervised, good(EARLIER, 1), SERVING.id, stopped_in_plan,
+                                     switch.SwitchNotes()) is True
     assert head.ran[0] == f"systemctl stop {SUPERVISOR_UNIT}" and head.reads == 1
     assert any(command.startswith("docker stop") for command in head.ran), head.ran

@@ -440,7 +440,7 @@ def test_the_pair_step_on_each_spark(monkeypatch):
     from pyinfra.context import ctx_host
     calls, head_host, worker_host = _recording(monkeypatch)
     with ctx_host.use(head_host):
-        ranks.ranks_serving._inner(HS.replace(api_key=True))
+        ranks.ranks_serving._inner(ranks.pair_plans(HS.replace(api_key=True)))
     kinds = [k for k, _ in calls]
     assert kinds == ["put", "generation_records_moved", "pair_checked", "stale_pair_stopped", "rank_started",
                      "pair_serving", "generations_kept"]  # old generations go only once the new one serves
@@ -451,6 +451,7 @@ def test_the_pair_step_on_each_spark(monkeypatch):
     assert start["name"] == "Start rank 0 (head)" and plans.peer is worker_host and plans.image.startswith(
         HS.engine_image + ":")
     assert len(plans.template) == 64  # the checkout's chat template, hashed once for the run
+    assert plans.switch_inputs == ranks.switch_inputs(HS.replace(api_key=True))  # made once, with the plans
     serving_ = calls[4][1]
     assert serving_["plans"] is plans and serving_["rank0"].did_change() is True
     assert serving_["notes"] is calls[2][1]["notes"]  # the stop's time reaches the LIVE line
@@ -458,17 +459,25 @@ def test_the_pair_step_on_each_spark(monkeypatch):
     assert start["_ignore_errors"] is True and start["notes"] is serving_["notes"]
     calls.clear()
     with ctx_host.use(head_host):
-        ranks.ranks_serving._inner(HS.replace(upgrade_gate="exact"))
+        ranks.ranks_serving._inner(ranks.pair_plans(HS.replace(upgrade_gate="exact")))
     assert [k for k, _ in calls][2:4] == ["pair_checked", "old_pair_replayed"]  # recorded before the stop
     calls.clear()
     with ctx_host.use(worker_host):
-        ranks.ranks_serving._inner(WS)
+        ranks.ranks_serving._inner(ranks.pair_plans(WS))
     assert [k for k, _ in calls] == ["generation_records_moved", "pair_checked", "stale_pair_stopped", "rank_started",
                                      "generations_kept"]
     del calls[0]
     assert calls[2][1]["name"] == "Start rank 1 (worker)" and calls[2][1]["plans"].peer is head_host
     assert calls[2][1]["_ignore_errors"] is True
     assert calls[1][1]["notes"] is None
+
+
+def test_both_sparks_hand_the_switch_the_same_ranks():
+    """Each Spark's stop and start take its own rank's side (sides[s.rank]) of inputs both Sparks make alike."""
+    head, worker = ranks.switch_inputs(HS), ranks.switch_inputs(WS)
+    assert head.sides == worker.sides and [side.rank for side in head.sides] == [0, 1]
+    assert head.sides[1].role == "worker" and head.sides[1].log_dir == WS.layout.logs
+    assert head.sides[0].rank_env == HS.layout.rank_env and head.sides[1].generations == WS.layout.generations
 
 
 def test_stop_on_each_spark(monkeypatch):
@@ -510,7 +519,7 @@ def test_the_pair_step_hands_one_handoff_to_each_operation(monkeypatch):
     from pyinfra.context import ctx_host
     calls, head_host, _worker_host = _recording(monkeypatch)
     with ctx_host.use(head_host):
-        ranks.ranks_serving._inner(HS.replace(upgrade_gate="exact"))
+        ranks.ranks_serving._inner(ranks.pair_plans(HS.replace(upgrade_gate="exact")))
     handoffs = {kind: kw.get("plans") for kind, kw in calls if kind not in ("put", "generation_records_moved")}
     assert set(handoffs) == {"pair_checked", "old_pair_replayed", "stale_pair_stopped", "rank_started",
                              "pair_serving", "generations_kept"}
