@@ -26,4 +26,11 @@ def pytest_xdist_make_scheduler(config, log):
         def _split_scope(self, nodeid: str) -> str:
             return e2e_scope(nodeid) or nodeid
 
+        def schedule(self) -> None:
+            # the first units go to the workers in the order they registered: put gw0, gw1, ... first, so the pairs
+            # the e2e units run on are pairs 0 and 1 (the ones .ci/run brought up), whichever worker started first
+            self.assigned_work = dict(sorted(self.assigned_work.items(),
+                                             key=lambda item: int(pair_of_worker(item[0].gateway.id) or 0)))
+            super().schedule()
+
     return PairScheduling(config, log)
