@@ -492,7 +492,7 @@ def rank_stopped(container_name: str, rank: int, stop_timeout: int, log_dir: str
     if not mine:
         host.noop(f"no container named {container_name} here: rank {rank} is stopped")
         return
-    refusal = foreign("this Spark", container_name, mine)
+    refusal = foreign("head" if rank == 0 else "worker", container_name, mine)  # rank 0 runs on the head
     if refusal:  # never planned as a removal: the container is not ours
         yield from check_failed("the rank container", [refusal])
         return

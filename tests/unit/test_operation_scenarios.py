@@ -15,15 +15,18 @@ a case is one JSON object (docs/testing.md, "Operation scenarios"):
               OperationMeta, e.g. a unit file's put), {"$pair_plans": {"image": ..., "template": ...}} the pair
               step's handoff (operations/ranks.PairPlans) of `settings` and `peer`, no phase read yet
   facts       {"module.FactClass": value} for a fact read without arguments, {"module.FactClass": {"k=v, k2=v2":
-              value}} for one read with them (keyword arguments sorted, as pyinfra's own scenarios key them)
+              value}} for one read with them (keyword arguments sorted, as pyinfra's own scenarios key them); an
+              object key of digits is read as an int (JSON keys are strings; RankInputs' port_holders is keyed by port)
   executing   true: the run executes (pyinfra's state.is_executing); false (default): --dry plans
   commands    what the operation yields, in order: a command line; {"command": ..., "_sudo": true} for one with
               connector arguments; {"upload": dest, "text": ...} or {"upload": dest, "src": repo path}
   noop        what it reports when it yields nothing (absent: it reports nothing)
   logged      the lines it logs (pyinfra's logger, INFO and up), in order, when what it says is the point
               (absent: not checked)
-  fails       the check it refuses with (operations/util/checks.check_failed), in place of commands and executing:
-              a run yields one failing command with it, --dry plans nothing and warns "will fail: " with it
+  fails       the check it refuses with (operations/util/checks.check_failed), in place of commands: a run yields
+              one failing command with it, --dry plans nothing and warns "will fail: " with it; with "executing": true
+              only the run is checked (a refusal only the executing run judges, e.g. settled=False; what --dry plans
+              instead is a case of its own)
   facts_read  the short names of the facts it reads, in order, when how many round trips matters
 """
 
@@ -122,12 +125,22 @@ def _settings(given: dict, peer: dict) -> Any:
     return head if role == "head" else worker
 
 
+def _int_keys(value: Any) -> Any:
+    """A fact value with its digit keys as ints, as the fact's process() gives them (JSON keys are strings)."""
+    if isinstance(value, dict):
+        return {int(k) if isinstance(k, str) and k.isdigit() else k: _int_keys(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_int_keys(v) for v in value]
+    return value
+
+
 def _facts(facts: dict) -> dict:
     """The harness's fact table (tests/unit/harness.py): a value keyed by "k=v" strings is the table of a fact read
     with arguments."""
     out = {}
     for name, value in facts.items():
         _import(name, "fact")
+        value = _int_keys(value)
         keyed = isinstance(value, dict) and value and all("=" in key for key in value)
         out[name] = with_args(value) if keyed else value
     return out
@@ -171,6 +184,11 @@ def test_operation_scenario(path: Path, caplog) -> None:
     if tagged.s is not None and "s" in inspect.signature(op._inner).parameters:  # else only $pair_plans reads it
         kwargs["s"] = tagged.s
     facts = _facts(case.get("facts", {}))
+    if "fails" in case and case.get("executing"):  # judged by the executing run alone
+        _, host = run_op(op, facts, executing=True, **kwargs)
+        _same([_shown(c) for c in host.yielded], [fail_command(case["fails"]).get_raw_value()], "failing commands",
+              path)
+        return
     if "fails" in case:
         command, warnings = refused(caplog, op, facts, **kwargs)
         _same(command, fail_command(case["fails"]).get_raw_value(), "failing commands", path)

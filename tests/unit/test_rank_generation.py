@@ -264,18 +264,6 @@ def test_rollback_switches_to_the_newest_good_generation_but_the_serving_one():
     assert len(cmds) == 1 and "rolled_back_to" in cmds[0]
 
 
-def test_rollback_refuses_without_an_earlier_generation_or_with_its_parts_gone():
-    alone = running_pair(HS, good(SERVING, 2), last_good=SERVING.id)
-    cmds, _ = rollback_op(alone, running_pair(WS), READY, READY)
-    assert len(cmds) == 1 and "nothing to roll back to" in cmds[0] and "exit 1" in cmds[0]
-    both = running_pair(HS, good(EARLIER, 1), good(SERVING, 2), last_good=SERVING.id)
-    gone = {"image": False, "missing": [f"{WS.layout.rank_cache}/def/rank1"]}
-    cmds, _ = rollback_op(both, running_pair(WS), READY, gone)
-    assert len(cmds) == 1 and f"the image {EARLIER.specs[1].image}" in cmds[0]
-    assert f"{WS.layout.rank_cache}/def/rank1 (removed since it served)" in cmds[0]
-    assert rollback_op(both, running_pair(WS), READY, gone, executing=False)[0] == []  # --dry: said, not planned
-
-
 def test_rollback_with_nothing_serving_starts_the_last_good_generation():
     stopped = inputs_with_records(HS, {}, good(EARLIER, 1), good(SERVING, 2), last_good=SERVING.id)
     cmds, _ = rollback_op(stopped, inputs_with_records(WS, {}), READY, READY)

@@ -286,21 +286,6 @@ def test_an_old_pair_that_does_not_answer_and_a_supervisor_that_does_not_start_a
     assert f"head: warning: supervise: could not start {SUPERVISOR_UNIT} again: no such image" in caplog.text
 
 
-def test_rollback_py_refuses_a_container_it_did_not_start_before_anything_stops():
-    """A container with our name that sparkfold did not start, on either Spark: rollback.py refuses in the plan
-    (it used to stop the other rank and then fail on docker's name conflict)."""
-    kept = (good(SERVING, 1), good(EARLIER, 2))
-    ready = {StartReady: {"image": True, "missing": []}}
-    running = (EARLIER.specs[0].spec_hash(), EARLIER.specs[1].spec_hash())
-    peer = FakeHost(rank_facts(inputs_with_records(WS, container(managed=False)), ready), name="worker")
-    here = FakeHost(rank_facts(inputs_with_records(HS, container(running[0]), *kept, last_good=EARLIER.id), ready),
-                    name="head")
-    with ctx_state.use(_State(True)), ctx_host.use(here):
-        [refusal] = list(ranks.previous_generation_served._inner(plans=pair_plans(HS, peer)))
-    text = refusal.get_raw_value()
-    assert text.endswith("exit 1") and "the rank containers: " in text and "was not started by sparkfold" in text
-
-
 def test_rollback_py_stops_the_containers_as_they_are_once_the_supervisor_is_paused(monkeypatch):
     """The supervisor may restart a rank between the plan's read and its pause: the stop judges the containers read
     after the pause (a running rank is stopped gracefully, its log saved), not the plan's."""

@@ -103,53 +103,6 @@ def test_the_parts_facts():
     assert parse_fact(PortListeners, ["LISTEN 0 5 0.0.0.0:8888 0.0.0.0:*"], port=8888) == ["a process"]
 
 
-# --- pair_checked --------------------------------------------------------------------------------------------------
-
-def test_pair_checked_refuses_foreign_containers_here_and_there():
-    cmds, _ = run(ranks.pair_checked, HS, found(HS, container(managed=False)), found(WS))
-    assert len(cmds) == 1 and "exit 1" in cmds[0] and "on the head was not started by sparkfold" in cmds[0]
-    cmds, _ = run(ranks.pair_checked, WS, found(WS), found(HS, container(managed=False)))
-    assert "on the head was not started by sparkfold" in cmds[0] and "docker rm -f" in cmds[0]
-
-
-def test_pair_checked_fails_on_flag_problems_and_warns_while_planning(caplog):
-    hs, ws = make_pair(head={"nccl_rails": 1, "extra_serve_args": ["--foo"]}, worker={"nccl_rails": 1})
-    cmds, _ = run(ranks.pair_checked, hs, found(hs), found(ws))
-    assert "remove --foo from extra_serve_args" in cmds[0] and "exit 1" in cmds[0]
-    cmds, _ = run(ranks.pair_checked, hs, found(hs), found(ws), executing=False)
-    assert cmds == [] and "will fail: the launch: --foo is not served" in caplog.text
-
-
-def test_pair_checked_tolerates_missing_inputs_while_planning_only(caplog):
-    cmds, _ = run(ranks.pair_checked, HS, found(HS, rails=None), found(WS), executing=False)
-    assert cmds == [] and "will fail" not in caplog.text
-    cmds, _ = run(ranks.pair_checked, HS, found(HS, rails=None), found(WS))
-    assert "cannot be launched yet: the link record (rails) missing" in cmds[0]
-
-
-def test_pair_checked_memory_and_ports_of_this_spark_only():
-    cmds, _ = run(ranks.pair_checked, HS, found(HS, mem_gib=40.0), found(WS))
-    assert "only 40.0 GiB" in cmds[0] and "min_avail_gib = 112" in cmds[0]
-    assert run(ranks.pair_checked, HS, found(HS), found(WS, mem_gib=40.0))[0] == []  # the worker's own op says it
-    # the composite fact runs as the ssh user: a root process shows as "a process"; root names it (asked only then)
-    cmds, host = run(ranks.pair_checked, HS, found(HS, holders={8888: ["a process"]}), found(WS),
-                     extra={PortListeners: ["nginx (pid 12)"]})
-    assert "port 8888 is held by nginx (pid 12) on the head" in cmds[0]
-    assert ("operations.facts.network.PortListeners", {"port": 8888}) in host.fact_calls
-    _cmds, host = run(ranks.pair_checked, HS, found(HS), found(WS))
-    assert not any(name.endswith("PortListeners") for name, _kwargs in host.fact_calls)  # free ports: not asked
-
-
-# --- stale_pair_stopped ------------------------------------------------------------------------------------------
-
-def test_a_foreign_container_is_never_planned_as_a_removal():
-    for executing in (False, True):
-        cmds, _ = run(ranks.stale_pair_stopped, HS, found(HS, container(managed=False)), found(WS, container("x")),
-                      executing)
-        assert all("docker rm" not in c.split("(")[0] and "docker stop" not in c for c in cmds)
-    assert "not started by sparkfold" in cmds[0]
-
-
 # --- a Docker restart earlier in the run --------------------------------------------------------------------------
 
 WORKER_RESTARTS = "the pair restarts: rank 1 restarts: Docker restarts on the worker (daemon.json changes)"
@@ -290,25 +243,20 @@ RELOCK = (f"sh /usr/local/lib/sparkfold/gpu_clock_lock.sh {WS.nvidia_smi_path} {
           "/var/lib/sparkfold/gpu-clock.record")
 
 
-def test_rank_0_is_not_started_when_rank_1_did_not_start():
+def test_rank_1_not_started_is_noted_for_pair_serving():
     """Executing, after the worker's start: rank 1 not running its wanted spec (a `docker run` that failed leaves a
-    created container, or none) stops rank 0's start, noted for pair_serving; planning shows the start."""
+    created container, or none; or its spec is not known) is noted for pair_serving, which judges the switch failed
+    (the refusals themselves are scenarios: tests/operations/ranks.rank_started/rank_1_*)."""
     from operations.rank.switch import SwitchNotes
 
     created = dict(container(H1), running=False, status="created", exit_code=127)
-    for theirs, said in ((created, "its container is created, exit code 127"), ({}, "no container"),
-                         (container("old"), "its container is running")):
+    for theirs, said in ((found(WS, created), "its container is created, exit code 127"), (found(WS), "no container"),
+                         (found(WS, container("old")), "its container is running"),
+                         (found(WS, linked=False), "no container")):
         notes = SwitchNotes()
-        cmds, _ = run(ranks.rank_started, HS, found(HS), found(WS, theirs), notes=notes)
-        assert len(cmds) == 1 and "exit 1" in cmds[0] and "rank 0 is not started" in cmds[0]
+        cmds, _ = run(ranks.rank_started, HS, found(HS), theirs, notes=notes)
+        assert len(cmds) == 1 and "rank 0 is not started" in cmds[0]
         assert notes.start_problem.startswith(f"rank 1 did not start on the worker ({said}")
-    cmds, _ = run(ranks.rank_started, HS, found(HS), found(WS, created), executing=False)
-    assert "tensorfold-native serve" in cmds[-1]
-    notes = SwitchNotes()  # rank 1's spec not known (its inputs missing): it did not start either
-    cmds, _ = run(ranks.rank_started, HS, found(HS), found(WS, linked=False), notes=notes)
-    assert len(cmds) == 1 and "rank 0 is not started" in cmds[0] and notes.start_problem
-    cmds, _ = run(ranks.rank_started, WS, found(WS), found(HS))  # the worker starts whatever the head runs
-    assert "tf-dsv41-lanes" in cmds[-1]
 
 
 def test_the_rank_path_reads_its_facts_failing_on_error_whatever_the_operation_ignores():
@@ -332,25 +280,6 @@ def test_the_rank_path_reads_its_facts_failing_on_error_whatever_the_operation_i
     reads = host.raw + peer.raw
     assert {name for name, _ in reads} >= {"RankInputs", "PortListeners", "DaemonJson", "DockerRuntimeInfo"}
     assert all(strict is False for _, strict in reads), reads
-
-
-def test_rank_started_needs_a_spec_at_execute():
-    cmds, _ = run(ranks.rank_started, HS, found(HS, caps={}), found(WS))
-    assert len(cmds) == 1 and "exit 1" in cmds[0] and "capabilities missing" in cmds[0]
-    cmds, _ = run(ranks.rank_started, HS, found(HS, caps={}), found(WS), executing=False)
-    assert cmds[0].startswith("docker run ...")
-
-
-# --- rank_stopped (stop.py) --------------------------------------------------------------------------------------
-
-def stop_rank(mine, executing=True):
-    return run_op(ranks.rank_stopped, {RankContainer: mine}, executing=executing, container_name=NAME, rank=1,
-                  stop_timeout=12, log_dir="/logs", log_keep=3)
-
-
-def test_rank_stopped_both_ways():
-    assert "not started by sparkfold" in stop_rank(container(managed=False))[0][0]
-    assert stop_rank(container(managed=False), executing=False)[0] == []  # planned: a warning, no removal
 
 
 # --- the shell the commands run ----------------------------------------------------------------------------------

@@ -17,7 +17,7 @@ from pathlib import Path
 from types import ModuleType, SimpleNamespace
 
 import pytest
-from harness import FakeHost, refused
+from harness import FakeHost
 from settings_factory import ROOT, make_pair
 from waiting import wait_for
 
@@ -226,12 +226,6 @@ def test_stop_on_the_head_names_the_worker_it_could_not_reach(monkeypatch):
     assert call["problem"].startswith("spark-a (the head) did not answer over ssh, so rank 0 there was not stopped")
     [(_, call)] = _peer_step(monkeypatch, HS, FakeHost({}, name="spark-b"))
     assert call["problem"] is None
-
-
-def test_a_missed_spark_fails_the_stop_after_the_rest_of_it(caplog):
-    problem = ranks.not_stopped("spark-b", "worker", 1, "ssh -p 22 spark-b true")
-    command, warnings = refused(caplog, ranks.peer_rank_stopped, {}, problem=problem)
-    assert f"sparkfold: stop.py: {problem}" in command and f"will fail: stop.py: {problem}" in warnings
 
 
 def test_stop_py_runs_the_reach_check_last(monkeypatch):
