@@ -302,8 +302,7 @@ def pair_serving(plans: PairPlans, rank0: Any, notes: SwitchNotes):
     down = serving.ranks_down(host, worker, s.container_name)
     problem = down or serving.models_listed(s.api_base_url, s.served_name, key)
     if problem is None:
-        for line in serving.live_lines(s.served_name, s.port, s.api_base_url, s.layout.api_key if s.api_key else "",
-                                       exposure.open_note(inputs.asked, s.port)):
+        for line in switch.live(inputs, inputs.api, inputs.asked):
             logger.info(line)
         host.noop(f"{s.served_name} serves at {s.api_base_url}/v1")
         return

@@ -270,9 +270,7 @@ def new_pair_served(state: Any, host: Host, worker: Host, inputs: SwitchInputs, 
         else:
             problem = gate_problem(inputs, host, notes.replay)
     if problem is None:
-        api = inputs.api
-        for line in live_lines(api.served_name, api.port, api.base_url, inputs.api_key_file if api.keyed else "",
-                               exposure.open_note(inputs.asked, api.port)):
+        for line in live(inputs, inputs.api, inputs.asked):
             host.log(line)
         downtime = downtime_line(notes, clock())
         if downtime:
@@ -294,12 +292,16 @@ def new_pair_served(state: Any, host: Host, worker: Host, inputs: SwitchInputs, 
     return function_failed("the switch", failure_message(new_id, problem, logs, target, back, opened))
 
 
+def live(inputs: SwitchInputs, api: Api, exposed: Exposure) -> list[str]:
+    """The LIVE lines of the pair that answers at `api`, with the open-API warning of how `exposed` it is."""
+    return live_lines(api.served_name, api.port, api.base_url, inputs.api_key_file if api.keyed else "",
+                      exposure.open_note(exposed, api.port))
+
+
 def _log_live(host: Host, inputs: SwitchInputs, target: Generation) -> None:
     """The LIVE lines of a recorded pair that serves again: its own port, name, key and open-API warning (a record
     may predate the settings), not the settings'."""
-    api = api_of(inputs, target.specs[0])
-    note = exposure.open_note(exposure.of_argv(target.specs[0].argv), api.port)
-    for line in live_lines(api.served_name, api.port, api.base_url, inputs.api_key_file if api.keyed else "", note):
+    for line in live(inputs, api_of(inputs, target.specs[0]), exposure.of_argv(target.specs[0].argv)):
         host.log(line)
 
 
