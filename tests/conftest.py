@@ -1,5 +1,6 @@
 import os
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -34,3 +35,30 @@ def pytest_xdist_make_scheduler(config, log):
             super().schedule()
 
     return PairScheduling(config, log)
+
+
+# --- where a parallel run's time went: per worker, its busy seconds and when its last test ended (CI's summary) --
+
+_started = time.monotonic()
+_workers: dict[str, dict] = {}
+
+
+def pytest_runtest_logreport(report) -> None:
+    node = getattr(report, "node", None)  # xdist's worker on the controller; absent in a run without xdist
+    if node is None:
+        return
+    seen = _workers.setdefault(node.gateway.id, {"busy": 0.0, "end": 0.0, "tests": set(), "scopes": set()})
+    seen["busy"] += report.duration
+    seen["end"] = time.monotonic() - _started
+    seen["tests"].add(report.nodeid)
+    seen["scopes"].add(e2e_scope(report.nodeid) or "unit tests")
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    if not _workers:
+        return
+    terminalreporter.section("time per worker")
+    for worker, seen in sorted(_workers.items()):
+        terminalreporter.write_line(
+            f"{worker}: {len(seen['tests'])} tests, busy {seen['busy']:.0f} s, last ended at {seen['end']:.0f} s: "
+            + ", ".join(sorted(seen["scopes"])))
