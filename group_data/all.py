@@ -109,6 +109,7 @@ rollback_open = False  # True lets rollback.py start a pair more open than asked
 log_lines = 100  # lines of each rank's log logs.py prints (live, or the newest saved log)
 status_plan = False  # status.py also counts the operations a deploy would change (runs deploy.py --dry: seconds more)
 status_watch = 0  # status.py redraws its table every this many seconds until Ctrl-C (0: prints it once)
+progress_every_s = 10  # seconds between the progress lines of a long step (build, download, copy, hash; 1-600)
 api_url = ""  # base URL this machine uses to reach rank 0 ("" = http://<head ssh host>:<port>)
 memguard = True  # run the memory watchdog on both Sparks
 supervise = False  # install the systemd unit that supervises the pair (backoff, then gives up)

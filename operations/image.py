@@ -115,23 +115,23 @@ def _ssh(target: str, remote_command: str) -> str:
     return sh(*ssh_words(), target, remote_command)
 
 
-def build_command(image: str, image_hash: str, build_args: dict, build_dir: str) -> str:
-    """docker build of build_dir as `image`, labelled with its hash, with a progress line every few seconds (the
+def build_command(image: str, image_hash: str, build_args: dict, build_dir: str, *, every: int) -> str:
+    """docker build of build_dir as `image`, labelled with its hash, with a progress line every `every` seconds (the
     classic builder's "Step N/M", BuildKit's "#N [k/m]")."""
     words = ["docker", "build"]
     for name, value in sorted({**build_args, "IMAGE_HASH": image_hash}.items()):
         words += ["--build-arg", f"{name}={value}"]
     words += ["--label", f"{HASH_LABEL}={image_hash}", "-t", image, build_dir]
-    return progress_command(f"build {image}", sh(*words), latest=BUILD_STEP).get_raw_value()
+    return progress_command(f"build {image}", sh(*words), latest=BUILD_STEP, every=every).get_raw_value()
 
 
-def ship_commands(image: str, worker_ssh: str, total: int = 0) -> list[str]:
+def ship_commands(image: str, worker_ssh: str, total: int = 0, *, every: int) -> list[str]:
     """Stream `image` from this host (the head) to the worker (`total`: its size, when known), then check both hold
     the same image; only the Spark can tell, after the transfer: the failure is a branch of the verifying script."""
     img = sh(image)
-    # the bytes relayed from docker save to the worker's docker load, every few seconds
+    # the bytes relayed from docker save to the worker's docker load, every `every` seconds
     send = progress_command(f"ship {image} to the worker",
-                            relay=(f"docker save {img}", _ssh(worker_ssh, "docker load")), total=total)
+                            relay=(f"docker save {img}", _ssh(worker_ssh, "docker load")), total=total, every=every)
     fmt = sh(_IDENTITY_FORMAT)
     remote = _ssh(worker_ssh, sh("docker", "image", "inspect", "-f", _IDENTITY_FORMAT, image))
     mismatch = failing_shell("the image on the worker", f"after shipping, the worker's {image} still differs from "
@@ -165,17 +165,17 @@ def engine_context_uploaded(image: str, image_hash: str, context_dir: str, files
 
 
 @operation()
-def engine_image_built(image: str, image_hash: str, build_args: dict, build_dir: str):
+def engine_image_built(image: str, image_hash: str, build_args: dict, build_dir: str, every: int):
     """Build `image` (tag = content hash) on this host from the context in `build_dir` (engine_context_uploaded).
-    Skipped when the tag exists carrying the same hash label."""
+    Skipped when the tag exists carrying the same hash label. every: seconds between progress lines."""
     if _built(image, image_hash):
         host.noop(f"engine image {image} is already built")
         return
-    yield build_command(image, image_hash, build_args, build_dir)
+    yield build_command(image, image_hash, build_args, build_dir, every=every)
 
 
 @operation()
-def engine_image_shipped(image: str, worker_ssh: str):
+def engine_image_shipped(image: str, worker_ssh: str, every: int):
     """Stream `image` from this host (the head) to the worker when the worker's copy is missing or differs, then
     check both hold the same image."""
     here = fact_until_change(host, DockerImageInfo, image=image)
@@ -187,11 +187,11 @@ def engine_image_shipped(image: str, worker_ssh: str):
                                "have made it: rerun the deploy and read the build's output"]
     if (yield from check_failed("the image on the worker", missing, settled=False)):
         return
-    yield from ship_commands(image, worker_ssh, here.get("size") or 0)
+    yield from ship_commands(image, worker_ssh, here.get("size") or 0, every=every)
 
 
 @operation()
-def prebuilt_image_pulled(reference: str):
+def prebuilt_image_pulled(reference: str, every: int):
     """`reference` (name@sha256:digest) present, through docker.image: it pulls when `docker image inspect` of the
     digest finds nothing, and `docker pull` by digest verifies the content. Custom only to refuse an unpinned
     reference (docker.image would keep a stale tag) with the fix."""
@@ -203,7 +203,7 @@ def prebuilt_image_pulled(reference: str):
     for command in docker.image._inner(image=reference, present=True):
         # tens of GB: the newest layer's state while it pulls (docker prints one line per change without a terminal)
         if str(command).startswith("docker image pull"):
-            command = progress_command(f"pull {reference}", str(command), latest=PULL_STEP)
+            command = progress_command(f"pull {reference}", str(command), latest=PULL_STEP, every=every)
         yield command
 
 
@@ -236,19 +236,20 @@ def engine_image(s: Settings) -> None:
     ref, root = image_ref(s), s.layout.streams
     if s.prebuilt_image:
         background(Stream(IMAGE_STREAM, "build", f"pull {ref}", root), name=f"pull {ref}",
-                   work=[(prebuilt_image_pulled, {"reference": s.prebuilt_image})])
+                   work=[(prebuilt_image_pulled, {"reference": s.prebuilt_image, "every": s.progress_every_s})])
     elif s.is_head:
         digest = computed_hash(s)
         build_dir = s.layout.build_dir(digest)
         engine_context_uploaded(name=f"build context of {ref} on the head", image=ref, image_hash=digest,
                                 context_dir=str(s.engine_context_path),
                                 files=content.context_files(s.engine_context_path), build_dir=build_dir)
-        built = {"image": ref, "image_hash": digest, "build_args": content.build_args(s), "build_dir": build_dir}
+        built = {"image": ref, "image_hash": digest, "build_args": content.build_args(s), "build_dir": build_dir,
+                 "every": s.progress_every_s}
         build = background(Stream(IMAGE_STREAM, "build", f"build {ref}", root),
                            name=f"build {ref} on the head", work=[(engine_image_built, built)])
-        shipped = {"image": ref, "worker_ssh": s.worker_link_ssh}
+        shipped = {"image": ref, "worker_ssh": s.worker_link_ssh, "every": s.progress_every_s}
         background(Stream("image-to-worker", "to worker", f"ship {ref} to the worker", root, after=(IMAGE_STREAM,),
-                          commands=tuple(ship_commands(ref, s.worker_link_ssh))),
+                          commands=tuple(ship_commands(ref, s.worker_link_ssh, every=s.progress_every_s))),
                    name=f"ship {ref} to the worker ({s.worker_link_ssh})", upstream=[build],
                    work=[(engine_image_shipped, shipped)])
 

@@ -217,6 +217,12 @@ class Layout:
         return f"{self.state_dir}/capabilities"
 
     @property
+    def nccl_conf_cache(self) -> str:
+        """Each engine image's /etc/nccl.conf (or that it has none), one file per image id beside the capabilities
+        cache (facts/network.nccl_conf_cache_file): written by link_measure, read by facts/network.ImageNcclConf."""
+        return f"{self.state_dir}/nccl-conf"
+
+    @property
     def streams(self) -> str:
         """The background streams' state, one folder each (operations/streams): the ssh user's, mode 0700."""
         return f"{self.state_dir}/streams"

@@ -3,8 +3,9 @@
 twin's speed and state, CmaTotal, the MTU at both ends and the image's /etc/nccl.conf, and judged against
 link_min_gbps (operations/network/link_bandwidth.py). Measured on the first run and whenever its inputs change
 (addresses, MTU, GIDs, devices, kernel, link_min_gbps); the figures and their inputs are recorded on both Sparks,
-so a converged run does not measure again. The image's /etc/nccl.conf is read on every run. A finding stops the
-run before any rank starts (link_measure = "warn": a warning)."""
+so a converged run does not measure again. The image's /etc/nccl.conf is judged on every run: read from the image
+once per image id and kept (Layout.nccl_conf_cache), so a converged run reads a small file and starts no container.
+A finding stops the run before any rank starts (link_measure = "warn": a warning)."""
 
 from __future__ import annotations
 
@@ -23,7 +24,16 @@ from pyinfra.operations import apt
 
 from operations.build.image_hash import image_ref
 from operations.facts.docker import DockerImageInfo, RankContainer
-from operations.facts.network import BandwidthSide, ImageNcclConf, IpAddresses, LinkRecord, RailHardware
+from operations.facts.network import (
+    BandwidthSide,
+    ImageNcclConf,
+    IpAddresses,
+    LinkRecord,
+    NcclConfDict,
+    RailHardware,
+    nccl_conf_cache_file,
+    nccl_conf_kept_text,
+)
 from operations.network.link_bandwidth import (
     MEASURE_S,
     MESSAGE_BYTES,
@@ -39,7 +49,7 @@ from operations.network.link_bandwidth import (
 )
 from operations.settings import Settings
 from operations.settings.context import peer_host
-from operations.util import check_failed, function_failed, warned
+from operations.util import check_failed, function_failed, sh, warned
 from operations.util.commands import APT_CACHE_S
 from operations.util.fact_reuse import fact_until_change
 from operations.util.net import ip_of
@@ -168,6 +178,17 @@ def _write_command(path: str, text: str) -> StringCommand:
                          f"{shlex.quote(path)}")
 
 
+def nccl_conf_kept(cache_dir: str, read: NcclConfDict) -> str | None:
+    """The command that keeps an answer ImageNcclConf read whole from the image under the image's id, written aside
+    then renamed as the capabilities cache is (so a reader never sees half of it); None when there is nothing to
+    keep (read from the cache already, not whole, or no cache folder)."""
+    if not (cache_dir and read["image_id"] and read["whole"]) or read["cached"]:
+        return None
+    path = sh(nccl_conf_cache_file(cache_dir, read["image_id"]))
+    return (f"mkdir -p {sh(cache_dir)} && printf '%s' {sh(nccl_conf_kept_text(read['text']))} > {path}.$$ "
+            f"&& mv -f {path}.$$ {path}")
+
+
 # --- reading both Sparks ----------------------------------------------------------------------------------------
 
 def _read(spark: Host, s: Settings, fresh: bool) -> tuple[Any, Any]:
@@ -218,7 +239,7 @@ def _measured(state: Any, host: Any, s: Settings, worker: Host, image: str, mode
     figures = figures_of(split_outputs(list(out.stdout_lines)), netdevs)
     # link_check.py before the first deploy: no image yet, so nothing of it can reach NCCL
     built = not record_short or bool(host.get_fact(DockerImageInfo, image=image))
-    nccl_conf = host.get_fact(ImageNcclConf, image=image) if built else None
+    nccl_conf = _nccl_conf_read(host, image, s.layout.nccl_conf_cache) if built else None
     findings = judge(head, wside, figures, float(s.link_min_gbps), nccl_conf)
     passed = not findings
     if passed or mode == "warn" or record_short:
@@ -235,9 +256,20 @@ def _measured(state: Any, host: Any, s: Settings, worker: Host, image: str, mode
     return _finding(mode, verdict_text(findings, figures, netdevs))
 
 
-def _nccl_conf_checked(state: Any, host: Any, image: str, mode: str) -> bool:
+def _nccl_conf_read(host: Any, image: str, cache_dir: str) -> str | None:
+    """Execution: the image's /etc/nccl.conf (None: it has none), kept by image id when read from the image. A keep
+    that fails costs only a container next run: a warning."""
+    read = host.get_fact(ImageNcclConf, image=image, cache_dir=cache_dir)
+    keep = nccl_conf_kept(cache_dir, read)
+    if keep and not host.run_shell_command(StringCommand(keep), print_output=False, print_input=False)[0]:
+        warned(CHECK, f"what {image} holds in /etc/nccl.conf could not be kept in {cache_dir} on {host.name}; the "
+               "next run reads the image again")
+    return read["text"]
+
+
+def _nccl_conf_checked(state: Any, host: Any, image: str, cache_dir: str, mode: str) -> bool:
     """Execution, for an image built in this run: its /etc/nccl.conf judged as the plan judges a built one's."""
-    nccl_conf = host.get_fact(ImageNcclConf, image=image)
+    nccl_conf = _nccl_conf_read(host, image, cache_dir)
     return True if nccl_conf is None else _finding(mode, nccl_conf_finding(nccl_conf)[1])
 
 
@@ -277,16 +309,22 @@ def link_measured(s: Settings, worker: Host | None, image: str):
         record = head_side["record"] or {}
         netdevs = [r["netdev"] for r in head["rails"]]
         shown = figures_line(record.get("figures") or {"alone": {}, "together": {}}, netdevs)
-        # the image's /etc/nccl.conf on every run: read now, or once a new image is built (an earlier step)
+        # the image's /etc/nccl.conf judged on every run: read now (from the cache by image id, else from the image,
+        # then kept), or once a new image is built (an earlier step)
+        cache_dir = s.layout.nccl_conf_cache
         if not host.get_fact(DockerImageInfo, image=image):
-            yield FunctionCommand(_nccl_conf_checked, (image, s.link_measure), {})
-        elif (nccl_conf := host.get_fact(ImageNcclConf, image=image)) is not None:
-            _, text = nccl_conf_finding(nccl_conf)
-            if s.link_measure == "warn":
-                warned(CHECK, text)
-            else:
-                yield from check_failed(CHECK, [f"{text}. {GO_ON}"])
-                return
+            yield FunctionCommand(_nccl_conf_checked, (image, cache_dir, s.link_measure), {})
+        else:
+            read = host.get_fact(ImageNcclConf, image=image, cache_dir=cache_dir)
+            if keep := nccl_conf_kept(cache_dir, read):
+                yield keep  # before a finding stops the run: the next one judges the kept answer the same
+            if read["text"] is not None:
+                _, text = nccl_conf_finding(read["text"])
+                if s.link_measure == "warn":
+                    warned(CHECK, text)
+                else:
+                    yield from check_failed(CHECK, [f"{text}. {GO_ON}"])
+                    return
         host.noop(f"the link was measured at {record.get('taken', '?')} ({shown}); its inputs are unchanged: not "
                   "measured again")
         return

@@ -48,7 +48,7 @@ from operations.data.verified_record import data_verified_recorded, record_path
 from operations.facts.files import FolderCheck
 from operations.facts.model import HfHubPython, HfPlanDict, hf_plan, hf_plans_kept
 from operations.remote import heredoc_command
-from operations.remote.progress_command import TICK_S, progress_command
+from operations.remote.progress_command import progress_command
 from operations.settings import Settings
 from operations.streams import Stream, background
 from operations.util import check_failed, failing_shell
@@ -128,8 +128,9 @@ def fetch_summary(label: str, plan: Mapping[str, Any], repo: str, revision: str,
 def hf_snapshot(python: str, repo: str, revision: str, label: str, cache_dir: str = "", local_dir: str = "",
                 include: tuple = (), token_path: str = "", endpoint: str = "", env_file: str = "",
                 max_workers: int = 8, has_token: bool = False, require_token: bool = False,
-                expect_model_type: str = ""):
-    """A repo revision downloaded completely (cache_dir: the HF cache's hub folder; local_dir: real files).
+                expect_model_type: str = "", *, every: int):
+    """A repo revision downloaded completely (cache_dir: the HF cache's hub folder; local_dir: real files), with a
+    progress line every `every` seconds.
 
     The HfPlan fact answers offline for a complete download, so a converged run neither fetches nor asks the Hub.
     """
@@ -156,7 +157,7 @@ def hf_snapshot(python: str, repo: str, revision: str, label: str, cache_dir: st
     if (yield from check_failed("free disk", [space])):
         return
     # its file count as often as our own lines; max_workers files at once
-    words = ["--repo", repo, "--revision", revision, "--every", str(TICK_S), "--max-workers", str(max_workers)]
+    words = ["--repo", repo, "--revision", revision, "--every", str(every), "--max-workers", str(max_workers)]
     words += ["--cache-dir", cache_dir] if cache_dir else ["--local-dir", local_dir]
     for pattern in include:
         words += ["--include", pattern]
@@ -168,7 +169,7 @@ def hf_snapshot(python: str, repo: str, revision: str, label: str, cache_dir: st
                             f"{' '.join(quote(w) for w in words)}", "hf_fetch")
     # the download's own folder: local_dir's real files, or the repo's folder (blobs, partials) in the cache
     yield progress_command(f"{label} download", fetch, size_of=local_dir or f"{cache_dir}/{repo_folder_name(repo)}",
-                           total=plan.get("total_bytes") or 0, latest=FILES_WHOLE)
+                           total=plan.get("total_bytes") or 0, latest=FILES_WHOLE, every=every)
 
 
 def _plan(args: dict) -> HfPlanDict:
@@ -226,7 +227,7 @@ def _fetch(s, label, downloads: dict[str, dict]):
     """Plan-time summary for the op's name (the --dry table shows it), and the op's arguments."""
     args = downloads[label]
     name = fetch_summary(label, _plan(args), args["repo"], args["revision"], args["local_dir"] or args["cache_dir"])
-    return name, dict(args, label=label, has_token=bool(s.hf_token))
+    return name, dict(args, label=label, has_token=bool(s.hf_token), every=s.progress_every_s)
 
 
 def _hub_installed(s) -> None:
@@ -264,7 +265,7 @@ def _head(s, image_ref: str) -> None:
     hf_snapshot(name=name, **args)
     folder_placed(name="Kit at data_dir/kit", src=f"{layout.kit_src}/kit", dest=layout.kit, what="the kit")
     folder_verified(name="Kit matches its MANIFEST (head)", folder=layout.kit, sums="MANIFEST", what="the kit",
-                    generated_fix=KIT_GENERATED_FIX, again=s.verify_data)
+                    generated_fix=KIT_GENERATED_FIX, again=s.verify_data, every=s.progress_every_s)
     background_data.kit_streams(s, _plan(_plan_args(args)).get("total_bytes") or 0)
 
     if not s.ablit:  # with ABLIT the weight files are made from the overlay, after the checkpoint (_head_checked)
@@ -291,17 +292,20 @@ def _head(s, image_ref: str) -> None:
         copied = background(
             Stream("checkpoint-to-worker", "to worker", "the checkpoint to the worker", root, after=("blob-list",),
                    commands=tuple(background_data.copy_commands(repo_dir, s.worker_link_ssh, dest, "the checkpoint",
-                                                                total, ("--copy-unsafe-links",)))),
+                                                                total, ("--copy-unsafe-links",),
+                                                                every=s.progress_every_s))),
             name="Checkpoint to the worker (copy)", upstream=[checkpoint, blobs],
             work=[(folder_to_peer, {"src": repo_dir, "target": s.worker_link_ssh, "dest": dest,
-                                    "what": "the checkpoint", "extra_rsync": ("--copy-unsafe-links",)})])
+                                    "what": "the checkpoint", "extra_rsync": ("--copy-unsafe-links",),
+                                    "every": s.progress_every_s})])
         background_data.checked_stream(s, "checkpoint", "the checkpoint", repo_dir, dest, BLOB_SUMS, total,
                                        ("checkpoint-to-worker",), [copied], ("--copy-unsafe-links",))
 
 
 def _plan_args(args: dict) -> dict:
-    """The HfPlan arguments within hf_snapshot's (_fetch adds the label and whether there is a token)."""
-    return {k: v for k, v in args.items() if k not in ("label", "has_token")}
+    """The HfPlan arguments within hf_snapshot's (_fetch adds the label, whether there is a token and the progress
+    interval)."""
+    return {k: v for k, v in args.items() if k not in ("label", "has_token", "every")}
 
 
 def _head_checked(s, image_ref: str) -> None:
@@ -312,25 +316,25 @@ def _head_checked(s, image_ref: str) -> None:
         ablit.deploy_ablit(s, image_ref)
         weights.deploy_weights(s, image_ref)
         folder_to_peer(name="Token map to the worker", src=s.layout.token_map_dir, target=s.worker_link_ssh,
-                       dest=s.worker.layout.token_map_dir, what="the token map")
+                       dest=s.worker.layout.token_map_dir, what="the token map", every=s.progress_every_s)
         weights.rank1_to_worker(s)
     else:
         weights.rank0_symlink(s)
 
 
 def _worker(s) -> None:
-    layout = s.layout
+    layout, every = s.layout, s.progress_every_s
     # every folder here is a copy from the head: a file that fails is removed, and the next run copies it again
     folder_verified(name="Engram tables verified (worker)", folder=layout.engram, sums=SUMS,
-                    what="the Engram tables", remove_failed=True)
+                    what="the Engram tables", remove_failed=True, every=every)
     folder_verified(name="Kit matches its MANIFEST (worker)", folder=layout.kit, sums="MANIFEST", what="the kit",
-                    generated_fix=KIT_GENERATED_FIX, remove_failed=True)
+                    generated_fix=KIT_GENERATED_FIX, remove_failed=True, every=every)
     folder_verified(name="Rank 1's weight file verified (worker)", folder=layout.active_rank_link(1),
                     sums=SUMS, what="rank 1's weight file", remove_failed=True,
-                    again=s.verify_data and s.ablit)  # with ABLIT no stream re-verifies it
+                    again=s.verify_data and s.ablit, every=every)  # with ABLIT no stream re-verifies it
     if s.worker_weights == "copy":
         folder_verified(name="Checkpoint copy verified (worker)", folder=layout.model_folder, sums=BLOB_SUMS,
-                        what="the checkpoint copy", remove_failed=True)
+                        what="the checkpoint copy", remove_failed=True, every=every)
 
 
 def blob_sums_command(repo_dir: str) -> str:

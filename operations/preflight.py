@@ -212,10 +212,11 @@ def paths_placed(paths: Mapping[str, str], data_paths=(), held_paths=(), docker_
 
 
 @operation()
-def memory_available(min_avail_gib: float, own_containers=(), restart: bool = False):
+def memory_available(min_avail_gib: float, own_containers=(), restart: bool = False, *, every: int):
     """Fail unless MemAvailable >= min_avail_gib. While one of `own_containers` (this project's rank) runs, its
     memory stays held unless a restart is asked: then nothing starts here, so there is nothing to check (the launch
-    step rechecks before any relaunch); with `restart` its memory is counted as coming back at the stop."""
+    step rechecks before any relaunch); with `restart` its memory is counted as coming back at the stop. every:
+    seconds between the lines of the short wait before a refusal."""
     # `docker ps` names the running containers at once; `docker stats` (who holds how much, ~1.5 s) is read only
     # when it is needed: to count our rank's memory on a restart, or to name the holders of too little memory
     running: dict[str, bool] = host.get_fact(RunningContainers)
@@ -236,7 +237,7 @@ def memory_available(min_avail_gib: float, own_containers=(), restart: bool = Fa
     # ranks that stopped moments ago (a crash, a stop) give their memory back over seconds: a run waits a little
     # before refusing, as the launch does before each start
     wait = None if ours else lambda message: memory_wait_command(0, float(min_avail_gib), tries=MEMORY_WAIT_TRIES,
-                                                                 failure=f"sparkfold: {message}")
+                                                                 failure=f"sparkfold: {message}", every=every)
     if not (yield from check_failed("memory", [problem], fails_with=wait)):
         host.noop("enough memory available" + (f" once {', '.join(ours)} stops" if ours else ""))
 
@@ -320,6 +321,7 @@ def preflight(s: Settings) -> None:
         min_avail_gib=s.min_avail_gib,
         own_containers=[s.container_name],
         restart=bool(s.restart),
+        every=s.progress_every_s,
     )
     disk_free(
         name="free disk for data and the image",

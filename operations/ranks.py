@@ -90,7 +90,8 @@ def _read_on(spark: Host, config: Any, args: dict[str, Any]) -> tuple[RankInputs
 def _side(side: Settings) -> Side:
     layout = side.layout
     return Side(side.role, side.rank, side.container_name, side.stop_timeout, layout.logs, side.log_keep,
-                side.min_avail_gib, side.gpu_clock_mhz, side.nvidia_smi_path, layout.rank_env, layout.generations)
+                side.min_avail_gib, side.gpu_clock_mhz, side.nvidia_smi_path, layout.rank_env, layout.generations,
+                side.progress_every_s)
 
 
 def switch_inputs(s: Settings) -> SwitchInputs:

@@ -29,9 +29,9 @@ APPLY_SCRIPT = "apply_mia_exl3_wob.py"
 
 @operation()
 def ablit_applied(image_ref: str, plan_args: dict, hf_cache: str, overlay: str, ablit_file: str, ablit_root: str,
-                  overlay_revision: str, has_token: bool):
+                  overlay_revision: str, has_token: bool, every: int):
     """<ablit_root>/<commit>-<pack_tag> is the stock pack with the overlay applied, for this overlay revision and
-    file. It is never rebuilt in place: another revision gets another folder."""
+    file. It is never rebuilt in place: another revision gets another folder. every: seconds between progress lines."""
     if not has_token:
         yield from check_failed("HF_TOKEN", ["ablit needs HF_TOKEN with access to the gated overlay: accept its terms "
                                              "on its Hugging Face page, create a read token, export HF_TOKEN=<token> "
@@ -61,7 +61,7 @@ def ablit_applied(image_ref: str, plan_args: dict, hf_cache: str, overlay: str, 
     yield progress_command("ABLIT overlay: applying", tool_run(
         image_ref, [(ablit_root, "/ablit", False), (overlay, "/overlay", True)], "python3",
         f"/overlay/{APPLY_SCRIPT}", "--src", f"{inside}.src", "--wo-b", f"/overlay/{ablit_file}",
-        "--dst", f"{inside}.out"), size_of=out, own_work=True)
+        "--dst", f"{inside}.out"), size_of=out, own_work=True, every=every)
     # files the script did not write into --dst are the unchanged ones: hard links to the stock files
     yield (f"cp -rln {quote(staged)}/. {quote(out)}/ && rm -rf {quote(staged)} {quote(dst)} && "
            f"mv {quote(out)} {quote(dst)} && printf '%s\\n' {quote(want)} > {quote(dst)}/{SOURCE}")
@@ -71,6 +71,6 @@ def deploy_ablit(s, image_ref: str) -> None:
     layout = s.layout
     ablit_applied(name="ABLIT pack (overlay applied)", image_ref=image_ref, plan_args=checkpoint_plan_args(s),
                   hf_cache=s.hf_cache, overlay=layout.overlay, ablit_file=s.ablit_file, ablit_root=layout.ablit,
-                  overlay_revision=s.ablit_revision, has_token=bool(s.hf_token))
+                  overlay_revision=s.ablit_revision, has_token=bool(s.hf_token), every=s.progress_every_s)
     commit_symlink(name="ABLIT served pack symlink", symlink=layout.ablit_current, plan_args=checkpoint_plan_args(s),
                    template=pack_name("{commit}", ablit_tag(s)))

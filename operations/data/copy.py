@@ -18,7 +18,7 @@ from operations.facts.files import DirFiles, DiskFree, FolderCheck, LinkTarget, 
 from operations.remote import heredoc_command
 from operations.remote.link_copy import PARTIAL_DIR
 from operations.remote.progress import PRIVATE_DIR_ENV
-from operations.remote.progress_command import TICK_S, LiveCommand, progress_command
+from operations.remote.progress_command import LiveCommand, progress_command
 from operations.util import check_failed
 from operations.util.checks import failing_shell, warned
 from operations.util.hf_cache import PARTIAL_SUFFIX
@@ -99,9 +99,9 @@ def marker_written(name: str, digest: str) -> str:
             f"mv -fT \"$t\" {name}")
 
 
-def hashing_command(label: str, folder: str, hashing: str, total: int, complaint: str = "",
-                    every: float = TICK_S, on_failure: str = "") -> StringCommand:
-    """`hashing` (one sha256sum command, with its redirections) run in `folder` with a progress line every few
+def hashing_command(label: str, folder: str, hashing: str, total: int, complaint: str = "", *,
+                    every: float, on_failure: str = "") -> StringCommand:
+    """`hashing` (one sha256sum command, with its redirections) run in `folder` with a progress line every `every`
     seconds: the bytes it has read so far (its /proc/<pid>/io rchar) of `total`, the rate and the time left; when it
     fails, the shell commands `on_failure` (in `folder`), then `complaint` on stderr. Hashing hundreds of GB takes
     minutes. The pid file lives in the progress runner's private folder (a fresh name, mode 0700): a name in /tmp
@@ -116,8 +116,9 @@ def hashing_command(label: str, folder: str, hashing: str, total: int, complaint
 
 
 @operation()
-def checksums_written(folder: str, files: list, sums: str = SUMS, what: str = "the files"):
-    """Write <folder>/<sums> (sha256sum format) for `files` once; redo only when their sizes/mtimes changed."""
+def checksums_written(folder: str, files: list, sums: str = SUMS, what: str = "the files", *, every: int):
+    """Write <folder>/<sums> (sha256sum format) for `files` once; redo only when their sizes/mtimes changed.
+    every: seconds between the hashing's progress lines."""
     check = host.get_fact(FolderCheck, path=folder, sums=sums, marker=SUMS_STATE)
     have = check.get("files", {}) if check else {}
     digest = listing_digest(have, files)
@@ -130,7 +131,8 @@ def checksums_written(folder: str, files: list, sums: str = SUMS, what: str = "t
         return
     total = sum(have[f][0] for f in files if f in have)  # planned before a download: what is there
     yield hashing_command(f"{what}: hashing for {sums}", folder,
-                          f"sha256sum -- {' '.join(quote(f) for f in sorted(files))} > {quote(sums)}.tmp", total)
+                          f"sha256sum -- {' '.join(quote(f) for f in sorted(files))} > {quote(sums)}.tmp", total,
+                          every=every)
     yield f"cd {quote(folder)} && mv {quote(sums)}.tmp {quote(sums)} && {marker_written(SUMS_STATE, digest)}"
 
 
@@ -144,14 +146,15 @@ _REMOVE_FAILED = ('sed -n "s/: FAILED$//p" "$checked" | while IFS= read -r f; do
 
 @operation()
 def folder_verified(folder: str, sums: str, what: str, generated_fix: str = "", remove_failed: bool = False,
-                    again: bool = False):
+                    again: bool = False, *, every: int):
     """`sha256sum -c --quiet <sums>` in the folder, once per content: the marker records the list's sha256 and the
     files' sizes/mtimes, so the next run re-hashes only after a copy or download changed something.
     generated_fix: when set, files matching the kit's generated names (rope-*.f32, vision/gate_bias_vl) that are
     missing get this explanation instead of a plain "missing".
     remove_failed: for the worker's copies: a file that fails is removed, so that the next run's copy sends it again
     (the copy and this marker compare sizes and mtimes only, which a damaged file can keep).
-    again: verify_data's run: hashed whatever the marker says (a file can rot and keep its size and mtime)."""
+    again: verify_data's run: hashed whatever the marker says (a file can rot and keep its size and mtime).
+    every: seconds between the hashing's progress lines."""
     check = host.get_fact(FolderCheck, path=folder, sums=sums, marker=MARKER)
     if not check or not check["sums_sha"]:
         if not (yield from check_failed(what, [f"no {sums} in {folder}"], settled=False)):
@@ -171,12 +174,12 @@ def folder_verified(folder: str, sums: str, what: str, generated_fix: str = "", 
             return
     listed = set(check["names"])
     total = sum(size for name, (size, _mtime) in check["files"].items() if name in listed)
-    yield check_command(folder, sums, what, total, remove_failed)
+    yield check_command(folder, sums, what, total, remove_failed, every=every)
     yield f"cd {quote(folder)} && {marker_written(MARKER, expected)}"
 
 
 def check_command(folder: str, sums: str, what: str, total: int, remove_failed: bool = False,
-                  fix: str = "") -> StringCommand:
+                  fix: str = "", *, every: float) -> StringCommand:
     """`sha256sum -c --quiet <sums>` in the folder with progress lines; remove_failed: a file that fails is removed
     (folder_verified's); fix: what the failure's line tells the user to do, when not to re-run the deploy."""
     complaint = (f"sparkfold: {what} in {folder} does not match {sums} (the lines above name the files): "
@@ -190,15 +193,16 @@ def check_command(folder: str, sums: str, what: str, total: int, remove_failed: 
                      "(the lines above name them); re-run the deploy to copy them again")
     if fix:
         complaint = f"sparkfold: {what} in {folder} does not match {sums} (the lines above name the files): {fix}"
-    return hashing_command(f"{what}: checking {sums}", folder, hashing, total, complaint, on_failure=on_failure)
+    return hashing_command(f"{what}: checking {sums}", folder, hashing, total, complaint, every=every,
+                           on_failure=on_failure)
 
 
 @operation()
 def folder_to_peer(src: str, target: str, dest: str, what: str, symlink: str = "", symlink_target: str = "",
-                   extra_rsync: tuple = ()):
+                   extra_rsync: tuple = (), *, every: int):
     """rsync a folder from this host (the head) to the worker over the link, resumable; only when the worker's
     files differ in size or mtime. symlink/symlink_target: a symlink on the worker (ln -sfn symlink_target symlink)
-    kept in step."""
+    kept in step. every: seconds between the copy's progress lines."""
     head = {name: v for name, v in host.get_fact(DirFiles, path=src).items() if not is_bookkeeping(name)}
     peer = host.get_fact(PeerFolder, target=target, path=dest, link=symlink)
     differing = {name: v for name, v in head.items() if peer["files"].get(name) != v}
@@ -217,7 +221,8 @@ def folder_to_peer(src: str, target: str, dest: str, what: str, symlink: str = "
     if (yield from check_failed(what, problems, settled=False)):
         return
     if differing or not head:
-        yield from peer_copy_commands(src, target, dest, what, sum(v[0] for v in head.values()), extra_rsync)
+        yield from peer_copy_commands(src, target, dest, what, sum(v[0] for v in head.values()), extra_rsync,
+                                      every=every)
     if symlink and not symlink_ok:
         yield f"{SSH} {quote(target)} {quote(f'ln -sfn {quote(symlink_target)} {quote(symlink)}')}"
 
@@ -228,12 +233,12 @@ def versions_dir(dest: str) -> str:
 
 
 def peer_copy_commands(src: str, target: str, dest: str, what: str, total: int, extra_rsync=(),
-                       label: str = "") -> list:
-    """The commands that copy the folder src (on the head) into dest on the worker, resumably, with progress lines
-    ('<label>: ...', by default '<what> to the worker: ...'; total 0: none is known): rsync through a transient
-    daemon on the worker's link address (operations/remote/link_copy.py: up to 4 clients at once for the files the
-    worker lacks, then one pass over everything), unencrypted on the cable at the link's speed (the benchmark
-    tests/bench/deploy_speed.py times these)."""
+                       label: str = "", *, every: float) -> list:
+    """The commands that copy the folder src (on the head) into dest on the worker, resumably, with a progress line
+    every `every` seconds ('<label>: ...', by default '<what> to the worker: ...'; total 0: none is known): rsync
+    through a transient daemon on the worker's link address (operations/remote/link_copy.py: up to 4 clients at once
+    for the files the worker lacks, then one pass over everything), unencrypted on the cable at the link's speed (the
+    benchmark tests/bench/deploy_speed.py times these)."""
     # a part waits in PARTIAL_DIR, never at the file's name: only a whole file there can look complete
     options = ["-a", f"--partial-dir={PARTIAL_DIR}", *extra_rsync] + [f"--exclude={e}" for e in COPY_EXCLUDES]
     words = [src, "--target", target, "--dest", dest, "--ssh", SSH] + [f"--rsync-option={o}" for o in options]
@@ -241,7 +246,7 @@ def peer_copy_commands(src: str, target: str, dest: str, what: str, total: int, 
     copy = heredoc_command(f"python3 - {shlex.join(words)}", "link_copy")
     return [progress_command(label or f"{what} to the worker", copy,
                              probe=f"{SSH} {quote(target)} {quote(f'du -sb {quote(dest)} 2>/dev/null | cut -f1')}",
-                             total=total)]
+                             total=total, every=every)]
 
 
 REPLACED_PREFIX = "replaced-"  # <dest>.d/replaced-<time>: a real folder found at dest, moved aside (the user's)

@@ -109,8 +109,9 @@ def rank_folder(rank_cache: str, commit: str, rank: int, ablit_tag: str) -> str:
 
 @operation()
 def rank_file_written(image_ref: str, rank: int, plan_args: dict, hf_cache: str, rank_cache: str,
-                      ablit_dir: str = "", ablit_tag: str = ""):
-    """rank<R>of2-<hash>.bin in its own folder, made from the stock pack or (ablit_dir) the applied overlay pack.
+                      ablit_dir: str = "", ablit_tag: str = "", *, every: int):
+    """rank<R>of2-<hash>.bin in its own folder, made from the stock pack or (ablit_dir) the applied overlay pack,
+    with a progress line every `every` seconds.
 
     Complete and current = RankFileWhole (the same test the background stream runs): exactly one rank<R>of2-*.bin,
     no .rank<R>of2.partial, and the sidecar names the source. Anything else (an interrupted run's .partial, a stray
@@ -130,7 +131,7 @@ def rank_file_written(image_ref: str, rank: int, plan_args: dict, hf_cache: str,
     if (yield from check_failed("free disk", [space])):
         return
     mount, model = model_source(hf_cache, plan_args["repo"], commit, ablit_dir, tag)
-    yield from rank_file_commands(image_ref, rank, folder, mount, model, int(total / 2), want)
+    yield from rank_file_commands(image_ref, rank, folder, mount, model, int(total / 2), want, every=every)
 
 
 def rank_file_need(total: int) -> int:
@@ -139,14 +140,16 @@ def rank_file_need(total: int) -> int:
 
 
 def rank_file_commands(image_ref: str, rank: int, folder: str, mount: tuple, model: str, size: int,
-                       source: str) -> list[str]:
+                       source: str, *, every: float) -> list[str]:
     """Write rank<R>of2-*.bin (about `size` bytes) into `folder` from `model`, then its sidecar naming `source`."""
     # a partial or stray file from an interrupted run: clear the folder of this rank's files, then write again
     clear = (f"mkdir -p {quote(folder)} && rm -f {quote(folder)}/rank{rank}of2-*.bin "
              f"{quote(folder)}/.rank{rank}of2.partial "
              f"{quote(folder)}/{SOURCE} {quote(folder)}/SHA256SUMS {quote(folder)}/.sparkfold-sums.state")
     write = tool_run(image_ref, [mount, (folder, "/out", False)], RANK_TOOL, model, "/out", str(rank), "2")
-    return [clear, progress_command(f"rank {rank}'s weight file", write, size_of=folder, total=size).get_raw_value(),
+    return [clear,
+            progress_command(f"rank {rank}'s weight file", write, size_of=folder, total=size,
+                             every=every).get_raw_value(),
             f"printf '%s\\n' {quote(source)} > {quote(folder)}/{SOURCE}"]
 
 
@@ -171,7 +174,7 @@ def symlink_command(symlink: str, target: str) -> str:
 
 
 @operation()
-def rank_sums_written(plan_args: dict, rank_cache: str, rank: int, ablit_tag: str):
+def rank_sums_written(plan_args: dict, rank_cache: str, rank: int, ablit_tag: str, every: int):
     """SHA256SUMS of a rank's weight file, once (the worker checks its copy against it)."""
     commit = yield from need_commit(plan_args, f"rank {rank}'s checksum")
     if commit is None:
@@ -179,12 +182,12 @@ def rank_sums_written(plan_args: dict, rank_cache: str, rank: int, ablit_tag: st
     folder = rank_folder(rank_cache, commit, rank, ablit_tag)
     bins = host.get_fact(RankFolder, path=folder)["bins"].get(rank, [])
     yield from checksums_written._inner(folder=folder, files=bins[:1] or [f"rank{rank}of2-<hash>.bin"],
-                                        what=f"rank {rank}'s weight file")
+                                        what=f"rank {rank}'s weight file", every=every)
 
 
 @operation()
 def rank_file_to_peer(plan_args: dict, rank_cache: str, rank: int, ablit_tag: str, target: str,
-                      peer_rank_cache: str):
+                      peer_rank_cache: str, every: int):
     """The rank's folder (weight file + SHA256SUMS) rsynced to the same layout on the worker, and the worker's
     active-rank symlink pointed at it."""
     commit = yield from need_commit(plan_args, f"rank {rank}'s weight file on the worker")
@@ -194,7 +197,8 @@ def rank_file_to_peer(plan_args: dict, rank_cache: str, rank: int, ablit_tag: st
     yield from folder_to_peer._inner(src=rank_folder(rank_cache, commit, rank, ablit_tag), target=target,
                                      dest=rank_folder(peer_rank_cache, commit, rank, ablit_tag),
                                      what=f"rank {rank}'s weight file",
-                                     symlink=f"{peer_rank_cache}/active-rank{rank}", symlink_target=f"{key}/rank{rank}")
+                                     symlink=f"{peer_rank_cache}/active-rank{rank}", symlink_target=f"{key}/rank{rank}",
+                                     every=every)
 
 
 def ablit_tag(s) -> str:
@@ -209,12 +213,14 @@ def deploy_weights(s, image_ref: str) -> None:
     token_map_written(name="Token map (image's make_token_map.py)", image_ref=image_ref, plan_args=plan_args,
                       hf_cache=s.hf_cache, out_dir=layout.token_map_dir)
     rank_file_written(name="Rank 0's weight file", image_ref=image_ref, rank=0, plan_args=plan_args,
-                      hf_cache=s.hf_cache, rank_cache=layout.rank_cache, ablit_dir=ablit_dir, ablit_tag=tag)
+                      hf_cache=s.hf_cache, rank_cache=layout.rank_cache, ablit_dir=ablit_dir, ablit_tag=tag,
+                      every=s.progress_every_s)
     rank_file_written(name="Rank 1's weight file", image_ref=image_ref, rank=1, plan_args=plan_args,
-                      hf_cache=s.hf_cache, rank_cache=layout.rank_cache, ablit_dir=ablit_dir, ablit_tag=tag)
+                      hf_cache=s.hf_cache, rank_cache=layout.rank_cache, ablit_dir=ablit_dir, ablit_tag=tag,
+                      every=s.progress_every_s)
     rank0_symlink(s)
     rank_sums_written(name="Rank 1's SHA256SUMS (once)", plan_args=plan_args, rank_cache=layout.rank_cache, rank=1,
-                      ablit_tag=tag)
+                      ablit_tag=tag, every=s.progress_every_s)
 
 
 def rank0_symlink(s) -> None:
@@ -234,4 +240,4 @@ def served_symlink(s) -> None:
 def rank1_to_worker(s) -> None:
     rank_file_to_peer(name="Rank 1's weight file to the worker", plan_args=checkpoint_plan_args(s),
                       rank_cache=s.layout.rank_cache, rank=1, ablit_tag=ablit_tag(s), target=s.worker_link_ssh,
-                      peer_rank_cache=s.worker.layout.rank_cache)
+                      peer_rank_cache=s.worker.layout.rank_cache, every=s.progress_every_s)

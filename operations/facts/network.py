@@ -16,6 +16,7 @@ from typing import Any, TypedDict
 from pyinfra.api import FactBase, QuoteString, StringCommand
 
 from operations.layout import NETPLAN_APPLY_DIR, NETPLAN_STAGE_DIR
+from operations.util import sh
 
 SYSFS_IB = "/sys/class/infiniband"
 ZERO_GID = "0000:0000:0000:0000:0000:0000:0000:0000"
@@ -440,23 +441,67 @@ class BandwidthSide(FactBase[BandwidthSideDict]):
 
 
 NCCL_CONF = "/etc/nccl.conf"
-NCCL_CONF_MARK = "#sparkfold: nccl.conf present"
+NCCL_CONF_MARK = "#sparkfold: nccl.conf present"  # the last line after the file's text
+NCCL_CONF_NONE = "#sparkfold: no nccl.conf"  # the only line when the image has none
 
 
-class ImageNcclConf(FactBase[str | None]):
-    """The text of /etc/nccl.conf in an image (NCCL reads it before the environment), or None when it has none."""
+class NcclConfDict(TypedDict):
+    image_id: str  # Docker's id of the image read ("sha256:...")
+    text: str | None  # the file's text ("" for an empty one); None when the image has no /etc/nccl.conf
+    cached: bool  # read from the cache file, not from a container
+    whole: bool  # the answer ended with its mark (only such an answer is kept)
 
-    def requires_command(self, image: str) -> str:
+
+def nccl_conf_cache_file(cache_dir: str, image_id: str) -> str:
+    """Where the answer for image `image_id` is kept: `<cache_dir>/<id without "sha256:">.txt`, the same lines a
+    container prints (NCCL_CONF_NONE, or the text then NCCL_CONF_MARK). The fact's shell names the same file."""
+    return f"{cache_dir}/{image_id.split(':', 1)[-1]}.txt"
+
+
+def nccl_conf_kept_text(text: str | None) -> str:
+    """The cache file's content for an answer: what ImageNcclConf's container prints for it."""
+    return f"{NCCL_CONF_NONE}\n" if text is None else f"{text}\n\n{NCCL_CONF_MARK}\n"
+
+
+class ImageNcclConf(FactBase[NcclConfDict]):
+    """The text of /etc/nccl.conf in an image (NCCL reads it before the environment), None when it has none, with
+    the image's id.
+
+    cache_dir: the answer is read from nccl_conf_cache_file when that holds one whole (it ends with its mark), so a
+    converged run reads a small file instead of starting a container; `cached` says which. An image's content
+    cannot change under its id: a rebuilt or re-pulled image has a new one and is read afresh. This fact only reads
+    (it also runs under --dry): link_measure keeps what it read from the image.
+    """
+
+    @staticmethod
+    def default() -> NcclConfDict:
+        return {"image_id": "", "text": None, "cached": False, "whole": False}
+
+    def requires_command(self, image: str, cache_dir: str = "") -> str:
         return "docker"
 
-    def command(self, image: str) -> StringCommand:
+    def command(self, image: str, cache_dir: str = "") -> str:
         # a missing image or docker failing fails the fact: only a file that is not there reads as None
-        script = f"if [ -f {NCCL_CONF} ]; then cat {NCCL_CONF}; echo; echo '{NCCL_CONF_MARK}'; fi"
-        return StringCommand("docker run --rm --network none --entrypoint sh", QuoteString(image), "-c",
-                             QuoteString(script))
+        ref = sh(image)
+        cached = ""
+        if cache_dir:  # whole: the one line of an image without the file, or anything ending with the mark
+            cached = (f"c=$(cat {sh(cache_dir)}/\"${{id#*:}}\".txt 2>/dev/null); "
+                      f"case \"$c\" in {sh(NCCL_CONF_NONE)}|*{sh(NCCL_CONF_MARK)}) echo '#CACHED'; "
+                      "printf '%s\\n' \"$c\"; exit 0;; esac; ")
+        script = (f"if [ -f {NCCL_CONF} ]; then cat {NCCL_CONF}; echo; echo '{NCCL_CONF_MARK}'; "
+                  f"else echo '{NCCL_CONF_NONE}'; fi")
+        return (f"id=$(docker image inspect -f '{{{{.Id}}}}' {ref}) || exit 1; echo \"#ID $id\"; {cached}"
+                f"echo '#IMAGE'; docker run --rm --network none --entrypoint sh {ref} -c {sh(script)}")
 
-    def process(self, output: list[str]) -> str | None:
-        if not output or output[-1].strip() != NCCL_CONF_MARK:
-            return None
-        return "\n".join(output[:-1]).rstrip()
-
+    def process(self, output: list[str]) -> NcclConfDict:
+        found, lines = self.default(), list(output)
+        if lines and lines[0].startswith("#ID "):
+            found["image_id"] = lines.pop(0)[len("#ID "):].strip()
+        if lines and lines[0].strip() in ("#CACHED", "#IMAGE"):
+            found["cached"] = lines.pop(0).strip() == "#CACHED"
+        last = lines[-1].strip() if lines else ""
+        if last == NCCL_CONF_MARK:
+            found["text"] = "\n".join(lines[:-1]).rstrip()
+        found["whole"] = last in (NCCL_CONF_MARK, NCCL_CONF_NONE)
+        found["cached"] = found["cached"] and found["whole"]
+        return found

@@ -61,8 +61,9 @@ def failure_of(text: str) -> str:
 def measure_inputs(head: dict[str, Any], worker: dict[str, Any], min_gbps: float) -> dict[str, Any]:
     """What a measurement and its judgment depend on: each side's rails (addresses, MTU, GIDs, devices) and kernel,
     and link_min_gbps. Equal inputs and a passing record: the link is not measured again. The image is not one:
-    what it changes is its /etc/nccl.conf, read on every run (nccl_conf_finding), and an upgrade or a rollback
-    would otherwise measure the rails while the old pair serves on them."""
+    what it changes is its /etc/nccl.conf, judged on every run (nccl_conf_finding; read once per image id and kept,
+    Layout.nccl_conf_cache), and an upgrade or a rollback would otherwise measure the rails while the old pair serves
+    on them."""
     def side(found: dict[str, Any]) -> dict[str, Any]:
         keys = ("netdev", "ibdev", "gid_index", "address", "mtu")
         return {"rails": [{k: rail.get(k) for k in keys} for rail in found.get("rails", [])],

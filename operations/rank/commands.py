@@ -16,7 +16,7 @@ from pyinfra.api import FileUploadCommand, StringCommand
 from operations.layout import GPU_CLOCK_RECORD, GPU_CLOCK_SCRIPT, script_path
 from operations.rank.generation import LAST_GOOD, Generation
 from operations.rank.spec import ContainerSpec, env_file_text
-from operations.remote.progress_command import TICK_S, LiveCommand
+from operations.remote.progress_command import LiveCommand
 from operations.util import sh
 
 MEMORY_POLL_S = 1  # between two reads of MemAvailable while a rank's memory comes back (one awk: cheap)
@@ -45,16 +45,17 @@ def removal_commands(name: str, rank: int, running: bool, stop_timeout: int, log
     yield StringCommand(sh("docker", "rm", "-f", name), ">/dev/null")
 
 
-def memory_wait_command(rank: int, min_avail_gib: float, tries: int = 60, failure: str = "") -> StringCommand:
+def memory_wait_command(rank: int, min_avail_gib: float, tries: int = 60, failure: str = "", *,
+                        every: int) -> StringCommand:
     """Fail unless MemAvailable reaches min_avail_gib within about a minute (memory comes back after a stop).
-    failure: the message on timeout (default: rank `rank` needs ...)."""
+    failure: the message on timeout (default: rank `rank` needs ...). every: seconds between its waiting lines."""
     need_kib = int(min_avail_gib * 1024 * 1024)
     said = (f"echo {shlex.quote(failure)} >&2" if failure else
             f"echo \"sparkfold: rank {rank} needs min_avail_gib = {min_avail_gib:g} GiB of MemAvailable on this "
             "Spark but only $((${a:-0}/1048576)) GiB is available: stop what else uses memory here, or lower "
             "min_avail_gib\" >&2")
-    # a line every TICK_S while it waits (LiveCommand: shown as it comes, at pyinfra's default verbosity)
-    per_line = max(TICK_S // MEMORY_POLL_S, 1)
+    # a line every `every` s while it waits (LiveCommand: shown as it comes, at pyinfra's default verbosity)
+    per_line = max(int(every) // MEMORY_POLL_S, 1)
     script = (
         f"i=0; while :; do a=$(awk '/^MemAvailable:/ {{print $2}}' /proc/meminfo); [ \"${{a:-0}}\" -ge {need_kib} ] "
         f"&& break; i=$((i+1)); if [ $i -ge {tries} ]; then {said}; exit 1; fi; "
@@ -72,7 +73,7 @@ def lock_command(mhz: int, nvidia_smi: str, record_path: str = GPU_CLOCK_RECORD,
 
 
 def start_commands(spec: ContainerSpec, min_avail_gib: float, gpu_clock_mhz: int, nvidia_smi: str,
-                   env_dir: str) -> Iterator[StringCommand | FileUploadCommand]:
+                   env_dir: str, *, every: int) -> Iterator[StringCommand | FileUploadCommand]:
     """Mounts checked, memory waited for, the GPU clock lock applied again (a reset since the last timer run would
     let this rank run unlocked for up to a period), then `docker run`. The environment (engine_env may hold
     secrets) goes through a file uploaded into env_dir (0700, the ssh user's: the docker client reads it), never
@@ -86,7 +87,7 @@ def start_commands(spec: ContainerSpec, min_avail_gib: float, gpu_clock_mhz: int
             msg = f"sparkfold: rank {spec.rank} mounts {src}, which is missing: run deploy.py to prepare it"
             yield StringCommand("test", "-e", shlex.quote(src), "||", "{", "echo", shlex.quote(msg), ">&2;",
                                 "exit", "1;", "}")
-    yield memory_wait_command(spec.rank, min_avail_gib)
+    yield memory_wait_command(spec.rank, min_avail_gib, every=every)
     yield lock_command(gpu_clock_mhz, nvidia_smi, _sudo=True)
     env_file = f"{env_dir}/{spec.name}.env"
     yield StringCommand(sh("mkdir", "-p", "-m", "700", env_dir), "&&", sh("chmod", "700", env_dir), "&&",

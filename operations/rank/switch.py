@@ -79,6 +79,7 @@ class Side:
     nvidia_smi_path: str
     rank_env: str
     generations: str
+    progress_every_s: int  # seconds between the memory wait's lines before a start
 
 
 @dataclass(frozen=True)
@@ -177,7 +178,8 @@ def rank_stop(side: Side, container: Mapping[str, Any]) -> list[StringCommand]:
 
 def rank_start(side: Side, spec: ContainerSpec) -> list[StringCommand | FileUploadCommand]:
     """Spark `side`'s rank started as `spec`: mounts checked, memory waited for, the GPU clock lock, `docker run`."""
-    return list(start_commands(spec, side.min_avail_gib, side.gpu_clock_mhz, side.nvidia_smi_path, side.rank_env))
+    return list(start_commands(spec, side.min_avail_gib, side.gpu_clock_mhz, side.nvidia_smi_path, side.rank_env,
+                               every=side.progress_every_s))
 
 
 def containers_now(inputs: SwitchInputs, head: Host, worker: Host) -> tuple[Mapping[str, Any], Mapping[str, Any]]:

@@ -2,7 +2,8 @@
 
 pyinfra prints a command's output only at -vvv, and only once a line ends. A `LiveCommand` prints each output line
 as it arrives, whatever the verbosity; `progress_command` wraps a long shell command in operations/remote/progress.py
-so that output is one plain progress line every TICK_S seconds (never carriage returns).
+so that output is one plain progress line every `every` seconds (never carriage returns): the progress_every_s
+setting, passed down by every caller.
 """
 
 from __future__ import annotations
@@ -12,8 +13,6 @@ import shlex
 from pyinfra.api import StringCommand
 
 from operations.remote import heredoc_command
-
-TICK_S = 10
 
 
 class LiveCommand(StringCommand):
@@ -26,7 +25,7 @@ class LiveCommand(StringCommand):
 
 def progress_command(label: str, command: str = "", *, size_of: str = "", probe: str = "", total: int = 0,
                      latest: str = "", relay: tuple[str, str] | None = None, python: str = "python3",
-                     every: float = TICK_S, own_work: bool = False, private_dir: bool = False) -> LiveCommand:
+                     every: float, own_work: bool = False, private_dir: bool = False) -> LiveCommand:
     """`command` (or the relay FROM | TO) with a line '<label>: ...' every `every` seconds while it runs.
     own_work: the probe counts the command's own work, so its first reading is no "already there".
     private_dir: the command and the probe share a fresh 0700 folder, $SPARKFOLD_PRIVATE_DIR (removed at the end)."""

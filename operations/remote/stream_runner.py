@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import posixpath
+import re
 import shlex
 
 from operations.remote.stream_unit import INPUTS_VARIABLE, unit_name
@@ -64,10 +65,15 @@ def stream_dir(root: str, name: str) -> str:
     return posixpath.join(root, name)
 
 
+_EVERY = re.compile(r"--every [0-9.]+")  # operations/remote/progress_command's interval
+
+
 def inputs_digest(commands: list[str], after: tuple[str, ...]) -> str:
-    """What a stream does, as one digest: the same work started by another run has the same inputs (the run's own
-    token, part of the head's ssh options, is left out)."""
+    """What a stream does, as one digest: the same work started by another run has the same inputs (left out: the
+    run's own token, part of the head's ssh options, and how often it prints progress, progress_every_s, so a run
+    with another interval adopts the work still going instead of starting it again)."""
     text = "\n".join(["after " + " ".join(after), *commands]).replace(RUN_TOKEN, "<run>")
+    text = _EVERY.sub("--every <s>", text)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 

@@ -3,14 +3,15 @@
     stream_wait.py ROOT RUN
 
 Each stream runs as a systemd unit (operations/remote/stream_unit.py); its own lines (its progress runner's: one
-plain line every 10 s, naming the work) are read from the journal of exactly that unit's run (its invocation id)
-and printed as they appear, so every stream keeps its own line while they all run. When one fails, that is said at
-once and the others go on (what they make is kept); at the end one line per stream gives its time (and how long it
-waited for the streams it reads), then each lane's busy time (a lane's streams share one thing: the link to the Hub,
-the cable to the worker) and the critical path: the chain of streams, each waiting for the one before, whose times
-add up to the most. Neither the busiest lane nor the critical path can be beaten by any schedule. Exit 1 when a
-stream failed or was stopped. A waiter that is gone (a cut connection) leaves the streams running: the next run
-adopts them. Sent to the Spark after operations/remote/progress.py (its `clock`) and stream_unit.py.
+plain line every progress_every_s, naming the work) are read from the journal of exactly that unit's run (its
+invocation id) and printed as they appear, so every stream keeps its own line while they all run. When one fails,
+that is said at once and the others go on (what they make is kept); at the end one line per stream gives its time
+(and how long it waited for the streams it reads), then each lane's busy time (a lane's streams share one thing: the
+link to the Hub, the cable to the worker) and the critical path: the chain of streams, each waiting for the one
+before, whose times add up to the most. Neither the busiest lane nor the critical path can be beaten by any
+schedule. Exit 1 when a stream failed or was stopped. A waiter that is gone (a cut connection) leaves the streams
+running: the next run adopts them. Sent to the Spark after operations/remote/progress.py (its `clock`) and
+stream_unit.py.
 """
 
 from __future__ import annotations

@@ -122,6 +122,7 @@ class Settings:
     log_lines: int
     status_plan: bool
     status_watch: int
+    progress_every_s: int
     api_url: str
     memguard: bool
     supervise: bool

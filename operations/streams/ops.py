@@ -101,9 +101,9 @@ def declared() -> tuple[OperationMeta, ...]:
 @operation()
 def streams_awaited(root: str, started: tuple = ()):
     """Every stream this run started on this Spark (`started`: their operations) finished: one progress line each
-    as its work prints it (every 10 s), a line at once when one fails, and at the end each stream's time and the
-    critical path. Fails this Spark when a stream failed or was stopped (what is whole stays). The streams do not
-    depend on it: a run cut while it waits leaves them going, and the next run adopts them."""
+    as its work prints it (every progress_every_s), a line at once when one fails, and at the end each stream's time
+    and the critical path. Fails this Spark when a stream failed or was stopped (what is whole stays). The streams do
+    not depend on it: a run cut while it waits leaves them going, and the next run adopts them."""
     if not any(op_changed(op) for op in started):
         host.noop("no background work in this run")
         return

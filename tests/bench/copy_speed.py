@@ -143,7 +143,8 @@ def raw_copy(groups: list[list[str]], dest: str) -> float:
 
 def sparkfold_copy(dest: str, total: int) -> float:
     sim.exec_in("worker", f"rm -rf {dest}; sync", check=True)  # link_copy makes the folder itself
-    commands = peer_copy_commands(SRC, f"nvidia@{WORKER_LINK_IP}", dest, "the benchmark files", total)
+    commands = peer_copy_commands(SRC, f"nvidia@{WORKER_LINK_IP}", dest, "the benchmark files", total,
+                                  every=10)  # progress_every_s's default
     return on_head(" && ".join(c if isinstance(c, str) else c.get_raw_value() for c in commands))
 
 

@@ -26,7 +26,7 @@ import pytest
 import requests
 
 from operations.gpu_clock import stale_after_s
-from operations.layout import GPU_CLOCK_RECORD, GPU_CLOCK_TIMER
+from operations.layout import GPU_CLOCK_RECORD, GPU_CLOCK_TIMER, GPU_CLOCK_UNIT
 from tests.sim.sim import API_PORT, GPU_CLOCK_PERIOD_S, SSH_PORT, deploy_env
 
 API = f"http://127.0.0.1:{API_PORT}"  # the head's 8888, published for this pair (tests/sim/sim.py)
@@ -204,7 +204,8 @@ def test_dry_run_on_a_fresh_pair_plans_every_step_and_changes_nothing(run_pyinfr
 
 
 # each long step's progress runner prints its first line when it starts and "done in" when it ends, at pyinfra's
-# default verbosity (the lines in between come every 10 s: test_long_steps.py and test_resume.py wait for them)
+# default verbosity (the lines in between come every progress_every_s, 2 s on the sim: test_long_steps.py and
+# test_resume.py wait for them)
 LONG_STEPS = [r"Checkpoint download", r"Engram tables download", r"Kernel kit download", r"build \S+",
               r"ship \S+ to the worker", r"rank 0's weight file", r"rank 1's weight file",
               r"the Engram tables: hashing for SHA256SUMS", r"rank 1's weight file: hashing for SHA256SUMS",
@@ -267,9 +268,18 @@ def test_gpu_lock_reset_on_the_idle_worker_is_put_back_by_the_timer(run_pyinfra,
     assert planned_ops(run_pyinfra) == {}  # nothing left for a deploy to do
 
 
+def timer_stopped(sim_exec, role: str) -> None:
+    """The GPU clock timer stopped, and the run of its service it may have started just before ended (stopping a
+    timer leaves that run going: it would lock, or record, after the test changed the GPU)."""
+    assert sim_exec(role, ["systemctl", "stop", GPU_CLOCK_TIMER]).returncode == 0
+    wait_until(lambda: sim_exec(role, ["systemctl", "show", "-p", "ActiveState", "--value", GPU_CLOCK_UNIT])
+               .stdout.strip() not in ("activating", "deactivating"), 60, f"the last run of {GPU_CLOCK_UNIT} to end")
+
+
 def test_gpu_lock_stale_with_the_timer_stopped_is_reported_and_repaired_alone(run_pyinfra, sim_exec):
     before = pair_ids(sim_exec)
-    assert sim_exec("worker", f"systemctl stop {GPU_CLOCK_TIMER} && nvidia-smi -rgc").returncode == 0
+    timer_stopped(sim_exec, "worker")
+    assert sim_exec("worker", "nvidia-smi -rgc").returncode == 0
     # 40 minutes without the timer: the record ages past two periods
     aged = spark_time(sim_exec, "worker") - 2400
     assert aged < spark_time(sim_exec, "worker") - stale_after_s(GPU_CLOCK_PERIOD_S)
@@ -302,7 +312,7 @@ def test_gpu_lock_failed_application_is_reported_and_repaired(run_pyinfra, sim_e
         assert planned == {GPU_LOCK: ["sim-worker"]}, planned
         assert "sim-worker: GPU clock: the last application failed" in ANSI.sub("", dry.stderr)
         # the cause fixed while the timer is off, so only the deploy can repair it
-        assert sim_exec("worker", ["systemctl", "stop", GPU_CLOCK_TIMER]).returncode == 0
+        timer_stopped(sim_exec, "worker")
     finally:
         sim_exec("worker", "nvidia-smi --sim-set fail_lgc=0")
     assert "failed" in lock_record(sim_exec, "worker")

@@ -12,21 +12,23 @@ import time
 import pytest
 from test_deploy import changed_ops, deploy, deploy_killed_at, start_deploy
 
+from tests.sim.sim import PROGRESS_EVERY_S  # the site's progress_every_s: a line this often
+
 ENGRAM = "/home/nvidia/.cache/sparkfold/engram"
 PROBE = f"{ENGRAM}/progress-probe.bin"
 RAIL0 = "enp1s0f0np0"  # the head's side of rail 0, which the copies to the worker take
-# the copy's own lines ("[sim-head]   the Engram tables to the worker: 6 MiB already there of 24 MiB"), not the
+# the copy's own lines ("[sim-head]   the Engram tables to the worker: 6 MiB already there of 12 MiB"), not the
 # summary's ("background to worker: the Engram tables to the worker: 39 s") nor the check's second pass's
 STEP = re.compile(r"^\s*\[sim-head\]\s+the Engram tables to the worker: ")
 AMOUNT = re.compile(r"(\d+(?:\.\d+)?) (KiB|MiB|GiB)")  # the runner's units (operations/remote/progress.size)
 UNIT_MIB = {"KiB": 1 / 1024, "MiB": 1, "GiB": 1024}
-PART_OF = re.compile(AMOUNT.pattern + r"(?: already there)? of " + AMOUNT.pattern)  # "6 MiB already there of 24 MiB"
+PART_OF = re.compile(AMOUNT.pattern + r"(?: already there)? of " + AMOUNT.pattern)  # "6 MiB already there of 12 MiB"
 
 pytestmark = pytest.mark.usefixtures("converged_pair")
 
 
 def mib(line: str) -> float:
-    """The first amount on a progress line, in MiB ("24 KiB already there of 24 MiB": 24 KiB)."""
+    """The first amount on a progress line, in MiB ("24 KiB already there of 12 MiB": 24 KiB)."""
     m = AMOUNT.search(line)
     assert m, line
     return float(m.group(1)) * UNIT_MIB[m.group(2)]
@@ -43,7 +45,7 @@ def short_totals(lines: list[str]) -> list[str]:
 
 
 def slow_link(sim_exec, on: bool):
-    if on:  # about 0.5 MB/s, a burst above the 9000-byte MTU (the link ping must pass): 24 MiB take ~50 s
+    if on:  # about 0.5 MB/s, a burst above the 9000-byte MTU (the link ping must pass): 12 MiB take ~25 s
         assert sim_exec("head", f"tc qdisc add dev {RAIL0} root tbf rate 4mbit burst 64kb latency 400ms") \
             .returncode == 0
     else:
@@ -53,7 +55,7 @@ def slow_link(sim_exec, on: bool):
 def test_a_slow_copy_reports_while_it_runs_and_a_resumed_copy_says_what_was_there(site_file, sim_exec, run_pyinfra):
     # a fresh start: no probe, nor a part of one (an interrupted copy keeps it in .sparkfold-partial/)
     sim_exec("worker", f"rm -rf {ENGRAM}/progress-probe.bin {ENGRAM}/.progress-probe.bin.* {ENGRAM}/.sparkfold-partial")
-    assert sim_exec("head", f"head -c 24M /dev/urandom > {PROBE} && chown nvidia: {PROBE}").returncode == 0
+    assert sim_exec("head", f"head -c 12M /dev/urandom > {PROBE} && chown nvidia: {PROBE}").returncode == 0
     slow_link(sim_exec, True)
     try:
         # 1. a run interrupted part-way through the copy (as a user would, with ^C or a lost terminal), at its third
@@ -67,12 +69,12 @@ def test_a_slow_copy_reports_while_it_runs_and_a_resumed_copy_says_what_was_ther
             return len(came) >= 3
 
         seen = deploy_killed_at(site_file, third_amount, 600)
-        assert came[2][0] - came[1][0] >= 5  # they came while the copy ran, not at its end
+        assert came[2][0] - came[1][0] >= PROGRESS_EVERY_S / 2  # they came while the copy ran, not at its end
         assert all("\r" not in text for text in seen)
         first = next(text for text in seen if STEP.search(text))
         before = mib(first) if "already there" in first else 0.0  # the worker's folder before this copy
         reached = mib(came[-1][1])  # what the worker had when the run was killed
-        assert reached >= before + 2, (before, came)  # the killed copy had moved data
+        assert reached >= before + 1, (before, came)  # the killed copy had moved data
         # the killed run's copy goes on (a unit of the Spark's, not of the run: the next run would follow it);
         # stop.py stops it with the ranks, its part stays in .sparkfold-partial/
         unit = "sparkfold-engram-to-worker"
@@ -97,7 +99,7 @@ def test_a_slow_copy_reports_while_it_runs_and_a_resumed_copy_says_what_was_ther
     assert mib(mine[0]) >= reached - 1, (reached, mine[0])
     assert "done in" in mine[-1], mine
     assert short_totals(seen + lines) == []  # no total below what is there
-    assert sim_exec("worker", f"test $(stat -c %s {PROBE}) -eq {24 * 1024 * 1024}").returncode == 0  # all of it
+    assert sim_exec("worker", f"test $(stat -c %s {PROBE}) -eq {12 * 1024 * 1024}").returncode == 0  # all of it
     assert sim_exec("worker", ["test", "-e", f"{ENGRAM}/.sparkfold-partial"]).returncode != 0  # the part served
     # back to the pair's own files (the probe is not one of the Engram tables)
     for role in ("head", "worker"):

@@ -2,7 +2,8 @@
 
 Two pairs run at once, each file on one of them, in the order tests/e2e/conftest.py gives: the files of GROUPS[0]
 (the smoke test and test_deploy.py's fresh Sparks first) on one, every other file on the other. The groups are
-balanced by the files' durations in CI (`--durations` in .ci/run). Each worker's sim module names its own pair
+balanced by the files' durations in CI (`--durations` in .ci/run; its "time per worker" section says when each
+pair's last test ended). Each worker's sim module names its own pair
 (SPARKSIM_PAIR: worker gw0 pair 0, gw1 pair 1, ...; tests/sim/sim.py). A third pair made CI only 5% faster on two
 cores (1302 s -> 1229 s: a deploy run is CPU-bound there), with every test slower, so two it is.
 """
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 GROUPS = (
     ("test_sim_smoke.py", "test_deploy.py", "test_switches.py", "test_upgrade.py", "test_status_tools.py",
-     "test_try_it.py"),
+     "test_try_it.py", "test_data_at_rest.py"),
 )
 PAIRS = len(GROUPS) + 1  # the last takes every file no group names
 

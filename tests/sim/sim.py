@@ -56,6 +56,7 @@ VOLUME = {r: f"{_NAME}-{r}-docker" for r in ROLES}
 SSH_PORT = {"head": int(os.environ.get("SPARKSIM_HEAD_SSH_PORT", str(2221 + 10 * PAIR))),
             "worker": int(os.environ.get("SPARKSIM_WORKER_SSH_PORT", str(2222 + 10 * PAIR)))}
 API_PORT = int(os.environ.get("SPARKSIM_API_PORT", str(18888 + PAIR)))  # -> the head's 8888
+PROGRESS_EVERY_S = 2  # the site's progress_every_s: a long step's progress line this often
 GPU_CLOCK_PERIOD_S = 10  # the site's gpu_clock_period_s: the timer re-applies the GPU clock lock this often
 HEAD_API_PORT = 8888
 SSH_USER = "nvidia"
@@ -63,6 +64,9 @@ SSH_USER = "nvidia"
 # The CX7 port's two PCIe twins, rail 0 first: (netdev, RoCE ibdev, /24 subnet); the head is .1, the worker .2.
 RAILS = (("enp1s0f0np0", "rocep1s0f0", "192.168.100"), ("enP2p1s0f0np0", "roceP2p1s0f0", "192.168.101"))
 SIM_ROCE = ",".join(f"{ib}:{nd}" for nd, ib, _ in RAILS)
+# the RoCE ports and GID tables written again at once (init.d/20-roce-gids.sh follows netlink events, and a port
+# marked down is none)
+ROCE_SYNC = f"SIM_ROCE_ONCE=1 SIM_ROCE={SIM_ROCE} bash /opt/sim/standins/init.d/20-roce-gids.sh"
 HOST_OCTET = {"head": 1, "worker": 2}
 LINK_MTU = 1500  # what a fresh Spark has; the deploy sets link_mtu
 LINK_MIN_GBPS = 0.2  # the site's link_min_gbps: far below a veth's rate, far above a twin slowed by `link-fault slow`
@@ -263,6 +267,8 @@ def site_data() -> dict:
             "nvidia_smi_path": "/usr/local/bin/nvidia-smi",
             # the e2e tests watch the timer put a reset lock back: a short period keeps that wait short
             "gpu_clock_period_s": GPU_CLOCK_PERIOD_S,
+            # test_long_steps.py and test_resume.py wait for a copy's or a download's third progress line
+            "progress_every_s": PROGRESS_EVERY_S,
             # a veth carries ~10 Gb/s here, not a CX7 twin's ~100 (the ib_write_bw stand-in moves real bytes)
             "link_min_gbps": LINK_MIN_GBPS,
         },
@@ -568,11 +574,11 @@ def link_fault(kind: str, netdev: str, role: str = "head") -> None:
         _nsenter(role, "tc", "qdisc", "replace", "dev", netdev, "root", "tbf", "rate", SLOW_RATE, "burst", "32kb",
                  "latency", "400ms")
     elif kind == "down":
-        exec_in(role, f"mkdir -p /run/sim/roce-down && touch /run/sim/roce-down/{ibdev}", check=True)
+        exec_in(role, f"mkdir -p /run/sim/roce-down && touch /run/sim/roce-down/{ibdev} && {ROCE_SYNC}", check=True)
     else:
         _nsenter(role, "tc", "qdisc", "del", "dev", netdev, "root", check=False)
-        exec_in(role, f"rm -f /run/sim/roce-down/{ibdev}", check=True)
-    deadline = time.monotonic() + 10  # the GID loop (init.d/20-roce-gids.sh) writes the port state twice a second
+        exec_in(role, f"rm -f /run/sim/roce-down/{ibdev} && {ROCE_SYNC}", check=True)
+    deadline = time.monotonic() + 10
     want = "DOWN" if kind == "down" else "ACTIVE"
     while kind != "slow" and time.monotonic() < deadline:
         if want in exec_in(role, f"cat /sys/class/infiniband/{ibdev}/ports/1/state").stdout:

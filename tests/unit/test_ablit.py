@@ -23,7 +23,8 @@ PLAN = {"python": "/v/bin/python", "repo": "Org/M", "revision": "main", "cache_d
 
 def kw(**over):
     return dict(dict(image_ref="img", plan_args=PLAN, hf_cache="/h", overlay="/d/ablit-overlay",
-                     ablit_file="w.safetensors", ablit_root="/d/ablit", overlay_revision="r1", has_token=True), **over)
+                     ablit_file="w.safetensors", ablit_root="/d/ablit", overlay_revision="r1", has_token=True,
+                     every=10), **over)
 
 
 def test_refuses_without_token_before_anything(caplog):

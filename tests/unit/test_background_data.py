@@ -69,10 +69,10 @@ def test_the_marker_is_the_digest_the_facts_compare(tmp_path):
 def test_a_fresh_hashing_leaves_the_list_current(tmp_path):
     folder = tmp_path / "engram"
     names = tables(folder)
-    run(bg.sums_commands(str(folder), "the Engram tables", 8000, names=names), tmp_path)
+    run(bg.sums_commands(str(folder), "the Engram tables", 8000, names=names, every=10), tmp_path)
     assert run_op(data_copy.checksums_written, folder_check(folder, "SHA256SUMS", data_copy.SUMS_STATE),
-                  folder=str(folder), files=names)[0] == []
-    again = run(bg.sums_commands(str(folder), "the Engram tables", 8000, names=names), tmp_path)
+                  folder=str(folder), files=names, every=10)[0] == []
+    again = run(bg.sums_commands(str(folder), "the Engram tables", 8000, names=names, every=10), tmp_path)
     assert again.stdout.strip() == "the Engram tables: SHA256SUMS is current"  # a resumed stream hashes nothing
     listed = (folder / "SHA256SUMS").read_text().split()
     assert listed[1::2] == names and listed[0] == hashlib.sha256((folder / names[0]).read_bytes()).hexdigest()
@@ -82,9 +82,9 @@ def test_a_fresh_hashing_of_a_weight_file_names_it_by_its_glob(tmp_path):
     folder = tmp_path / "rank1"
     folder.mkdir()
     (folder / "rank1of2-0123abcd.bin").write_bytes(os.urandom(4096))
-    run(bg.sums_commands(str(folder), "rank 1's weight file", 4096, glob="rank1of2-*.bin"), tmp_path)
+    run(bg.sums_commands(str(folder), "rank 1's weight file", 4096, glob="rank1of2-*.bin", every=10), tmp_path)
     assert run_op(data_copy.checksums_written, folder_check(folder, "SHA256SUMS", data_copy.SUMS_STATE),
-                  folder=str(folder), files=["rank1of2-0123abcd.bin"])[0] == []
+                  folder=str(folder), files=["rank1of2-0123abcd.bin"], every=10)[0] == []
 
 
 def test_the_check_on_the_worker_leaves_it_verified_and_a_bad_copy_fails(tmp_path):
@@ -92,18 +92,20 @@ def test_the_check_on_the_worker_leaves_it_verified_and_a_bad_copy_fails(tmp_pat
     names = tables(folder)
     subprocess.run(["sh", "-c", f"sha256sum -- {' '.join(names)} > SHA256SUMS.tmp && mv SHA256SUMS.tmp SHA256SUMS"
                     " && touch SHA256SUMS.tmp"], cwd=folder, check=True)  # a half-sent list from the copy
-    done = run(bg.verified_on_worker("nvidia@w", str(folder), "SHA256SUMS", "the Engram tables", 8000), tmp_path)
+    done = run(bg.verified_on_worker("nvidia@w", str(folder), "SHA256SUMS", "the Engram tables", 8000,
+                                     every=10), tmp_path)
     assert "the Engram tables: checking SHA256SUMS: done in" in done.stdout
     assert not (folder / "SHA256SUMS.tmp").exists()
     assert run_op(data_copy.folder_verified, folder_check(folder, "SHA256SUMS", data_copy.MARKER),
-                  folder=str(folder), sums="SHA256SUMS", what="the Engram tables")[0] == []
-    again = run(bg.verified_on_worker("nvidia@w", str(folder), "SHA256SUMS", "the Engram tables", 8000), tmp_path)
+                  folder=str(folder), sums="SHA256SUMS", what="the Engram tables", every=10)[0] == []
+    again = run(bg.verified_on_worker("nvidia@w", str(folder), "SHA256SUMS", "the Engram tables", 8000,
+                                      every=10), tmp_path)
     assert again.stdout.strip() == "the Engram tables on the worker: verified already"  # a resumed stream
     marker = (folder / data_copy.MARKER).read_text()
     (folder / names[0]).write_bytes(os.urandom(3000))  # a copy gone wrong: other bytes, another mtime
     os.utime(folder / names[0], (1700000000, 1700000000))
     bad = subprocess.run(["sh", "-ec", "\n".join(bg.verified_on_worker("nvidia@w", str(folder), "SHA256SUMS",
-                                                                       "the Engram tables", 8000))],
+                                                                       "the Engram tables", 8000, every=10))],
                          capture_output=True, text=True, env={**os.environ, "PATH": f"{tmp_path / 'bin'}:"
                                                               f"{os.environ['PATH']}"})
     assert bad.returncode != 0 and "does not match SHA256SUMS" in bad.stderr  # the stream runs with sh -e
@@ -130,7 +132,7 @@ def test_the_worker_s_marker_is_never_written_through_a_planted_link(tmp_path):
     names = tables(folder)
     subprocess.run(["sh", "-c", f"sha256sum -- {' '.join(names)} > SHA256SUMS"], cwd=folder, check=True)
     planted_links(folder, data_copy.MARKER, outside)
-    run(bg.verified_on_worker("nvidia@w", str(folder), "SHA256SUMS", "the Engram tables", 8000), tmp_path)
+    run(bg.verified_on_worker("nvidia@w", str(folder), "SHA256SUMS", "the Engram tables", 8000, every=10), tmp_path)
     assert_marker_written_in_place(folder, data_copy.MARKER, outside)
 
 
@@ -140,7 +142,7 @@ def test_the_verification_s_marker_is_never_written_through_a_planted_link(tmp_p
     subprocess.run(["sh", "-c", f"sha256sum -- {' '.join(names)} > SHA256SUMS"], cwd=folder, check=True)
     planted_links(folder, data_copy.MARKER, outside)
     (commands, _) = run_op(data_copy.folder_verified, folder_check(folder, "SHA256SUMS", data_copy.MARKER),
-                           folder=str(folder), sums="SHA256SUMS", what="the kit")
+                           folder=str(folder), sums="SHA256SUMS", what="the kit", every=10)
     run([str(commands[-1])], tmp_path)  # the marker's write (the check before it is tested on its own)
     assert_marker_written_in_place(folder, data_copy.MARKER, outside)
 
@@ -152,13 +154,13 @@ def test_a_step_that_fails_inside_a_list_ends_the_stream(tmp_path):
     done = subprocess.run(["sh", "-e", "-c", script], capture_output=True, text=True, timeout=30)
     assert done.returncode != 0 and "never" not in done.stdout and "after" not in done.stdout
     folder = tmp_path / "gone"
-    script = script_text([*bg.sums_commands(str(folder), "the tables", 0, names=["a"]), "echo after"])
+    script = script_text([*bg.sums_commands(str(folder), "the tables", 0, names=["a"], every=10), "echo after"])
     done = subprocess.run(["sh", "-e", "-c", script], capture_output=True, text=True, timeout=30)
     assert done.returncode != 0 and "after" not in done.stdout
 
 
 def test_a_copy_never_sends_a_list_being_written():
-    commands = bg.copy_commands("/d/engram", "nvidia@w", "/w/engram", "the Engram tables", 10)
+    commands = bg.copy_commands("/d/engram", "nvidia@w", "/w/engram", "the Engram tables", 10, every=10)
     assert len(commands) == 1
     assert "--rsync-option=--exclude=SHA256SUMS.tmp" in commands[0]
     assert "--rsync-option=--exclude=.sparkfold-sums.state.tmp" in commands[0]
@@ -244,7 +246,7 @@ PLAN_ARGS = {"repo": "Org/M", "revision": "main"}
 
 
 def rank_stream(folder, total=2 * 2**30) -> str:
-    (command,) = bg.rank_file_stream("img:1", 1, str(folder), ("/h", "/hf", True), "/hf/m", total, "c1")
+    (command,) = bg.rank_file_stream("img:1", 1, str(folder), ("/h", "/hf", True), "/hf/m", total, "c1", every=10)
     return command
 
 
@@ -264,7 +266,8 @@ def test_the_run_and_the_stream_agree_on_a_whole_weight_file(tmp_path, files, wh
     fact = run_fact(RankFileWhole, folder=str(folder), rank=1, source="c1")
     commands, _ = run_op(rank_file_written, {HfPlan: {"complete": True, "commit": "c1", "total_bytes": 2**20},
                                              RankFileWhole: fact, DiskFree: {"free_bytes": 2**40}},
-                         image_ref="img:1", rank=1, plan_args=PLAN_ARGS, hf_cache="/h", rank_cache=str(tmp_path))
+                         image_ref="img:1", rank=1, plan_args=PLAN_ARGS, hf_cache="/h", rank_cache=str(tmp_path),
+                         every=10)
     assert fact is whole and (commands == []) is whole
     streamed = subprocess.run(["sh", "-c", rank_stream(folder)], capture_output=True, text=True,
                               env=stand_in(tmp_path, "docker", NO_DOCKER))
@@ -307,7 +310,7 @@ def test_the_stream_refuses_a_weight_file_on_a_small_disk_as_the_run_does(tmp_pa
     commands, _ = run_op(rank_file_written, {HfPlan: {"complete": True, "commit": "c1", "total_bytes": total},
                                              RankFileWhole: False, DiskFree: {"free_bytes": free}},
                          executing=True, image_ref="img:1", rank=1, plan_args=PLAN_ARGS, hf_cache="/h",
-                         rank_cache=str(tmp_path / "rc"))
+                         rank_cache=str(tmp_path / "rc"), every=10)
     (refusal,) = commands
     said = subprocess.run(["sh", "-c", refusal], capture_output=True, text=True).stderr
     assert streamed.returncode != 0 and streamed.stderr == said  # the run's own message, naming the fix

@@ -178,7 +178,7 @@ BUILD_ARGS = {"TF_REF": "fbbc971", "BASE_IMAGE": "nvcr.io/nvidia/pytorch:26.07-p
 
 
 def build(facts, **over):
-    kwargs = dict(image=TAG, image_hash="0123456789ab", build_args=BUILD_ARGS, build_dir=BUILD_DIR)
+    kwargs = dict(image=TAG, image_hash="0123456789ab", build_args=BUILD_ARGS, build_dir=BUILD_DIR, every=10)
     kwargs.update(over)
     return run_op(image.engine_image_built, {DockerImageInfo: facts}, **kwargs)
 
@@ -224,7 +224,7 @@ def test_build_uploads_the_context_and_builds(have):
 def ship(here, there, executing=False):
     facts = {DockerImageInfo: images(**{TAG: here}),
              PeerDockerImageInfo: with_args({f"image={TAG}, target={WORKER}": there})}
-    return run_op(image.engine_image_shipped, facts, executing=executing, image=TAG, worker_ssh=WORKER)
+    return run_op(image.engine_image_shipped, facts, executing=executing, image=TAG, worker_ssh=WORKER, every=10)
 
 
 def test_ship_skipped_when_the_worker_has_the_same_image():
@@ -266,7 +266,7 @@ def pull(present, reference=PREBUILT, executing=False):
     """docker.image reads `docker image inspect <name@digest>`: [] when no local image carries that digest."""
     inspect = [{"Id": "sha256:111", "RepoDigests": [PREBUILT]}] if present else []
     return run_op(image.prebuilt_image_pulled, {DockerImage: with_args({f"object_id={reference}": inspect})},
-                  executing=executing, reference=reference)
+                  executing=executing, reference=reference, every=10)
 
 
 def test_prebuilt_present_with_its_digest_is_left_alone():
@@ -283,7 +283,8 @@ def test_prebuilt_pulled_by_its_digest_when_missing():
 
 
 def test_prebuilt_malformed_reference_fails(caplog):
-    command, warnings = refused(caplog, image.prebuilt_image_pulled, {}, reference="ghcr.io/example/dsv41-tf:latest")
+    command, warnings = refused(caplog, image.prebuilt_image_pulled, {}, reference="ghcr.io/example/dsv41-tf:latest",
+                                every=10)
     assert command.startswith("echo 'sparkfold: prebuilt_image: prebuilt_image ") and "imagetools inspect" in command
     assert "will fail: prebuilt_image: prebuilt_image 'ghcr.io/example/dsv41-tf:latest' is not name@sha256:<64 hex>" \
         in warnings
@@ -448,8 +449,8 @@ def test_deploy_head_uploads_then_builds_and_ships_in_the_background(tmp_path, c
     assert build["name"] == f"build {ref} on the head"  # the names the operations had before they streamed
     # the ship waits for the build, starts with it, and is the ship operation's work otherwise
     assert ship["stream"].after == ("image",) and ship["upstream"] == ["image"]
-    assert ship["work"] == [(image.engine_image_shipped, {"image": ref, "worker_ssh": WORKER})]
-    assert ship["stream"].commands == tuple(image.ship_commands(ref, WORKER))
+    assert ship["work"] == [(image.engine_image_shipped, {"image": ref, "worker_ssh": WORKER, "every": 10})]
+    assert ship["stream"].commands == tuple(image.ship_commands(ref, WORKER, every=10))
     assert ship["name"] == f"ship {ref} to the worker ({WORKER})"
 
 
@@ -467,8 +468,32 @@ def test_deploy_prebuilt_pulls_on_both_in_the_background(tmp_path, calls, is_hea
     image.engine_image_checked._inner(s)
     assert [c[0] for c in calls] == ["background", "engine_capabilities_checked"]
     assert calls[0][1]["stream"].name == "image"
-    assert calls[0][1]["work"] == [(image.prebuilt_image_pulled, {"reference": PREBUILT})]
+    assert calls[0][1]["work"] == [(image.prebuilt_image_pulled, {"reference": PREBUILT, "every": 10})]
     assert calls[1][1]["image"] == PREBUILT
+
+
+def every_of(command: str) -> str:
+    """The seconds between the progress lines of a progress_command wrapper."""
+    options = unwrap_progress(command)[2]
+    return options[options.index("--every") + 1]
+
+
+def test_progress_every_s_reaches_the_build_the_ship_and_the_pull(tmp_path, calls):
+    s = settings(tmp_path, progress_every_s=2)
+    image.engine_image._inner(s)
+    ref = image.image_ref(s)
+    (_, built), = calls[1][1]["work"]
+    (_, shipped), ship_stream = calls[2][1]["work"][0], calls[2][1]["stream"]
+    assert every_of(run_op(image.engine_image_built, {DockerImageInfo: images(**{ref: {}})}, **built)[0][0]) == "2"
+    assert every_of(ship_stream.commands[0]) == "2"  # the stream's own commands, a fresh start's
+    facts = {DockerImageInfo: images(**{ref: BUILT}),
+             PeerDockerImageInfo: with_args({f"image={ref}, target={WORKER}": {}})}
+    assert every_of(run_op(image.engine_image_shipped, facts, executing=True, **shipped)[0][0]) == "2"
+    calls.clear()
+    image.engine_image._inner(settings(tmp_path, prebuilt_image=PREBUILT, progress_every_s=2))
+    (_, pulled), = calls[0][1]["work"]
+    facts = {DockerImage: with_args({f"object_id={PREBUILT}": []})}
+    assert every_of(run_op(image.prebuilt_image_pulled, facts, **pulled)[0][0]) == "2"
 
 
 # --- the generated shell, against stub docker and ssh ---

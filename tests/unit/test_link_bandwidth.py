@@ -10,7 +10,7 @@ import re
 import pytest
 from settings_factory import load_one
 
-from operations.facts.network import NCCL_CONF_MARK, BandwidthSide, ImageNcclConf, RailHardware
+from operations.facts.network import BandwidthSide, RailHardware
 from operations.link_measure import (
     figures_of,
     measure_script,
@@ -349,12 +349,6 @@ def test_a_sides_readings_and_record_are_read_in_one_answer():
                                             "record": {"passed": True}}
     bare = BandwidthSide().process(["kernel 6.8.0-generic", "record"])  # no perftest, no CmaTotal line, no record
     assert bare == {"kernel": "6.8.0-generic", "perftest": False, "cma_total_kb": None, "record": None}
-
-
-def test_an_images_nccl_conf_is_read_only_when_it_is_there():
-    assert ImageNcclConf().process([]) is None
-    assert ImageNcclConf().process(["NCCL_IB_HCA=mlx5_0", "", NCCL_CONF_MARK]) == "NCCL_IB_HCA=mlx5_0"
-    assert "|| true" not in ImageNcclConf().command("sparkfold/dsv41-tf:abc").get_raw_value()
 
 
 def test_rail_hardware_reads_speed_and_states():

@@ -51,7 +51,8 @@ def fake_ssh(tmp_path: Path, allowed_from: str = "127.0.0.1") -> str:
 
 
 def copy_script(src: Path, dest: Path, ssh: str, extra_rsync: tuple = ()) -> str:
-    (command,) = peer_copy_commands(str(src), "nvidia@127.0.0.1", str(dest), "the test folder", 0, extra_rsync)
+    (command,) = peer_copy_commands(str(src), "nvidia@127.0.0.1", str(dest), "the test folder", 0, extra_rsync,
+                                    every=10)
     # the progress runner's --probe would ssh too: the stand-in runs it locally
     return command.get_raw_value().replace(SSH, ssh)
 

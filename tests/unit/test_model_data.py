@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import hashlib
+import inspect
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -227,7 +229,7 @@ def test_the_token_line_names_its_source_never_the_token():
 # ---- hf_snapshot ----
 
 SNAP = dict(python="/v/bin/python", repo="Org/M", revision="main", label="Checkpoint", cache_dir="/h/hub",
-            token_path="/s/hf-token", has_token=True, expect_model_type="deepseek_v41")
+            token_path="/s/hf-token", has_token=True, expect_model_type="deepseek_v41", every=10)
 
 
 def test_snapshot_complete_fetches_nothing():
@@ -265,6 +267,16 @@ def test_the_download_gets_the_env_file_the_token_path_and_max_workers(tmp_path)
         assert line in seen, line
     argv = (tmp_path / "argv").read_text().split()
     assert argv[argv.index("--max-workers") + 1] == "3" and argv[argv.index("--cache-dir") + 1] == str(tmp_path / "hub")
+
+
+def test_a_download_prints_a_line_every_progress_every_s():
+    """Both the progress wrapper and the download's own file count (hf_fetch.py --every) come that often."""
+    plan = complete_plan(complete=False, manifest=False, missing=[["model-1.safetensors", 150]], missing_bytes=150)
+    cmds, _ = run_op(model_data.hf_snapshot, {HfPlan: plan, DiskFree: {"free_bytes": 10**6}}, **dict(SNAP, every=2))
+    _label, fetch, options = unwrap_progress(cmds[0])
+    assert options[options.index("--every") + 1] == "2"
+    words = shlex.split(fetch.split(" <<'SPARKFOLD_PY_EOF'")[0])
+    assert words[words.index("--every") + 1] == "2"
 
 
 def test_the_deploy_names_the_token_source_and_the_variables_never_their_values(recorded):
@@ -327,10 +339,10 @@ def test_checksums_written_once():
     names = sorted(ENGRAM)
     state = listing_digest(ENGRAM, names)
     fact = {FolderCheck: _check(dict(ENGRAM), names, marker=state)}
-    assert run_op(data_copy.checksums_written, fact, folder="/d/engram", files=names)[0] == []
+    assert run_op(data_copy.checksums_written, fact, folder="/d/engram", files=names, every=10)[0] == []
     changed = dict(ENGRAM, **{"m-48.safetensors": [120, 1700009999]})
     cmds, _ = run_op(data_copy.checksums_written, {FolderCheck: _check(changed, names, marker=state)},
-                     folder="/d/engram", files=names)
+                     folder="/d/engram", files=names, every=10)
     label, hashing, options = unwrap_progress(cmds[0])  # minutes on real data: progress lines while it hashes
     assert label == "the files: hashing for SHA256SUMS" and "--own-work" in options
     assert "exec sha256sum -- m-47.safetensors m-48.safetensors > SHA256SUMS.tmp" in hashing
@@ -339,7 +351,8 @@ def test_checksums_written_once():
 
 
 def test_checksums_refuse_missing_files_when_executing():
-    cmds, _ = run_op(data_copy.checksums_written, {FolderCheck: None}, executing=True, folder="/d/e", files=["a"])
+    cmds, _ = run_op(data_copy.checksums_written, {FolderCheck: None}, executing=True, folder="/d/e", files=["a"],
+                     every=10)
     assert "exit 1" in cmds[0] and "a missing" in cmds[0]
 
 
@@ -347,7 +360,7 @@ def test_folder_verified_marker_skips_rehash():
     names = sorted(ENGRAM)
     marker = listing_digest(ENGRAM, names, "f" * 64)
     cmds, _ = run_op(data_copy.folder_verified, {FolderCheck: _check(ENGRAM, names, marker)}, folder="/d/engram",
-                     sums="SHA256SUMS", what="Engram")
+                     sums="SHA256SUMS", what="Engram", every=10)
     assert cmds == []
 
 
@@ -356,7 +369,7 @@ def test_folder_verified_after_transfer_runs_sha256sum():
     old = listing_digest(ENGRAM, names, "f" * 64)
     moved = dict(ENGRAM, **{"m-47.safetensors": [100, 1800000000]})
     cmds, _ = run_op(data_copy.folder_verified, {FolderCheck: _check(moved, names, old)}, executing=True,
-                     folder="/d/engram", sums="SHA256SUMS", what="Engram")
+                     folder="/d/engram", sums="SHA256SUMS", what="Engram", every=10)
     label, hashing, options = unwrap_progress(cmds[0])
     assert label == "Engram: checking SHA256SUMS" and hashing.startswith("cd /d/engram && sh -c ")
     assert "exec sha256sum -c --quiet SHA256SUMS'" in hashing and "does not match SHA256SUMS" in hashing
@@ -387,7 +400,7 @@ def _check_for_real(worker, all_present=False, **kwargs):
     if all_present:
         check["files"].update({name: [0, 0] for name in check["names"] if name not in check["files"]})
     cmds, _ = run_op(data_copy.folder_verified, {FolderCheck: check}, executing=True, folder=str(worker),
-                     sums="SHA256SUMS", what="the test files", **kwargs)
+                     sums="SHA256SUMS", what="the test files", every=10, **kwargs)
     return subprocess.run(["sh", "-c", cmds[0]], capture_output=True, text=True, timeout=60)
 
 
@@ -433,21 +446,23 @@ def test_kit_missing_only_generated_files_says_so():
     names = ["cubins/linear.cubin", "rope-plain-cos.f32", "vision/gate_bias_vl.safetensors"]
     files = {"cubins/linear.cubin": [5, 1], "MANIFEST": [9, 1]}
     cmds, _ = run_op(data_copy.folder_verified, {FolderCheck: _check(files, names)}, executing=True,
-                     folder="/d/kit", sums="MANIFEST", what="the kit", generated_fix=model_data.KIT_GENERATED_FIX)
+                     folder="/d/kit", sums="MANIFEST", what="the kit", generated_fix=model_data.KIT_GENERATED_FIX,
+                     every=10)
     assert "only the generated files are missing" in cmds[0] and "torch" in cmds[0] and "exit 1" in cmds[0]
     other = {"MANIFEST": [9, 1]}
     cmds, _ = run_op(data_copy.folder_verified, {FolderCheck: _check(other, names)}, executing=True,
-                     folder="/d/kit", sums="MANIFEST", what="the kit", generated_fix=model_data.KIT_GENERATED_FIX)
+                     folder="/d/kit", sums="MANIFEST", what="the kit", generated_fix=model_data.KIT_GENERATED_FIX,
+                     every=10)
     assert "3 files of MANIFEST are missing" in cmds[0]
 
 
 def test_folder_verified_without_sums_plans_then_fails():
-    kw = dict(folder="/d/k", sums="MANIFEST", what="kit")
+    kw = dict(folder="/d/k", sums="MANIFEST", what="kit", every=10)
     assert run_op(data_copy.folder_verified, {FolderCheck: None}, **kw)[0][0].startswith("# will verify")
     assert "exit 1" in run_op(data_copy.folder_verified, {FolderCheck: None}, executing=True, **kw)[0][0]
 
 
-PEER = dict(src="/d/engram", target="nvidia@10.0.0.2", dest="/w/engram", what="Engram")
+PEER = dict(src="/d/engram", target="nvidia@10.0.0.2", dest="/w/engram", what="Engram", every=10)
 
 
 def _peer(files, reachable=True, free=10**12, link=None):
@@ -634,7 +649,10 @@ def recorded(monkeypatch):
     from operations.data import background as background_data
 
     def recorder(label):
-        return lambda **kw: calls.append((label, kw))
+        def record(**kw):
+            calls.append((label, kw))
+        record.__name__ = label  # a stream's work names its operation
+        return record
 
     def background(stream, name, upstream=(), work=()):
         calls.append((("background", stream.name), {"stream": stream, "name": name, "upstream": list(upstream),
@@ -760,6 +778,38 @@ def test_deploy_worker_only_verifies(recorded):
     assert [c[0] for c in recorded] == ["both_sparks_reached"] + ["folder_verified"] * 3
     assert recorded[3][1]["folder"] == "/home/n/.cache/sparkfold/rank-cache/active-rank1"
     assert all(c[1]["remove_failed"] for c in recorded[1:])  # all copies: a damaged file goes, the next run copies it
+
+
+def _takes_every() -> set[str]:
+    """The operations of the model data step that print progress lines: they take `every`."""
+    from operations.data import ablit, weights
+    from operations.data import background as background_data
+    return {name for module in (model_data, weights, ablit, background_data, data_copy)
+            for name, obj in vars(module).items()
+            if hasattr(obj, "_inner") and "every" in inspect.signature(obj._inner).parameters}
+
+
+TAKES_EVERY = _takes_every()  # read before `recorded` swaps the operations for recorders
+
+
+@pytest.mark.parametrize("over", [{}, {"worker_weights": "copy", "verify_data": True}, {"ablit": True}])
+def test_progress_every_s_reaches_every_long_step_of_the_model_data(recorded, over):
+    """Each operation with progress lines is given the setting, and every stream's progress lines come that often."""
+    for role in ("head", "worker"):
+        s = settings(is_head=role == "head", hf_token="t", progress_every_s=2, **over)
+        DEPLOY(s)
+        CHECKED(s)
+    streams = streams_of(recorded).values()
+    calls = [(name, kw) for name, kw in recorded if name in TAKES_EVERY]
+    calls += [(op.__name__, kw) for c in streams for op, kw in c["work"] if op.__name__ in TAKES_EVERY]
+    assert calls and all(kw["every"] == 2 for _, kw in calls), calls
+    assert {"hf_snapshot", "folder_verified", "folder_to_peer"} <= {name for name, _ in calls}
+    copy = unwrap_progress(streams_of(recorded)["engram-to-worker"]["stream"].commands[0])[2]  # a copy's own lines
+    assert copy[copy.index("--every") + 1] == "2"
+    # the progress runner's arguments, without the scripts that follow them on stdin
+    shell = "\n".join(c for stream in streams for c in stream["stream"].commands)
+    shell = re.sub(r"SPARKFOLD_PY_EOF.*?\nSPARKFOLD_PY_EOF", "", shell, flags=re.S)
+    assert set(re.findall(r"--every (\S+)", shell)) == {"2"}
 
 
 def test_a_complete_plan_is_read_once_per_run_an_incomplete_one_every_time():

@@ -13,7 +13,8 @@ a case is one JSON object (docs/testing.md, "Operation scenarios"):
               {"$text": "..."} an in-memory file (StringIO), {"$repo_file": "operations/remote/x.py"} a file of this
               checkout, {"$earlier_op": {"complete": bool, "changed": bool}} an operation run earlier (its
               OperationMeta, e.g. a unit file's put), {"$pair_plans": {"image": ..., "template": ...}} the pair
-              step's handoff (operations/ranks.PairPlans) of `settings` and `peer`, no phase read yet
+              step's handoff (operations/ranks.PairPlans) of `settings` and `peer`, no phase read yet,
+              {"$peer_host": {}} the `peer` fake host itself (an operation given the other Spark, e.g. the link's)
   facts       {"module.FactClass": value} for a fact read without arguments, {"module.FactClass": {"k=v, k2=v2":
               value}} for one read with them (keyword arguments sorted, as pyinfra's own scenarios key them); an
               object key of digits is read as an int (JSON keys are strings; RankInputs' port_holders is keyed by port)
@@ -103,6 +104,7 @@ TAGS = {
     "$repo_file": lambda path, case: str(ROOT / path),
     "$earlier_op": lambda fields, case: EarlierOp(**fields),
     "$pair_plans": _pair_plans,
+    "$peer_host": lambda _fields, case: case.peer,
 }
 
 

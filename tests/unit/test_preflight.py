@@ -115,25 +115,25 @@ def _mem(avail_gib, total_gib=121.7):
 
 def test_memory_enough_is_silent_and_asks_no_container_its_use():
     facts = {MemInfo: _mem(115.6), RunningContainers: {"comfyui": False}}  # no DockerMemoryUse: not read
-    cmds, h = run_op(preflight.memory_available, facts, min_avail_gib=112)
+    cmds, h = run_op(preflight.memory_available, facts, min_avail_gib=112, every=10)
     assert cmds == [] and h.noops == ["enough memory available"]
 
 
 def test_memory_short_while_executing_waits_for_memory_coming_back_before_refusing():
     # ranks stopped a moment ago (rank 0 exits when rank 1 dies) give ~98 GiB back over seconds
     facts = {MemInfo: _mem(46.0), RunningContainers: {}, DockerMemoryUse: {"ok": True, "containers": []}}
-    cmds, _ = run_op(preflight.memory_available, facts, executing=True, min_avail_gib=112)
+    cmds, _ = run_op(preflight.memory_available, facts, executing=True, min_avail_gib=112, every=10)
     assert len(cmds) == 1 and "MemAvailable" in cmds[0] and f"sleep {MEMORY_POLL_S}" in cmds[0]
     assert f"-ge {112 * 1024 * 1024}" in cmds[0] and "only 46.0 GiB MemAvailable, need 112 GiB" in cmds[0]
     assert f"i -ge {30 // MEMORY_POLL_S}" in cmds[0]  # about 30 s, then the refusal with the numbers
-    planned, _ = run_op(preflight.memory_available, facts, executing=False, min_avail_gib=112)
+    planned, _ = run_op(preflight.memory_available, facts, executing=False, min_avail_gib=112, every=10)
     assert "sleep" not in " ".join(planned)  # planning only warns
 
 
 def test_memory_short_names_the_containers():
     facts = {MemInfo: _mem(80.0), RunningContainers: {"comfyui": False, "open-webui": False},
              DockerMemoryUse: parse_fact(DockerMemoryUse, fixture("docker-stats.txt"))}
-    cmds, _ = run_op(preflight.memory_available, facts, min_avail_gib=112)
+    cmds, _ = run_op(preflight.memory_available, facts, min_avail_gib=112, every=10)
     assert len(cmds) == 1
     msg = cmds[0]
     assert "only 80.0 GiB MemAvailable, need 112 GiB" in msg and "41.7 GiB of 121.7 GiB is in use" in msg
@@ -143,7 +143,7 @@ def test_memory_short_names_the_containers():
 
 def test_memory_check_stands_aside_while_our_rank_runs():
     cmds, h = run_op(preflight.memory_available, {MemInfo: _mem(9.0), RunningContainers: {"dsv41-1017-exl3-tf": True}},
-                     min_avail_gib=112, own_containers=["dsv41-1017-exl3-tf"])
+                     min_avail_gib=112, every=10, own_containers=["dsv41-1017-exl3-tf"])
     assert cmds == [] and "dsv41-1017-exl3-tf is running" in h.noops[0]
 
 
@@ -160,7 +160,7 @@ def test_a_restart_counts_our_ranks_memory_as_coming_back():
     # our rank holds 98 GiB in driver allocations (docker stats sees 2): a restart frees it before the start
     use = {"ok": True, "containers": [{"name": RANK, "used_bytes": 2 * GIB, "usage": ""}]}
     cmds, h = run_op(preflight.memory_available, facts20(use),
-                     min_avail_gib=112, own_containers=[RANK], restart=True)
+                     min_avail_gib=112, every=10, own_containers=[RANK], restart=True)
     assert cmds == [] and f"once {RANK} stops" in h.noops[0]
 
 
@@ -168,19 +168,19 @@ def test_a_restart_is_refused_when_other_containers_keep_too_much_after_our_rank
     use = {"ok": True, "containers": [{"name": RANK, "used_bytes": 2 * GIB, "usage": ""},
                                       {"name": "comfyui", "used_bytes": 30 * GIB, "usage": ""}]}
     cmds, _ = run_op(preflight.memory_available, facts20(use),
-                     min_avail_gib=112, own_containers=[RANK], restart=True)
+                     min_avail_gib=112, every=10, own_containers=[RANK], restart=True)
     assert len(cmds) == 1 and "only 91.7 GiB MemAvailable, need 112 GiB" in cmds[0] and "comfyui 30.0 GiB" in cmds[0]
     assert cmds[0].startswith("echo 'sparkfold: memory: ")  # at once: our rank's stop, later, frees no more
     # the same Spark without a restart: the rank keeps its memory, nothing starts, nothing to refuse
     cmds, _ = run_op(preflight.memory_available, facts20(use),
-                     min_avail_gib=112, own_containers=[RANK], restart=False)
+                     min_avail_gib=112, every=10, own_containers=[RANK], restart=False)
     assert cmds == []
 
 
 def test_a_restart_without_our_rank_running_counts_nothing_extra():
     use = {"ok": True, "containers": []}
     cmds, _ = run_op(preflight.memory_available, facts20(use),
-                     min_avail_gib=112, own_containers=[RANK], restart=True)
+                     min_avail_gib=112, every=10, own_containers=[RANK], restart=True)
     assert len(cmds) == 1 and "only 20.0 GiB MemAvailable" in cmds[0]
 
 
@@ -332,11 +332,11 @@ def test_preflight_passes_settings(monkeypatch):
 def test_a_problem_while_planning_is_a_warning_naming_the_spark_check_and_fix(caplog):
     facts = {MemInfo: _mem(40.0), RunningContainers: {}, DockerMemoryUse: {"ok": True, "containers": []}}
     with caplog.at_level("WARNING", logger="pyinfra"):
-        cmds, _ = harness.run_op(preflight.memory_available, facts, executing=False, min_avail_gib=112)
+        cmds, _ = harness.run_op(preflight.memory_available, facts, executing=False, min_avail_gib=112, every=10)
     assert cmds == []  # --dry changes nothing and exits 0
     assert any("spark: will fail: memory: only 40.0 GiB MemAvailable, need 112 GiB" in r.getMessage()
                for r in caplog.records), caplog.text
-    cmds, _ = run_op(preflight.memory_available, facts, min_avail_gib=112)
+    cmds, _ = run_op(preflight.memory_available, facts, min_avail_gib=112, every=10)
     assert len(cmds) == 1 and "exit 1" in cmds[0] and "only 40.0 GiB MemAvailable" in cmds[0]
 
 

@@ -63,7 +63,8 @@ def test_a_failure_shows_the_commands_own_output_and_its_status():
 
 def test_a_relay_counts_the_bytes_it_passes(tmp_path):
     sink = tmp_path / "received"
-    run = start(progress_command("ship", relay=("head -c 3000000 /dev/zero", f"cat > {sink}"), total=3000000))
+    run = start(progress_command("ship", relay=("head -c 3000000 /dev/zero", f"cat > {sink}"), total=3000000,
+                                 every=10))
     out, _ = run.communicate()
     assert run.returncode == 0 and sink.stat().st_size == 3000000 and out.splitlines()[-1].endswith("3 MiB")
 
@@ -115,7 +116,7 @@ def test_an_interrupted_run_leaves_no_log_behind(tmp_path, monkeypatch):
 
 
 def test_the_wrapper_names_what_it_runs():
-    wrapped = progress_command("kit", "rsync -a a/ b:c/", probe="du -sb c").get_raw_value()
+    wrapped = progress_command("kit", "rsync -a a/ b:c/", probe="du -sb c", every=10).get_raw_value()
     label, inner, options = unwrap_progress(wrapped)
     assert (label, inner) == ("kit", "rsync -a a/ b:c/") and options[options.index("--probe") + 1] == "du -sb c"
 

@@ -286,7 +286,8 @@ def test_the_rank_path_reads_its_facts_failing_on_error_whatever_the_operation_i
 
 def test_the_lock_before_a_start_runs_as_root():
     spec = _CONVERGED.rank(1).spec
-    started = list(commands.start_commands(spec, 112.0, WS.gpu_clock_mhz, WS.nvidia_smi_path, WS.layout.rank_env))
+    started = list(commands.start_commands(spec, 112.0, WS.gpu_clock_mhz, WS.nvidia_smi_path, WS.layout.rank_env,
+                                           every=10))
     relock = [c for c in started if isinstance(c, StringCommand) and c.get_raw_value() == RELOCK]
     assert len(relock) == 1 and relock[0].connector_arguments == {"_sudo": True}
     assert started.index(relock[0]) < len(started) - 3  # before the environment file and the docker run
@@ -298,7 +299,8 @@ def test_a_ranks_environment_goes_through_a_0600_file_never_through_an_argv():
     s = WS.replace(engine_env={secret: "s3cr3t-value"})
     spec = _CONVERGED.rank(1).spec
     spec = type(spec)(**{**spec.__dict__, "env": {**spec.env, secret: "s3cr3t-value"}})
-    started = list(commands.start_commands(spec, 112.0, s.gpu_clock_mhz, s.nvidia_smi_path, s.layout.rank_env))
+    started = list(commands.start_commands(spec, 112.0, s.gpu_clock_mhz, s.nvidia_smi_path, s.layout.rank_env,
+                                           every=10))
     shell = [c.get_raw_value() for c in started if isinstance(c, StringCommand)]
     assert not any("s3cr3t-value" in line for line in shell)
     uploads = [c for c in started if isinstance(c, FileUploadCommand)]
@@ -337,12 +339,32 @@ def test_save_log_command_saves_and_keeps_the_newest(tmp_path):
 
 
 def test_memory_wait_command():
-    ok = subprocess.run(["sh", "-c", commands.memory_wait_command(0, 0.0, tries=1).get_raw_value()],
+    ok = subprocess.run(["sh", "-c", commands.memory_wait_command(0, 0.0, tries=1, every=10).get_raw_value()],
                         capture_output=True, text=True)
     assert ok.returncode == 0
-    bad = subprocess.run(["sh", "-c", commands.memory_wait_command(1, 1e9, tries=1).get_raw_value()],
+    bad = subprocess.run(["sh", "-c", commands.memory_wait_command(1, 1e9, tries=1, every=10).get_raw_value()],
                          capture_output=True, text=True)
     assert bad.returncode == 1 and "rank 1 needs min_avail_gib = 1e+09 GiB" in bad.stderr
+
+
+def test_the_memory_wait_says_so_every_progress_every_s():
+    """progress_every_s = 2: a line every 2 s while memory comes back (a read every MEMORY_POLL_S)."""
+    wait = commands.memory_wait_command(1, 1e9, tries=3, every=2).get_raw_value()
+    assert f"$((i % {max(2 // commands.MEMORY_POLL_S, 1)}))" in wait
+    done = subprocess.run(["sh", "-c", wait], capture_output=True, text=True, timeout=30)
+    lines = done.stdout.splitlines()
+    assert done.returncode == 1 and len(lines) == 1 and lines[0].startswith("rank 1: waiting for memory: ")
+    assert lines[0].endswith(f"GiB available ({2 // commands.MEMORY_POLL_S * commands.MEMORY_POLL_S} s)")
+
+
+def test_a_rank_start_waits_for_memory_with_the_settings_interval():
+    every = {"nccl_rails": 1, "progress_every_s": 2}
+    head, _worker = make_pair(head=every, worker=every)
+    for side in ranks.switch_inputs(head).sides:
+        started = switch.rank_start(side, _CONVERGED.rank(side.rank).spec)
+        shell = [c.get_raw_value() for c in started if isinstance(c, StringCommand)]
+        waits = [line for line in shell if "MemAvailable" in line]
+        assert len(waits) == 1 and f"$((i % {max(2 // commands.MEMORY_POLL_S, 1)}))" in waits[0]
 
 
 # --- the step's call sites ---------------------------------------------------------------------------------------

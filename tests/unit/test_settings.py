@@ -259,6 +259,8 @@ def test_pyinfra_data_strings_are_coerced():
     ({"gpu_clock_mhz": 9000}, "gpu_clock_mhz = 9000"),
     ({"gpu_clock_period_s": 5}, "gpu_clock_period_s = 5 must be a number of seconds from 10 to 3600"),
     ({"gpu_clock_period_s": 7200}, "gpu_clock_period_s = 7200"),
+    ({"progress_every_s": 0}, "progress_every_s = 0 must be a whole number of seconds from 1 to 600"),
+    ({"progress_every_s": 601}, "progress_every_s = 601 must be a whole number of seconds from 1 to 600"),
     ({"nccl_rails": 3}, "nccl_rails = 3"),
     ({"host": "not a host!"}, "host = 'not a host!'"),
     ({"max_tokens": 0}, "max_tokens = 0"),
@@ -270,6 +272,14 @@ def test_pyinfra_data_strings_are_coerced():
 def test_each_rule_names_the_setting(overrides, fragment):
     found = problems(**overrides)
     assert any(fragment in p for p in found), found
+
+
+@pytest.mark.parametrize("value, where", [(2.5, "from --data"), ("often", "from --data"), ("", "from --data")])
+def test_progress_every_s_must_be_a_whole_number_of_seconds(value, where):
+    found = load_problems(progress_every_s=value)
+    assert any(p.startswith(f"progress_every_s = {value!r} {where} is not a") and "whole number" in p
+               for p in found), found
+    assert problems(progress_every_s=1) == [] and problems(progress_every_s=600) == []
 
 
 def test_status_is_quick_unless_asked_for_more():

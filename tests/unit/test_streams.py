@@ -140,6 +140,14 @@ def test_the_inputs_leave_the_run_token_out():
     assert f"SPARKFOLD_INPUTS={mine}" in systemd_run_words("w", "l", "/d", mine)
 
 
+def test_the_same_work_at_another_progress_interval_has_the_same_inputs():
+    # a run with another progress_every_s adopts the work still going (progress lines are not what it does)
+    assert inputs_digest(["python3 - build --every 10 --size-of /x"], ()) == \
+        inputs_digest(["python3 - build --every 2 --size-of /x"], ())
+    assert inputs_digest(["python3 - build --every 10 --size-of /x"], ()) != \
+        inputs_digest(["python3 - build --every 10 --size-of /y"], ())
+
+
 def test_each_stream_has_its_own_ssh_connection_to_the_worker():
     # journald files a line under the writer's unit: a master shared with the run's foreground or another stream
     # would print this stream's remote output into that one's journal

@@ -38,7 +38,7 @@ def verified_copy(tmp_path: Path) -> tuple[Path, Path, list[str]]:
     subprocess.run(["sh", "-c", f"sha256sum -- {' '.join(names)} > SHA256SUMS"], cwd=head, check=True)
     worker.parent.mkdir(parents=True)
     subprocess.run(["cp", "-a", str(head), str(worker)], check=True)
-    run(bg.verified_on_worker("nvidia@w", str(worker), "SHA256SUMS", WHAT, 8000), tmp_path)
+    run(bg.verified_on_worker("nvidia@w", str(worker), "SHA256SUMS", WHAT, 8000, every=10), tmp_path)
     return head, worker, names
 
 
@@ -51,31 +51,33 @@ def test_without_verify_data_a_file_rotten_in_place_is_trusted(tmp_path):
     """The fast path, as it was: the marker is current for the rotten file, so nothing hashes it."""
     _head, worker, names = verified_copy(tmp_path)
     rot_in_place(worker / names[0])
-    done = run(bg.verified_on_worker("nvidia@w", str(worker), "SHA256SUMS", WHAT, 8000), tmp_path)
+    done = run(bg.verified_on_worker("nvidia@w", str(worker), "SHA256SUMS", WHAT, 8000, every=10), tmp_path)
     assert done.stdout.strip() == f"{WHAT} on the worker: verified already"
     assert run_op(data_copy.folder_verified, folder_check(worker, "SHA256SUMS", data_copy.MARKER),
-                  folder=str(worker), sums="SHA256SUMS", what=WHAT)[0] == []
+                  folder=str(worker), sums="SHA256SUMS", what=WHAT, every=10)[0] == []
 
 
 def test_verify_data_removes_a_rotten_file_on_the_worker_and_the_copy_repairs_it(tmp_path):
     head, worker, names = verified_copy(tmp_path)
     good = (head / names[0]).read_bytes()
     rot_in_place(worker / names[0])
-    commands = [*bg.reverified_on_worker("nvidia@w", str(worker), "SHA256SUMS", WHAT, 8000), copy_back(head, worker),
-                *bg.verified_on_worker("nvidia@w", str(worker), "SHA256SUMS", WHAT, 8000)]
+    commands = [*bg.reverified_on_worker("nvidia@w", str(worker), "SHA256SUMS", WHAT, 8000, every=10),
+                copy_back(head, worker),
+                *bg.verified_on_worker("nvidia@w", str(worker), "SHA256SUMS", WHAT, 8000, every=10)]
     done = run(commands, tmp_path)
     assert f"removed {names[0]} (it does not match)" in done.stdout + done.stderr
     assert f"sparkfold: {WHAT} on the worker: repairing what differs" in done.stdout
     assert f"{WHAT}: checking SHA256SUMS: done in" in done.stdout  # the check after the copy proved the repair
     assert (worker / names[0]).read_bytes() == good
     assert run_op(data_copy.folder_verified, folder_check(worker, "SHA256SUMS", data_copy.MARKER),
-                  folder=str(worker), sums="SHA256SUMS", what=WHAT)[0] == []  # the next run finds it verified
+                  folder=str(worker), sums="SHA256SUMS", what=WHAT, every=10)[0] == []  # the next run finds it verified
 
 
 def test_verify_data_on_a_sound_copy_hashes_once_and_removes_nothing(tmp_path):
     head, worker, names = verified_copy(tmp_path)
-    commands = [*bg.reverified_on_worker("nvidia@w", str(worker), "SHA256SUMS", WHAT, 8000), copy_back(head, worker),
-                *bg.verified_on_worker("nvidia@w", str(worker), "SHA256SUMS", WHAT, 8000)]
+    commands = [*bg.reverified_on_worker("nvidia@w", str(worker), "SHA256SUMS", WHAT, 8000, every=10),
+                copy_back(head, worker),
+                *bg.verified_on_worker("nvidia@w", str(worker), "SHA256SUMS", WHAT, 8000, every=10)]
     done = run(commands, tmp_path)
     assert "removed" not in done.stdout and "repairing" not in done.stdout
     assert f"{WHAT} (verify_data): checking SHA256SUMS: done in" in done.stdout
@@ -86,7 +88,7 @@ def test_verify_data_on_a_sound_copy_hashes_once_and_removes_nothing(tmp_path):
 def test_verify_data_on_the_head_removes_a_rotten_file_and_stops_saying_what_to_do(tmp_path):
     head, _worker, names = verified_copy(tmp_path)
     rot_in_place(head / names[1])
-    bad = subprocess.run(["sh", "-ec", "\n".join(bg.reverified_here(str(head), "SHA256SUMS", WHAT, 8000))],
+    bad = subprocess.run(["sh", "-ec", "\n".join(bg.reverified_here(str(head), "SHA256SUMS", WHAT, 8000, every=10))],
                          capture_output=True, text=True)
     assert bad.returncode != 0 and "run the deploy again to download or write them again" in bad.stderr
     assert not (head / names[1]).exists() and (head / names[0]).exists()
@@ -119,8 +121,9 @@ def test_the_checked_stream_ignores_the_markers_only_with_verify_data(monkeypatc
 def test_folder_verified_hashes_again_whatever_the_marker_says(tmp_path):
     _head, worker, _names = verified_copy(tmp_path)
     facts = folder_check(worker, "SHA256SUMS", data_copy.MARKER)
-    assert run_op(data_copy.folder_verified, facts, folder=str(worker), sums="SHA256SUMS", what=WHAT)[0] == []
-    again = run_op(data_copy.folder_verified, facts, folder=str(worker), sums="SHA256SUMS", what=WHAT, again=True)[0]
+    assert run_op(data_copy.folder_verified, facts, folder=str(worker), sums="SHA256SUMS", what=WHAT, every=10)[0] == []
+    again = run_op(data_copy.folder_verified, facts, folder=str(worker), sums="SHA256SUMS", what=WHAT, again=True,
+                   every=10)[0]
     assert len(again) == 2 and "sha256sum -c --quiet" in again[0]
 
 

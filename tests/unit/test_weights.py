@@ -27,7 +27,8 @@ def plan(complete=True, commit=COMMIT, total=2 * 2**30):
 
 
 def rank_kw(**over):
-    return dict(dict(image_ref="img:1", rank=0, plan_args=PLAN, hf_cache="/h", rank_cache="/d/rank-cache"), **over)
+    return dict(dict(image_ref="img:1", rank=0, plan_args=PLAN, hf_cache="/h", rank_cache="/d/rank-cache", every=10),
+                **over)
 
 
 def run_all(commands, tmp_path):
@@ -177,7 +178,7 @@ def test_rank_sums_written_for_the_rank_file():
 
     folder = {"bins": {1: ["rank1of2-abc.bin"]}, "partial": [], "source": COMMIT}
     cmds, _ = run_op(weights.rank_sums_written, {HfPlan: plan(), RankFolder: folder, FolderCheck: None},
-                     plan_args=PLAN, rank_cache="/d/rc", rank=1, ablit_tag="")
+                     plan_args=PLAN, rank_cache="/d/rc", rank=1, ablit_tag="", every=10)
     label, hashing, _options = unwrap_progress(cmds[0])
     assert label == "rank 1's weight file: hashing for SHA256SUMS" and hashing.startswith(f"cd /d/rc/{COMMIT}/rank1 ")
     assert "exec sha256sum -- rank1of2-abc.bin > SHA256SUMS.tmp" in hashing
@@ -189,7 +190,7 @@ def test_rank_file_to_peer_targets_same_layout_and_link():
     facts = {HfPlan: plan(), DirFiles: {"rank1of2-abc.bin": [10, 1], "SHA256SUMS": [80, 1]},
              PeerFolder: {"reachable": True, "files": {}, "free": 10**9, "link": None}}
     cmds, _ = run_op(weights.rank_file_to_peer, facts, executing=True, plan_args=PLAN, rank_cache="/d/rc", rank=1,
-                     ablit_tag="", target="n@w", peer_rank_cache="/w/rc")
+                     ablit_tag="", target="n@w", peer_rank_cache="/w/rc", every=10)
     assert f"python3 - /d/rc/{COMMIT}/rank1 --target n@w --dest /w/rc/{COMMIT}/rank1 " in cmds[0]
     assert cmds[1] == (f"{SSH} n@w "
                        f"'ln -sfn {COMMIT}/rank1 /w/rc/active-rank1'")

@@ -98,8 +98,13 @@ if ! make_writable; then
 fi
 sync_all
 if [ "${SIM_ROCE_ONCE:-0}" != 1 ]; then
-    # keep the GID tables in step with address changes (netplan apply), like the kernel does
-    setsid bash -c "while sleep 0.5; do SIM_ROCE_ONCE=1 SIM_ROCE='$SIM_ROCE' SIM_ROCE_TABLE='$TABLE' '$(readlink -f "$0")' 2>/dev/null; done" \
+    # keep the GID tables in step with address changes (netplan apply), like the kernel does: on each netlink
+    # event for an address or a link (`ip monitor`), not by polling (four simulated Sparks polling twice a second
+    # took a tenth of this machine). A sync finds nothing to do unless the addresses, the MAC or the port state
+    # changed; the 10 s read timeout is a safety net, sim.py's link-fault syncs at once after it marks a port down.
+    again="SIM_ROCE_ONCE=1 SIM_ROCE='$SIM_ROCE' SIM_ROCE_TABLE='$TABLE' '$(readlink -f "$0")' 2>/dev/null"
+    setsid bash -c "while :; do ip -o monitor address link 2>/dev/null | { $again; while :; do
+        read -r -t 10 _; rc=\$?; [ \$rc -eq 0 ] || [ \$rc -gt 128 ] || break; $again; done; }; sleep 1; done" \
         </dev/null >/dev/null 2>&1 &
 fi
 exit 0
