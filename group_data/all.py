@@ -84,6 +84,7 @@ link_prefix_min = 16  # widest rail prefix accepted, 8-31 (a rail subnet is rout
 link_rollback_s = 120  # a netplan apply not confirmed over a new ssh connection within this is undone (90-3600 s)
 link_measure = "stop"  # a slow link found before the ranks start: "stop", "warn" and go on, or "off" (docs/link.md)
 link_min_gbps = 80.0  # RDMA write Gb/s each rail must carry alone; both at once, their sum (docs/link.md)
+link_measure_s = 3  # seconds each ib_write_bw run of the link measurement lasts (ib_write_bw -D; 1-60)
 link_check_stop = False  # True lets link_check.py stop running ranks to measure (one run: --data link_check_stop=true)
 master_port = 29620  # rank 0's rendezvous port on the head's link address
 nccl_channels = 4  # NCCL_MIN_NCHANNELS = NCCL_MAX_NCHANNELS

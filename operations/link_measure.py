@@ -35,7 +35,6 @@ from operations.facts.network import (
     nccl_conf_kept_text,
 )
 from operations.network.link_bandwidth import (
-    MEASURE_S,
     MESSAGE_BYTES,
     PERFTEST_PORT,
     failure_of,
@@ -56,7 +55,7 @@ from operations.util.net import ip_of
 from operations.util.peer_ssh import ssh_prefix
 
 CHECK = "link bandwidth"
-RUN_TIMEOUT_S = MEASURE_S + 30  # one ib_write_bw, its connection wait included
+RUN_SLACK_S = 30  # one ib_write_bw may take this much longer than its -D seconds: its connection wait
 GO_ON = ("To go on anyway: link_measure = \"warn\" (a warning, the ranks start) or \"off\" (not measured); "
          "docs/link.md explains each finding")
 CHECK_TAIL = "deploy.py stops on the same finding unless link_measure = \"warn\"; docs/link.md explains each finding"
@@ -64,16 +63,19 @@ CHECK_TAIL = "deploy.py stops on the same finding unless link_measure = \"warn\"
 
 # --- pure helpers ---------------------------------------------------------------------------------------------
 
-def write_bw_argv(ibdev: str, gid_index: int, port: int, server_ip: str | None = None) -> list[str]:
-    """One ib_write_bw run: RoCE device and GID, its own TCP port, MEASURE_S seconds, MESSAGE_BYTES, Gb/s."""
-    argv = ["ib_write_bw", "-d", ibdev, "-i", "1", "-x", str(gid_index), "-p", str(port), "-D", str(MEASURE_S),
+def write_bw_argv(ibdev: str, gid_index: int, port: int, seconds: int, server_ip: str | None = None) -> list[str]:
+    """One ib_write_bw run: RoCE device and GID, its own TCP port, `seconds` long (link_measure_s), MESSAGE_BYTES,
+    Gb/s."""
+    argv = ["ib_write_bw", "-d", ibdev, "-i", "1", "-x", str(gid_index), "-p", str(port), "-D", str(int(seconds)),
             "-s", str(MESSAGE_BYTES), "-F", "--report_gbits"]
     return argv + ([server_ip] if server_ip else [])
 
 
-def measure_script(head_rails: list[dict], worker_rails: list[dict], worker_ssh: str) -> str:
-    """Shell text for the head: each rail alone, then all at once (servers started on the worker over ssh, a client
-    retried while its server is not listening yet); every output printed after a `==> run.rail[.server]` line."""
+def measure_script(head_rails: list[dict], worker_rails: list[dict], worker_ssh: str, seconds: int) -> str:
+    """Shell text for the head: each rail alone, then all at once, each run `seconds` long (servers started on the
+    worker over ssh, a client retried while its server is not listening yet); every output printed after a
+    `==> run.rail[.server]` line."""
+    limit = str(int(seconds) + RUN_SLACK_S)
     runs = [(f"alone{i}", [i]) for i in range(len(head_rails))]
     if len(head_rails) > 1:
         runs.append(("together", list(range(len(head_rails)))))
@@ -81,14 +83,14 @@ def measure_script(head_rails: list[dict], worker_rails: list[dict], worker_ssh:
     for label, indexes in runs:
         for i in indexes:
             w = worker_rails[i]
-            server = shlex.join(["sudo", "-n", "timeout", str(RUN_TIMEOUT_S),
-                                 *write_bw_argv(w["ibdev"], w["gid_index"], PERFTEST_PORT + i)])
+            server = shlex.join(["sudo", "-n", "timeout", limit,
+                                 *write_bw_argv(w["ibdev"], w["gid_index"], PERFTEST_PORT + i, seconds)])
             lines.append(f"{ssh_prefix()} {shlex.quote(worker_ssh)} {shlex.quote(server)} "
                          f">\"$d/{label}.{i}.server\" 2>&1 &")
         for i in indexes:
             h = head_rails[i]
-            client = shlex.join(["sudo", "-n", "timeout", str(RUN_TIMEOUT_S),
-                                 *write_bw_argv(h["ibdev"], h["gid_index"], PERFTEST_PORT + i,
+            client = shlex.join(["sudo", "-n", "timeout", limit,
+                                 *write_bw_argv(h["ibdev"], h["gid_index"], PERFTEST_PORT + i, seconds,
                                                 ip_of(worker_rails[i]["address"]))])
             out = f"\"$d/{label}.{i}\""
             # perftest's client gives up at once when its server does not listen yet: tried again for ~10 s
@@ -233,7 +235,8 @@ def _measured(state: Any, host: Any, s: Settings, worker: Host, image: str, mode
                                             " (apt-get install perftest)" if missing else None)
     if why_not:
         return _finding(mode, f"cannot measure the link: {why_not}")
-    ok, out = host.run_shell_command(StringCommand(measure_script(head["rails"], wside["rails"], s.worker_link_ssh)),
+    ok, out = host.run_shell_command(StringCommand(measure_script(head["rails"], wside["rails"], s.worker_link_ssh,
+                                                                   s.link_measure_s)),
                                      print_output=False, print_input=False)
     netdevs = [r["netdev"] for r in head["rails"]]
     figures = figures_of(split_outputs(list(out.stdout_lines)), netdevs)

@@ -7,12 +7,16 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests" / "unit"))
 
-from tests.sim.pairs import e2e_scope, pair_of_worker  # noqa: E402 (found through the path set just above)
+from tests.sim.pairs import PAIRS, e2e_scope, pair_of_worker  # noqa: E402 (found through the path set just above)
 
 # before tests.sim.sim is imported: each xdist worker's sim module names its own pair (tests/sim/pairs.py)
 _pair = pair_of_worker(os.environ.get("PYTEST_XDIST_WORKER", ""))
 if _pair is not None and "SPARKSIM_PAIR" not in os.environ:
     os.environ["SPARKSIM_PAIR"] = _pair
+# the worker past the pairs' runs the unit tests: it yields the CPU to the pairs' deploys (the critical path on two
+# cores) and fills the time they wait
+if _pair is not None and int(_pair) >= PAIRS:
+    os.nice(10)
 
 
 def pytest_xdist_make_scheduler(config, log):

@@ -14,7 +14,6 @@ from typing import Any
 
 WANT_MTU = 9000  # the link MTU the figures in docs/link.md were taken with
 PERFTEST_PORT = 18515  # ib_write_bw's default port (-p); rail i uses PERFTEST_PORT + i
-MEASURE_S = 3  # each run's length (ib_write_bw -D)
 MESSAGE_BYTES = 65536  # ib_write_bw's own default size (-s): large enough for the line rate, small beside a rank
 IDLE_SHARE = 0.2  # a rail carrying less than this share of the other's traffic, both at once, is idle
 

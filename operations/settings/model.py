@@ -99,6 +99,7 @@ class Settings:
     link_prefix_min: int
     link_measure: str
     link_min_gbps: float
+    link_measure_s: int
     link_check_stop: bool
     master_port: int
     nccl_channels: int

@@ -41,10 +41,10 @@ LINK_MEASURE_MODES = ("stop", "warn", "off")
 # Settings both ranks must agree on (the pair is one server).
 PAIR_SETTINGS = (
     "context", "pool", "parallel", "drafts", "master_port", "gpu_clock_mhz", "link_mtu", "nccl_rails",
-    "link_measure", "link_min_gbps", "nccl_channels", "engine_image", "engine_context", "base_image", "tf_repo",
-    "tf_ref", "tools_ref", "prebuilt_image", "eaq_v1_1", "ablit", "container_name", "model_repo", "model_revision",
-    "model_repo_v1_1", "model_revision_v1_1", "kv_shard", "spill_gib", "engine_env", "keep_generations", "upgrade_gate",
-    "verify_data",
+    "link_measure", "link_min_gbps", "link_measure_s", "nccl_channels", "engine_image", "engine_context", "base_image",
+    "tf_repo", "tf_ref", "tools_ref", "prebuilt_image", "eaq_v1_1", "ablit", "container_name", "model_repo",
+    "model_revision", "model_repo_v1_1", "model_revision_v1_1", "kv_shard", "spill_gib", "engine_env",
+    "keep_generations", "upgrade_gate", "verify_data",
 )
 
 _HEX = re.compile(r"[0-9a-f]+")

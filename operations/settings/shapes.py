@@ -185,6 +185,7 @@ SHAPES: dict[str, Shape] = {
     "memguard_gib": (_finite, "a finite number of GiB"),
     "gpu_clock_period_s": (lambda v: 10 <= v <= 3600, "a number of seconds from 10 to 3600"),
     "progress_every_s": (lambda v: 1 <= v <= 600, "a whole number of seconds from 1 to 600"),
+    "link_measure_s": (lambda v: 1 <= v <= 60, "a whole number of seconds from 1 to 60"),
     "oom_score_adj": (lambda v: -1000 <= v <= 1000, "a whole number from -1000 to 1000"),
     "spill_gib": (lambda v: 0 <= v <= 4096, "0 (off) or a number of GiB up to 4096"),
     "kv_shard": (lambda v: 0 <= v <= 64, "0 (off) or a shard count up to 64"),

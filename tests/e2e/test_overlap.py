@@ -4,7 +4,7 @@ unit of the Spark's, not of the run: issue 26), the next run adopts it, goes LIV
 nothing.
 
 The overlap is made from a converged pair: the Engram tables (both Sparks) and the checkpoint (head) removed, the
-fake hub slowed down (its own rate, FAKEHUB_RATE) and a new image whose build takes a minute (the stand-in's
+fake hub slowed down (its own rate, FAKEHUB_RATE) and a new image whose build takes 45 s (the stand-in's
 bench-build-s knob, tests/sim/engine/faults/README.md). Starts from a converged pair (converged_pair) and leaves
 one, serving on the fault-free engine.
 """
@@ -54,10 +54,11 @@ def slow_hub(sim_exec, on: bool) -> None:
 
 
 def slow_build(tmp_path: Path) -> dict[str, str]:
-    """A new engine image (its context differs) whose build takes a minute, in the background from the data step."""
+    """A new engine image (its context differs) whose build takes 45 s, in the background from the data step: still
+    building when the checkpoint starts (the Engram tables before it take ~20 s at the slowed hub's rate)."""
     context = tmp_path / "engine-slow-build"
     shutil.copytree(ROOT / "tests/sim/engine", context)
-    (context / "faults" / "bench-build-s").write_text("60\n")
+    (context / "faults" / "bench-build-s").write_text("45\n")
     # an image no earlier session built (an earlier one's is a kept generation on the Sparks: no build at all)
     (context / "test-session").write_text(f"{uuid.uuid4()}\n")
     return {"SPARKFOLD_ENGINE_CONTEXT": str(context)}

@@ -302,12 +302,19 @@ def test_the_message_names_the_figures_then_the_first_cause():
 
 def test_the_script_runs_each_rail_alone_then_both_with_servers_on_the_worker():
     head, worker = pair()
-    script = measure_script(head["rails"], worker["rails"], "nvidia@192.168.100.2")
+    script = measure_script(head["rails"], worker["rails"], "nvidia@192.168.100.2", 3)
     assert script.count("ib_write_bw") == 8  # 2 alone + 2 together, a server and a client each
     assert ("'sudo -n timeout 33 ib_write_bw -d roceP2p1s0f0 -i 1 -x 3 -p 18516 -D 3 -s 65536 -F --report_gbits'"
             in script)
     assert "ib_write_bw -d rocep1s0f0 -i 1 -x 3 -p 18515 -D 3 -s 65536 -F --report_gbits 192.168.100.2" in script
     assert script.index('"$d/alone0.0"') < script.index('"$d/alone1.1"') < script.index('"$d/together.1"')
+
+
+def test_each_run_lasts_link_measure_s_with_its_time_limit_beyond_it():
+    head, worker = pair()
+    script = measure_script(head["rails"], worker["rails"], "nvidia@192.168.100.2", 1)
+    assert script.count(" -D 1 ") == 8 and " -D 3 " not in script
+    assert script.count("timeout 31 ib_write_bw") == 8  # the run's seconds and its connection wait
 
 
 def test_outputs_are_read_back_into_figures_with_the_servers_reason():

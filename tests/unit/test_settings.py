@@ -261,6 +261,8 @@ def test_pyinfra_data_strings_are_coerced():
     ({"gpu_clock_period_s": 7200}, "gpu_clock_period_s = 7200"),
     ({"progress_every_s": 0}, "progress_every_s = 0 must be a whole number of seconds from 1 to 600"),
     ({"progress_every_s": 601}, "progress_every_s = 601 must be a whole number of seconds from 1 to 600"),
+    ({"link_measure_s": 0}, "link_measure_s = 0 must be a whole number of seconds from 1 to 60"),
+    ({"link_measure_s": 61}, "link_measure_s = 61 must be a whole number of seconds from 1 to 60"),
     ({"nccl_rails": 3}, "nccl_rails = 3"),
     ({"host": "not a host!"}, "host = 'not a host!'"),
     ({"max_tokens": 0}, "max_tokens = 0"),
