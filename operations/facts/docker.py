@@ -194,6 +194,30 @@ def capabilities_cache_file(cache_dir: str, image_id: str) -> str:
     return f"{cache_dir}/{image_id.split(':', 1)[-1]}.json"
 
 
+def image_id_or_kept(image: str, cache_dir: str, suffix: str, whole: str, missing_fails: bool) -> str:
+    """The start of a fact's shell that reads something of `image` once per image id: `#ID <id>`, then the file kept
+    for that id (`<cache_dir>/<id without "sha256:"><suffix>`) when its text matches the case pattern `whole`
+    (`#CACHED`, the text, and the shell ends), else `#IMAGE`: the caller's command that reads the image follows. No
+    such image: the shell fails (missing_fails) or prints nothing."""
+    cached = ""
+    if cache_dir:
+        cached = (f"c=$(cat {sh(cache_dir)}/\"${{id#*:}}\"{suffix} 2>/dev/null); "
+                  f"case \"$c\" in {whole}) echo '#CACHED'; printf '%s\\n' \"$c\"; exit 0;; esac; ")
+    inspect = f"docker image inspect -f '{{{{.Id}}}}' {sh(image)}"
+    found = f"id=$({inspect}) || exit 1" if missing_fails else f"id=$({inspect} 2>/dev/null) || exit 0"
+    return f"{found}; echo \"#ID $id\"; {cached}echo '#IMAGE'; "
+
+
+def split_kept(output: list[str]) -> tuple[str, bool, list[str]]:
+    """image_id_or_kept's output: (the image id or "", whether the text came from the kept file, the text's lines)."""
+    lines, image_id, cached = list(output), "", False
+    if lines and lines[0].startswith("#ID "):
+        image_id = lines.pop(0)[len("#ID "):].strip()
+    if lines and lines[0].strip() in ("#CACHED", "#IMAGE"):
+        cached = lines.pop(0).strip() == "#CACHED"
+    return image_id, cached, lines
+
+
 class EngineCapabilities(FactBase[CapabilitiesDict]):
     """`tensorfold-native capabilities --json` from inside `image` (no network, no GPU needed), parsed, with the
     image's id; the document {} when the image is absent, so a plan on a fresh pair still works.
@@ -212,21 +236,14 @@ class EngineCapabilities(FactBase[CapabilitiesDict]):
         return "docker"
 
     def command(self, image: str, cache_dir: str = "") -> str:
-        ref = sh(image)
-        cached = ""
-        if cache_dir:  # whole: a document written aside and renamed starts with { and ends with }
-            cached = (f"c=$(cat {sh(cache_dir)}/\"${{id#*:}}\".json 2>/dev/null); "
-                      "case \"$c\" in '{'*'}') echo '#CACHED'; printf '%s\\n' \"$c\"; exit 0;; esac; ")
-        run = f"docker run --rm --network none --entrypoint tensorfold-native {ref} capabilities --json"
-        return (f"id=$(docker image inspect -f '{{{{.Id}}}}' {ref} 2>/dev/null) || exit 0; echo \"#ID $id\"; {cached}"
-                f"echo '#IMAGE'; {run} 2>/dev/null || true")
+        # whole: a document written aside and renamed starts with { and ends with }
+        run = f"docker run --rm --network none --entrypoint tensorfold-native {sh(image)} capabilities --json"
+        kept = image_id_or_kept(image, cache_dir, ".json", "'{'*'}'", missing_fails=False)
+        return kept + f"{run} 2>/dev/null || true"
 
     def process(self, output: list[str]) -> CapabilitiesDict:
-        found, lines = self.default(), list(output)
-        if lines and lines[0].startswith("#ID "):
-            found["image_id"] = lines.pop(0)[len("#ID "):].strip()
-        if lines and lines[0].strip() in ("#CACHED", "#IMAGE"):
-            found["cached"] = lines.pop(0).strip() == "#CACHED"
+        found = self.default()
+        found["image_id"], found["cached"], lines = split_kept(output)
         found["document"] = parse_capabilities(lines)
         found["cached"] = found["cached"] and bool(found["document"])
         return found

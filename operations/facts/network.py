@@ -15,6 +15,7 @@ from typing import Any, TypedDict
 
 from pyinfra.api import FactBase, QuoteString, StringCommand
 
+from operations.facts.docker import image_id_or_kept, split_kept
 from operations.layout import NETPLAN_APPLY_DIR, NETPLAN_STAGE_DIR
 from operations.util import sh
 
@@ -482,23 +483,16 @@ class ImageNcclConf(FactBase[NcclConfDict]):
 
     def command(self, image: str, cache_dir: str = "") -> str:
         # a missing image or docker failing fails the fact: only a file that is not there reads as None
-        ref = sh(image)
-        cached = ""
-        if cache_dir:  # whole: the one line of an image without the file, or anything ending with the mark
-            cached = (f"c=$(cat {sh(cache_dir)}/\"${{id#*:}}\".txt 2>/dev/null); "
-                      f"case \"$c\" in {sh(NCCL_CONF_NONE)}|*{sh(NCCL_CONF_MARK)}) echo '#CACHED'; "
-                      "printf '%s\\n' \"$c\"; exit 0;; esac; ")
         script = (f"if [ -f {NCCL_CONF} ]; then cat {NCCL_CONF}; echo; echo '{NCCL_CONF_MARK}'; "
                   f"else echo '{NCCL_CONF_NONE}'; fi")
-        return (f"id=$(docker image inspect -f '{{{{.Id}}}}' {ref}) || exit 1; echo \"#ID $id\"; {cached}"
-                f"echo '#IMAGE'; docker run --rm --network none --entrypoint sh {ref} -c {sh(script)}")
+        # whole: the one line of an image without the file, or anything ending with the mark
+        kept = image_id_or_kept(image, cache_dir, ".txt", f"{sh(NCCL_CONF_NONE)}|*{sh(NCCL_CONF_MARK)}",
+                                missing_fails=True)
+        return kept + f"docker run --rm --network none --entrypoint sh {sh(image)} -c {sh(script)}"
 
     def process(self, output: list[str]) -> NcclConfDict:
-        found, lines = self.default(), list(output)
-        if lines and lines[0].startswith("#ID "):
-            found["image_id"] = lines.pop(0)[len("#ID "):].strip()
-        if lines and lines[0].strip() in ("#CACHED", "#IMAGE"):
-            found["cached"] = lines.pop(0).strip() == "#CACHED"
+        found = self.default()
+        found["image_id"], found["cached"], lines = split_kept(output)
         last = lines[-1].strip() if lines else ""
         if last == NCCL_CONF_MARK:
             found["text"] = "\n".join(lines[:-1]).rstrip()

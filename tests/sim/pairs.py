@@ -12,7 +12,7 @@ from __future__ import annotations
 
 GROUPS = (
     ("test_sim_smoke.py", "test_deploy.py", "test_switches.py", "test_upgrade.py", "test_status_tools.py",
-     "test_try_it.py", "test_data_at_rest.py"),
+     "test_try_it.py", "test_data_at_rest.py", "test_resume.py"),
 )
 PAIRS = len(GROUPS) + 1  # the last takes every file no group names
 
