@@ -28,7 +28,7 @@ from operations.facts.docker import (
     DockerImageInfo,
     EngineCapabilities,
     PeerDockerImageInfo,
-    capabilities_cache_file,
+    keep_command,
 )
 from operations.remote.progress_command import progress_command
 from operations.settings import PREBUILT_REFERENCE, Settings
@@ -106,9 +106,7 @@ def read_capabilities(image: str, cache_dir: str) -> dict:
 def capabilities_kept(cache_dir: str, image_id: str, document: dict) -> str:
     """The command that keeps `document` as the cache file of `image_id`: one JSON line written aside, then renamed,
     so a reader never sees half of it."""
-    path = sh(capabilities_cache_file(cache_dir, image_id))
-    return (f"mkdir -p {sh(cache_dir)} && printf '%s\\n' {sh(json.dumps(document))} > {path}.$$ "
-            f"&& mv -f {path}.$$ {path}")
+    return keep_command(cache_dir, image_id, ".json", json.dumps(document))
 
 
 def _ssh(target: str, remote_command: str) -> str:

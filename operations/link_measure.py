@@ -23,7 +23,7 @@ from pyinfra.context import ctx_config, ctx_host
 from pyinfra.operations import apt
 
 from operations.build.image_hash import image_ref
-from operations.facts.docker import DockerImageInfo, RankContainer
+from operations.facts.docker import DockerImageInfo, RankContainer, keep_command
 from operations.facts.network import (
     BandwidthSide,
     ImageNcclConf,
@@ -31,7 +31,6 @@ from operations.facts.network import (
     LinkRecord,
     NcclConfDict,
     RailHardware,
-    nccl_conf_cache_file,
     nccl_conf_kept_text,
 )
 from operations.network.link_bandwidth import (
@@ -48,7 +47,7 @@ from operations.network.link_bandwidth import (
 )
 from operations.settings import Settings
 from operations.settings.context import peer_host
-from operations.util import check_failed, function_failed, sh, warned
+from operations.util import check_failed, function_failed, warned
 from operations.util.commands import APT_CACHE_S
 from operations.util.fact_reuse import fact_until_change
 from operations.util.net import ip_of
@@ -186,9 +185,7 @@ def nccl_conf_kept(cache_dir: str, read: NcclConfDict) -> str | None:
     keep (read from the cache already, not whole, or no cache folder)."""
     if not (cache_dir and read["image_id"] and read["whole"]) or read["cached"]:
         return None
-    path = sh(nccl_conf_cache_file(cache_dir, read["image_id"]))
-    return (f"mkdir -p {sh(cache_dir)} && printf '%s' {sh(nccl_conf_kept_text(read['text']))} > {path}.$$ "
-            f"&& mv -f {path}.$$ {path}")
+    return keep_command(cache_dir, read["image_id"], ".txt", nccl_conf_kept_text(read["text"]))
 
 
 # --- reading both Sparks ----------------------------------------------------------------------------------------

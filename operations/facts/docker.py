@@ -188,10 +188,22 @@ class CapabilitiesDict(TypedDict):
     cached: bool  # read from the cache file, not from a container
 
 
+def kept_file(cache_dir: str, image_id: str, suffix: str) -> str:
+    """Where what image `image_id` says is kept: `<cache_dir>/<id without "sha256:"><suffix>` (image_id_or_kept's
+    shell names the same file, `${id#*:}`)."""
+    return f"{cache_dir}/{image_id.split(':', 1)[-1]}{suffix}"
+
+
+def keep_command(cache_dir: str, image_id: str, suffix: str, text: str) -> str:
+    """The command that keeps `text` (and a newline) as kept_file: written aside, then renamed, so a reader never
+    sees half of it."""
+    path = sh(kept_file(cache_dir, image_id, suffix))
+    return f"mkdir -p {sh(cache_dir)} && printf '%s\\n' {sh(text)} > {path}.$$ && mv -f {path}.$$ {path}"
+
+
 def capabilities_cache_file(cache_dir: str, image_id: str) -> str:
-    """Where the document of image `image_id` is kept: `<cache_dir>/<id without "sha256:">.json`, one JSON line.
-    The fact's shell names the same file (`${id#*:}`)."""
-    return f"{cache_dir}/{image_id.split(':', 1)[-1]}.json"
+    """Where the document of image `image_id` is kept, one JSON line."""
+    return kept_file(cache_dir, image_id, ".json")
 
 
 def image_id_or_kept(image: str, cache_dir: str, suffix: str, whole: str, missing_fails: bool) -> str:

@@ -15,7 +15,7 @@ from typing import Any, TypedDict
 
 from pyinfra.api import FactBase, QuoteString, StringCommand
 
-from operations.facts.docker import image_id_or_kept, split_kept
+from operations.facts.docker import image_id_or_kept, kept_file, split_kept
 from operations.layout import NETPLAN_APPLY_DIR, NETPLAN_STAGE_DIR
 from operations.util import sh
 
@@ -455,13 +455,13 @@ class NcclConfDict(TypedDict):
 
 def nccl_conf_cache_file(cache_dir: str, image_id: str) -> str:
     """Where the answer for image `image_id` is kept: `<cache_dir>/<id without "sha256:">.txt`, the same lines a
-    container prints (NCCL_CONF_NONE, or the text then NCCL_CONF_MARK). The fact's shell names the same file."""
-    return f"{cache_dir}/{image_id.split(':', 1)[-1]}.txt"
+    container prints (NCCL_CONF_NONE, or the text then NCCL_CONF_MARK)."""
+    return kept_file(cache_dir, image_id, ".txt")
 
 
 def nccl_conf_kept_text(text: str | None) -> str:
-    """The cache file's content for an answer: what ImageNcclConf's container prints for it."""
-    return f"{NCCL_CONF_NONE}\n" if text is None else f"{text}\n\n{NCCL_CONF_MARK}\n"
+    """The cache file's content for an answer, but its last newline: what ImageNcclConf's container prints for it."""
+    return NCCL_CONF_NONE if text is None else f"{text}\n\n{NCCL_CONF_MARK}"
 
 
 class ImageNcclConf(FactBase[NcclConfDict]):
