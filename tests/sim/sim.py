@@ -37,7 +37,7 @@ ROOT = SIM_DIR.parent.parent
 WORK = SIM_DIR / ".work"  # what every pair shares: the images' inputs, the keys, the host keys
 KEYS = WORK / "keys"
 # Several pairs can run on one machine, each its own containers, volumes, network, ports and files (the end-to-end
-# tests run on two at once: tests/conftest.py). SPARKSIM_PAIR numbers them; pair 0 keeps the plain names.
+# tests run on three at once: tests/conftest.py). SPARKSIM_PAIR numbers them; pair 0 keeps the plain names.
 PAIR = int(os.environ.get("SPARKSIM_PAIR", "0") or "0")
 PAIR_WORK = WORK if PAIR == 0 else WORK / f"pair{PAIR}"  # this pair's site file, known_hosts and memory files
 SITE_FILE = PAIR_WORK / "site.yaml"

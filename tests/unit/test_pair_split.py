@@ -1,4 +1,4 @@
-"""The end-to-end files are split between two simulated pairs (tests/sim/pairs.py): every file lands on exactly one,
+"""The end-to-end files are split among the simulated pairs (tests/sim/pairs.py): every file lands on exactly one,
 the files named for pair A exist, and the fresh-Sparks files lead pair A."""
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ def test_a_worker_names_its_pair():
     assert pairs.pair_of_worker("") is None and pairs.pair_of_worker("gwx") is None
 
 
-def test_two_pairs_share_no_name_port_subnet_or_file():
+def test_the_pairs_share_no_name_port_subnet_or_file():
     """What each pair holds on the machine, read from tests/sim/sim.py as SPARKSIM_PAIR sets it."""
     import json
     import os
@@ -46,8 +46,12 @@ def test_two_pairs_share_no_name_port_subnet_or_file():
             "*(end for i in range(2) for end in sim._link_ends(i))]))")
     env = {k: v for k, v in os.environ.items() if not k.startswith("SPARKSIM_")}
     held = [set(json.loads(subprocess.run([sys.executable, "-c", show], cwd=root, env={**env, "SPARKSIM_PAIR": n},
-                                          capture_output=True, text=True, check=True).stdout)) for n in ("0", "1")]
-    assert held[0] & held[1] == set()
+                                          capture_output=True, text=True, check=True).stdout))
+            for n in map(str, range(pairs.PAIRS))]
+    assert len(held) >= 2
+    for a in range(len(held)):
+        for b in range(a + 1, len(held)):
+            assert held[a] & held[b] == set(), (a, b)
     assert "sparkfold-sim-head" in held[0]  # pair 0 keeps the plain names (a pair brought up before still matches)
 
 
