@@ -31,10 +31,14 @@ STATE_FILES = ("run", "inputs", "lane", "label", "after", "queued", "began", "en
 STOP_TIMEOUT_S = 30  # a stopped stream's control group gets this long after the TERM before systemd kills it
 _SCRIPT_EOF = "SPARKFOLD_STREAM_EOF"
 
-# $1: the stream's folder. Written to <folder>/runner, which the unit runs (`sh <folder>/runner <folder>`): never
-# given inline, as systemd expands `$NAME` in a unit's command line (systemd-run has no way to turn that off before
-# systemd 254).
-RUNNER = r'''
+WAIT_POLL_S = 1  # how often a stream waiting for its upstream asks systemd whether that one still runs
+
+
+def runner_script(poll_s: float = WAIT_POLL_S) -> str:
+    """The unit's script. $1: the stream's folder. Written to <folder>/runner, which the unit runs
+    (`sh <folder>/runner <folder>`): never given inline, as systemd expands `$NAME` in a unit's command line
+    (systemd-run has no way to turn that off before systemd 254). poll_s: the upstream's poll (the tests' is short)."""
+    return r'''
 d=$1; root=${d%/*}
 put() { printf '%s\n' "$2" > "$d/$1.tmp" && mv -f "$d/$1.tmp" "$d/$1"; }
 field() { systemctl show "''' + unit_name("") + r'''$1" -p "$2" --value; }
@@ -47,7 +51,7 @@ for a in $(cat "$d/after"); do
   said=
   while running "$a"; do
     [ -n "$said" ] || { said=1; echo "$(cat "$d/label"): waits for $(cat "$root/$a/label")"; }
-    sleep 1
+    sleep ''' + f"{poll_s:g}" + r'''
   done
   if { [ -n "$said" ] || ours "$a"; } && ! succeeded "$a"; then
     echo "sparkfold: $(cat "$d/label"): not started: $(cat "$root/$a/label" 2>/dev/null || echo "$a") did not finish"
@@ -59,6 +63,9 @@ sh -e "$d/script"; rc=$?
 put ended "$(date +%s.%N)"
 exit $rc
 '''
+
+
+RUNNER = runner_script()
 
 
 def stream_dir(root: str, name: str) -> str:

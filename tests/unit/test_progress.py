@@ -81,21 +81,42 @@ def test_the_newest_build_step_is_shown(step):
     assert steps and steps[-1].startswith("build: " + step.replace("$i", "3"))
 
 
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a child of a process gone before it lingers as a zombie until reaped: it no longer runs
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
 def test_an_interrupted_run_takes_its_work_down(tmp_path):
-    marker = tmp_path / "finished"
+    # the work is a minute long and says its pid: gone within seconds of the interrupt, it was taken down (no
+    # fixed wait for a command to finish or not)
+    marker, pid_file = tmp_path / "finished", tmp_path / "pid"
     for interrupt in ("reader gone", "hangup"):
         marker.unlink(missing_ok=True)
-        run = start(progress_command("copy", f"sleep 3; touch {marker}", every=0.3))
+        pid_file.unlink(missing_ok=True)
+        run = start(progress_command("copy", f"sleep 60 & echo $! > {pid_file}; wait; touch {marker}", every=0.3))
         assert run.stdout is not None and run.stdout.readline().startswith("copy: started")
+        deadline = time.monotonic() + 10
+        while not pid_file.exists() or not pid_file.read_text().strip():
+            assert time.monotonic() < deadline, "the work never started"
+            time.sleep(0.02)
+        work = int(pid_file.read_text())
         if interrupt == "reader gone":
             run.stdout.close()  # the ssh connection that read it closed
         else:
             os.killpg(run.pid, signal.SIGHUP)  # the session's processes, as a closing terminal would
-        deadline = time.monotonic() + 5
-        while run.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.1)
-        time.sleep(3.5)
-        assert not marker.exists(), f"{interrupt}: the command went on after the run was gone"
+        deadline = time.monotonic() + 30
+        while _alive(work):
+            assert time.monotonic() < deadline, f"{interrupt}: the command went on after the run was gone"
+            time.sleep(0.05)
+        run.wait(timeout=30)
+        assert not marker.exists(), f"{interrupt}: the command ran on past its work"
 
 
 def test_an_interrupted_run_leaves_no_log_behind(tmp_path, monkeypatch):

@@ -24,6 +24,7 @@ from operations.remote.stream_runner import (
     freeing_command,
     inputs_digest,
     launch_command,
+    runner_script,
     script_text,
     stop_command,
     systemd_run_words,
@@ -172,8 +173,13 @@ def folder(root: Path, name: str, run: str = RUN, after: str = "", commands: str
     return d
 
 
+POLL_S = 0.1  # the units script's poll of an upstream here (1 s on a Spark): the waits below are a few polls
+FAST_RUNNER = runner_script(POLL_S)
+
+
 def runner(d: Path, env: dict, timeout: float = 20) -> subprocess.CompletedProcess:
-    return subprocess.run(["sh", "-c", RUNNER, "sh", str(d)], capture_output=True, text=True, env=env, timeout=timeout)
+    return subprocess.run(["sh", "-c", FAST_RUNNER, "sh", str(d)], capture_output=True, text=True, env=env,
+                          timeout=timeout)
 
 
 def test_the_units_script_runs_the_work_and_records_its_times(tmp_path):
@@ -189,7 +195,7 @@ def test_the_units_script_waits_for_a_stream_of_its_run_while_that_ones_unit_run
     folder(root, "first")
     d = folder(root, "second", after="first", commands=f"touch {root}/second/ran")
     unit(tmp_path, "first", ActiveState="active", SubState="running")
-    waiting = subprocess.Popen(["sh", "-c", RUNNER, "sh", str(d)], stdout=subprocess.PIPE, text=True, env=env)
+    waiting = subprocess.Popen(["sh", "-c", FAST_RUNNER, "sh", str(d)], stdout=subprocess.PIPE, text=True, env=env)
     try:
         assert waiting.stdout is not None
         assert waiting.stdout.readline() == "the second work: waits for the first work\n"
@@ -229,11 +235,12 @@ def test_a_running_stream_is_waited_for_while_a_new_run_adopts_the_chain_one_str
     upstream = folder(root, "first")
     d = folder(root, "second", after="first", commands="echo ran")
     unit(tmp_path, "first", ActiveState="active", SubState="running")
-    waiting = subprocess.Popen(["sh", "-c", RUNNER, "sh", str(d)], stdout=subprocess.PIPE, text=True, env=env)
+    waiting = subprocess.Popen(["sh", "-c", FAST_RUNNER, "sh", str(d)], stdout=subprocess.PIPE, text=True, env=env)
     try:
-        time.sleep(1.5)
+        assert waiting.stdout is not None
+        assert waiting.stdout.readline() == "the second work: waits for the first work\n"  # in its wait: adopt now
         (upstream / "run").write_text("nextrun\n")  # adopt_command of the upstream
-        time.sleep(2.5)
+        time.sleep(10 * POLL_S)
         assert waiting.poll() is None and not (d / "began").exists()
         unit(tmp_path, "first", ActiveState="active", SubState="exited", Result="exit-code", ExecMainStatus="2")
         out, _ = waiting.communicate(timeout=10)
