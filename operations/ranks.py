@@ -44,7 +44,7 @@ from operations.rank.generation import (
     prune_plan,
     runs_last_good,
 )
-from operations.rank.plan import KEEP, REFUSED, START, PairPlan, foreign, pair_plan, rank_inputs_args
+from operations.rank.plan import KEEP, REFUSED, START, PairPlan, foreign, pair_plan
 from operations.rank.spec import CHAT_TEMPLATE, ContainerSpec, template_digest
 from operations.rank.switch import Api, Side, SwitchInputs, SwitchNotes
 from operations.settings import Settings
@@ -58,6 +58,22 @@ from operations.util.fact_reuse import fact_until_change
 _STRICT: dict[str, Any] = {"_ignore_errors": False}
 
 BEFORE_STOP, AFTER_START, AFTER_GATE = "before the stop", "after the start", "after the gate"
+
+
+def rank_ports(s: Settings) -> tuple[int, ...]:
+    """The ports this Spark's rank listens on (rank 0: the API and the rendezvous; rank 1 only connects)."""
+    return (s.port, s.master_port) if s.is_head else ()
+
+
+def rank_inputs_args(s: Settings, image: str) -> dict[str, Any]:
+    """The RankInputs arguments for Spark `s` (what the pair step and status.py read of it, next to where it is
+    read): its paths, and the image's capabilities on the head only."""
+    layout = s.layout
+    return {"container": s.container_name, "link_record": layout.link_record, "served": layout.served_link,
+            "kit": layout.kit, "rank_link": layout.active_rank_link(),
+            "ablit": layout.ablit_current if s.ablit and s.is_head else "", "image": image if s.is_head else "",
+            "capabilities_cache": layout.capabilities_cache if s.is_head else "", "ports": rank_ports(s),
+            "generations": layout.generations}
 
 
 def _holders_named(spark: Host, found: RankInputsDict) -> RankInputsDict:

@@ -208,21 +208,6 @@ def port_problems(s: Settings, mine: RankInputsDict, where: str) -> list[str]:
             for port, holders in sorted((mine.get("port_holders") or {}).items()) if holders and port not in own]
 
 
-def rank_ports(s: Settings) -> tuple[int, ...]:
-    """The ports this Spark's rank listens on (rank 0: the API and the rendezvous; rank 1 only connects)."""
-    return (s.port, s.master_port) if s.is_head else ()
-
-
-def rank_inputs_args(s: Settings, image: str) -> dict[str, Any]:
-    """The RankInputs arguments for Spark `s`: its paths, and the image's capabilities on the head only."""
-    layout = s.layout
-    return {"container": s.container_name, "link_record": layout.link_record, "served": layout.served_link,
-            "kit": layout.kit, "rank_link": layout.active_rank_link(),
-            "ablit": layout.ablit_current if s.ablit and s.is_head else "", "image": image if s.is_head else "",
-            "capabilities_cache": layout.capabilities_cache if s.is_head else "", "ports": rank_ports(s),
-            "generations": layout.generations}
-
-
 def pair_plan(head: Settings, worker: Settings, head_found: RankInputsDict, worker_found: RankInputsDict, *,
               image: str, template_digest: str, force: bool,
               docker_restarts: tuple[str, str] = ("", "")) -> PairPlan:

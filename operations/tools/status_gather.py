@@ -36,9 +36,10 @@ from operations.layout import GPU_CLOCK_RECORD, GPU_CLOCK_TIMER, MEMGUARD_UNIT, 
 from operations.model_data import BLOB_SUMS
 from operations.rank import exposure
 from operations.rank.generation import read_records
-from operations.rank.plan import pair_plan, rank_inputs_args
+from operations.rank.plan import pair_plan
 from operations.rank.serving import auth_headers, models_listed, read_api_key
 from operations.rank.spec import template_digest
+from operations.ranks import rank_inputs_args
 from operations.settings import Settings
 from operations.settings.site import ssh_check
 from operations.tools.status_render import (
