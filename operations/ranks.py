@@ -60,11 +60,6 @@ _STRICT: dict[str, Any] = {"_ignore_errors": False}
 BEFORE_STOP, AFTER_START, AFTER_GATE = "before the stop", "after the start", "after the gate"
 
 
-def rank_ports(s: Settings) -> tuple[int, ...]:
-    """The ports this Spark's rank listens on (rank 0: the API and the rendezvous; rank 1 only connects)."""
-    return (s.port, s.master_port) if s.is_head else ()
-
-
 def rank_inputs_args(s: Settings, image: str) -> dict[str, Any]:
     """The RankInputs arguments for Spark `s` (what the pair step and status.py read of it, next to where it is
     read): its paths, and the image's capabilities on the head only."""
@@ -72,7 +67,9 @@ def rank_inputs_args(s: Settings, image: str) -> dict[str, Any]:
     return {"container": s.container_name, "link_record": layout.link_record, "served": layout.served_link,
             "kit": layout.kit, "rank_link": layout.active_rank_link(),
             "ablit": layout.ablit_current if s.ablit and s.is_head else "", "image": image if s.is_head else "",
-            "capabilities_cache": layout.capabilities_cache if s.is_head else "", "ports": rank_ports(s),
+            "capabilities_cache": layout.capabilities_cache if s.is_head else "",
+            # the ports its rank listens on: rank 0 the API and the rendezvous; rank 1 only connects
+            "ports": (s.port, s.master_port) if s.is_head else (),
             "generations": layout.generations}
 
 
