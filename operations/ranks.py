@@ -44,7 +44,16 @@ from operations.rank.generation import (
     prune_plan,
     runs_last_good,
 )
-from operations.rank.plan import KEEP, REFUSED, START, PairPlan, foreign, pair_plan
+from operations.rank.plan import (
+    KEEP,
+    REFUSED,
+    START,
+    PairPlan,
+    foreign,
+    pair_plan,
+    retargeted,
+    rollback_target,
+)
 from operations.rank.spec import CHAT_TEMPLATE, ContainerSpec, template_digest
 from operations.rank.switch import Api, Side, SwitchInputs, SwitchNotes
 from operations.settings import Settings
@@ -137,15 +146,31 @@ class PairPlans:
     template: str
     inputs_args: tuple[dict[str, Any], dict[str, Any]]  # RankInputs' arguments: this Spark's, the other Spark's
     switch_inputs: SwitchInputs
+    rollback: bool = False  # rollback.py: every phase's plan wants the rollback's target (`rollback_choice`)
     _read: dict[tuple[str, bool], PairPlan] = field(default_factory=dict, repr=False)
+    _rollback: dict[bool, RollbackChoice] = field(default_factory=dict, repr=False)
 
     @classmethod
-    def of(cls, s: Settings, peer: Host, image: str, template: str) -> PairPlans:
+    def of(cls, s: Settings, peer: Host, image: str, template: str, rollback: bool = False) -> PairPlans:
         return cls(s, peer, image, template, (rank_inputs_args(s, image), rank_inputs_args(s.the_peer, image)),
-                   switch_inputs(s))
+                   switch_inputs(s), rollback)
 
     def plan(self, phase: str) -> PairPlan:
-        """The phase's plan: both Sparks' RankInputs, one round trip each and both at once (the peer's in a
+        """The phase's plan (rollback.py's: retargeted at its target, chosen once from the plan before the stop)."""
+        read = self._read_plan(phase)
+        return retargeted(read, self.rollback_choice().target) if self.rollback else read
+
+    def rollback_choice(self) -> RollbackChoice:
+        """rollback.py's target and why it is refused, from the plan before the stop and both Sparks' StartReady:
+        each Spark works it out from the same reads, so both reach the same verdict."""
+        # why: chosen once per pass (planning, then executing), as the plan it comes from is read once per pass
+        key = bool(state.is_executing)
+        if key not in self._rollback:
+            self._rollback[key] = _rollback_choice(self, self._read_plan(BEFORE_STOP))
+        return self._rollback[key]
+
+    def _read_plan(self, phase: str) -> PairPlan:
+        """The phase's plan as read: both Sparks' RankInputs, one round trip each and both at once (the peer's in a
         greenlet: they are two connections), and whether Docker restarts on each, then the pure plan."""
         # why: pyinfra runs each operation while planning and again while executing: a planned read is not judged
         key = (phase, bool(state.is_executing))
@@ -379,6 +404,8 @@ def generations_kept(plans: PairPlans, started: Any = None):
         host.noop(f"generation {wanted.id} is the last good one")  # pruned when it became so
         return
     yield record_command(s.layout.generations, Generation(wanted.id, wanted.specs, good_at=time.time()))
+    if plans.rollback:  # rollback.py removes nothing: the generation it left stays, to switch back to
+        return
     layout = s.layout
     kinds = {"weights": layout.rank_cache, **({"kit": versions_dir(layout.kit)} if s.is_head else {}),
              **({"ablit": layout.ablit} if s.is_head and s.ablit else {})}
@@ -404,10 +431,10 @@ def generations_kept(plans: PairPlans, started: Any = None):
         yield StringCommand("rm", "-f", "--", *files, _sudo=True)
 
 
-def pair_plans(s: Settings) -> PairPlans:
+def pair_plans(s: Settings, rollback: bool = False) -> PairPlans:
     """The pair step's handoff of this Spark, made where the step is called (deploy.py, rollback.py): the controller's
     inputs, read once (the other Spark, the content-addressed image, the template rank 0 serves)."""
-    return PairPlans.of(s, peer_host(s), image_ref(s), template_digest(s))
+    return PairPlans.of(s, peer_host(s), image_ref(s), template_digest(s), rollback)
 
 
 @deploy("The pair of ranks")
@@ -449,53 +476,99 @@ def start_ready_problem(where: str, spec: ContainerSpec, ready: Mapping[str, Any
     return f"on the {where}: {', '.join(gone)} (removed since it served)" if gone else None
 
 
-@operation()
-def previous_generation_served(plans: PairPlans):
-    """Head (rollback.py): the pair switched to the previous good generation, the newest one that served other than
-    the one serving now; refused before anything stops when there is none, or when its image or a folder it mounts
-    is gone on either Spark. One plan of the pair: the records, the serving generation and both containers to
-    stop."""
-    s, worker, plan = plans.s, plans.peer, plans.plan(BEFORE_STOP)
-    if plan.refusals:  # a container with our name that sparkfold did not start: nothing is stopped
-        yield from check_failed("the rank containers", plan.refusals)
-        return
-    records = plan.records[0]
-    current = plan.running
-    # nothing serves (a failed rollback, a stop): the last good one is what to start; else the one before the serving
-    target = records.previous(current) if current else (records.get(records.last_good) or records.previous(""))
+@dataclass(frozen=True)
+class RollbackChoice:
+    """rollback.py's verdict: the generation it starts again, or the check that refuses it (nothing stops then)."""
+
+    target: Generation | None
+    came_from: str  # the generation serving now, as its line says it ("(none)")
+    check: str = ""
+    problems: tuple[str, ...] = ()
+
+
+def _rollback_choice(plans: PairPlans, plan: PairPlan) -> RollbackChoice:
+    """The newest good generation other than the one serving, refused when there is none, when a container with our
+    name is not ours, when its record fails its check, when it is more open than the settings ask (without
+    rollback_open), or when its image or a folder it mounts is gone on either Spark (StartReady, read on both)."""
+    s = plans.s
+    came_from = plan.running or "(none)"
+    if plan.refusals:
+        return RollbackChoice(None, came_from, "the rank containers", plan.refusals)
+    target = rollback_target(plan)
     if target is None:
-        yield from check_failed("rollback", [f"no earlier generation that served is recorded in "
-                                             f"{s.layout.generations} (only {current or 'none'}): nothing to roll "
-                                             "back to"])
-        return
+        return RollbackChoice(None, came_from, "rollback", (
+            f"no earlier generation that served is recorded in {s.layout.generations} (only "
+            f"{plan.running or 'none'}): nothing to roll back to",))
+    check = f"rollback to generation {target.id}"
+    refused = switch.refusal_of(plans.switch_inputs, target)
+    if refused:
+        return RollbackChoice(None, came_from, check, (refused,))
     opened = exposure.more_open(exposure.of_argv(target.specs[0].argv), plans.switch_inputs.asked)
     if opened and not s.rollback_open:  # a rollback must not quietly reopen what the settings closed
-        yield from check_failed(f"rollback to generation {target.id}", [
+        return RollbackChoice(None, came_from, check, (
             f"its API is more open than the settings ask: {'; and '.join(opened)}. To start it all the same, for this "
             "run only: pyinfra inventory.py rollback.py --data rollback_open=true (it stays that open until "
-            "the next deploy.py); or run deploy.py, which starts the pair the settings ask for"])
-        return
+            "the next deploy.py); or run deploy.py, which starts the pair the settings ask for",))
+    head, worker = (host, plans.peer) if s.is_head else (plans.peer, host)
     problems = []
-    for spark, side, spec in ((host, s.head, target.specs[0]), (worker, s.worker, target.specs[1])):
+    for spark, where, spec in ((head, "head", target.specs[0]), (worker, "worker", target.specs[1])):
         paths = tuple(src for src, _dst, _ro in spec.mounts if src.startswith("/") and _ro)
         ready = spark.get_fact(StartReady, image=spec.image, paths=paths)
-        problems.append(start_ready_problem(side.role, spec, ready))
-    if any(problems):  # said by --dry too, and no switch is planned
-        yield from check_failed(f"rollback to generation {target.id}", problems)
+        problems.append(start_ready_problem(where, spec, ready))
+    found = tuple(p for p in problems if p)
+    return RollbackChoice(None, came_from, check, found) if found else RollbackChoice(target, came_from)
+
+
+@operation()
+def rollback_checked(plans: PairPlans):
+    """Head (rollback.py): the previous good generation chosen and checked before anything stops (`RollbackChoice`;
+    said by --dry too, and then no switch is planned on either Spark)."""
+    choice = plans.rollback_choice()
+    if choice.target is None:
+        yield from check_failed(choice.check, choice.problems)
         return
-    logger.info(f"{host.name}: rollback: generation {current or '(none)'} → {target.id}")
-    containers = (plan.rank(0).container, plan.rank(1).container)
-    yield FunctionCommand(switch.rolled_back_to, (worker, plans.switch_inputs, target, current or "(none)", containers,
-                                                  SwitchNotes()), {})
+    logger.info(f"{host.name}: rollback: generation {choice.came_from} → {choice.target.id}")
+    host.noop(f"generation {choice.target.id} can start again on both Sparks")
+
+
+@operation()
+def rollback_serving(plans: PairPlans, rank0: Any, notes: SwitchNotes):
+    """Head (rollback.py): the pair started from the target's record judged where its rank 0 answers (health wait,
+    smoke test), the supervisor the stop paused started again, the LIVE line; a failed start fails it at once. Each
+    Spark's generations_kept records the target as the last good generation only once this passed."""
+    choice = plans.rollback_choice()
+    if choice.target is None:
+        host.noop("no rollback: nothing was started")
+        return
+    failed = None
+    if rank0.is_complete() and not rank0.did_succeed():
+        failed = notes.start_problem or "rank 0 did not start on the head (its error is above)"
+    yield FunctionCommand(switch.rollback_served, (plans.peer, plans.switch_inputs, choice.target, choice.came_from,
+                                                   notes, failed), {})
 
 
 @deploy("Roll back to the previous generation")
 def rolled_back(s: Settings) -> None:
-    """rollback.py: the head switches both ranks to the previous good generation (the worker's part is driven from
-    the head, as the health wait is)."""
+    """rollback.py: the previous good generation started again from its record, through deploy.py's own stop and
+    start operations (`PairPlans` with rollback=True: every phase's plan wants the target), rank 1 first; judged on
+    the head; then recorded on both Sparks as the last good one (nothing is pruned)."""
+    plans = pair_plans(s, rollback=True)
+    notes = SwitchNotes()
     if s.is_head:
-        previous_generation_served(name="The previous good generation serves again",
-                                   plans=pair_plans(s))
+        rollback_checked(name="Rollback: the previous good generation, ready on both Sparks", plans=plans)
+    pause = (SUPERVISOR_UNIT,) if s.is_head and s.supervise else ()
+    stale_pair_stopped(name="Stop the serving pair (logs saved first)", plans=plans, pause_units=pause,
+                       notes=notes if s.is_head else None)
+    # why _ignore_errors: a failed start is rollback_serving's to judge (it starts the paused supervisor again)
+    if not s.is_head:
+        started = rank_started(name="Start rank 1 (worker) from its record", plans=plans, _ignore_errors=True)
+    if s.is_head:
+        started = rank_started(name="Start rank 0 (head) from its record", plans=plans, notes=notes,
+                               _ignore_errors=True)
+        rollback_serving(name="Rank 0's API: wait, smoke test through both ranks, LIVE", plans=plans, rank0=started,
+                         notes=notes)
+    generations_kept(name="The generation rolled back to recorded as the last good one", plans=plans,
+                     started=started)
 
 
 @operation()

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import posixpath
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from operations.layout import ABLIT_CURRENT, InContainer
@@ -245,3 +245,31 @@ def pair_plan(head: Settings, worker: Settings, head_found: RankInputsDict, work
     return PairPlan((ranks[0], ranks[1]), tuple(reasons), tuple(refusals),
                     generation_of([spec for spec, _problems in built]), running, (records[0], records[1]), image,
                     docker_restarts, sampling, tuple(sampling_warnings))
+
+
+# --- rollback.py ------------------------------------------------------------------------------------------------
+
+def rollback_target(plan: PairPlan) -> Generation | None:
+    """What rollback.py starts again: the newest good generation other than the one serving (the head's records), or
+    the last good one when nothing serves (a failed rollback, a stop); None when no other one served."""
+    records, current = plan.records[0], plan.running
+    return records.previous(current) if current else (records.get(records.last_good) or records.previous(""))
+
+
+def retargeted(plan: PairPlan, target: Generation | None) -> PairPlan:
+    """rollback.py's plan: `target`'s recorded specs are the wanted ones, so the deploy's own stop and start replace
+    the pair with it (both ranks, rank 1 first); the settings' launch checks do not apply to a record. None (no
+    target, or one refused): nothing to change, both ranks left as they are."""
+    if target is None:
+        return replace(plan, ranks=(replace(plan.ranks[0], action=_left(plan.ranks[0])),
+                                    replace(plan.ranks[1], action=_left(plan.ranks[1]))), reasons=())
+    ranks = tuple(replace(rank, spec=target.specs[rank.rank], problems=(), memory=(), ports=(),
+                          action=REFUSED if rank.action == REFUSED else RECREATE if rank.container else START)
+                  for rank in plan.ranks)
+    served = f"generation {plan.running} serves now" if plan.running else "no generation serves now"
+    return replace(plan, ranks=(ranks[0], ranks[1]), wanted=target,
+                   reasons=(f"rollback.py starts generation {target.id} again ({served})",))
+
+
+def _left(rank: RankPlan) -> str:
+    return REFUSED if rank.action == REFUSED else KEEP

@@ -1,8 +1,9 @@
 """A switch of the serving pair, judged from this machine: the new pair's health, smoke test and optional exact gate,
 and the way back when it fails (the last good generation started again from its record: no rebuild, no download).
 
-One stop and one start of a rank (`rank_stop`, `rank_start`), yielded by deploy.py's switch (operations/ranks.py) and
-run by `pair_switched`, which both the automatic rollback (`new_pair_served`) and rollback.py (`rolled_back_to`) use.
+One stop and one start of a rank (`rank_stop`, `rank_start`), yielded by the switch's operations (operations/ranks.py:
+deploy.py's and rollback.py's, which plans the record it starts as the wanted pair) and run by `pair_switched` for the
+automatic rollback (`new_pair_served`), decided only once the health wait failed.
 The head's operations of one run share a `SwitchNotes` (when the old pair was stopped, the old pair's exact record);
 the functions that reach the Sparks run inside the head's FunctionCommands, through pyinfra's Host objects (so the
 head is the context host that `warned` and `function_failed` speak for). They take `SwitchInputs`, the few values of
@@ -22,7 +23,7 @@ from pyinfra.api.host import Host
 from operations.facts.docker import RankContainer
 from operations.layout import SUPERVISOR_UNIT
 from operations.rank import exposure
-from operations.rank.commands import record_command, removal_commands, start_commands
+from operations.rank.commands import removal_commands, start_commands
 from operations.rank.exposure import Exposure
 from operations.rank.generation import Generation, Switch
 from operations.rank.plan import foreign
@@ -313,32 +314,23 @@ def failed_with_logs(state: Any, host: Host, worker: Host, container_name: str, 
     return function_failed("the serving pair", f"{message} (the ranks' last log lines are above)")
 
 
-def rolled_back_to(state: Any, host: Host, worker: Host, inputs: SwitchInputs, target: Generation, came_from: str,
-                   containers: tuple[Mapping[str, Any], Mapping[str, Any]], notes: SwitchNotes) -> bool:
-    """rollback.py's switch: the serving pair (`containers`, as its plan read them) stopped with the supervisor
-    paused, `target` started from its record and judged like any new pair, then recorded as the last good one on
-    both Sparks. A FunctionCommand: the worker's part is driven from the head, and the health wait's result decides
-    whether the record is written."""
-    if inputs.supervise:
-        run(host, StringCommand("systemctl", "stop", SUPERVISOR_UNIT, _sudo=True))
-        containers = containers_now(inputs, host, worker)  # it may have restarted a rank since the plan read them
-    notes.stopped_at = clock()
-    problem = switched_to(inputs, host, worker, containers, target)
+def rollback_served(state: Any, host: Host, worker: Host, inputs: SwitchInputs, target: Generation, came_from: str,
+                    notes: SwitchNotes, failed_start: str | None = None) -> bool:
+    """rollback.py's judgement of the pair deploy.py's stop and start operations started from `target`'s record: the
+    health wait and the smoke test where its rank 0 answers (failed_start: why a rank did not start, judged failed
+    at once), the supervisor the stop paused started again, the LIVE line, the API's downtime."""
+    problem = failed_start or pair_problem(inputs, host, worker, inputs.wait_timeout, api_of(inputs, target.specs[0]))
     supervisor_started(inputs, host, SUPERVISOR_UNIT)
     if problem is not None:
         return function_failed("rollback.py", f"the rollback to generation {target.id} failed: {problem}; run "
                                "deploy.py to start the pair the settings ask for")
-    recorded = Generation(target.id, target.specs, good_at=time.time())
-    for spark, side in ((host, inputs.sides[0]), (worker, inputs.sides[1])):
-        ok, out = run(spark, record_command(side.generations, recorded))
-        if not ok:
-            return function_failed("rollback.py", f"generation {target.id} serves, but {spark.name} could not "
-                                   f"record it as the last good one: {' '.join(out)[-200:]}")
     host.log(f"rolled back: generation {came_from} → {target.id}")
     _log_live(host, inputs, target)
     opened = exposure.more_open(exposure.of_argv(target.specs[0].argv), inputs.asked)
     if opened:  # asked for with rollback_open: said again where the run ends
         warned("rollback_open", f"generation {target.id} is more open than the settings ask: "
                f"{'; and '.join(opened)}. {exposure.CLOSE_IT}.")
-    host.log(downtime_line(notes, clock()))
+    downtime = downtime_line(notes, clock())
+    if downtime:
+        host.log(downtime)
     return True

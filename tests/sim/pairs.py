@@ -14,7 +14,7 @@ them (CI 1028 s -> 925 s, every test about 15% slower). Once a simulated Spark p
 from __future__ import annotations
 
 GROUPS = (
-    ("test_sim_smoke.py", "test_deploy.py", "test_switches.py", "test_status_tools.py", "test_resume.py"),
+    ("test_sim_smoke.py", "test_deploy.py", "test_switches.py", "test_status_tools.py", "test_try_it.py"),
     ("test_upgrade.py", "test_cut_ssh_reverts.py", "test_reboot.py", "test_data_at_rest.py", "test_long_steps.py"),
 )
 PAIRS = len(GROUPS) + 1  # the last takes every file no group names

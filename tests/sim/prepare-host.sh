@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # What the simulated pair needs on this machine (a fresh Debian machine, as root): Docker, debootstrap, ssh, rsync,
-# a running dockerd, and the project's venv. Used by .ci/run and tests/sim/try.sh.
+# a running dockerd, and the project's venv. Used by .ci/run and tests/sim/try.sh. --sim-only: the venv gets only
+# what tests/sim/sim.py needs (the rest by a second call without it).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -19,4 +20,8 @@ if ! docker info >/dev/null 2>&1; then
 fi
 
 [ -x .venv/bin/python ] || python3 -m venv .venv
+if [ "${1:-}" = "--sim-only" ]; then  # what tests/sim/sim.py needs to bring pairs up (.ci/run: while pip goes on)
+  .venv/bin/pip install -q pyyaml -c tests/constraints.txt
+  exit 0
+fi
 .venv/bin/pip install -q -e ".[test]" -c tests/constraints.txt  # the test tools at exact versions

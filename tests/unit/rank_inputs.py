@@ -69,10 +69,10 @@ def docker_facts(daemon_json: dict = DAEMON_OK, live: dict = DOCKER_LIVE) -> dic
     return {DaemonJson: with_args({f"path={DOCKER_DAEMON_JSON}": daemon_json}), DockerRuntimeInfo: live}
 
 
-def pair_plans(s, peer, image: str = IMAGE, template: str = TEMPLATE):
-    """The pair step's handoff of Spark `s` (operations/ranks.py), no phase read yet."""
+def pair_plans(s, peer, image: str = IMAGE, template: str = TEMPLATE, rollback: bool = False):
+    """The pair step's handoff of Spark `s` (operations/ranks.py), no phase read yet; rollback: rollback.py's."""
     from operations.ranks import PairPlans
-    return PairPlans.of(s, peer, image, template)
+    return PairPlans.of(s, peer, image, template, rollback)
 
 
 def rank_facts(inputs: dict, more: dict | None = None) -> dict:

@@ -13,7 +13,8 @@ a case is one JSON object (docs/testing.md, "Operation scenarios"):
               {"$text": "..."} an in-memory file (StringIO), {"$repo_file": "operations/remote/x.py"} a file of this
               checkout, {"$earlier_op": {"complete": bool, "changed": bool}} an operation run earlier (its
               OperationMeta, e.g. a unit file's put), {"$pair_plans": {"image": ..., "template": ...}} the pair
-              step's handoff (operations/ranks.PairPlans) of `settings` and `peer`, no phase read yet,
+              step's handoff (operations/ranks.PairPlans) of `settings` and `peer`, no phase read yet ("rollback":
+              true for rollback.py's),
               {"$peer_host": {}} the `peer` fake host itself (an operation given the other Spark, e.g. the link's)
   facts       {"module.FactClass": value} for a fact read without arguments, {"module.FactClass": {"k=v, k2=v2":
               value}} for one read with them (keyword arguments sorted, as pyinfra's own scenarios key them); an
@@ -96,7 +97,7 @@ def _pair_plans(fields: dict, case: Case) -> Any:
     from operations.ranks import PairPlans
 
     assert case.s is not None and case.peer is not None, "$pair_plans needs the case's `settings` and `peer`"
-    return PairPlans.of(case.s, case.peer, fields["image"], fields["template"])
+    return PairPlans.of(case.s, case.peer, fields["image"], fields["template"], fields.get("rollback", False))
 
 
 TAGS = {

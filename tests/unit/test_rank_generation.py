@@ -248,11 +248,21 @@ def test_the_old_pair_is_recorded_for_the_exact_gate_only_when_it_serves():
 
 # --- rollback.py ------------------------------------------------------------------------------------------------------
 
-def rollback_op(mine, theirs, ready_head, ready_worker, executing=True, s=HS):
+def rollback_op(mine, theirs, ready_head, ready_worker, executing=True, s=HS, op=None, **kwargs):
+    """An operation of rollback.py on the head (rollback_checked unless `op`): (commands, the plan it read)."""
     from operations.facts.rank import StartReady
     peer = FakeHost(rank_facts(theirs, {StartReady: ready_worker}), name="peer")
-    return run_op(ranks.previous_generation_served, rank_facts(mine, {StartReady: ready_head}), executing=executing,
-                  plans=pair_plans(s, peer))
+    plans = pair_plans(s, peer, rollback=True)
+    cmds, _ = run_op(op or ranks.rollback_checked, rank_facts(mine, {StartReady: ready_head}), executing=executing,
+                     plans=plans, **kwargs)
+    return cmds, _planned(plans, executing)
+
+
+def _planned(plans, executing):
+    """The plan before the stop the operation judged (rollback.py's, retargeted), and its rollback target."""
+    choice = plans._rollback[executing]
+    from operations.rank.plan import retargeted
+    return retargeted(plans._read[(ranks.BEFORE_STOP, executing)], choice.target), choice.target
 
 
 READY = {"image": True, "missing": []}
@@ -260,14 +270,27 @@ READY = {"image": True, "missing": []}
 
 def test_rollback_switches_to_the_newest_good_generation_but_the_serving_one():
     mine = running_pair(HS, good(EARLIER, 1), good(SERVING, 2), last_good=SERVING.id)
-    cmds, _ = rollback_op(mine, running_pair(WS), READY, READY)
-    assert len(cmds) == 1 and "rolled_back_to" in cmds[0]
+    cmds, (plan, target) = rollback_op(mine, running_pair(WS), READY, READY)
+    assert cmds == [] and target.id == EARLIER.id  # checked: nothing to do here
+    # deploy.py's own stop and start, of the record's specs: the plan wants the target
+    assert plan.stale and plan.wanted.id == EARLIER.id and plan.rank(0).spec == EARLIER.specs[0]
+    stop, _ = rollback_op(mine, running_pair(WS), READY, READY, op=ranks.stale_pair_stopped)
+    assert any(c.startswith("docker stop") for c in stop), stop
+    start, _ = rollback_op(mine, running_pair(WS), READY, READY, op=ranks.rank_started, executing=False)
+    assert any(f"sparkfold.spec-hash={EARLIER.specs[0].spec_hash()}" in c for c in start), start
 
 
 def test_rollback_with_nothing_serving_starts_the_last_good_generation():
     stopped = inputs_with_records(HS, {}, good(EARLIER, 1), good(SERVING, 2), last_good=SERVING.id)
-    cmds, _ = rollback_op(stopped, inputs_with_records(WS, {}), READY, READY)
-    assert len(cmds) == 1 and f"id='{SERVING.id}'" in cmds[0] and f"id='{EARLIER.id}'" not in cmds[0]
+    cmds, (_plan, target) = rollback_op(stopped, inputs_with_records(WS, {}), READY, READY)
+    assert cmds == [] and target.id == SERVING.id
+
+
+def test_a_refused_rollback_plans_no_stop_or_start_on_either_spark():
+    alone = running_pair(HS, good(SERVING, 2), last_good=SERVING.id)  # nothing earlier served
+    for op in (ranks.stale_pair_stopped, ranks.rank_started):
+        cmds, (plan, target) = rollback_op(alone, running_pair(WS), READY, READY, op=op, executing=False)
+        assert cmds == [] and target is None and not plan.stale
 
 
 def test_nothing_started_since_the_check_asks_nothing():

@@ -186,15 +186,23 @@ def _stops_and_starts(spark: Spark) -> list[str]:
     return [c for c in spark.ran if not c.startswith("systemctl") and "last-good" not in c]
 
 
-def _deploys_switch(running: tuple[str, str]) -> tuple[list[str], list[str]]:
+def _deploys_switch(running: tuple[str, str], rollback_to=None, kept=()) -> tuple[list[str], list[str]]:
     """deploy.py's switch from a pair running the spec hashes `running` to the pair the settings ask for (SERVING):
-    each Spark's stale_pair_stopped and rank_started, executing, rank 1's start before rank 0's."""
+    each Spark's stale_pair_stopped and rank_started, executing, rank 1's start before rank 0's. rollback_to:
+    rollback.py's switch instead, with the head's generation records `kept` (their newest the serving one)."""
     spark_of: dict[int, list[str]] = {}
+    ready = {StartReady: {"image": True, "missing": []}}
+
+    def inputs(s, running_hash):
+        if rollback_to is not None and s.is_head:
+            return inputs_with_records(s, container(running_hash), *kept, last_good=kept[-1].id)
+        return found(s, container(running_hash))
+
     for s, other in ((WS, HS), (HS, WS)):  # rank 1 first, as the run does
         state = _State(True)
-        peer = FakeHost(rank_facts(found(other, container(running[other.rank]))), name=other.role)
-        here = FakeHost(rank_facts(found(s, container(running[s.rank]))), name=s.role)
-        plans = pair_plans(s, peer)
+        peer = FakeHost(rank_facts(inputs(other, running[other.rank]), ready), name=other.role)
+        here = FakeHost(rank_facts(inputs(s, running[s.rank]), ready), name=s.role)
+        plans = pair_plans(s, peer, rollback=rollback_to is not None)
         with ctx_state.use(state), ctx_host.use(here):
             stop = list(ranks.stale_pair_stopped._inner(plans=plans))
             here._facts["operations.facts.rank.RankInputs"] = found(s)
@@ -203,14 +211,16 @@ def _deploys_switch(running: tuple[str, str]) -> tuple[list[str], list[str]]:
                 peer._facts["operations.facts.rank.RankInputs"] = found(WS, container(SERVING.specs[1].spec_hash()))
                 ran(state, peer, "rank 1 started")
             start = list(ranks.rank_started._inner(plans=plans))
+            if rollback_to is not None:
+                assert plans.rollback_choice().target == rollback_to
         spark_of[s.rank] = _shown(stop + start)
     return spark_of[0], spark_of[1]
 
 
 def test_rollback_and_the_automatic_rollback_stop_and_start_as_deploys_switch(monkeypatch):
     """Issue 30: one switch path. Switching a running pair to generation SERVING, deploy.py's operations, the
-    automatic rollback (new_pair_served after a failed gate) and rollback.py (its plan's containers) send each Spark
-    the same stop and start commands, in the same order."""
+    automatic rollback (new_pair_served after a failed gate) and rollback.py (deploy.py's own operations, its plan
+    retargeted at the record) send each Spark the same stop and start commands, in the same order."""
     running = (EARLIER.specs[0].spec_hash(), EARLIER.specs[1].spec_hash())
     deployed = _deploys_switch(running)
     assert deployed[0][0].startswith("docker stop") and "sparkfold.spec-hash=" in deployed[0][-1]
@@ -228,42 +238,40 @@ def test_rollback_and_the_automatic_rollback_stop_and_start_as_deploys_switch(mo
     assert (_stops_and_starts(head), _stops_and_starts(worker)) == deployed
 
     # rollback.py: EARLIER serves, SERVING is the previous good generation
-    monkeypatch.setattr(switch, "pair_problem", lambda s, head, worker, timeout, api=None: None)
-    kept = (good(SERVING, 1), good(EARLIER, 2))
-    ready = {StartReady: {"image": True, "missing": []}}
-    peer = FakeHost(rank_facts(inputs_with_records(WS, container(running[1])), ready), name="worker")
-    here = FakeHost(rank_facts(inputs_with_records(HS, container(running[0]), *kept, last_good=EARLIER.id), ready),
-                    name="head")
-    with ctx_state.use(_State(True)), ctx_host.use(here):
-        [rollback] = list(ranks.previous_generation_served._inner(plans=pair_plans(HS, peer)))
-    head, worker = Spark("head", {}), Spark("worker", {})  # nothing read: the plan's containers are handed on
-    assert rollback.function(None, head, worker, *rollback.args[1:]) is True
-    assert (_stops_and_starts(head), _stops_and_starts(worker)) == deployed and head.reads == worker.reads == 0
+    assert _deploys_switch(running, rollback_to=good(SERVING, 1), kept=(good(SERVING, 1), good(EARLIER, 2))) == deployed
 
 
-def _rollback_py(monkeypatch, problem=None, worker_fails="", settings=HS):
-    """rollback.py's switch to EARLIER (rolled_back_to) run by the head's FunctionCommand: (its result, the head's
-    lines)."""
+def _rollback_py(monkeypatch, problem=None, settings=HS, failed_start=None):
+    """rollback.py's judgement of the pair started from EARLIER's record (rollback_served, the head's
+    FunctionCommand): (its result, the head's lines, what the head ran)."""
     monkeypatch.setattr(switch, "pair_problem", lambda s, head, worker, timeout, api=None: problem)
-    head, worker = Spark("head", {}), Spark("worker", {}, fails=worker_fails)
+    head, worker = Spark("head", {}), Spark("worker", {})
     with ctx_host.use(head):
-        ok = switch.rolled_back_to(None, head, worker, ranks.switch_inputs(settings), good(EARLIER, 1), SERVING.id,
-                                   ({}, {}), switch.SwitchNotes())
-    return ok, head.logged
+        ok = switch.rollback_served(None, head, worker, ranks.switch_inputs(settings), good(EARLIER, 1), SERVING.id,
+                                    switch.SwitchNotes(), failed_start)
+    return ok, head.logged, head.ran
 
 
 def test_rollback_py_fails_with_one_line_naming_what_failed_and_the_way_on(monkeypatch):
-    ok, logged = _rollback_py(monkeypatch, problem="rank 0 exited with code 1")
+    ok, logged, _ran = _rollback_py(monkeypatch, problem="rank 0 exited with code 1")
     assert not ok and logged[-1] == (f"sparkfold: rollback.py: the rollback to generation {EARLIER.id} failed: rank 0 "
                                      "exited with code 1; run deploy.py to start the pair the settings ask for")
-    ok, logged = _rollback_py(monkeypatch, worker_fails="last-good")  # it serves, but the worker cannot record it
-    assert not ok and logged[-1] == (f"sparkfold: rollback.py: generation {EARLIER.id} serves, but worker could not "
-                                     "record it as the last good one: no such image")
+    ok, logged, _ran = _rollback_py(monkeypatch, failed_start="rank 1 did not start on the worker")
+    assert not ok and "failed: rank 1 did not start on the worker; run deploy.py" in logged[-1]
+    ok, logged, _ran = _rollback_py(monkeypatch)
+    assert ok and f"rolled back: generation {SERVING.id} → {EARLIER.id}" in logged
+
+
+def test_rollback_py_starts_the_paused_supervisor_again_whether_or_not_the_pair_serves(monkeypatch):
+    for problem in (None, "rank 0 exited with code 1"):
+        _ok, _logged, ran_ = _rollback_py(monkeypatch, problem=problem, settings=HS.replace(supervise=True))
+        assert ran_ == [f"systemctl start {SUPERVISOR_UNIT}"], problem
+    assert _rollback_py(monkeypatch)[2] == []  # not supervised: nothing to start
 
 
 def test_rollback_py_warns_when_the_generation_it_started_is_more_open_than_the_settings(monkeypatch, caplog):
     with caplog.at_level("WARNING", logger="pyinfra"):
-        ok, _logged = _rollback_py(monkeypatch, settings=HS.replace(api_key=True))  # EARLIER was recorded keyless
+        ok, _logged, _ran = _rollback_py(monkeypatch, settings=HS.replace(api_key=True))  # EARLIER: keyless
     assert ok and (f"head: warning: rollback_open: generation {EARLIER.id} is more open than the settings ask: the "
                    "API answers without a key") in caplog.text
     caplog.clear()
@@ -286,16 +294,3 @@ def test_an_old_pair_that_does_not_answer_and_a_supervisor_that_does_not_start_a
     assert f"head: warning: supervise: could not start {SUPERVISOR_UNIT} again: no such image" in caplog.text
 
 
-def test_rollback_py_stops_the_containers_as_they_are_once_the_supervisor_is_paused(monkeypatch):
-    """The supervisor may restart a rank between the plan's read and its pause: the stop judges the containers read
-    after the pause (a running rank is stopped gracefully, its log saved), not the plan's."""
-    monkeypatch.setattr(switch, "pair_problem", lambda s, head, worker, timeout, api=None: None)
-    restarted = container(SERVING.specs[0].spec_hash())  # running again when the pause comes
-    head, worker = Spark("head", restarted), Spark("worker", {})
-    stopped_in_plan = (container(SERVING.specs[0].spec_hash(), running=False), {})
-    supervised = ranks.switch_inputs(HS.replace(supervise=True))
-    with ctx_host.use(head):
-        assert switch.rolled_back_to(None, head, worker, supervised, good(EARLIER, 1), SERVING.id, stopped_in_plan,
-                                     switch.SwitchNotes()) is True
-    assert head.ran[0] == f"systemctl stop {SUPERVISOR_UNIT}" and head.reads == 1
-    assert any(command.startswith("docker stop") for command in head.ran), head.ran
