@@ -186,10 +186,9 @@ class PairPlans:
         return self._read[key]
 
     def runs_last_good(self, rank: int, phase: str = BEFORE_STOP) -> bool:
-        """`rank` ran its part of the recorded last good generation when `phase` was read (a pair is recreated
-        together, so the other rank ran its part too)."""
+        """The pair ran, when `phase` was read, the generation `rank`'s Spark records as the last good one."""
         plan = self.plan(phase)
-        return runs_last_good(plan.records[rank], plan.rank(rank).container, rank)
+        return runs_last_good(plan.records[rank], plan.running)
 
 
 @operation()
@@ -384,6 +383,9 @@ def generations_kept(plans: PairPlans, started: Any = None):
     sparkfold did not build. Nothing started since the check: the plan before the stop judges; else the plan after
     the gate."""
     s = plans.s
+    if plans.rollback and plans.rollback_choice().target is None:  # refused: rollback_checked says why
+        host.noop("no rollback: nothing to record")
+        return
     if started is not None and not op_changed(started) and plans.runs_last_good(s.rank):
         host.noop("this rank runs the last good generation")  # nothing started since the check: asked nothing
         return
@@ -521,11 +523,18 @@ def _rollback_choice(plans: PairPlans, plan: PairPlan) -> RollbackChoice:
 
 @operation()
 def rollback_checked(plans: PairPlans):
-    """Head (rollback.py): the previous good generation chosen and checked before anything stops (`RollbackChoice`;
-    said by --dry too, and then no switch is planned on either Spark)."""
+    """Both Sparks (rollback.py): the previous good generation chosen and checked before anything stops
+    (`RollbackChoice`; said by --dry too, and then no switch is planned on either Spark). Each Spark fixes its choice
+    here, from reads made before any stop; the head says a refusal (and fails the run), the worker only notes it."""
     choice = plans.rollback_choice()
+    if choice.target is None and not plans.s.is_head:
+        host.noop(f"{choice.check}: refused (the head says why)")
+        return
     if choice.target is None:
         yield from check_failed(choice.check, choice.problems)
+        return
+    if not plans.s.is_head:
+        host.noop(f"generation {choice.target.id} can start again on both Sparks")
         return
     logger.info(f"{host.name}: rollback: generation {choice.came_from} → {choice.target.id}")
     host.noop(f"generation {choice.target.id} can start again on both Sparks")
@@ -554,8 +563,7 @@ def rolled_back(s: Settings) -> None:
     the head; then recorded on both Sparks as the last good one (nothing is pruned)."""
     plans = pair_plans(s, rollback=True)
     notes = SwitchNotes()
-    if s.is_head:
-        rollback_checked(name="Rollback: the previous good generation, ready on both Sparks", plans=plans)
+    rollback_checked(name="Rollback: the previous good generation, ready on both Sparks", plans=plans)
     pause = (SUPERVISOR_UNIT,) if s.is_head and s.supervise else ()
     stale_pair_stopped(name="Stop the serving pair (logs saved first)", plans=plans, pause_units=pause,
                        notes=notes if s.is_head else None)

@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from operations.layout import InContainer
-from operations.rank.spec import LABEL_HASH, ContainerSpec
+from operations.rank.spec import ContainerSpec
 
 RECORD_KIND = "sparkfold-generation"
 LAST_GOOD = "last-good"
@@ -155,12 +155,12 @@ def read_records(files: Mapping[str, str], last_good: str, now: float = 0.0) -> 
     return Records(tuple(found), last_good.strip(), now)
 
 
-def runs_last_good(records: Records, container: Mapping[str, Any], rank: int) -> bool:
-    """`container` (a rank's inspect) runs rank `rank`'s part of the recorded last good generation (a pair is
-    recreated together, so the other rank runs its part too)."""
+def runs_last_good(records: Records, running: str) -> bool:
+    """The pair runs (`running`: the generation id both rank containers make, "" when they do not) the generation
+    these records name as the last good one. The whole pair, not one rank: a switch that changed only the other
+    rank's spec leaves this rank's container as the last good one had it, and its Spark must still record it."""
     last = records.get(records.last_good)
-    label = (container.get("labels") or {}).get(LABEL_HASH) if container.get("running") else None
-    return bool(last and last.good_at and label == last.specs[rank].spec_hash())
+    return bool(running and last and last.good_at and running == last.id)
 
 
 def kept(records: Records, keep: int, also: Sequence[str]) -> set[str]:

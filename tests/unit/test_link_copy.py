@@ -164,9 +164,15 @@ def test_a_client_cannot_write_through_a_link_it_planted(tmp_path, client):
     (tmp_path / "s2" / "escape").mkdir(parents=True)
     (tmp_path / "s2" / "escape" / "planted").write_text("x")
     outside.mkdir()
-    port = random.randint(20000, 59998)
-    daemon, state, _parts = start_daemon(shlex.split(fake_ssh(tmp_path)), "n@127.0.0.1", "127.0.0.1", port,
-                                         str(dest), secret)
+    for _ in range(5):  # a port this machine already uses: another, as the copy itself does (link_copy.TRIES)
+        port = random.randint(20000, 59998)
+        daemon, state, _parts = start_daemon(shlex.split(fake_ssh(tmp_path)), "n@127.0.0.1", "127.0.0.1", port,
+                                             str(dest), secret)
+        if state != "not-listening":
+            break
+        assert daemon.stdin
+        daemon.stdin.close()  # its session ends once the head closes it
+        daemon.wait()
     url, env = f"rsync://{MODULE}@127.0.0.1:{port}/{MODULE}/", dict(os.environ, RSYNC_PASSWORD=secret)
     try:
         assert state == "started"

@@ -223,6 +223,18 @@ def test_the_serving_generation_is_recorded_as_last_good_as_root():
     assert '"kind": "sparkfold-generation"' in cmds[0]
 
 
+def test_a_switch_of_rank_0_alone_is_recorded_on_the_worker_too():
+    """The worker's rank is as the last good generation had it (only rank 0's spec changed), but the pair is another
+    generation: the worker records it too (judged by the pair's generation, not by one rank's container)."""
+    mixed_specs = (EARLIER.specs[0], SERVING.specs[1])  # rank 0 as EARLIER, rank 1 as the pair runs it now
+    mixed = gen.Generation(gen.generation_id([spec.spec_hash() for spec in mixed_specs]), mixed_specs, good_at=1.0)
+    worker = running_pair(WS, mixed, last_good=mixed.id)
+    cmds, _ = kept_op(worker, running_pair(HS), s=WS)
+    assert len(cmds) == 1 and f"{SERVING.id}.json" in cmds[0]
+    cmds, _ = kept_op(running_pair(WS, good(SERVING, 2), last_good=SERVING.id), running_pair(HS), s=WS)
+    assert cmds == []  # recorded: converged
+
+
 def test_old_generations_are_pruned_once_a_new_one_is_recorded():
     prune_inputs = {"images": [IMAGE, EARLIER.specs[0].image], "in_use": [], "real": {},
                     "folders": {HS.layout.rank_cache: {"real": HS.layout.rank_cache, "names": ["abc", "def"]}}}

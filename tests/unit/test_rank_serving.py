@@ -287,7 +287,8 @@ def pair_serving(url, executing, restarted=False, worker_state=UP, judged=True, 
     good = Generation(wanted.id, wanted.specs, good_at=1.0)
     records = {"files": {f"{good.id}.json": json_.dumps(good.record())}, "last_good": good.id if judged else ""}
     head_inputs = found(s, container(wanted.specs[0].spec_hash()), generations=records)
-    worker = Spark(rank_facts(found(WS), {RankContainer: worker_state}), "worker")
+    worker = Spark(rank_facts(found(WS, container(wanted.specs[1].spec_hash())), {RankContainer: worker_state}),
+                   "worker")
     rank0 = SimpleNamespace(is_complete=lambda: executing, did_change=lambda: restarted and not start_failed,
                             did_succeed=lambda: not start_failed, will_change=restarted)
     return run_op(ranks.pair_serving, rank_facts(head_inputs, {RankContainer: UP}), executing=executing,
