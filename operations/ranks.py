@@ -312,6 +312,14 @@ def old_pair_replayed(plans: PairPlans, notes: SwitchNotes):
     yield FunctionCommand(_old_pair_recorded, (plans.switch_inputs, notes), {})
 
 
+def _start_failure(rank0: Any, notes: SwitchNotes) -> str | None:
+    """Why the pair's start failed, once rank 0's start ran and failed (rank_started ignores its errors): the reason
+    the head noted (rank 1 did not start), or rank 0's own failure; None otherwise."""
+    if rank0.is_complete() and not rank0.did_succeed():
+        return notes.start_problem or "rank 0 did not start on the head (its error is above)"
+    return None
+
+
 @operation()
 def pair_serving(plans: PairPlans, rank0: Any, notes: SwitchNotes):
     """Head: after a (re)start, the new pair's health wait, smoke test and optional exact gate, and the LIVE line
@@ -324,8 +332,8 @@ def pair_serving(plans: PairPlans, rank0: Any, notes: SwitchNotes):
     generation, are the plan before the stop's: the starts since changed containers only (and rank0 says whether
     one ran)."""
     s, worker, checked, inputs = plans.s, plans.peer, plans.plan(BEFORE_STOP), plans.switch_inputs
-    if rank0.is_complete() and not rank0.did_succeed():
-        failed = notes.start_problem or "rank 0 did not start on the head (its error is above)"
+    failed = _start_failure(rank0, notes)
+    if failed is not None:
         yield FunctionCommand(switch.new_pair_served, (worker, inputs, checked.switch, notes, failed), {})
         return
     if op_changed(rank0) or not plans.runs_last_good(0):
@@ -527,16 +535,14 @@ def rollback_checked(plans: PairPlans):
     (`RollbackChoice`; said by --dry too, and then no switch is planned on either Spark). Each Spark fixes its choice
     here, from reads made before any stop; the head says a refusal (and fails the run), the worker only notes it."""
     choice = plans.rollback_choice()
-    if choice.target is None and not plans.s.is_head:
-        host.noop(f"{choice.check}: refused (the head says why)")
-        return
     if choice.target is None:
-        yield from check_failed(choice.check, choice.problems)
+        if plans.s.is_head:
+            yield from check_failed(choice.check, choice.problems)
+        else:
+            host.noop(f"{choice.check}: refused (the head says why)")
         return
-    if not plans.s.is_head:
-        host.noop(f"generation {choice.target.id} can start again on both Sparks")
-        return
-    logger.info(f"{host.name}: rollback: generation {choice.came_from} → {choice.target.id}")
+    if plans.s.is_head:
+        logger.info(f"{host.name}: rollback: generation {choice.came_from} → {choice.target.id}")
     host.noop(f"generation {choice.target.id} can start again on both Sparks")
 
 
@@ -549,9 +555,7 @@ def rollback_serving(plans: PairPlans, rank0: Any, notes: SwitchNotes):
     if choice.target is None:
         host.noop("no rollback: nothing was started")
         return
-    failed = None
-    if rank0.is_complete() and not rank0.did_succeed():
-        failed = notes.start_problem or "rank 0 did not start on the head (its error is above)"
+    failed = _start_failure(rank0, notes)
     yield FunctionCommand(switch.rollback_served, (plans.peer, plans.switch_inputs, choice.target, choice.came_from,
                                                    notes, failed), {})
 
